@@ -1,0 +1,101 @@
+"""The activation cache: what one forward pass computed, by hook name.
+
+``cache[name]`` is a NumPy array under TransformerLens's hook name and shape, always with a batch
+axis. It holds only what was asked for, never changes after the forward pass (its arrays are
+read-only views), and knows the model it came from (``cache.model``), so the decomposition and
+lens code can find the weights that go with it.
+
+Short keys work as in TransformerLens: ``cache["resid_pre", 3]`` is ``blocks.3.hook_resid_pre``,
+``cache["pattern", -1]`` is the last block's attention pattern, ``cache["scale"]`` is
+``ln_final.hook_scale`` and ``cache["scale", 3, "ln1"]`` is ``blocks.3.ln1.hook_scale``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+import numpy as np
+
+_ALIASES = {"attn": "pattern", "attn_logits": "attn_scores", "key": "k", "query": "q",
+            "value": "v", "mlp_pre": "pre", "mlp_post": "post"}
+_ATTN = {"q", "k", "v", "z", "pattern", "attn_scores"}
+_MLP = {"pre", "post"}
+_LN = {"mean", "scale", "normalized"}
+_LAYER_TYPES = {"a": "attn", "attention": "attn", "m": "mlp", "b": "", "block": "", "blocks": ""}
+
+
+def act_name(name: str, layer: int | None = None, layer_type: str | None = None) -> str:
+    """A short activation name → the full hook name, as TransformerLens's ``get_act_name``.
+
+    ``act_name("resid_pre", 3)`` → ``blocks.3.hook_resid_pre``; ``act_name("k6")`` →
+    ``blocks.6.attn.hook_k``; ``act_name("scale")`` → ``ln_final.hook_scale``;
+    ``act_name("scale", 4, "ln1")`` → ``blocks.4.ln1.hook_scale``; a full name comes back as is.
+    """
+    if ("." in name or name.startswith("hook_")) and layer is None and layer_type is None:
+        return name
+    packed = re.fullmatch(r"([a-z_]+?)(\d+)([a-z].*)?", name)
+    if packed and layer is None:
+        name, layer, layer_type = packed.group(1), int(packed.group(2)), packed.group(3)
+    name = _ALIASES.get(name, name)
+    if name in _ATTN:
+        layer_type = "attn"
+    elif name in _MLP:
+        layer_type = "mlp"
+    else:
+        layer_type = _LAYER_TYPES.get(layer_type, layer_type)
+    if name in _LN and layer is None:
+        return f"ln_final.hook_{name}"
+    parts = ([f"blocks.{layer}"] if layer is not None else []) + ([layer_type] if layer_type else [])
+    return ".".join(parts + [f"hook_{name}"])
+
+
+class ActivationCache(Mapping):
+    """A read-only mapping hook name → activation, from one forward pass of ``model``."""
+
+    def __init__(self, activations: dict[str, np.ndarray], model):
+        self._store = {}
+        for name, array in activations.items():
+            view = array.view()
+            view.flags.writeable = False
+            self._store[name] = view
+        self.model = model
+
+    def __getitem__(self, key) -> np.ndarray:
+        if isinstance(key, str) and key in self._store:
+            return self._store[key]
+        name = self._resolve(key)
+        try:
+            return self._store[name]
+        except KeyError:
+            where = "" if name == key else f" (= {name!r})"
+            raise KeyError(f"{key!r}{where} is not in this cache; it holds {len(self._store)} "
+                           f"activations, e.g. {list(self._store)[:4]}") from None
+
+    def _resolve(self, key) -> str:
+        if isinstance(key, str):
+            return act_name(key)
+        name, layer, *rest = tuple(key) + (None,) * (2 - len(key))
+        if layer is not None and layer < 0:
+            layer += self.model.cfg.n_layers
+        return act_name(name, layer, *rest)
+
+    def __contains__(self, key) -> bool:
+        try:
+            return self._resolve(key) in self._store
+        except (TypeError, ValueError):
+            return False
+
+    def __iter__(self):
+        return iter(self._store)
+
+    def __len__(self) -> int:
+        return len(self._store)
+
+    @property
+    def nbytes(self) -> int:
+        """Memory held by the cached arrays, in bytes."""
+        return sum(a.nbytes for a in self._store.values())
+
+    def __repr__(self) -> str:
+        return f"ActivationCache({len(self)} activations, {self.nbytes / 2**20:.1f} MiB)"

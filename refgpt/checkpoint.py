@@ -1,0 +1,185 @@
+"""From an HF GPT-2 checkpoint directory to weights in circuits notation.
+
+HF stores GPT-2 as OpenAI did: ``wte``, ``wpe``, and per block ``h.L`` a fused ``c_attn`` Conv1D
+whose weight is [d_model, 3·d_model] (Conv1D weights are [in, out], the transpose of nn.Linear's),
+columns ordered Q | K | V and, within each, head by head. TransformerLens and refgpt name the same
+numbers in circuits notation (Elhage et al. 2021):
+
+    W_E [d_vocab, d_model]    W_pos [n_ctx, d_model]    W_U [d_model, d_vocab]
+    W_Q, W_K, W_V [head, d_model, d_head]    b_Q, b_K, b_V [head, d_head]
+    W_O [head, d_head, d_model]              b_O [d_model]
+    W_in [d_model, d_mlp]  b_in [d_mlp]      W_out [d_mlp, d_model]  b_out [d_model]
+    ln1.w, ln1.b, ln2.w, ln2.b, ln_final.w, ln_final.b [d_model]
+
+Every one of these is a reshaped *view* of the stored tensor when it is stored in the compute
+dtype: nothing is copied. The parameter dict uses TransformerLens's state-dict names
+(``blocks.3.attn.W_Q``), so the two can be compared key by key.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+
+from .config import Config
+from .errors import RefGPTError
+from .safetensors_file import SafetensorsFile
+
+COMPUTE_DTYPES = {"float64": np.dtype(np.float64), "float32": np.dtype(np.float32)}
+
+# HF's non-parameter buffers: the causal mask and the masked fill value. Never weights.
+_BUFFER = re.compile(r"h\.\d+\.attn\.(bias|masked_bias)")
+
+
+def compute_dtype(dtype) -> np.dtype:
+    """'float64' (the default everywhere) or 'float32', also given as a NumPy dtype."""
+    try:
+        name = np.dtype(dtype).name
+    except TypeError:
+        name = None
+    if name not in COMPUTE_DTYPES:
+        raise RefGPTError(f"dtype must be 'float64' or 'float32', found {dtype!r}")
+    return COMPUTE_DTYPES[name]
+
+
+def expected_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
+    """Every HF key of a GPT-2 with this config (bare, no ``transformer.`` prefix) and its shape."""
+    d, m = cfg.d_model, cfg.d_mlp
+    shapes = {"wte.weight": (cfg.d_vocab, d), "wpe.weight": (cfg.n_ctx, d)}
+    for L in range(cfg.n_layers):
+        shapes.update({
+            f"h.{L}.ln_1.weight": (d,), f"h.{L}.ln_1.bias": (d,),
+            f"h.{L}.attn.c_attn.weight": (d, 3 * d), f"h.{L}.attn.c_attn.bias": (3 * d,),
+            f"h.{L}.attn.c_proj.weight": (d, d), f"h.{L}.attn.c_proj.bias": (d,),
+            f"h.{L}.ln_2.weight": (d,), f"h.{L}.ln_2.bias": (d,),
+            f"h.{L}.mlp.c_fc.weight": (d, m), f"h.{L}.mlp.c_fc.bias": (m,),
+            f"h.{L}.mlp.c_proj.weight": (m, d), f"h.{L}.mlp.c_proj.bias": (d,),
+        })
+    shapes.update({"ln_f.weight": (d,), "ln_f.bias": (d,)})
+    if not cfg.tie_word_embeddings:
+        shapes["lm_head.weight"] = (cfg.d_vocab, d)
+    return shapes
+
+
+def weight_files(directory: Path) -> list[Path]:
+    """``model.safetensors``, or the shards a ``model.safetensors.index.json`` names."""
+    single = directory / "model.safetensors"
+    index = directory / "model.safetensors.index.json"
+    if single.exists():
+        return [single]
+    if index.exists():
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+            shards = sorted(set(weight_map.values()))
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as error:
+            raise RefGPTError(f"{index}: not a valid shard index ({error!r})") from None
+        return [directory / shard for shard in shards]
+    raise RefGPTError(f"{directory}: no model.safetensors or model.safetensors.index.json")
+
+
+def read_hf_tensors(files: list[Path], cfg: Config, dtype: np.dtype) -> dict[str, np.ndarray]:
+    """Every weight of the checkpoint under its bare HF key, checked and in ``dtype``."""
+    expected = expected_shapes(cfg)
+    found: dict[str, tuple[SafetensorsFile, str]] = {}
+    for path in files:
+        st = SafetensorsFile(path)
+        for name in st.names:
+            key = name.removeprefix("transformer.")
+            if _BUFFER.fullmatch(key):
+                continue
+            if key == "lm_head.weight" and cfg.tie_word_embeddings:
+                continue  # tied: HF uses wte and ignores a stored copy
+            if key not in expected:
+                raise RefGPTError(_explain_unexpected(path, name, key, cfg))
+            found[key] = (st, name)
+    tensors = {}
+    for key, shape in expected.items():
+        if key not in found:
+            hint = (" (tie_word_embeddings is false, so the model needs its own lm_head)"
+                    if key == "lm_head.weight" else "")
+            raise RefGPTError(f"{files[0].parent}: tensor {key!r} is missing from the checkpoint{hint}")
+        st, name = found[key]
+        if st.shape(name) != shape:
+            raise RefGPTError(_explain_shape(st.path, name, st.shape(name), shape))
+        tensors[key] = st.float_tensor(name, dtype)
+    return tensors
+
+
+def _explain_unexpected(path, name, key, cfg):
+    layer = re.match(r"h\.(\d+)\.", key)
+    if layer and int(layer.group(1)) >= cfg.n_layers:
+        return (f"{path}: tensor {name!r} belongs to block {layer.group(1)}, but config.json says "
+                f"n_layer={cfg.n_layers}: n_layer disagrees with the tensors")
+    return f"{path}: unexpected tensor {name!r}: not part of a GPT-2 (GPT2LMHeadModel) checkpoint"
+
+
+def _explain_shape(path, name, found, expected):
+    msg = f"{path}: tensor {name!r} has shape {list(found)}, expected {list(expected)}"
+    key = name.removeprefix("transformer.")
+    if key in ("wte.weight", "lm_head.weight") and found[1:] == expected[1:]:
+        msg += f": vocab_size={expected[0]} in config.json disagrees with the tensors ({found[0]} rows)"
+    elif key == "wpe.weight" and found[1:] == expected[1:]:
+        msg += f": n_positions={expected[0]} in config.json disagrees with the tensors ({found[0]} rows)"
+    return msg
+
+
+def to_circuits(t: dict[str, np.ndarray], cfg: Config) -> dict[str, np.ndarray]:
+    """HF keys → TransformerLens state-dict names, as views wherever the layout allows."""
+    d, h, dh = cfg.d_model, cfg.n_heads, cfg.d_head
+    params = {"embed.W_E": t["wte.weight"], "pos_embed.W_pos": t["wpe.weight"]}
+    for L in range(cfg.n_layers):
+        hf, tl = f"h.{L}.", f"blocks.{L}."
+        W_qkv = t[hf + "attn.c_attn.weight"]  # [d_model, 3·d_model] = Q | K | V
+        b_qkv = t[hf + "attn.c_attn.bias"]  # [3·d_model]
+        for i, x in enumerate("QKV"):
+            cols = slice(i * d, (i + 1) * d)
+            params[tl + f"attn.W_{x}"] = W_qkv[:, cols].reshape(d, h, dh).transpose(1, 0, 2)  # [head, d_model, d_head]
+            params[tl + f"attn.b_{x}"] = b_qkv[cols].reshape(h, dh)  # [head, d_head]
+        params[tl + "attn.W_O"] = t[hf + "attn.c_proj.weight"].reshape(h, dh, d)  # [head, d_head, d_model]
+        params[tl + "attn.b_O"] = t[hf + "attn.c_proj.bias"]  # [d_model]
+        params[tl + "mlp.W_in"] = t[hf + "mlp.c_fc.weight"]  # [d_model, d_mlp]
+        params[tl + "mlp.b_in"] = t[hf + "mlp.c_fc.bias"]  # [d_mlp]
+        params[tl + "mlp.W_out"] = t[hf + "mlp.c_proj.weight"]  # [d_mlp, d_model]
+        params[tl + "mlp.b_out"] = t[hf + "mlp.c_proj.bias"]  # [d_model]
+        for n in (1, 2):
+            params[tl + f"ln{n}.w"] = t[hf + f"ln_{n}.weight"]  # [d_model]
+            params[tl + f"ln{n}.b"] = t[hf + f"ln_{n}.bias"]  # [d_model]
+    params["ln_final.w"] = t["ln_f.weight"]  # [d_model]
+    params["ln_final.b"] = t["ln_f.bias"]  # [d_model]
+    lm_head = t["wte.weight"] if cfg.tie_word_embeddings else t["lm_head.weight"]  # [d_vocab, d_model]
+    params["unembed.W_U"] = lm_head.T  # [d_model, d_vocab]
+    return params
+
+
+def load(path: str | Path, dtype="float64", tokenizer=True):
+    """Load an HF GPT-2 checkpoint directory (``config.json`` + ``model.safetensors``).
+
+    ``dtype`` is the compute dtype, float64 (default) or float32; weights stored in any float
+    format are converted to it. Weights stored in the compute dtype are memory-mapped, not copied.
+    With ``tokenizer=True`` a ``vocab.json`` + ``merges.txt`` (or ``encoder.json`` + ``vocab.bpe``)
+    beside the weights becomes ``model.tokenizer``.
+    """
+    from .model import Model  # model imports this module's helpers; import here to avoid a cycle
+
+    directory = Path(path)
+    if not directory.is_dir():
+        raise RefGPTError(f"{directory}: model directory not found")
+    dtype = compute_dtype(dtype)
+    cfg = Config.from_json(directory / "config.json")
+    tensors = read_hf_tensors(weight_files(directory), cfg, dtype)
+    model = Model(cfg, to_circuits(tensors, cfg), dtype=dtype, source=directory)
+    if tokenizer:
+        model.tokenizer = _find_tokenizer(directory)
+    return model
+
+
+def _find_tokenizer(directory: Path):
+    pairs = [("vocab.json", "merges.txt"), ("encoder.json", "vocab.bpe")]
+    if not any((directory / v).exists() and (directory / m).exists() for v, m in pairs):
+        return None
+    from .tokenizer import Tokenizer
+
+    return Tokenizer.from_dir(directory)

@@ -1,0 +1,173 @@
+"""The model's shape and knobs, under TransformerLens's names.
+
+An HF ``config.json`` says ``n_embd``, ``n_layer``, ``n_head``…; TransformerLens and refgpt say
+``d_model``, ``n_layers``, ``n_heads``…. ``Config.from_hf`` translates, fills in HF's defaults
+for every field that changes the forward pass, and refuses anything that is not a decoder-only
+GPT-2 it can compute exactly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from .activations import ACTIVATIONS
+from .errors import RefGPTError
+
+# GPT2Config's defaults (transformers' configuration_gpt2.py) for the fields that matter here.
+HF_DEFAULTS = {
+    "vocab_size": 50257,
+    "n_positions": 1024,
+    "n_embd": 768,
+    "n_layer": 12,
+    "n_head": 12,
+    "n_inner": None,
+    "activation_function": "gelu_new",
+    "layer_norm_epsilon": 1e-5,
+    "scale_attn_weights": True,
+    "scale_attn_by_inverse_layer_idx": False,
+    "reorder_and_upcast_attn": False,
+    "tie_word_embeddings": True,
+    "add_cross_attention": False,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """Everything about a GPT-2 that changes its forward pass.
+
+    d_model    width of the residual stream            (HF n_embd)
+    n_layers   number of blocks                         (HF n_layer)
+    n_heads    attention heads per block                (HF n_head)
+    d_head     width of one head = d_model // n_heads
+    d_mlp      hidden width of the MLP                  (HF n_inner, default 4·d_model)
+    d_vocab    vocabulary size                          (HF vocab_size)
+    n_ctx      most positions the model has embeddings for (HF n_positions)
+    eps        LayerNorm's epsilon                      (HF layer_norm_epsilon)
+    act_fn     the MLP's nonlinearity                   (HF activation_function)
+    use_attn_scale                   divide scores by √d_head   (HF scale_attn_weights)
+    scale_attn_by_inverse_layer_idx  also divide by layer + 1
+    reorder_and_upcast_attn          HF computes QKᵀ in float32 with the scale folded in; in
+                                     float32 and float64 that is the same function, so refgpt
+                                     records the flag and computes the scores one way.
+    tie_word_embeddings              W_U is W_Eᵀ unless a separate lm_head is stored.
+    """
+
+    d_model: int
+    n_layers: int
+    n_heads: int
+    d_mlp: int
+    d_vocab: int
+    n_ctx: int
+    eps: float = 1e-5
+    act_fn: str = "gelu_new"
+    use_attn_scale: bool = True
+    scale_attn_by_inverse_layer_idx: bool = False
+    reorder_and_upcast_attn: bool = False
+    tie_word_embeddings: bool = True
+
+    def __post_init__(self):
+        for name in ("d_model", "n_layers", "n_heads", "d_mlp", "d_vocab", "n_ctx"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise RefGPTError(f"config: {name} must be a positive integer, found {value!r}")
+        if self.d_model % self.n_heads:
+            raise RefGPTError(
+                f"config: n_head={self.n_heads} does not divide n_embd={self.d_model}"
+            )
+        if self.act_fn not in ACTIVATIONS:
+            raise RefGPTError(
+                f"config: unknown activation_function {self.act_fn!r}; "
+                f"refgpt knows {sorted(ACTIVATIONS)}"
+            )
+        if not isinstance(self.eps, (int, float)) or isinstance(self.eps, bool) or not self.eps >= 0:
+            raise RefGPTError(f"config: layer_norm_epsilon must be a number ≥ 0, found {self.eps!r}")
+        for name in ("use_attn_scale", "scale_attn_by_inverse_layer_idx",
+                     "reorder_and_upcast_attn", "tie_word_embeddings"):
+            if not isinstance(getattr(self, name), bool):
+                raise RefGPTError(f"config: {name} must be true or false, found {getattr(self, name)!r}")
+
+    @property
+    def d_head(self) -> int:
+        return self.d_model // self.n_heads
+
+    def attn_scale(self, layer: int) -> float:
+        """The factor the attention scores QKᵀ of block ``layer`` are multiplied by.
+
+        HF folds both scalings into one factor, √d_head⁻¹ / (layer + 1), and multiplies; refgpt does
+        the same so that the scores agree with HF to the last bit in the common case.
+        """
+        scale = 1.0
+        if self.use_attn_scale:
+            scale = self.d_head ** -0.5
+        if self.scale_attn_by_inverse_layer_idx:
+            scale /= float(layer + 1)
+        return scale
+
+    @classmethod
+    def from_hf(cls, hf: dict, source: str = "config") -> "Config":
+        """Build a Config from an HF GPT2Config dict (what ``config.json`` holds)."""
+        if not isinstance(hf, dict):
+            raise RefGPTError(f"{source}: expected a JSON object, found {type(hf).__name__}")
+        model_type = hf.get("model_type", "gpt2")
+        if model_type != "gpt2":
+            raise RefGPTError(f"{source}: model_type is {model_type!r}, refgpt reads only 'gpt2'")
+        get = {key: hf.get(key, default) for key, default in HF_DEFAULTS.items()}
+        if get["add_cross_attention"]:
+            raise RefGPTError(
+                f"{source}: add_cross_attention=true is an encoder-decoder model, "
+                "not a decoder-only GPT-2"
+            )
+        n_embd = get["n_embd"]
+        d_mlp = get["n_inner"]
+        if d_mlp is None:  # HF: n_inner=None means 4·n_embd
+            d_mlp = 4 * n_embd if isinstance(n_embd, int) else n_embd
+        try:
+            return cls(
+                d_model=n_embd,
+                n_layers=get["n_layer"],
+                n_heads=get["n_head"],
+                d_mlp=d_mlp,
+                d_vocab=get["vocab_size"],
+                n_ctx=get["n_positions"],
+                eps=get["layer_norm_epsilon"],
+                act_fn=get["activation_function"],
+                use_attn_scale=get["scale_attn_weights"],
+                scale_attn_by_inverse_layer_idx=get["scale_attn_by_inverse_layer_idx"],
+                reorder_and_upcast_attn=get["reorder_and_upcast_attn"],
+                tie_word_embeddings=get["tie_word_embeddings"],
+            )
+        except RefGPTError as error:
+            raise RefGPTError(str(error).replace("config:", f"{source}:", 1)) from None
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> "Config":
+        """Read an HF ``config.json``."""
+        path = Path(path)
+        if not path.is_file():
+            raise RefGPTError(f"{path}: config.json not found")
+        try:
+            hf = json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise RefGPTError(f"{path}: not valid JSON ({error})") from None
+        return cls.from_hf(hf, source=str(path))
+
+    def to_hf(self) -> dict:
+        """The HF config dict that describes this model (inverse of ``from_hf``)."""
+        return {
+            "model_type": "gpt2",
+            "architectures": ["GPT2LMHeadModel"],
+            "n_embd": self.d_model,
+            "n_layer": self.n_layers,
+            "n_head": self.n_heads,
+            "n_inner": self.d_mlp,
+            "vocab_size": self.d_vocab,
+            "n_positions": self.n_ctx,
+            "layer_norm_epsilon": self.eps,
+            "activation_function": self.act_fn,
+            "scale_attn_weights": self.use_attn_scale,
+            "scale_attn_by_inverse_layer_idx": self.scale_attn_by_inverse_layer_idx,
+            "reorder_and_upcast_attn": self.reorder_and_upcast_attn,
+            "tie_word_embeddings": self.tie_word_embeddings,
+        }

@@ -1,0 +1,66 @@
+"""LayerNorm, written as the two steps it really is.
+
+For one position's residual vector x ∈ ℝⁿ (n = d_model):
+
+    mean        μ = (1/n)·Σᵢ xᵢ                                  [pos, 1]
+    centering   Px = x − μ·1          P = I − (1/n)·11ᵀ, linear   [pos, n]
+    scale       σ = √(‖Px‖²/n + ε)    one scalar per position     [pos, 1]
+    normalized  x̂ = Px / σ                                        [pos, n]
+    output      LN(x) = w ⊙ x̂ + b                                 [pos, n]
+
+Everything non-linear about LayerNorm is the division by σ. Hold σ fixed (take it from the cache)
+and LN is an affine map of x: this is why a residual stream that is a sum of components can be
+pushed through the final LayerNorm piece by piece and the pieces still add up to the logits
+(docs/layernorm.md, tests/test_mission.py). And σ grows with x: LN(k·x) = LN_{ε/k²}(x), so as k
+grows LayerNorm forgets scale and keeps only the direction of Px.
+
+Numerics. ‖Px‖² overflows long before x does (float32: ‖Px‖² > 3.4e38 once |xᵢ| ≳ 7e17 at
+n = 768). So the squares are taken of Px·2⁻ᵉ, where 2ᵉ is the power of two just above max|Pxᵢ|,
+and σ is scaled back by 2ᵉ. Multiplying by a power of two is exact, so for every x that would
+not overflow this computes bit for bit what the textbook formula computes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def _identity(name, array):
+    return array
+
+
+def layer_norm(x, w, b, eps, point=_identity):
+    """LN(x) = w ⊙ (x − mean)/scale + b over the last axis; ``point(name, a)`` is the hook point.
+
+    ``point`` sees (and may replace) ``hook_mean``, ``hook_scale`` and ``hook_normalized``; a
+    replaced mean or scale flows into what follows.
+    """
+    mean = point("hook_mean", x.mean(-1, keepdims=True))  # [batch, pos, 1]
+    centered = x - mean  # [batch, pos, d_model]
+    scale = point("hook_scale", centered_scale(centered, eps))  # [batch, pos, 1]
+    normalized = point("hook_normalized", centered / scale)  # [batch, pos, d_model]
+    return normalized * w + b  # [batch, pos, d_model]
+
+
+def centered_scale(centered, eps):
+    """σ = √(mean(c²) + ε) of an already centered c, over the last axis, without overflow."""
+    dtype = centered.dtype
+    peak = np.max(np.abs(centered), axis=-1, keepdims=True)  # [..., 1]
+    _, e = np.frexp(peak)  # peak = f·2ᵉ with ½ ≤ f < 1
+    # Only ever scale *down* (e ≥ 0): scaling up tiny vectors would push ε·2⁻²ᵉ towards overflow.
+    e = np.clip(e, 0, np.finfo(dtype).maxexp - 2)
+    shrink = np.ldexp(np.ones((), dtype), -e)  # [..., 1] exact powers of two ≤ 1
+    small = centered * shrink  # [..., n], |small| < 1, exact
+    var = np.mean(small * small, axis=-1, keepdims=True)  # [..., 1] = var(x)·shrink²
+    return np.sqrt(var + eps * (shrink * shrink)) / shrink  # [..., 1]
+
+
+def scale(x, eps):
+    """σ(x) for an uncentered x: the number LayerNorm divides by."""
+    return centered_scale(x - x.mean(-1, keepdims=True), eps)
+
+
+def normalize(x, eps):
+    """x̂ = (x − mean)/σ: LayerNorm without its gain and bias."""
+    centered = x - x.mean(-1, keepdims=True)
+    return centered / centered_scale(centered, eps)

@@ -1,0 +1,268 @@
+"""GPT-2's forward pass, in NumPy, with a hook point at every intermediate value.
+
+    resid = W_E[tokens] + W_pos[positions]                          the residual stream
+    for each block L:
+        resid = resid + attn_L(ln1_L(resid))                        resid_pre → resid_mid
+        resid = resid + mlp_L(ln2_L(resid))                         resid_mid → resid_post
+    logits = ln_final(resid) · W_U                                  [pos, d_vocab]
+
+Each block only ever *adds* to the residual stream, and reads it only through a LayerNorm. The
+first fact makes the final stream a sum of components (embeddings, each attn_out, each mlp_out);
+the second means every block sees the stream's direction, not its size. refgpt's two properties
+(docs/layernorm.md) follow from these two lines.
+
+Computation is in float64 by default, or float32 on request, end to end: no intermediate is ever
+promoted or demoted. Every hook point is named as in TransformerLens.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import MappingProxyType
+
+import numpy as np
+
+from .activations import ACTIVATIONS
+from .attention import attention
+from .cache import ActivationCache
+from .checkpoint import compute_dtype
+from .config import Config
+from .errors import RefGPTError
+from .hooks import HookRun, select_names
+from .layernorm import layer_norm
+from .mlp import mlp
+
+_LN_HOOKS = ("hook_mean", "hook_scale", "hook_normalized")
+
+
+def param_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
+    """Every parameter's TransformerLens name and shape."""
+    d, h, dh, m = cfg.d_model, cfg.n_heads, cfg.d_head, cfg.d_mlp
+    shapes = {"embed.W_E": (cfg.d_vocab, d), "pos_embed.W_pos": (cfg.n_ctx, d)}
+    for L in range(cfg.n_layers):
+        b = f"blocks.{L}."
+        shapes.update({b + "ln1.w": (d,), b + "ln1.b": (d,)})
+        for x in "QKV":
+            shapes.update({b + f"attn.W_{x}": (h, d, dh), b + f"attn.b_{x}": (h, dh)})
+        shapes.update({b + "attn.W_O": (h, dh, d), b + "attn.b_O": (d,)})
+        shapes.update({b + "ln2.w": (d,), b + "ln2.b": (d,)})
+        shapes.update({b + "mlp.W_in": (d, m), b + "mlp.b_in": (m,),
+                       b + "mlp.W_out": (m, d), b + "mlp.b_out": (d,)})
+    shapes.update({"ln_final.w": (d,), "ln_final.b": (d,), "unembed.W_U": (d, cfg.d_vocab)})
+    return shapes
+
+
+def hook_names(cfg: Config) -> list[str]:
+    """Every hook point of a model with this config, in the order the forward pass reaches them."""
+    names = ["hook_embed", "hook_pos_embed"]
+    for L in range(cfg.n_layers):
+        b = f"blocks.{L}."
+        names.append(b + "hook_resid_pre")
+        names += [b + "ln1." + h for h in _LN_HOOKS]
+        names += [b + "attn.hook_" + h for h in ("q", "k", "v", "attn_scores", "pattern", "z")]
+        names += [b + "hook_attn_out", b + "hook_resid_mid"]
+        names += [b + "ln2." + h for h in _LN_HOOKS]
+        names += [b + "mlp.hook_pre", b + "mlp.hook_post", b + "hook_mlp_out", b + "hook_resid_post"]
+    names += ["ln_final." + h for h in _LN_HOOKS]
+    return names
+
+
+class Model:
+    """A GPT-2: its Config, its parameters in circuits notation, and a hookable forward pass.
+
+    ``params`` maps TransformerLens state-dict names (``blocks.0.attn.W_Q``) to arrays; an optional
+    ``unembed.b_U`` [d_vocab] is added to the logits (GPT-2 itself has none).
+    """
+
+    def __init__(self, cfg: Config, params: dict[str, np.ndarray], dtype="float64", source=None):
+        self.cfg = cfg
+        self.dtype = compute_dtype(dtype)
+        self.source = Path(source) if source is not None else None
+        self.tokenizer = None
+        self.params = MappingProxyType(self._checked(params))  # read-only: a new model for new weights
+        self._blocks = [self._block_params(L) for L in range(cfg.n_layers)]
+        self.hook_names = hook_names(cfg)
+        self._context_hooks: list = []
+        self._act = ACTIVATIONS[cfg.act_fn]
+
+    def _checked(self, params):
+        expected = param_shapes(self.cfg)
+        optional = {"unembed.b_U": (self.cfg.d_vocab,)}
+        unknown = set(params) - set(expected) - set(optional)
+        if unknown:
+            raise RefGPTError(f"params: unexpected parameter(s) {sorted(unknown)[:5]}")
+        checked = {}
+        for name, shape in {**expected, **optional}.items():
+            if name not in params:
+                if name in optional:
+                    continue
+                raise RefGPTError(f"params: {name!r} is missing")
+            array = np.asarray(params[name])
+            if array.dtype.kind != "f":
+                raise RefGPTError(f"params: {name!r} is {array.dtype}, expected a float array")
+            if array.shape != shape:
+                raise RefGPTError(f"params: {name!r} has shape {list(array.shape)}, expected {list(shape)}")
+            checked[name] = array.astype(self.dtype, copy=False)
+        return checked
+
+    def _block_params(self, L):
+        """Block L's parameters without the ``blocks.L.`` prefix, split into ln / attn / mlp."""
+        b = f"blocks.{L}."
+        own = {name[len(b):]: value for name, value in self.params.items() if name.startswith(b)}
+        attn = {k[len("attn."):]: v for k, v in own.items() if k.startswith("attn.")}
+        mlp = {k[len("mlp."):]: v for k, v in own.items() if k.startswith("mlp.")}
+        return own, attn, mlp
+
+    # ---- the forward pass -------------------------------------------------------------------
+
+    def __call__(self, tokens) -> np.ndarray:
+        """Logits for integer tokens [pos] or [batch, pos] → [pos, d_vocab] or [batch, pos, d_vocab]."""
+        return self.run_with_hooks(tokens)
+
+    def run_with_hooks(self, tokens, fwd_hooks=()) -> np.ndarray:
+        """Logits, with ``fwd_hooks`` = [(name or predicate, fn(activation, name)), …] applied."""
+        logits, _ = self._run(tokens, fwd_hooks, cache_names=())
+        return logits
+
+    def run_with_cache(self, tokens, names=None, fwd_hooks=()):
+        """(logits, cache). ``names``: None (every hook point), a list of names, or a predicate."""
+        selected = select_names(names, self.hook_names, "run_with_cache names")
+        return self._run(tokens, fwd_hooks, cache_names=selected)
+
+    def hooks(self, fwd_hooks):
+        """A context manager: ``with model.hooks([...]):`` every forward pass inside applies them."""
+        return _HookContext(self, list(fwd_hooks))
+
+    def _run(self, tokens, fwd_hooks, cache_names):
+        tokens, batched = self.check_tokens(tokens)
+        run = HookRun(self.hook_names, [*self._context_hooks, *fwd_hooks], cache_names)
+        logits = self.forward(tokens, run)
+        if not batched:
+            logits = logits[0]
+        return logits, ActivationCache(run.cache, self)
+
+    def forward(self, tokens, point):
+        """The forward pass over checked tokens [batch, pos]; ``point`` is called at each hook point."""
+        p = self.params
+        batch, pos = tokens.shape
+        embed = point("hook_embed", p["embed.W_E"][tokens])  # [batch, pos, d_model]
+        pos_embed = point("hook_pos_embed", np.broadcast_to(p["pos_embed.W_pos"][:pos], embed.shape).copy())  # [batch, pos, d_model]
+        resid = embed + pos_embed  # [batch, pos, d_model]
+        for L in range(self.cfg.n_layers):
+            resid = self.block(L, resid, point)  # [batch, pos, d_model]
+        final = layer_norm(resid, p["ln_final.w"], p["ln_final.b"], self.cfg.eps, _scoped(point, "ln_final."))  # [batch, pos, d_model]
+        logits = final @ p["unembed.W_U"]  # [batch, pos, d_vocab]
+        if "unembed.b_U" in p:
+            logits += p["unembed.b_U"]  # [batch, pos, d_vocab]
+        return logits
+
+    def block(self, L, resid, point):
+        """Block L: resid_pre → + attn(ln1(resid)) → resid_mid → + mlp(ln2(resid)) → resid_post."""
+        b = f"blocks.{L}."
+        p, attn_params, mlp_params = self._blocks[L]
+        eps = self.cfg.eps
+        resid_pre = point(b + "hook_resid_pre", resid)  # [batch, pos, d_model]
+        x = layer_norm(resid_pre, p["ln1.w"], p["ln1.b"], eps, _scoped(point, b + "ln1."))  # [batch, pos, d_model]
+        attn_out = point(b + "hook_attn_out", attention(x, attn_params, self.cfg.attn_scale(L), _scoped(point, b + "attn.")))  # [batch, pos, d_model]
+        resid_mid = point(b + "hook_resid_mid", resid_pre + attn_out)  # [batch, pos, d_model]
+        x = layer_norm(resid_mid, p["ln2.w"], p["ln2.b"], eps, _scoped(point, b + "ln2."))  # [batch, pos, d_model]
+        mlp_out = point(b + "hook_mlp_out", mlp(x, mlp_params, self._act, _scoped(point, b + "mlp.")))  # [batch, pos, d_model]
+        return point(b + "hook_resid_post", resid_mid + mlp_out)  # [batch, pos, d_model]
+
+    # ---- input checking -----------------------------------------------------------------------
+
+    def check_tokens(self, tokens):
+        """Integer tokens [pos] or [batch, pos] → (int64 array [batch, pos], was it batched)."""
+        array = np.asarray(tokens)
+        if array.size == 0:
+            raise RefGPTError(f"tokens: empty sequence (shape {list(array.shape)})")
+        if array.dtype == bool or array.dtype.kind not in "iu":
+            if array.dtype.kind == "f" and np.all(np.isfinite(array)) and np.all(array == np.round(array)):
+                raise RefGPTError(f"tokens: must be an integer array, found {array.dtype} (cast with .astype(int))")
+            raise RefGPTError(f"tokens: must be integers, found dtype {array.dtype}")
+        if array.ndim not in (1, 2):
+            raise RefGPTError(f"tokens: must be [pos] or [batch, pos], found {array.ndim} dimensions {list(array.shape)}")
+        batched = array.ndim == 2
+        array = array.reshape(-1, array.shape[-1]).astype(np.int64, copy=False)  # [batch, pos]
+        bad = np.argwhere((array < 0) | (array >= self.cfg.d_vocab))
+        if len(bad):
+            where = tuple(int(i) for i in bad[0]) if batched else int(bad[0][1])
+            raise RefGPTError(
+                f"tokens: id {int(array[tuple(bad[0])])} at {'index' if batched else 'position'} {where} "
+                f"is outside the vocabulary [0, {self.cfg.d_vocab})"
+            )
+        if array.shape[1] > self.cfg.n_ctx:
+            raise RefGPTError(f"tokens: {array.shape[1]} positions, but the model has only n_positions={self.cfg.n_ctx}")
+        return array, batched
+
+    # ---- text -------------------------------------------------------------------------------
+
+    def to_tokens(self, text: str, prepend_bos: bool = False) -> np.ndarray:
+        """Text → token ids [pos] with the model's tokenizer (``<|endoftext|>`` first if prepend_bos)."""
+        tok = self._need_tokenizer()
+        ids = tok.encode(text)
+        if prepend_bos:
+            if tok.eot_token is None:
+                raise RefGPTError("to_tokens: prepend_bos=True, but the vocabulary has no <|endoftext|>")
+            ids = [tok.eot_token] + ids
+        return np.array(ids, dtype=np.int64)
+
+    def to_string(self, ids) -> str:
+        """Token ids → text."""
+        return self._need_tokenizer().decode([int(i) for i in np.asarray(ids).reshape(-1)])
+
+    def _need_tokenizer(self):
+        if self.tokenizer is None:
+            where = f" in {self.source}" if self.source else ""
+            raise RefGPTError(f"this model has no tokenizer: no vocab.json + merges.txt{where}")
+        return self.tokenizer
+
+    # ---- weights in circuits notation, stacked over layers as TransformerLens has them ---------
+
+    def _stack(self, name):
+        return np.stack([self.params[f"blocks.{L}.{name}"] for L in range(self.cfg.n_layers)])
+
+    W_E = property(lambda self: self.params["embed.W_E"], doc="[d_vocab, d_model]")
+    W_pos = property(lambda self: self.params["pos_embed.W_pos"], doc="[n_ctx, d_model]")
+    W_U = property(lambda self: self.params["unembed.W_U"], doc="[d_model, d_vocab]")
+    b_U = property(lambda self: self.params.get("unembed.b_U", np.zeros(self.cfg.d_vocab, self.dtype)), doc="[d_vocab]")
+    W_Q = property(lambda self: self._stack("attn.W_Q"), doc="[layer, head, d_model, d_head]")
+    W_K = property(lambda self: self._stack("attn.W_K"), doc="[layer, head, d_model, d_head]")
+    W_V = property(lambda self: self._stack("attn.W_V"), doc="[layer, head, d_model, d_head]")
+    W_O = property(lambda self: self._stack("attn.W_O"), doc="[layer, head, d_head, d_model]")
+    b_Q = property(lambda self: self._stack("attn.b_Q"), doc="[layer, head, d_head]")
+    b_K = property(lambda self: self._stack("attn.b_K"), doc="[layer, head, d_head]")
+    b_V = property(lambda self: self._stack("attn.b_V"), doc="[layer, head, d_head]")
+    b_O = property(lambda self: self._stack("attn.b_O"), doc="[layer, d_model]")
+    W_in = property(lambda self: self._stack("mlp.W_in"), doc="[layer, d_model, d_mlp]")
+    b_in = property(lambda self: self._stack("mlp.b_in"), doc="[layer, d_mlp]")
+    W_out = property(lambda self: self._stack("mlp.W_out"), doc="[layer, d_mlp, d_model]")
+    b_out = property(lambda self: self._stack("mlp.b_out"), doc="[layer, d_model]")
+
+    def __repr__(self):
+        c = self.cfg
+        n = sum(a.size for a in self.params.values()) - (c.d_vocab * c.d_model if c.tie_word_embeddings else 0)
+        return (f"Model(d_model={c.d_model}, n_layers={c.n_layers}, n_heads={c.n_heads}, d_vocab={c.d_vocab}, "
+                f"n_ctx={c.n_ctx}, act_fn={c.act_fn!r}, dtype={self.dtype.name}, params={n:,})")
+
+
+def _scoped(point, prefix):
+    return lambda name, activation: point(prefix + name, activation)
+
+
+class _HookContext:
+    def __init__(self, model, fwd_hooks):
+        self.model, self.fwd_hooks = model, fwd_hooks
+        select = [s for s, _ in fwd_hooks]  # validated now, not at the first forward pass
+        for s in select:
+            select_names(s, model.hook_names, "hooks")
+
+    def __enter__(self):
+        self.model._context_hooks.extend(self.fwd_hooks)
+        return self.model
+
+    def __exit__(self, *exc):
+        for entry in self.fwd_hooks:
+            self.model._context_hooks.remove(entry)
+        return False
+
