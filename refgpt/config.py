@@ -146,7 +146,7 @@ class Config:
         """Read an HF ``config.json``."""
         path = Path(path)
         if not path.is_file():
-            raise RefGPTError(f"{path}: config.json not found")
+            raise RefGPTError(f"{path}: not found (an HF GPT-2 model directory holds config.json)")
         try:
             hf = json.loads(path.read_text(encoding="utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as error:

@@ -1,0 +1,175 @@
+"""The two facts at refgpt's heart, as property tests. Derivations: docs/layernorm.md (§ cited).
+
+1. Cached-scale decomposition is exact: hold ln_final's scale fixed from the final stream and the
+   components of the residual stream, pushed through LayerNorm and the unembedding one by one,
+   plus ln_final's bias once, sum to the logits. Normalising each piece with its own scale does not.
+2. LayerNorm forgets scale: LN(k·d + s) → LN₀(d) within a derived bound; LN_ε(kx) = LN_{ε/k²}(x);
+   LN(x + t·1) = LN(x); and LayerNorm stays finite and right for inputs up to 1e30 (float64)
+   and 1e18 (float32).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from random_models import model_and_tokens, rel_err
+from refgpt.layernorm import layer_norm, normalize
+
+# ---- 1. the cached-scale decomposition (docs/layernorm.md §2, §3) ---------------------------
+
+
+def final_stream_pieces(cache, cfg):
+    """The components whose sum is the final residual stream, as [piece, batch, pos, d_model]."""
+    names = ["hook_embed", "hook_pos_embed"]
+    for L in range(cfg.n_layers):
+        names += [f"blocks.{L}.hook_attn_out", f"blocks.{L}.hook_mlp_out"]
+    return np.stack([cache[n] for n in names])
+
+
+def unembed_pieces(model, pieces, scale):
+    """(w ⊙ P·c / σ)·W_U for each piece c, with σ the given scale: [piece, batch, pos, d_vocab]."""
+    p = model.params
+    centered = pieces - pieces.mean(-1, keepdims=True)  # [piece, batch, pos, d_model]
+    return (centered / scale * p["ln_final.w"]) @ p["unembed.W_U"]  # [piece, batch, pos, d_vocab]
+
+
+@settings(max_examples=60, deadline=None)
+@given(model_and_tokens())
+def test_cached_scale_pieces_sum_to_logits(model_tokens):
+    """§2: Σ_i (w ⊙ Pc_i/σ_cached)·W_U + b·W_U = logits, to ≤ 1e-12 relative in float64."""
+    model, tokens = model_tokens
+    logits, cache = model.run_with_cache(tokens)
+    pieces = final_stream_pieces(cache, model.cfg)
+    bias = model.params["ln_final.b"] @ model.params["unembed.W_U"]  # [d_vocab], counted once
+    total = unembed_pieces(model, pieces, cache["ln_final.hook_scale"]).sum(0) + bias
+    assert rel_err(total, logits) <= 1e-12
+
+
+@settings(max_examples=60, deadline=None)
+@given(model_and_tokens())
+def test_naive_per_piece_layernorm_is_not_exact(model_tokens):
+    """§3: re-normalising each piece with its own scale misses the logits by far more than rounding."""
+    model, tokens = model_tokens
+    assume(model.cfg.d_model >= 2)  # with one dimension, P = 0 and LayerNorm is the constant b
+    logits, cache = model.run_with_cache(tokens)
+    pieces = final_stream_pieces(cache, model.cfg)
+    own_scale = np.sqrt(pieces.var(-1, keepdims=True) + model.cfg.eps)  # each piece's own σ
+    bias = model.params["ln_final.b"] @ model.params["unembed.W_U"]
+    naive = unembed_pieces(model, pieces, own_scale).sum(0) + bias
+    exact = unembed_pieces(model, pieces, cache["ln_final.hook_scale"]).sum(0) + bias
+    # A million times the exact decomposition's tolerance: not a rounding-size disagreement.
+    assert rel_err(naive, logits) > 1e6 * max(rel_err(exact, logits), 1e-12)
+
+
+def test_counterexample_two_pieces_give_twice_the_bias():
+    """§3: c₁ = x + y, c₂ = −y with ‖Py‖ ≫ ‖Px‖: LN(c₁) + LN(c₂) ≈ 2b whatever x is."""
+    rng = np.random.default_rng(3)
+    n, eps = 16, 1e-5
+    w, b = 1 + 0.1 * rng.standard_normal(n), rng.standard_normal(n)
+    y = 1e8 * rng.standard_normal(n)
+    for x in (rng.standard_normal(n), 100 * rng.standard_normal(n)):
+        naive = layer_norm(x + y, w, b, eps) + layer_norm(-y, w, b, eps)
+        # §5 with d = y, s = x (and with d = −y, s = 0), and LN₀(y) + LN₀(−y) = 2b exactly:
+        bound = (convergence_bound(y, x, w, eps) + convergence_bound(-y, 0 * x, w, eps)
+                 + ln_rounding(x + y, w, b, eps) + ln_rounding(-y, w, b, eps))
+        assert np.linalg.norm(naive - 2 * b) <= bound
+        assert np.linalg.norm(layer_norm(x, w, b, eps) - 2 * b) > 1.0  # the truth is nowhere near 2b
+
+
+# ---- 2. LayerNorm forgets scale (docs/layernorm.md §4, §5, §6) ------------------------------
+
+
+def ln_rounding(x, w, b, eps):
+    """§6: the 2-norm rounding allowance of a computed LN_ε(x), evaluated at the actual inputs."""
+    x = np.asarray(x, np.float64)
+    n = x.shape[-1]
+    u = np.finfo(x.dtype).eps / 2
+    gamma = (n + 3) * u / (1 - (n + 3) * u)
+    centered = x - x.mean()
+    sigma = np.sqrt(np.mean(centered**2) + eps)
+    out = layer_norm(x, w, b, eps)
+    return np.max(np.abs(w)) * np.sqrt(n) * gamma * (np.max(np.abs(x)) / sigma + np.sqrt(n)) + u * np.linalg.norm(out)
+
+
+def convergence_bound(d, s, w, eps, k=1.0):
+    """§5: ‖w‖_∞√n·[2‖Ps‖/(k‖Pd‖) + nε/(2(k‖Pd‖ − ‖Ps‖)²)], valid when k‖Pd‖ > ‖Ps‖."""
+    n = d.shape[-1]
+    Pd, Ps = np.linalg.norm(d - d.mean()), np.linalg.norm(s - s.mean())
+    assert k * Pd > Ps
+    return np.max(np.abs(w)) * np.sqrt(n) * (2 * Ps / (k * Pd) + n * eps / (2 * (k * Pd - Ps) ** 2))
+
+
+def ln0(d, w, b):
+    """LN₀(d) = w ⊙ √n·Pd/‖Pd‖ + b: the eps-free LayerNorm, the limit of LN_ε(k·d)."""
+    return layer_norm(d, w, b, 0.0)
+
+
+vectors = st.integers(2, 64).flatmap(lambda n: st.tuples(st.just(n), st.integers(0, 2**32 - 1)))
+
+
+def draw_ln(n, seed):
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal(n) * rng.choice([0.1, 1.0, 10.0])
+    b = rng.standard_normal(n)
+    return rng, w, b
+
+
+@settings(max_examples=300, deadline=None)
+@given(vectors, st.floats(1.0, 1e12), st.sampled_from([1e-5, 1e-3, 0.1, 1.0]), st.floats(1e-3, 1e3))
+def test_layernorm_converges_within_derived_bound(n_seed, k, eps, s_size):
+    """§5: ‖LN_ε(kd + s) − LN₀(d)‖ ≤ ‖w‖_∞√n[2‖Ps‖/(k‖Pd‖) + nε/(2(k‖Pd‖ − ‖Ps‖)²)]."""
+    n, seed = n_seed
+    rng, w, b = draw_ln(n, seed)
+    d = rng.standard_normal(n) + rng.standard_normal()  # a direction with a mean component
+    s = s_size * rng.standard_normal(n)
+    assume(k * np.linalg.norm(d - d.mean()) > np.linalg.norm(s - s.mean()))
+    bound = convergence_bound(d, s, w, eps, k)
+    x = k * d + s
+    err = np.linalg.norm(layer_norm(x, w, b, eps) - ln0(d, w, b))
+    assert err <= bound + ln_rounding(x, w, b, eps) + ln_rounding(d, w, b, 0.0)
+
+
+@settings(max_examples=300, deadline=None)
+@given(vectors, st.floats(1e-6, 1e12), st.sampled_from([1e-5, 1e-3, 0.1, 1.0]))
+def test_layernorm_of_scaled_input_is_layernorm_with_smaller_eps(n_seed, k, eps):
+    """§4: LN_ε(k·x) = LN_{ε/k²}(x) for k > 0 (up to the §6 rounding allowance)."""
+    n, seed = n_seed
+    rng, w, b = draw_ln(n, seed)
+    x = rng.standard_normal(n) * rng.choice([1e-3, 1.0, 1e3])
+    err = np.linalg.norm(layer_norm(k * x, w, b, eps) - layer_norm(x, w, b, eps / k**2))
+    assert err <= ln_rounding(k * x, w, b, eps) + ln_rounding(x, w, b, eps / k**2)
+
+
+@settings(max_examples=300, deadline=None)
+@given(vectors, st.floats(-1e6, 1e6), st.sampled_from([1e-5, 1e-3, 0.1]))
+def test_layernorm_ignores_constant_shift(n_seed, t, eps):
+    """§4: LN(x + t·1) = LN(x), since P·1 = 0 (up to the §6 rounding allowance)."""
+    n, seed = n_seed
+    rng, w, b = draw_ln(n, seed)
+    x = rng.standard_normal(n)
+    err = np.linalg.norm(layer_norm(x + t, w, b, eps) - layer_norm(x, w, b, eps))
+    assert err <= ln_rounding(x + t, w, b, eps) + ln_rounding(x, w, b, eps)
+
+
+@pytest.mark.parametrize("dtype, size", [(np.float64, 1e30), (np.float32, 1e18)])
+@pytest.mark.parametrize("n", [2, 64, 768])
+def test_layernorm_is_finite_and_correct_for_huge_inputs(dtype, size, n):
+    """§6: inputs of 1e30 (float64) and 1e18 (float32) give finite stats and LN ≈ LN₀ of the direction."""
+    rng = np.random.default_rng(n)
+    w, b = (1 + 0.1 * rng.standard_normal(n)).astype(dtype), rng.standard_normal(n).astype(dtype)
+    d = rng.standard_normal(n)
+    x = (size * d).astype(dtype)
+    stats = {}
+    out = layer_norm(x, w, b, 1e-5, lambda name, a: stats.setdefault(name, a))
+    assert out.dtype == dtype and all(a.dtype == dtype for a in stats.values())
+    assert np.all(np.isfinite(out)) and np.isfinite(stats["hook_scale"]).all()
+    expected_scale = size * np.std(d)
+    assert abs(float(stats["hook_scale"][0]) / expected_scale - 1) <= n * np.finfo(dtype).eps
+    # ε/k² is far below rounding here, so LN_ε(x) = LN₀(d) up to the §6 allowance in x's precision.
+    limit = ln0(d, w.astype(np.float64), b.astype(np.float64))
+    u = np.finfo(dtype).eps / 2
+    allowance = np.max(np.abs(w)) * np.sqrt(n) * (n + 3) * u * (np.max(np.abs(d)) / np.std(d) + np.sqrt(n)) * 2
+    assert np.linalg.norm(out.astype(np.float64) - limit) <= allowance + u * np.linalg.norm(limit)

@@ -1,0 +1,91 @@
+"""What must hold of any GPT-2 forward pass, whatever its weights: property tests over random models."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from random_models import model_and_tokens, rel_err
+
+EXACT = 1e-12  # float64: rounding only, relative to max(1, max|ref|)
+
+
+@settings(max_examples=40, deadline=None)
+@given(model_and_tokens(), st.data())
+def test_causal_prefix_invariance(model_tokens, data):
+    """A position's logits depend only on tokens at or before it: a prefix gives the same logits."""
+    model, tokens = model_tokens
+    cut = data.draw(st.integers(1, tokens.shape[1]))
+    assert rel_err(model(tokens[:, :cut]), model(tokens)[:, :cut]) <= EXACT
+
+
+@settings(max_examples=40, deadline=None)
+@given(model_and_tokens())
+def test_batch_invariance(model_tokens):
+    """Each sequence of a batch gets the logits it gets alone; [pos] input gives [pos, d_vocab]."""
+    model, tokens = model_tokens
+    batched = model(tokens)
+    for i, row in enumerate(tokens):
+        alone = model(row)
+        assert alone.shape == (tokens.shape[1], model.cfg.d_vocab)
+        assert rel_err(alone, batched[i]) <= EXACT
+
+
+@settings(max_examples=40, deadline=None)
+@given(model_and_tokens())
+def test_residual_stream_is_a_running_sum(model_tokens):
+    """resid_pre(0) = embed + pos_embed; resid_mid = resid_pre + attn_out; resid_post = resid_mid + mlp_out."""
+    model, tokens = model_tokens
+    _, cache = model.run_with_cache(tokens)
+    np.testing.assert_array_equal(cache["resid_pre", 0], cache["hook_embed"] + cache["hook_pos_embed"])
+    for L in range(model.cfg.n_layers):
+        np.testing.assert_array_equal(cache["resid_mid", L], cache["resid_pre", L] + cache["attn_out", L])
+        np.testing.assert_array_equal(cache["resid_post", L], cache["resid_mid", L] + cache["mlp_out", L])
+        assert rel_err(cache["resid_post", L], cache["resid_pre", L] + cache["attn_out", L] + cache["mlp_out", L]) <= EXACT
+        if L + 1 < model.cfg.n_layers:
+            np.testing.assert_array_equal(cache["resid_pre", L + 1], cache["resid_post", L])
+
+
+@settings(max_examples=40, deadline=None)
+@given(model_and_tokens())
+def test_attention_pattern_rows_sum_to_one_and_mask_is_exact(model_tokens):
+    """Every pattern row sums to 1; entries above the diagonal are exactly 0 and their scores −∞."""
+    model, tokens = model_tokens
+    _, cache = model.run_with_cache(tokens)
+    pos = tokens.shape[1]
+    above = np.triu(np.ones((pos, pos), dtype=bool), k=1)
+    for L in range(model.cfg.n_layers):
+        pattern, scores = cache["pattern", L], cache["attn_scores", L]
+        assert np.all(np.abs(pattern.sum(-1) - 1) <= pos * np.finfo(pattern.dtype).eps)
+        assert np.all(pattern[..., above] == 0.0)
+        assert np.all(scores[..., above] == -np.inf) and np.all(np.isfinite(scores[..., ~above]))
+
+
+@settings(max_examples=40, deadline=None)
+@given(model_and_tokens())
+def test_logits_are_final_layernorm_output_times_unembedding(model_tokens):
+    """logits = (w ⊙ ln_final.hook_normalized + b)·W_U, and hook_normalized = (x − mean)/scale."""
+    model, tokens = model_tokens
+    logits, cache = model.run_with_cache(tokens)
+    p = model.params
+    final = cache["ln_final.hook_normalized"] * p["ln_final.w"] + p["ln_final.b"]
+    np.testing.assert_array_equal(final @ p["unembed.W_U"], logits)
+    x = cache["resid_post", -1]
+    np.testing.assert_array_equal(cache["ln_final.hook_mean"], x.mean(-1, keepdims=True))
+    assert rel_err(cache["ln_final.hook_normalized"],
+                   (x - cache["ln_final.hook_mean"]) / cache["ln_final.hook_scale"]) <= EXACT
+    assert rel_err(cache["ln_final.hook_scale"], np.sqrt(x.var(-1, keepdims=True) + model.cfg.eps)) <= EXACT
+
+
+@settings(max_examples=20, deadline=None)
+@given(model_and_tokens())
+def test_float32_stays_float32_end_to_end(model_tokens):
+    """A float32 model computes every activation in float32: nothing promotes to float64."""
+    model64, tokens = model_tokens
+    from refgpt import Model
+
+    model = Model(model64.cfg, dict(model64.params), dtype="float32")
+    logits, cache = model.run_with_cache(tokens)
+    assert logits.dtype == np.float32
+    assert {a.dtype for a in cache.values()} == {np.dtype(np.float32)}
