@@ -1,0 +1,65 @@
+"""The ``refgpt`` command: ``refgpt SUBCOMMAND ...`` (also ``python -m refgpt``).
+
+Each subcommand lives in its own module under ``refgpt/commands/`` and provides
+``add_parser(subparsers, common)`` and ``run(args) -> int``. Errors a user can cause end as one
+line ``refgpt: error: …`` on stderr: exit status 2 for usage errors (argparse's convention), 1
+for everything else. Never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from . import __version__
+from .errors import RefGPTError
+
+# One line per subcommand; the module refgpt.commands.<name> implements it.
+COMMANDS = ()
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # argparse's usage errors: one line, exit status 2
+        sys.stderr.write(f"refgpt: error: {message}\n")
+        raise SystemExit(2)
+
+
+def common_options() -> argparse.ArgumentParser:
+    """--model, --dtype, --json: every subcommand takes them."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--model", metavar="DIR", default=None,
+                        help="HF GPT-2 directory (config.json + model.safetensors); default: the embedded model")
+    common.add_argument("--dtype", default="float64", help="float64 (default) or float32")
+    common.add_argument("--json", action="store_true", help="print JSON instead of a table, for scripts")
+    return common
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="refgpt", description="A pure-NumPy reference GPT-2: predictions, LayerNorm "
+                     "statistics and exact decompositions from the command line.")
+    parser.add_argument("--version", action="version", version=f"refgpt {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+    common = common_options()
+    for name in COMMANDS:
+        importlib.import_module(f"refgpt.commands.{name}").add_parser(sub, common)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except RefGPTError as error:
+        sys.stderr.write(f"refgpt: error: {error}\n")
+        return 1
+    except (OSError, MemoryError) as error:
+        sys.stderr.write(f"refgpt: error: {error}\n")
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

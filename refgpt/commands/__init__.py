@@ -1,0 +1,1 @@
+"""The refgpt command's subcommands, one module each (see refgpt/cli.py)."""
