@@ -25,8 +25,22 @@ _erf = np.frompyfunc(math.erf, 1, 1)
 
 
 def gelu_new(x):
-    """GELU, tanh approximation, written as OpenAI's GPT-2 code writes it."""
-    return 0.5 * x * (1.0 + np.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x**3)))
+    """GELU, tanh approximation, as OpenAI's GPT-2 code writes it:
+    ½·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))).
+
+    Evaluated in one buffer, step by step, because it runs on the largest activation of the
+    model ([pos, d_mlp]); ×½ is exact, so the order of the final products does not change a bit.
+    """
+    t = x * x  # x²
+    t *= x  # x³
+    t *= 0.044715
+    t += x  # x + 0.044715·x³
+    t *= _SQRT_2_OVER_PI
+    np.tanh(t, out=t)
+    t += 1.0
+    t *= x
+    t *= 0.5  # ½·x·(1 + tanh(…))
+    return t
 
 
 def gelu_fast(x):

@@ -9,48 +9,56 @@ For each head h, with x the LayerNorm'd residual stream [pos, d_model]:
     z = pattern·v                                                                    [pos, d_head]
     out = Σ_h z[h]·W_O[h] + b_O                                                      [pos, d_model]
 
-The heads are computed together: W_Q [head, d_model, d_head] is the same numbers as one
-[d_model, head·d_head] matrix, so q for all heads is one matrix product.
+The heads are computed together. W_Q [head, d_model, d_head] holds the same numbers as one
+[d_model, head·d_head] matrix, so q for every head is one matrix product; Σ_h z[h]·W_O[h] is one
+product of z [pos, head·d_head] with W_O seen as [head·d_head, d_model]. The model hands this
+module its weights in that flat layout (``Model.block_weights``).
 """
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 
-def attention(x, p, scale, point):
-    """One block's attention. ``p`` maps W_Q, b_Q, ... to arrays; ``point`` is the hook point."""
-    batch, pos, d_model = x.shape
-    n_heads, _, d_head = p["W_Q"].shape
-    q = point("hook_q", project(x, p["W_Q"], p["b_Q"]))  # [batch, pos, head, d_head]
-    k = point("hook_k", project(x, p["W_K"], p["b_K"]))  # [batch, pos, head, d_head]
-    v = point("hook_v", project(x, p["W_V"], p["b_V"]))  # [batch, pos, head, d_head]
+def attention(x, w, n_heads, scale, point, past=None):
+    """One block's attention. ``w``: W_Q, W_K, W_V [d_model, head·d_head], b_Q, b_K, b_V
+    [head·d_head], W_O [head·d_head, d_model], b_O [d_model]. ``point`` is the hook point.
+    ``past(k, v)``, in incremental decoding, stores the new keys and values and returns all of them."""
+    batch, pos, _ = x.shape
+    heads = (batch, pos, n_heads, -1)
+    q = point("hook_q", (x @ w["W_Q"] + w["b_Q"]).reshape(heads))  # [batch, pos, head, d_head]
+    k = point("hook_k", (x @ w["W_K"] + w["b_K"]).reshape(heads))  # [batch, pos, head, d_head]
+    v = point("hook_v", (x @ w["W_V"] + w["b_V"]).reshape(heads))  # [batch, pos, head, d_head]
 
-    scores = (q.transpose(0, 2, 1, 3) @ k.transpose(0, 2, 3, 1)) * scale  # [batch, head, query, key]
-    scores[..., causal_mask(pos)] = -np.inf  # [batch, head, query, key]
+    if past is not None:
+        k, v = past(k, v)  # [batch, key, head, d_head]: the earlier positions' keys, then these
+
+    scores = q.transpose(0, 2, 1, 3) @ k.transpose(0, 2, 3, 1)  # [batch, head, query, key]
+    scores *= scale  # [batch, head, query, key]
+    scores += causal_bias(pos, k.shape[1] - pos, scores.dtype)  # [batch, head, query, key], −∞ on future keys
     scores = point("hook_attn_scores", scores)  # [batch, head, query, key]
-    pattern = point("hook_pattern", softmax(scores))  # [batch, head, query, key]
+    # Nobody else holds the scores unless they are hooked or cached: then softmax may reuse them.
+    pattern = point("hook_pattern", softmax(scores, in_place=not point.watched("hook_attn_scores")))
 
     z = point("hook_z", (pattern @ v.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3))  # [batch, pos, head, d_head]
-    W_O = p["W_O"].reshape(n_heads * d_head, d_model)  # [head·d_head, d_model]
-    return z.reshape(batch, pos, n_heads * d_head) @ W_O + p["b_O"]  # [batch, pos, d_model]
+    return z.reshape(batch, pos, -1) @ w["W_O"] + w["b_O"]  # [batch, pos, d_model]
 
 
-def project(x, W, b):
-    """x·W[h] + b[h] for every head at once."""
-    n_heads, d_model, d_head = W.shape
-    W_flat = W.transpose(1, 0, 2).reshape(d_model, n_heads * d_head)  # [d_model, head·d_head]
-    out = x @ W_flat + b.reshape(n_heads * d_head)  # [batch, pos, head·d_head]
-    return out.reshape(*x.shape[:-1], n_heads, d_head)  # [batch, pos, head, d_head]
+@functools.lru_cache(maxsize=8)
+def causal_bias(pos, start, dtype):
+    """0 where a query may look, −∞ where it may not: added to the scores. Query i is position
+    start + i and sees keys 0 … start + i (``start`` > 0 when earlier keys come from a KV cache)."""
+    bias = np.triu(np.full((pos, start + pos), -np.inf, dtype=dtype), k=start + 1)  # [query, key]
+    bias.flags.writeable = False
+    return bias
 
 
-def causal_mask(pos):
-    """True where a query would look at a later key: above the diagonal."""
-    return np.triu(np.ones((pos, pos), dtype=bool), k=1)  # [query, key]
-
-
-def softmax(scores):
+def softmax(scores, in_place=False):
     """exp(s − max s) / Σ exp(s − max s) over the last axis; exp(−∞) = 0 exactly."""
-    shifted = scores - scores.max(axis=-1, keepdims=True)  # [..., key] ≤ 0
-    e = np.exp(shifted)  # [..., key]
-    return e / e.sum(axis=-1, keepdims=True)  # [..., key]
+    out = scores if in_place else np.empty_like(scores)  # [..., key]
+    np.subtract(scores, scores.max(axis=-1, keepdims=True), out=out)  # [..., key] ≤ 0
+    np.exp(out, out=out)  # [..., key]
+    out /= out.sum(axis=-1, keepdims=True)  # [..., key]
+    return out

@@ -67,6 +67,28 @@ class HookRun:
             self.cache[name] = activation
         return activation
 
+    def watched(self, name: str) -> bool:
+        """Will anyone see this activation (a hook or the cache)? If not, it may be overwritten in place."""
+        return name in self.hooks or name in self.cache_names
+
+    def scope(self, prefix: str) -> "Scope":
+        return Scope(self, prefix)
+
+
+class Scope:
+    """A HookRun seen from inside a component: ``point("hook_q", q)`` is ``run("blocks.3.attn.hook_q", q)``."""
+
+    __slots__ = ("run", "prefix")
+
+    def __init__(self, run: HookRun, prefix: str):
+        self.run, self.prefix = run, prefix
+
+    def __call__(self, name: str, activation: np.ndarray) -> np.ndarray:
+        return self.run(self.prefix + name, activation)
+
+    def watched(self, name: str) -> bool:
+        return self.run.watched(self.prefix + name)
+
 
 def _checked_replacement(name, old, new):
     if not isinstance(new, np.ndarray):

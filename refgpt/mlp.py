@@ -8,8 +8,8 @@
 from __future__ import annotations
 
 
-def mlp(x, p, act, point):
-    """One block's MLP. ``p`` maps W_in, b_in, W_out, b_out to arrays; ``point`` is the hook point."""
-    pre = point("hook_pre", x @ p["W_in"] + p["b_in"])  # [batch, pos, d_mlp]
+def mlp(x, w, act, point):
+    """One block's MLP. ``w``: W_in, b_in, W_out, b_out; ``point`` is the hook point."""
+    pre = point("hook_pre", x @ w["W_in"] + w["b_in"])  # [batch, pos, d_mlp]
     post = point("hook_post", act(pre))  # [batch, pos, d_mlp]
-    return post @ p["W_out"] + p["b_out"]  # [batch, pos, d_model]
+    return post @ w["W_out"] + w["b_out"]  # [batch, pos, d_model]

@@ -17,6 +17,7 @@ promoted or demoted. Every hook point is named as in TransformerLens.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from types import MappingProxyType
 
@@ -29,6 +30,7 @@ from .checkpoint import compute_dtype
 from .config import Config
 from .errors import RefGPTError
 from .hooks import HookRun, select_names
+from .kv_cache import KVCache
 from .layernorm import layer_norm
 from .mlp import mlp
 
@@ -106,73 +108,110 @@ class Model:
         return checked
 
     def _block_params(self, L):
-        """Block L's parameters without the ``blocks.L.`` prefix, split into ln / attn / mlp."""
-        b = f"blocks.{L}."
-        own = {name[len(b):]: value for name, value in self.params.items() if name.startswith(b)}
-        attn = {k[len("attn."):]: v for k, v in own.items() if k.startswith("attn.")}
-        mlp = {k[len("mlp."):]: v for k, v in own.items() if k.startswith("mlp.")}
-        return own, attn, mlp
+        """Block L's weights as the forward pass multiplies with them: (ln, attn, mlp) dicts.
+
+        Attention weights are flattened over heads, W_Q [head, d_model, d_head] → [d_model,
+        head·d_head] and W_O → [head·d_head, d_model]. For weights read from an HF checkpoint
+        this is a view of the stored c_attn matrix; otherwise it is copied once, here.
+        """
+        p, b = self.params, f"blocks.{L}."
+        d, h = self.cfg.d_model, self.cfg.n_heads
+        ln = {k: p[b + k] for k in ("ln1.w", "ln1.b", "ln2.w", "ln2.b")}
+        attn = {f"W_{x}": p[b + f"attn.W_{x}"].transpose(1, 0, 2).reshape(d, -1) for x in "QKV"}  # [d_model, head·d_head]
+        attn.update({f"b_{x}": p[b + f"attn.b_{x}"].reshape(-1) for x in "QKV"})  # [head·d_head]
+        attn["W_O"] = p[b + "attn.W_O"].reshape(-1, d)  # [head·d_head, d_model]
+        attn["b_O"] = p[b + "attn.b_O"]  # [d_model]
+        mlp = {k: p[b + "mlp." + k] for k in ("W_in", "b_in", "W_out", "b_out")}
+        return ln, attn, mlp
 
     # ---- the forward pass -------------------------------------------------------------------
 
-    def __call__(self, tokens) -> np.ndarray:
-        """Logits for integer tokens [pos] or [batch, pos] → [pos, d_vocab] or [batch, pos, d_vocab]."""
-        return self.run_with_hooks(tokens)
+    def __call__(self, tokens, past=None, last_only=False) -> np.ndarray:
+        """Logits for integer tokens [pos] or [batch, pos] → [pos, d_vocab] or [batch, pos, d_vocab].
 
-    def run_with_hooks(self, tokens, fwd_hooks=()) -> np.ndarray:
+        ``past``: a KVCache (``model.kv_cache(batch)``) holding earlier positions; the tokens are
+        then the next ones and the cache is extended. ``last_only``: logits of the last position
+        only ([1, d_vocab] per sequence), skipping the unembedding of the others.
+        """
+        return self.run_with_hooks(tokens, past=past, last_only=last_only)
+
+    def run_with_hooks(self, tokens, fwd_hooks=(), past=None, last_only=False) -> np.ndarray:
         """Logits, with ``fwd_hooks`` = [(name or predicate, fn(activation, name)), …] applied."""
-        logits, _ = self._run(tokens, fwd_hooks, cache_names=())
+        logits, _ = self._run(tokens, fwd_hooks, (), past, last_only)
         return logits
 
-    def run_with_cache(self, tokens, names=None, fwd_hooks=()):
+    def run_with_cache(self, tokens, names=None, fwd_hooks=(), past=None, last_only=False):
         """(logits, cache). ``names``: None (every hook point), a list of names, or a predicate."""
         selected = select_names(names, self.hook_names, "run_with_cache names")
-        return self._run(tokens, fwd_hooks, cache_names=selected)
+        return self._run(tokens, fwd_hooks, selected, past, last_only)
+
+    def kv_cache(self, batch: int = 1) -> KVCache:
+        """An empty KVCache for incremental decoding of ``batch`` sequences (refgpt/kv_cache.py)."""
+        return KVCache(self.cfg, batch, self.dtype)
+
+    def generate(self, tokens, max_new_tokens: int, temperature: float = 1.0, top_k=None, seed=None):
+        """Extend ``tokens`` by sampling (greedy when temperature is 0); see refgpt/generation.py."""
+        from .generation import generate
+
+        return generate(self, tokens, max_new_tokens, temperature, top_k, seed)
 
     def hooks(self, fwd_hooks):
         """A context manager: ``with model.hooks([...]):`` every forward pass inside applies them."""
         return _HookContext(self, list(fwd_hooks))
 
-    def _run(self, tokens, fwd_hooks, cache_names):
-        tokens, batched = self.check_tokens(tokens)
+    def _run(self, tokens, fwd_hooks, cache_names, past=None, last_only=False):
+        tokens, batched = self.check_tokens(tokens, start=past.length if past is not None else 0)
+        if past is not None:
+            past.check(tokens.shape[0], tokens.shape[1])
         run = HookRun(self.hook_names, [*self._context_hooks, *fwd_hooks], cache_names)
-        logits = self.forward(tokens, run)
+        logits = self.forward(tokens, run, past, last_only)
         if not batched:
             logits = logits[0]
         return logits, ActivationCache(run.cache, self)
 
-    def forward(self, tokens, point):
-        """The forward pass over checked tokens [batch, pos]; ``point`` is called at each hook point."""
+    def forward(self, tokens, point, past=None, last_only=False):
+        """The forward pass over checked tokens [batch, pos]; ``point`` (a HookRun) is called at
+        each hook point; ``past`` a KVCache holding the positions before these, or None."""
         p = self.params
         batch, pos = tokens.shape
+        start = past.length if past is not None else 0
         embed = point("hook_embed", p["embed.W_E"][tokens])  # [batch, pos, d_model]
-        pos_embed = point("hook_pos_embed", np.broadcast_to(p["pos_embed.W_pos"][:pos], embed.shape).copy())  # [batch, pos, d_model]
+        pos_embed = point("hook_pos_embed", np.broadcast_to(p["pos_embed.W_pos"][start:start + pos], embed.shape).copy())  # [batch, pos, d_model]
         resid = embed + pos_embed  # [batch, pos, d_model]
         for L in range(self.cfg.n_layers):
-            resid = self.block(L, resid, point)  # [batch, pos, d_model]
-        final = layer_norm(resid, p["ln_final.w"], p["ln_final.b"], self.cfg.eps, _scoped(point, "ln_final."))  # [batch, pos, d_model]
+            resid = self.block(L, resid, point, past)  # [batch, pos, d_model]
+        if past is not None:
+            past.advance(pos)
+        final = layer_norm(resid, p["ln_final.w"], p["ln_final.b"], self.cfg.eps, point.scope("ln_final."))  # [batch, pos, d_model]
+        if last_only:
+            final = final[:, -1:]  # [batch, 1, d_model]
         logits = final @ p["unembed.W_U"]  # [batch, pos, d_vocab]
         if "unembed.b_U" in p:
             logits += p["unembed.b_U"]  # [batch, pos, d_vocab]
         return logits
 
-    def block(self, L, resid, point):
+    def block(self, L, resid, point, past=None):
         """Block L: resid_pre → + attn(ln1(resid)) → resid_mid → + mlp(ln2(resid)) → resid_post."""
         b = f"blocks.{L}."
-        p, attn_params, mlp_params = self._blocks[L]
-        eps = self.cfg.eps
+        ln, attn_w, mlp_w = self._blocks[L]
+        cfg = self.cfg
+        past_kv = None if past is None else functools.partial(past.extend, L)
+
         resid_pre = point(b + "hook_resid_pre", resid)  # [batch, pos, d_model]
-        x = layer_norm(resid_pre, p["ln1.w"], p["ln1.b"], eps, _scoped(point, b + "ln1."))  # [batch, pos, d_model]
-        attn_out = point(b + "hook_attn_out", attention(x, attn_params, self.cfg.attn_scale(L), _scoped(point, b + "attn.")))  # [batch, pos, d_model]
+        x = layer_norm(resid_pre, ln["ln1.w"], ln["ln1.b"], cfg.eps, point.scope(b + "ln1."))  # [batch, pos, d_model]
+        attn_out = attention(x, attn_w, cfg.n_heads, cfg.attn_scale(L), point.scope(b + "attn."), past_kv)  # [batch, pos, d_model]
+        attn_out = point(b + "hook_attn_out", attn_out)  # [batch, pos, d_model]
         resid_mid = point(b + "hook_resid_mid", resid_pre + attn_out)  # [batch, pos, d_model]
-        x = layer_norm(resid_mid, p["ln2.w"], p["ln2.b"], eps, _scoped(point, b + "ln2."))  # [batch, pos, d_model]
-        mlp_out = point(b + "hook_mlp_out", mlp(x, mlp_params, self._act, _scoped(point, b + "mlp.")))  # [batch, pos, d_model]
+
+        x = layer_norm(resid_mid, ln["ln2.w"], ln["ln2.b"], cfg.eps, point.scope(b + "ln2."))  # [batch, pos, d_model]
+        mlp_out = point(b + "hook_mlp_out", mlp(x, mlp_w, self._act, point.scope(b + "mlp.")))  # [batch, pos, d_model]
         return point(b + "hook_resid_post", resid_mid + mlp_out)  # [batch, pos, d_model]
 
     # ---- input checking -----------------------------------------------------------------------
 
-    def check_tokens(self, tokens):
-        """Integer tokens [pos] or [batch, pos] → (int64 array [batch, pos], was it batched)."""
+    def check_tokens(self, tokens, start=0):
+        """Integer tokens [pos] or [batch, pos] → (int64 array [batch, pos], was it batched).
+        ``start``: positions already held in a KV cache before these."""
         array = np.asarray(tokens)
         if array.size == 0:
             raise RefGPTError(f"tokens: empty sequence (shape {list(array.shape)})")
@@ -191,8 +230,9 @@ class Model:
                 f"tokens: id {int(array[tuple(bad[0])])} at {'index' if batched else 'position'} {where} "
                 f"is outside the vocabulary [0, {self.cfg.d_vocab})"
             )
-        if array.shape[1] > self.cfg.n_ctx:
-            raise RefGPTError(f"tokens: {array.shape[1]} positions, but the model has only n_positions={self.cfg.n_ctx}")
+        if start + array.shape[1] > self.cfg.n_ctx:
+            held = f" after {start} cached" if start else ""
+            raise RefGPTError(f"tokens: {array.shape[1]} positions{held}, but the model has only n_positions={self.cfg.n_ctx}")
         return array, batched
 
     # ---- text -------------------------------------------------------------------------------
@@ -244,10 +284,6 @@ class Model:
         n = sum(a.size for a in self.params.values()) - (c.d_vocab * c.d_model if c.tie_word_embeddings else 0)
         return (f"Model(d_model={c.d_model}, n_layers={c.n_layers}, n_heads={c.n_heads}, d_vocab={c.d_vocab}, "
                 f"n_ctx={c.n_ctx}, act_fn={c.act_fn!r}, dtype={self.dtype.name}, params={n:,})")
-
-
-def _scoped(point, prefix):
-    return lambda name, activation: point(prefix + name, activation)
 
 
 class _HookContext:
