@@ -154,13 +154,15 @@ def to_circuits(t: dict[str, np.ndarray], cfg: Config) -> dict[str, np.ndarray]:
     return params
 
 
-def load(path: str | Path, dtype="float64", tokenizer=True):
+def load(path: str | Path, dtype="float64", tokenizer=True, process=None):
     """Load an HF GPT-2 checkpoint directory (``config.json`` + ``model.safetensors``).
 
     ``dtype`` is the compute dtype, float64 (default) or float32; weights stored in any float
     format are converted to it. Weights stored in the compute dtype are memory-mapped, not copied.
     With ``tokenizer=True`` a ``vocab.json`` + ``merges.txt`` (or ``encoder.json`` + ``vocab.bpe``)
-    beside the weights becomes ``model.tokenizer``.
+    beside the weights becomes ``model.tokenizer``. ``process``: None (default, the weights as
+    stored), True (TransformerLens's from_pretrained defaults) or processing step names
+    (refgpt.processing).
     """
     from .model import Model  # model imports this module's helpers; import here to avoid a cycle
 
@@ -173,6 +175,10 @@ def load(path: str | Path, dtype="float64", tokenizer=True):
     model = Model(cfg, to_circuits(tensors, cfg), dtype=dtype, source=directory)
     if tokenizer:
         model.tokenizer = _find_tokenizer(directory)
+    if process:
+        from .processing import process as process_weights
+
+        model = process_weights(model, process)
     return model
 
 
