@@ -15,7 +15,13 @@ __version__ = "0.1.0"
 from .cache import ActivationCache, act_name
 from .checkpoint import load
 from .config import Config
+from .default_model import default_model_path, load_default
 from .errors import RefGPTError
 from .model import Model
+from .tokenizer import Tokenizer
 
-__all__ = ["ActivationCache", "Config", "Model", "RefGPTError", "act_name", "load"]
+__all__ = ["ActivationCache", "Config", "Model", "RefGPTError", "Tokenizer", "act_name",
+           "default_model_path", "load", "load_default"]
+
+from .attribution import Attribution, attribute  # noqa: E402
+__all__ += ["Attribution", "attribute"]

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from . import __version__
 from .errors import RefGPTError
 
 # One line per subcommand; the module refgpt.commands.<name> implements it.
-COMMANDS = ()
+COMMANDS = ("predict", "inspect")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -54,7 +55,10 @@ def main(argv=None) -> int:
     except RefGPTError as error:
         sys.stderr.write(f"refgpt: error: {error}\n")
         return 1
-    except (OSError, MemoryError) as error:
+    except BrokenPipeError:  # `refgpt inspect … | head`: the reader left; that is not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush at exit
+        return 0
+    except (OSError, MemoryError) as error:  # after BrokenPipeError, which is an OSError too
         sys.stderr.write(f"refgpt: error: {error}\n")
         return 1
     except KeyboardInterrupt:

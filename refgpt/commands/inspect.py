@@ -1,0 +1,139 @@
+"""``refgpt inspect TEXT``: every LayerNorm's statistics, and the cached-scale decomposition checked live.
+
+First, per layer and position, the norm ‖x‖ of the residual stream each LayerNorm reads and the
+two numbers it computes from it, its mean μ and scale σ = √(‖x − μ‖²/n + ε): ln1 reads resid_pre,
+ln2 reads resid_mid, ln_final reads the final stream.
+
+Then refgpt's first fact (docs/layernorm.md §2), on this very forward pass. The final stream is a
+sum of components c_i (embed, pos_embed, every attn_out and mlp_out); with ln_final's scale σ held
+at its cached value, each contributes (w ⊙ (c_i − mean c_i)/σ)·W_U to the logits, and these plus
+b·W_U (+ b_U) sum to the logits up to rounding. Normalising each c_i with its own scale, the naive
+per-piece LayerNorm, misses by far more (§3). Both errors are max |Σ pieces − logits| over every
+position and token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+
+from ..decomposition import decompose_resid
+from ..layernorm import scale
+from ._chosen_model import (add_text_arguments, load_chosen, model_json, text_line, token_json,
+                            token_text, tokens_of, untrained_note)
+from ._table import table
+
+DESCRIPTION = """\
+Run the model on TEXT and print, per layer and position, the 2-norm of the residual stream
+each LayerNorm reads and the mean and scale that ln1, ln2 and ln_final compute from it. Then
+check docs/layernorm.md's first fact live: the logits as a sum over the components of the final
+residual stream (embeddings, every attn_out and mlp_out), each pushed through ln_final with its
+cached scale, match the logits up to rounding (to 1e-12 of max(1, max |logit|) in float64);
+normalising each component with its own scale instead misses by far more.
+"""
+
+EXAMPLES = """\
+examples:
+  refgpt inspect "The capital of France is"
+  refgpt inspect "Hello, world" --dtype float32
+  refgpt inspect "The capital of France is" --model ~/models/gpt2 --json
+"""
+
+
+def add_parser(subparsers, common):
+    p = subparsers.add_parser(
+        "inspect", parents=[common], help="LayerNorm statistics per layer and position, and the "
+                                          "cached-scale decomposition checked live",
+        description=DESCRIPTION,
+        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_text_arguments(p)
+    p.set_defaults(run=run, usage_error=p.error)
+
+
+def decomposition_errors(model, logits, cache) -> dict:
+    """max |Σ pieces − logits| with ln_final's cached scale, and with each piece's own scale."""
+    p, eps = model.params, model.cfg.eps
+    w, W_U = p["ln_final.w"], p["unembed.W_U"]  # [d_model], [d_model, d_vocab]
+    sigma = cache["ln_final.hook_scale"]  # [batch, pos, 1]
+    bias = p["ln_final.b"] @ W_U + model.b_U  # [d_vocab]: counted once
+    exact = naive = bias  # [d_vocab], broadcast up to [batch, pos, d_vocab] by the first piece
+    pieces = decompose_resid(cache)  # [piece, batch, pos, d_model]: embed, pos_embed, each attn_out, mlp_out
+    for piece in pieces:  # [batch, pos, d_model]
+        centered = piece - piece.mean(-1, keepdims=True)  # [batch, pos, d_model]
+        exact = exact + (w * (centered / sigma)) @ W_U  # [batch, pos, d_vocab]
+        naive = naive + (w * (centered / scale(piece, eps))) @ W_U  # [batch, pos, d_vocab]
+    return {"pieces": len(pieces), "max_abs_logit": float(np.max(np.abs(logits))),
+            "cached_scale_error": float(np.max(np.abs(exact - logits))),
+            "naive_error": float(np.max(np.abs(naive - logits)))}
+
+
+# Table column → (what, hook name in block L): the residual stream's 2-norm, or a LayerNorm statistic.
+BLOCK_COLUMNS = {"resid_pre_norm": ("norm", "blocks.{L}.hook_resid_pre"),
+                 "ln1_mean": ("stat", "blocks.{L}.ln1.hook_mean"),
+                 "ln1_scale": ("stat", "blocks.{L}.ln1.hook_scale"),
+                 "resid_mid_norm": ("norm", "blocks.{L}.hook_resid_mid"),
+                 "ln2_mean": ("stat", "blocks.{L}.ln2.hook_mean"),
+                 "ln2_scale": ("stat", "blocks.{L}.ln2.hook_scale")}
+FINAL_COLUMNS = {"resid_final_norm": ("norm", "blocks.{L}.hook_resid_post"),  # L = the last block
+                 "ln_final_mean": ("stat", "ln_final.hook_mean"),
+                 "ln_final_scale": ("stat", "ln_final.hook_scale")}
+
+
+def layer_norm_rows(model, cache, tokens):
+    """(block rows, ln_final rows): per (layer, position) and per position, as dicts of plain numbers."""
+    def rows(columns, L, **where):
+        values = {}
+        for key, (what, name) in columns.items():
+            activation = cache[name.format(L=L)][0]  # [pos, d_model] or [pos, 1]
+            values[key] = np.linalg.norm(activation, axis=-1) if what == "norm" else activation[:, 0]  # [pos]
+        return [{**where, "pos": pos, "token": int(t), **{k: float(v[pos]) for k, v in values.items()}}
+                for pos, t in enumerate(tokens)]
+
+    n_layers = model.cfg.n_layers
+    blocks = [row for L in range(n_layers) for row in rows(BLOCK_COLUMNS, L, layer=L)]
+    return blocks, rows(FINAL_COLUMNS, n_layers - 1)
+
+
+def run(args) -> int:
+    model = load_chosen(args)
+    tokens = tokens_of(model, args)  # [pos]
+    logits, cache = model.run_with_cache(tokens[None])  # [1, pos, d_vocab]
+    blocks, final = layer_norm_rows(model, cache, tokens)
+    errors = decomposition_errors(model, logits, cache)
+    if args.json:
+        answer = {**model_json(model), "text": args.text,
+                  "tokens": [token_json(model, t) for t in tokens],
+                  "blocks": blocks, "ln_final": final, "decomposition": errors}
+        print(json.dumps(answer, indent=2))
+        return 0
+    note = untrained_note(model)
+    shown = {pos: token_text(model, t) for pos, t in enumerate(tokens)}
+    number = "{:.6g}".format
+    block_table = table(
+        ["layer", "pos", "token", "|resid_pre|", "ln1 mean", "ln1 scale", "|resid_mid|", "ln2 mean", "ln2 scale"],
+        [[r["layer"], r["pos"], shown[r["pos"]], *(number(r[k]) for k in BLOCK_COLUMNS)] for r in blocks],
+        align=">><>>>>>>")
+    final_table = table(
+        ["pos", "token", "|resid_final|", "ln_final mean", "ln_final scale"],
+        [[r["pos"], shown[r["pos"]], *(number(r[k]) for k in FINAL_COLUMNS)] for r in final],
+        align="><>>>")
+    print("\n".join([
+        *([note, ""] if note else []),
+        f"model: {model.source} ({model.dtype.name})",
+        text_line(args, tokens),
+        "",
+        "The residual stream each LayerNorm reads (its 2-norm), and the LayerNorm's mean and scale:",
+        "",
+        block_table,
+        "",
+        final_table,
+        "",
+        f"The logits as a sum over the {errors['pieces']} components of the final residual stream "
+        "(docs/layernorm.md §2-3),",
+        f"max |Σ pieces − logits| over every position and token (max |logit| = {errors['max_abs_logit']:.6g}):",
+        f"  ln_final's scale from the cache (exact):  {errors['cached_scale_error']:.3e}",
+        f"  each piece normalised on its own (naive): {errors['naive_error']:.3e}",
+    ]))
+    return 0

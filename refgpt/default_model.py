@@ -1,0 +1,41 @@
+"""The model that ships inside refgpt, so every command works on a fresh machine with no download.
+
+It lives in the repository's ``weights/default/`` and installs with the package as
+``refgpt.weights`` (setup.cfg maps one to the other), so ``importlib.resources`` finds it after
+``pip install .`` and ``pip install -e .`` alike. It is an ordinary HF GPT-2 directory:
+``config.json``, ``model.safetensors``, ``vocab.json``, ``merges.txt``.
+
+For now it is UNTRAINED: a seeded, randomly initialised GPT-2 with a byte-level vocabulary (see
+``weights/README.md``), its predictions noise. A directory holding a file named ``UNTRAINED``
+says so, and the ``refgpt`` command warns about it in everything it prints.
+
+    model = refgpt.load_default()              # the same as refgpt.load(refgpt.default_model_path())
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+
+from .checkpoint import load
+from .errors import RefGPTError
+
+UNTRAINED_MARKER = "UNTRAINED"
+
+
+def default_model_path() -> Path:
+    """The directory of the embedded default model."""
+    path = resources.files("refgpt.weights") / "default"
+    if not isinstance(path, Path) or not path.is_dir():  # e.g. installed inside a zip file
+        raise RefGPTError(f"the embedded default model is not installed as a directory ({path})")
+    return path
+
+
+def load_default(dtype="float64"):
+    """The embedded default model (UNTRAINED for now), in float64 or float32, with its tokenizer."""
+    return load(default_model_path(), dtype=dtype)
+
+
+def is_untrained(directory) -> bool:
+    """Does this model directory carry the ``UNTRAINED`` marker?"""
+    return (Path(directory) / UNTRAINED_MARKER).is_file()

@@ -1,0 +1,327 @@
+"""The ``refgpt`` command: predict and inspect print what the Python API computes, --json parses,
+the UNTRAINED default says so, and every error is one line with exit status 2 (usage) or 1."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import refgpt
+from random_models import random_model, save_checkpoint
+from refgpt import Config
+from refgpt.cli import main
+
+TEXT = "Hello, world\n"
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+@pytest.fixture(scope="module")
+def model():
+    return refgpt.load_default()
+
+
+def run(capsys, *argv):
+    """(exit status, stdout, stderr) of ``refgpt argv`` run in this process."""
+    try:
+        status = main(list(argv))
+    except SystemExit as exit_:  # argparse's usage errors and --help
+        status = exit_.code
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def run_subprocess(*argv, module=True):
+    """``python -m refgpt argv`` (or the ``refgpt`` console script) as a user runs it."""
+    command = [sys.executable, "-m", "refgpt"] if module else [shutil.which("refgpt")]
+    env = {**os.environ, "PYTHONIOENCODING": "utf-8"}
+    return subprocess.run(command + list(argv), capture_output=True, text=True, env=env, timeout=120)
+
+
+def expected_token_text(token_id: int) -> str:
+    """The default vocabulary: ASCII bytes as str reprs, other bytes (never whole UTF-8) as bytes reprs."""
+    if token_id == 256:
+        return "'<|endoftext|>'"
+    return repr(chr(token_id)) if token_id < 128 else repr(bytes([token_id]))
+
+
+def table_rows(out: str, header_start: str) -> list[list[str]]:
+    """The rows under the table header line that starts with ``header_start``, split on 2+ spaces."""
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(header_start))
+    rows = []
+    for line in lines[start + 1:]:
+        if not line.strip():
+            break
+        rows.append(re.split(r"\s{2,}", line.strip()))
+    return rows
+
+
+@pytest.fixture
+def plain_checkpoint(tmp_path):
+    """A random byte-vocabulary model with no UNTRAINED marker, and W_U = 0 so every logit ties."""
+    cfg = Config(d_model=8, n_layers=2, n_heads=2, d_mlp=12, d_vocab=257, n_ctx=6, tie_word_embeddings=False)
+    m = random_model(cfg, seed=4)
+    params = {**m.params, "unembed.W_U": np.zeros_like(m.params["unembed.W_U"])}
+    directory = save_checkpoint(refgpt.Model(cfg, params), tmp_path / "plain")
+    for name in ("vocab.json", "merges.txt"):
+        shutil.copy(refgpt.default_model_path() / name, directory / name)
+    return directory
+
+
+# ---- predict --------------------------------------------------------------------------------
+
+
+def test_predict_table_is_the_models_top_k_next_tokens(capsys, model):
+    status, out, err = run(capsys, "predict", TEXT, "--top-k", "7")
+    assert status == 0 and err == ""
+    logits = model(model.to_tokens(TEXT))[-1]  # [d_vocab]
+    probs = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()  # [d_vocab]
+    top = np.argsort(-logits)[:7]
+    rows = table_rows(out, "rank")
+    assert [int(r[0]) for r in rows] == list(range(1, 8))
+    assert [int(r[1]) for r in rows] == [int(i) for i in top]
+    for (_, _, shown, p, logit), t in zip(rows, top):
+        assert shown == expected_token_text(t)
+        assert p == f"{probs[t]:.8f}" and logit == f"{logits[t]:.6f}"
+
+
+def test_predict_json_is_exactly_what_the_api_computes(capsys, model):
+    status, out, _ = run(capsys, "predict", TEXT, "--json", "--top-k", "257")
+    answer = json.loads(out)
+    logits = model(model.to_tokens(TEXT))[-1]  # [d_vocab]
+    assert status == 0 and answer["untrained"] is True and answer["dtype"] == "float64"
+    assert [t["id"] for t in answer["tokens"]] == list(TEXT.encode())
+    assert [t["id"] for t in answer["top_k"]] == [int(i) for i in np.argsort(-logits, kind="stable")]
+    assert [t["logit"] for t in answer["top_k"]] == [float(logits[t["id"]]) for t in answer["top_k"]]
+    # p_i = e_i / S with S = Σ e_j: S carries ≤ (n−1)u relative error, each division u, and summing
+    # the n p_i another (n−1)u, so |Σ p_i − 1| ≤ (2n − 1)u < n·eps (u = eps/2, n = 257).
+    assert abs(sum(t["probability"] for t in answer["top_k"]) - 1) <= 257 * np.finfo(np.float64).eps
+
+
+def test_predict_shows_token_text_with_repr(capsys):
+    _, out, _ = run(capsys, "predict", "a b", "--json", "--top-k", "257")
+    by_id = {t["id"]: t for t in json.loads(out)["top_k"]}
+    assert by_id[32]["text"] == " " and by_id[10]["text"] == "\n" and by_id[0xE2]["bytes"] == "e2"
+    _, out, _ = run(capsys, "predict", "a b", "--top-k", "257")
+    shown = {int(r[1]): r[2] for r in table_rows(out, "rank")}
+    assert shown[32] == "' '" and shown[10] == "'\\n'" and shown[0xE2] == "b'\\xe2'"
+    assert shown == {i: expected_token_text(i) for i in range(257)}
+
+
+def test_predict_ranks_tied_logits_by_token_id(capsys, plain_checkpoint):
+    status, out, _ = run(capsys, "predict", "abc", "--model", str(plain_checkpoint), "--json", "--top-k", "5")
+    top = json.loads(out)["top_k"]
+    assert status == 0 and [t["id"] for t in top] == [0, 1, 2, 3, 4]
+    assert all(t["logit"] == 0.0 and t["probability"] == 1 / 257 for t in top)  # exp(0)/257, exactly
+
+
+def test_predict_in_float32_computes_in_float32(capsys):
+    model32 = refgpt.load_default(dtype="float32")
+    _, out, _ = run(capsys, "predict", TEXT, "--dtype", "float32", "--json")
+    answer = json.loads(out)
+    logits = model32(model32.to_tokens(TEXT))[-1]  # [d_vocab], float32
+    assert answer["dtype"] == "float32"
+    assert [t["logit"] for t in answer["top_k"]] == [float(logits[t["id"]]) for t in answer["top_k"]]
+
+
+def test_predict_with_bos_starts_from_endoftext(capsys):
+    _, out, _ = run(capsys, "predict", "", "--bos", "--json")
+    assert [t["id"] for t in json.loads(out)["tokens"]] == [256]
+
+
+# ---- inspect --------------------------------------------------------------------------------
+
+
+def test_inspect_json_is_every_layernorm_statistic_from_the_cache(capsys, model):
+    status, out, _ = run(capsys, "inspect", TEXT, "--json")
+    answer = json.loads(out)
+    tokens = model.to_tokens(TEXT)
+    _, cache = model.run_with_cache(tokens)
+    n_pos, n_layers = len(tokens), model.cfg.n_layers
+
+    def norm(name, L):  # the 2-norm over d_model at every position: [pos]
+        return np.linalg.norm(cache[name, L][0], axis=-1)
+
+    assert status == 0 and len(answer["blocks"]) == n_layers * n_pos and len(answer["ln_final"]) == n_pos
+    for row in answer["blocks"]:
+        L, pos = row["layer"], row["pos"]
+        assert row["resid_pre_norm"] == float(norm("resid_pre", L)[pos])
+        assert row["resid_mid_norm"] == float(norm("resid_mid", L)[pos])
+        for ln in ("ln1", "ln2"):
+            assert row[f"{ln}_mean"] == float(cache[f"blocks.{L}.{ln}.hook_mean"][0, pos, 0])
+            assert row[f"{ln}_scale"] == float(cache[f"blocks.{L}.{ln}.hook_scale"][0, pos, 0])
+    for row in answer["ln_final"]:
+        pos = row["pos"]
+        assert row["resid_final_norm"] == float(norm("resid_post", n_layers - 1)[pos])
+        assert row["ln_final_mean"] == float(cache["ln_final.hook_mean"][0, pos, 0])
+        assert row["ln_final_scale"] == float(cache["ln_final.hook_scale"][0, pos, 0])
+
+
+def test_inspect_checks_the_cached_scale_decomposition_live(capsys, model):
+    """docs/layernorm.md §2-3 on the default model: exact to 1e-12 relative, the naive way off by far more."""
+    _, out, _ = run(capsys, "inspect", TEXT, "--json")
+    errors = json.loads(out)["decomposition"]
+    assert errors["pieces"] == 2 + 2 * model.cfg.n_layers
+    assert errors["max_abs_logit"] == float(np.max(np.abs(model(model.to_tokens(TEXT)))))
+    tolerance = 1e-12 * max(1.0, errors["max_abs_logit"])  # tests/test_mission.py's float64 bound
+    assert errors["cached_scale_error"] <= tolerance
+    assert errors["naive_error"] > 1e6 * max(errors["cached_scale_error"], tolerance)
+
+
+def test_inspect_table_has_a_row_per_layer_and_position(capsys, model):
+    status, out, _ = run(capsys, "inspect", TEXT)
+    n_pos = len(model.to_tokens(TEXT))
+    blocks, final = table_rows(out, "layer"), table_rows(out, "pos")
+    assert status == 0 and len(blocks) == model.cfg.n_layers * n_pos and len(final) == n_pos
+    assert [r[1] for r in final] == [repr(c) for c in TEXT]  # byte-level: one token per character here
+    assert all(len(r) == 9 for r in blocks) and all(len(r) == 5 for r in final)
+    _, as_json, _ = run(capsys, "inspect", TEXT, "--json")
+    errors = json.loads(as_json)["decomposition"]
+    assert f"from the cache (exact):  {errors['cached_scale_error']:.3e}\n" in out
+    assert f"on its own (naive): {errors['naive_error']:.3e}\n" in out
+
+
+def test_inspect_in_float32_reports_float32_statistics(capsys):
+    model32 = refgpt.load_default(dtype="float32")
+    _, out, _ = run(capsys, "inspect", TEXT, "--dtype", "float32", "--json")
+    answer = json.loads(out)
+    _, cache = model32.run_with_cache(model32.to_tokens(TEXT))
+    assert answer["dtype"] == "float32"
+    assert [r["ln_final_scale"] for r in answer["ln_final"]] == [float(s) for s in cache["scale"][0, :, 0]]
+
+
+# ---- the UNTRAINED default -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["predict", "inspect"])
+def test_everything_printed_from_the_default_says_untrained(capsys, command):
+    _, out, _ = run(capsys, command, TEXT)
+    assert out.startswith("UNTRAINED MODEL: ")
+    _, out, _ = run(capsys, command, TEXT, "--json")
+    assert json.loads(out)["untrained"] is True
+
+
+@pytest.mark.parametrize("command", ["predict", "inspect"])
+def test_a_model_without_the_marker_is_not_called_untrained(capsys, command, plain_checkpoint):
+    _, out, _ = run(capsys, command, "ab", "--model", str(plain_checkpoint))
+    assert "UNTRAINED" not in out and out.startswith(f"model: {plain_checkpoint}")
+    _, out, _ = run(capsys, command, "ab", "--model", str(plain_checkpoint), "--json")
+    assert json.loads(out)["untrained"] is False
+
+
+# ---- errors: one line, exit 2 for usage, 1 for everything else ----------------------------------
+
+
+def broken_safetensors(d):
+    path = d / "model.safetensors"
+    path.write_bytes(path.read_bytes()[:100])
+
+
+def broken_config(d):
+    (d / "config.json").write_text("{ not json")
+
+
+def no_tokenizer(d):
+    (d / "vocab.json").unlink()
+    (d / "merges.txt").unlink()
+
+
+def broken_vocab(d):
+    (d / "vocab.json").write_text('{"a": 0')
+
+
+@pytest.mark.parametrize("breakage, message", [
+    (broken_safetensors, r"model\.safetensors"),
+    (broken_config, r"config\.json: not valid JSON"),
+    (no_tokenizer, r"no tokenizer"),
+    (broken_vocab, r"vocab\.json, line 1"),
+])
+@pytest.mark.parametrize("command", ["predict", "inspect"])
+def test_a_broken_checkpoint_is_one_line_and_status_1(capsys, plain_checkpoint, breakage, message, command):
+    breakage(plain_checkpoint)
+    status, out, err = run(capsys, command, "ab", "--model", str(plain_checkpoint))
+    assert status == 1 and out == ""
+    assert re.fullmatch(rf"refgpt: error: [^\n]*{message}[^\n]*\n", err)
+
+
+@pytest.mark.parametrize("argv, status, message", [
+    (["predict", TEXT, "--dtype", "float16"], 2, r"--dtype: invalid choice: 'float16'"),
+    (["inspect", TEXT, "--dtype", "int8"], 2, r"--dtype: invalid choice: 'int8'"),
+    (["predict", TEXT, "--top-k", "0"], 2, r"--top-k: K must be a positive integer, found '0'"),
+    (["predict"], 2, r"the following arguments are required: TEXT"),
+    (["inspect", TEXT, "--unknown"], 2, r"unrecognized arguments: --unknown"),
+    (["predict", TEXT, "--model", "/nonexistent/gpt2"], 1, r"/nonexistent/gpt2: model directory not found"),
+    (["inspect", "x" * 513], 1, r"TEXT is 513 tokens long, but the model's context holds at most 512"),
+    (["predict", "x" * 512, "--bos"], 1, r"TEXT is 513 tokens long"),
+    (["predict", ""], 1, r"TEXT is empty"),
+])
+def test_bad_input_is_one_line_with_the_right_status(capsys, argv, status, message):
+    got, out, err = run(capsys, *argv)
+    assert got == status and out == ""
+    assert re.fullmatch(rf"refgpt: error: [^\n]*{message}[^\n]*\n", err)
+
+
+def test_text_as_long_as_the_context_runs(capsys):
+    status, out, _ = run(capsys, "predict", "x" * 512, "--json")
+    assert status == 0 and len(json.loads(out)["tokens"]) == 512
+
+
+# ---- as a user runs it: a subprocess ---------------------------------------------------------
+
+
+def test_module_and_console_script_print_the_same_json():
+    by_module = run_subprocess("predict", TEXT, "--json")
+    assert by_module.returncode == 0 and by_module.stderr == ""
+    if shutil.which("refgpt") is None:
+        pytest.skip("the refgpt console script is not on PATH (package not pip-installed)")
+    by_script = run_subprocess("predict", TEXT, "--json", module=False)
+    assert by_script.returncode == 0 and json.loads(by_script.stdout) == json.loads(by_module.stdout)
+
+
+@pytest.mark.parametrize("argv, status, message", [
+    (["inspect", TEXT, "--dtype", "float16"], 2, "--dtype: invalid choice"),
+    (["predict", TEXT, "--model", "/nonexistent/gpt2"], 1, "model directory not found"),
+    (["predict", "x" * 600], 1, "TEXT is 600 tokens long"),
+])
+def test_errors_in_a_subprocess_are_one_line_without_traceback(argv, status, message):
+    result = run_subprocess(*argv)
+    assert result.returncode == status and result.stdout == ""
+    assert result.stderr.startswith("refgpt: error: ") and message in result.stderr
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+
+
+def test_inspect_json_in_a_subprocess_parses():
+    result = run_subprocess("inspect", TEXT, "--json")
+    assert result.returncode == 0
+    assert set(json.loads(result.stdout)) >= {"model", "untrained", "dtype", "tokens", "blocks", "ln_final",
+                                              "decomposition"}
+
+
+@pytest.mark.parametrize("command", ["predict", "inspect"])
+def test_help_explains_each_subcommand_with_an_example(capsys, command):
+    status, out, _ = run(capsys, command, "--help")
+    assert status == 0 and "--model DIR" in out and "--dtype" in out and "--json" in out
+    assert re.search(rf"examples:\n  refgpt {command} \"", out)
+
+
+# ---- the README ------------------------------------------------------------------------------
+
+
+def test_readme_quick_start_output_is_what_the_command_prints(capsys):
+    """The output pasted under the quick start is what its refgpt command prints today."""
+    quick_start = README.read_text(encoding="utf-8").split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    command = re.search(r"&& (refgpt .*?)\s*(#.*)?\n", quick_start).group(1)
+    pasted = re.search(r"```text\n(.*?)```", quick_start, re.S).group(1)
+    argv = [a.strip('"') for a in re.findall(r'"[^"]*"|\S+', command)][1:]
+    status, out, _ = run(capsys, *argv)
+    default = str(refgpt.default_model_path())
+    assert status == 0
+    assert re.sub(r"\S*/weights/default", "DEFAULT", pasted) == out.replace(default, "DEFAULT")
