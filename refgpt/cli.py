@@ -17,7 +17,7 @@ from . import __version__
 from .errors import RefGPTError
 
 # One line per subcommand; the module refgpt.commands.<name> implements it.
-COMMANDS = ("predict", "inspect")
+COMMANDS = ("predict", "inspect", "attribute")
 
 
 class _Parser(argparse.ArgumentParser):

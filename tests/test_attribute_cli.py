@@ -1,0 +1,85 @@
+"""``refgpt attribute``: the table and --json say what refgpt.attribute computes, the sum check is
+printed, and bad input is one line with exit status 2 (usage) or 1."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import refgpt
+from random_models import random_model, rel_err, save_checkpoint
+from refgpt import Config
+from refgpt.tokenizer import bytes_to_unicode
+
+TEXT = "Hello, world"
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """A random byte-vocabulary GPT-2 (float64 on disk) with vocab.json and an empty merges.txt."""
+    cfg = Config(d_model=16, n_layers=2, n_heads=4, d_mlp=24, d_vocab=257, n_ctx=32)
+    directory = save_checkpoint(random_model(cfg, seed=21, scale=0.5), tmp_path_factory.mktemp("attr"), dtype=np.float64)
+    vocab = {char: byte for byte, char in bytes_to_unicode().items()} | {"<|endoftext|>": 256}
+    (directory / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
+    (directory / "merges.txt").write_text("#version: 0.2\n", encoding="utf-8")
+    return directory
+
+
+def attribute_cli(*argv):
+    env = {**os.environ, "PYTHONIOENCODING": "utf-8"}
+    return subprocess.run([sys.executable, "-m", "refgpt", "attribute", *argv], capture_output=True, text=True,
+                          env=env, timeout=120)
+
+
+def test_json_matches_the_python_api(checkpoint):
+    done = attribute_cli(TEXT, "--target", " ", "--against", "#100", "--granularity", "head", "--top", "5",
+                         "--model", str(checkpoint), "--json")
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout)
+    model = refgpt.load(checkpoint)
+    logits, cache = model.run_with_cache(model.to_tokens(TEXT)[None])
+    result = refgpt.attribute(cache, 32, 100, granularity="head", logits=logits)
+    values = result.values[:, 0, -1]
+    assert answer["target"]["id"] == 32 and answer["against"]["id"] == 100 and answer["n_components"] == len(values)
+    assert [row["component"] for row in answer["top"]] == [label for label, _ in result.top(5)]
+    assert [row["contribution"] for row in answer["top"]] == [value for _, value in result.top(5)]
+    shares = [row["cumulative_share"] for row in answer["top"]]
+    assert shares == sorted(shares) and 0 < shares[-1] <= 1
+    assert rel_err(answer["sum"], answer["logit"]) <= 1e-12 and answer["rel_error"] <= 1e-12
+    assert answer["logit"] == float(logits[0, -1, 32] - logits[0, -1, 100])
+    assert answer["untrained"] is False and answer["position"] == len(TEXT) - 1
+
+
+def test_table_prints_components_and_the_sum_check(checkpoint):
+    done = attribute_cli(TEXT, "--target", "o", "--granularity", "neuron", "--top", "7", "--pos", "3",
+                         "--model", str(checkpoint))
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    lines = out.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("component"))
+    rows = [re.split(r"\s{2,}", line.strip()) for line in lines[header + 1:header + 8]]
+    assert len(rows) == 7 and all(row[2].endswith("%") for row in rows)
+    assert "position 3 ('l')" in out and "logit of 'o' (id 111)" in out
+    total = float(re.search(r"sum of all \d+ components\s+(\S+)", out).group(1))
+    logit = float(re.search(r"the model's logit\s+(\S+)", out).group(1))
+    assert rel_err(total, logit) <= 1e-12 and re.search(r"\|sum − logit\|\s+\S+ \(relative", out)
+
+
+@pytest.mark.parametrize("argv, status, message", [
+    ([TEXT, "--target", "ab"], 1, "'ab' is 2 tokens"),
+    ([TEXT, "--target", "#999"], 1, "outside the vocabulary"),
+    ([TEXT, "--target", "#x"], 1, "#ID"),
+    ([TEXT], 2, "--target"),
+    ([TEXT, "--target", "a", "--granularity", "heads"], 2, "invalid choice"),
+    ([TEXT, "--target", "a", "--pos", "40"], 1, "--pos"),
+])
+def test_bad_input_is_one_line(checkpoint, argv, status, message):
+    done = attribute_cli(*argv, "--model", str(checkpoint))
+    assert done.returncode == status
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith("refgpt: error:") and message in done.stderr
