@@ -25,3 +25,4 @@ __all__ = ["ActivationCache", "Config", "Model", "RefGPTError", "Tokenizer", "ac
 
 from .attribution import Attribution, attribute  # noqa: E402
 __all__ += ["Attribution", "attribute"]
+from . import golden, llmc, name_maps, oracle  # noqa: E402,F401  (refgpt.oracle.compare, refgpt.golden, refgpt.llmc)

@@ -1,0 +1,40 @@
+"""``refgpt compare``: where does a candidate's forward pass leave the reference's?
+
+    refgpt compare golden.safetensors mine.safetensors              # profile from mine's dtype
+    refgpt compare golden.safetensors hf.safetensors --map hf --profile float32
+    refgpt compare golden.safetensors acts.bin --map llmc --json
+
+Prints a table of every tensor in forward order (max abs and relative error, float32 ulps, the
+share of elements out of tolerance) and names the first tensor out of tolerance. Exit status 0
+when everything is within tolerance, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+from .. import oracle
+from ..name_maps import MAPS
+
+
+def add_parser(subparsers, common):
+    p = subparsers.add_parser("compare", parents=[common], help="compare a candidate's activations with a golden file",
+                              description="Compare CANDIDATE's tensors with REFERENCE's (a golden file) and name the "
+                              "first tensor out of tolerance. Exit status 0 if all are within tolerance, 1 if not.")
+    p.add_argument("reference", metavar="REFERENCE", help="golden file written by `refgpt golden`")
+    p.add_argument("candidate", metavar="CANDIDATE", help=".safetensors or .npz (or llm.c acts .bin with --map llmc)")
+    p.add_argument("--atol", type=float, help="absolute tolerance (with --rtol: |c − r| ≤ atol + rtol·|r|)")
+    p.add_argument("--rtol", type=float, help="relative tolerance")
+    p.add_argument("--profile", choices=sorted(oracle.UNIT_ROUNDOFF),
+                   help="tolerances from a format's unit roundoff (default: the candidate's precision)")
+    p.add_argument("--map", dest="name_map", choices=MAPS, default="refgpt",
+                   help="how the candidate names its tensors (default: refgpt/TransformerLens hook names)")
+    p.set_defaults(run=run, usage_error=p.error)
+    return p
+
+
+def run(args) -> int:
+    if args.profile is not None and (args.atol is not None or args.rtol is not None):
+        args.usage_error("give either --profile or --atol/--rtol, not both")
+    report = oracle.compare(args.reference, args.candidate, atol=args.atol, rtol=args.rtol,
+                            profile=args.profile, name_map=args.name_map)
+    print(report.to_json() if args.json else report.table())
+    return 0 if report.ok else 1

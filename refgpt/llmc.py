@@ -1,0 +1,454 @@
+"""llm.c's binary files, both ways: checkpoints, the tokenizer, the debug state, activations.
+
+llm.c (Karpathy's GPT-2 in C and CUDA) reads and writes plain little-endian binaries, each
+starting with a header of 256 int32:
+
+``gpt2_124M.bin`` — a checkpoint. header[0] = 20240326, header[1] = version (3: float32,
+5: bfloat16), [2] maxT = n_ctx, [3] V = d_vocab, [4] L, [5] NH, [6] C = d_model, [7] Vp, the
+vocabulary padded up to a multiple of 128 (50257 → 50304) for faster kernels. Then the
+parameters, each stacked over layers, in llm.c's order, with weights in nn.Linear's [out, in]
+layout:
+
+    wte [Vp, C]  wpe [maxT, C]  ln1w, ln1b [L, C]  qkvw [L, 3C, C]  qkvb [L, 3C]
+    attprojw [L, C, C]  attprojb [L, C]  ln2w, ln2b [L, C]  fcw [L, 4C, C]  fcb [L, 4C]
+    fcprojw [L, C, 4C]  fcprojb [L, C]  lnfw, lnfb [C]
+
+In circuits notation: qkvw[L] = [W_Q | W_K | W_V] (heads side by side) transposed, attprojw =
+W_Oᵀ, fcw = W_inᵀ, fcprojw = W_outᵀ; the unembedding is tied (W_U = W_Eᵀ). The padded rows of wte
+are zeros: dropped on read, restored on write. llm.c's model is GPT-2 exactly: d_mlp = 4C,
+tanh-GELU, LayerNorm ε = 1e-5, scores scaled by 1/√d_head; ``write_model`` refuses anything else.
+
+``gpt2_tokenizer.bin`` — header[0] = 20240328, [1] = version (1, or 2 with [3] = the
+<|endoftext|> id), [2] = number of tokens; then per token one length byte and its bytes.
+
+``gpt2_124M_debug_state.bin`` — what a port checks itself against. header[0] = 20240327,
+[1] = 2, [2] = B, [3] = T; then x [B, T] int32 (the input), y [B, T] int32 (the targets, x shifted
+by one), logits [B, T, V] float32 (V, not Vp), the mean loss (one float32), and the gradients of
+every parameter in checkpoint order, float32, wte's padded with zero rows to Vp as train_gpt2.py
+writes them (refgpt's from refgpt/backward.py; the tied wte's gradient is the sum of its two uses).
+
+Activations. ``read_activations`` reads a raw dump of llm.c's ``acts_memory`` (one
+``fwrite(model.acts_memory, sizeof(float), model.num_activations, f)`` after ``gpt2_forward``):
+the 23 ActivationTensors back to back, which ``refgpt compare --map llmc`` compares with a golden file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .config import Config
+from .errors import RefGPTError
+from .model import Model
+
+MODEL_MAGIC, STATE_MAGIC, TOKENIZER_MAGIC = 20240326, 20240327, 20240328
+MODEL_VERSIONS = {3: "float32", 5: "bfloat16"}
+HEADER_INTS = 256
+_HEADER_BYTES = 4 * HEADER_INTS
+_WHAT = {MODEL_MAGIC: "an llm.c model checkpoint", STATE_MAGIC: "an llm.c debug state",
+         TOKENIZER_MAGIC: "an llm.c tokenizer", 20240520: "an llm.c token data shard"}
+
+PARAMETERS = ("wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
+              "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb")
+
+
+def parameter_shapes(maxT, Vp, L, C) -> dict[str, tuple[int, ...]]:
+    """llm.c's ParameterTensors, in file order."""
+    return {"wte": (Vp, C), "wpe": (maxT, C), "ln1w": (L, C), "ln1b": (L, C),
+            "qkvw": (L, 3 * C, C), "qkvb": (L, 3 * C), "attprojw": (L, C, C), "attprojb": (L, C),
+            "ln2w": (L, C), "ln2b": (L, C), "fcw": (L, 4 * C, C), "fcb": (L, 4 * C),
+            "fcprojw": (L, C, 4 * C), "fcprojb": (L, C), "lnfw": (C,), "lnfb": (C,)}
+
+
+def padded_vocab(V: int, multiple: int = 128) -> int:
+    return (V + multiple - 1) // multiple * multiple
+
+
+# ---- the header ---------------------------------------------------------------------------------
+
+
+def _read_header(path: Path, magic: int) -> tuple[np.ndarray, bytes]:
+    """The 256 int32 header and the rest of the file, with the magic number checked."""
+    path = Path(path)
+    if not path.is_file():
+        raise RefGPTError(f"{path}: file not found")
+    data = path.read_bytes()
+    if len(data) < _HEADER_BYTES:
+        raise RefGPTError(f"{path}: truncated: {len(data)} bytes, shorter than llm.c's {_HEADER_BYTES}-byte header")
+    header = np.frombuffer(data[:_HEADER_BYTES], dtype="<i4")  # [256]
+    if int(header[0]) != magic:
+        found = _WHAT.get(int(header[0]))
+        hint = f": it is {found}" if found else ""
+        raise RefGPTError(f"{path}: bad magic number {int(header[0])}, expected {magic} ({_WHAT[magic]}){hint}")
+    return header, data[_HEADER_BYTES:]
+
+
+def _header(*values) -> bytes:
+    header = np.zeros(HEADER_INTS, dtype="<i4")  # [256]
+    header[: len(values)] = values
+    return header.tobytes()
+
+
+def _check_size(path, body, expected, what):
+    if len(body) < expected:
+        raise RefGPTError(f"{path}: truncated: the header describes {what} of {expected} bytes after the "
+                          f"header, but the file has only {len(body)}")
+
+
+# ---- bfloat16 -----------------------------------------------------------------------------------
+
+
+def to_bf16(x) -> np.ndarray:
+    """float32 → bfloat16 bits (uint16), rounding to nearest, ties to even, as torch does."""
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)  # [...]
+    rounded = bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))  # [...]
+    return (rounded >> np.uint32(16)).astype(np.uint16)  # [...]
+
+
+def from_bf16(bits) -> np.ndarray:
+    """bfloat16 bits (uint16) → float32, exactly: a bfloat16 is a float32's top half."""
+    return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << np.uint32(16)).view(np.float32)
+
+
+# ---- checkpoints -------------------------------------------------------------------------------
+
+
+def _check_llmc_shaped(cfg: Config, params) -> None:
+    wrong = []
+    if cfg.d_mlp != 4 * cfg.d_model:
+        wrong.append(f"d_mlp={cfg.d_mlp} (llm.c: 4·d_model = {4 * cfg.d_model})")
+    if cfg.act_fn not in ("gelu_new", "gelu_pytorch_tanh"):
+        wrong.append(f"act_fn={cfg.act_fn!r} (llm.c: tanh GELU, gelu_new)")
+    if cfg.eps != 1e-5:
+        wrong.append(f"eps={cfg.eps} (llm.c: 1e-5)")
+    if not cfg.use_attn_scale or cfg.scale_attn_by_inverse_layer_idx:
+        wrong.append("attention scaling other than 1/√d_head")
+    if "unembed.b_U" in params:
+        wrong.append("an unembedding bias b_U")
+    if not np.array_equal(params["unembed.W_U"], params["embed.W_E"].T):
+        wrong.append("an unembedding W_U that is not W_Eᵀ (llm.c ties them)")
+    if wrong:
+        raise RefGPTError("llm.c cannot represent this model: " + "; ".join(wrong))
+
+
+def llmc_parameters(model: Model) -> dict[str, np.ndarray]:
+    """The model's weights as llm.c's 16 ParameterTensors (unpadded wte), in file order."""
+    cfg, p = model.cfg, model.params
+    _check_llmc_shaped(cfg, p)
+    C, L = cfg.d_model, cfg.n_layers
+
+    def stack(fn):
+        return np.stack([fn(f"blocks.{l}.") for l in range(L)])  # [L, ...]
+
+    def linear(W_heads):  # [head, d_model, d_head] → nn.Linear [out = head·d_head, in = d_model]
+        return W_heads.transpose(1, 0, 2).reshape(C, C).T
+
+    return {
+        "wte": p["embed.W_E"], "wpe": p["pos_embed.W_pos"],
+        "ln1w": stack(lambda b: p[b + "ln1.w"]), "ln1b": stack(lambda b: p[b + "ln1.b"]),
+        "qkvw": stack(lambda b: np.concatenate([linear(p[b + f"attn.W_{x}"]) for x in "QKV"])),  # [L, 3C, C]
+        "qkvb": stack(lambda b: np.concatenate([p[b + f"attn.b_{x}"].reshape(C) for x in "QKV"])),  # [L, 3C]
+        "attprojw": stack(lambda b: p[b + "attn.W_O"].reshape(C, C).T),  # [L, C, C]
+        "attprojb": stack(lambda b: p[b + "attn.b_O"]),
+        "ln2w": stack(lambda b: p[b + "ln2.w"]), "ln2b": stack(lambda b: p[b + "ln2.b"]),
+        "fcw": stack(lambda b: p[b + "mlp.W_in"].T),  # [L, 4C, C]
+        "fcb": stack(lambda b: p[b + "mlp.b_in"]),
+        "fcprojw": stack(lambda b: p[b + "mlp.W_out"].T),  # [L, C, 4C]
+        "fcprojb": stack(lambda b: p[b + "mlp.b_out"]),
+        "lnfw": p["ln_final.w"], "lnfb": p["ln_final.b"],
+    }
+
+
+def write_model(path, model: Model, dtype: str = "float32", padded_vocab_size: int | None = None) -> Path:
+    """Write ``model`` as an llm.c checkpoint: version 3 (float32) or 5 (bfloat16).
+
+    bfloat16 rounds through float32 (to nearest, ties to even), as llm.c's exporter does from
+    PyTorch's float32 parameters. The vocabulary is padded with zero rows to ``padded_vocab_size``
+    (default: the next multiple of 128).
+    """
+    versions = {v: k for k, v in MODEL_VERSIONS.items()}
+    if dtype not in versions:
+        raise RefGPTError(f"llm.c checkpoints are float32 or bfloat16, not {dtype!r}")
+    cfg = model.cfg
+    t = llmc_parameters(model)
+    V, C = cfg.d_vocab, cfg.d_model
+    Vp = padded_vocab(V) if padded_vocab_size is None else int(padded_vocab_size)
+    if Vp < V:
+        raise RefGPTError(f"padded vocabulary {Vp} is smaller than the vocabulary {V}")
+    t["wte"] = np.concatenate([t["wte"], np.zeros((Vp - V, C), t["wte"].dtype)])  # [Vp, C]
+    path = Path(path)
+    with open(path, "wb") as f:
+        f.write(_header(MODEL_MAGIC, versions[dtype], cfg.n_ctx, V, cfg.n_layers, cfg.n_heads, C, Vp))
+        for name in PARAMETERS:
+            a = np.asarray(t[name], dtype=np.float32)
+            f.write((to_bf16(a) if dtype == "bfloat16" else a).astype("<u2" if dtype == "bfloat16" else "<f4").tobytes())
+    return path
+
+
+def read_model(path, dtype="float64") -> Model:
+    """Read an llm.c checkpoint (version 3 or 5) into a refgpt Model; padded vocab rows dropped."""
+    path = Path(path)
+    header, body = _read_header(path, MODEL_MAGIC)
+    version = int(header[1])
+    if version not in MODEL_VERSIONS:
+        raise RefGPTError(f"{path}: llm.c checkpoint version {version}; refgpt reads version 3 (float32) and 5 "
+                          f"(bfloat16, both with a padded vocabulary), which llm.c's train_gpt2.py writes")
+    maxT, V, L, NH, C, Vp = (int(h) for h in header[2:8])
+    for name, v in (("max_seq_len", maxT), ("vocab_size", V), ("num_layers", L), ("num_heads", NH), ("channels", C)):
+        if v < 1:
+            raise RefGPTError(f"{path}: header {name} = {v}, expected a positive integer")
+    if Vp < V:
+        raise RefGPTError(f"{path}: header padded_vocab_size = {Vp} is smaller than vocab_size = {V}")
+    shapes = parameter_shapes(maxT, Vp, L, C)
+    itemsize = 4 if version == 3 else 2
+    n = sum(int(np.prod(s)) for s in shapes.values())
+    _check_size(path, body, n * itemsize, f"{L} layers of width {C} (vocab {Vp}, {n:,} parameters)")
+    if len(body) > n * itemsize:
+        raise RefGPTError(f"{path}: {len(body) - n * itemsize} bytes after the last parameter: not a "
+                          f"version-{version} checkpoint of the shape its header describes")
+    flat = np.frombuffer(body, dtype="<f4" if version == 3 else "<u2")  # [n]
+    flat = flat if version == 3 else from_bf16(flat)  # [n] float32
+    t, offset = {}, 0
+    for name, shape in shapes.items():
+        size = int(np.prod(shape))
+        t[name] = flat[offset: offset + size].reshape(shape)
+        offset += size
+    if not np.isfinite(flat).all():
+        raise RefGPTError(f"{path}: the parameters hold a non-finite value")
+    cfg = Config(d_model=C, n_layers=L, n_heads=NH, d_mlp=4 * C, d_vocab=V, n_ctx=maxT)
+    return Model(cfg, _circuits(t, cfg), dtype=dtype, source=None)
+
+
+def _circuits(t, cfg) -> dict[str, np.ndarray]:
+    C, H, dh = cfg.d_model, cfg.n_heads, cfg.d_head
+    W_E = t["wte"][: cfg.d_vocab]  # [V, C]: the padded rows dropped
+    p = {"embed.W_E": W_E, "pos_embed.W_pos": t["wpe"], "unembed.W_U": W_E.T,
+         "ln_final.w": t["lnfw"], "ln_final.b": t["lnfb"]}
+    for L in range(cfg.n_layers):
+        b = f"blocks.{L}."
+        qkv_w, qkv_b = t["qkvw"][L], t["qkvb"][L]  # [3C, C], [3C]
+        for i, x in enumerate("QKV"):
+            rows = slice(i * C, (i + 1) * C)
+            p[b + f"attn.W_{x}"] = qkv_w[rows].T.reshape(C, H, dh).transpose(1, 0, 2)  # [head, d_model, d_head]
+            p[b + f"attn.b_{x}"] = qkv_b[rows].reshape(H, dh)  # [head, d_head]
+        p[b + "attn.W_O"] = t["attprojw"][L].T.reshape(H, dh, C)  # [head, d_head, d_model]
+        p[b + "attn.b_O"] = t["attprojb"][L]
+        p[b + "mlp.W_in"] = t["fcw"][L].T  # [d_model, d_mlp]
+        p[b + "mlp.b_in"] = t["fcb"][L]
+        p[b + "mlp.W_out"] = t["fcprojw"][L].T  # [d_mlp, d_model]
+        p[b + "mlp.b_out"] = t["fcprojb"][L]
+        for n in (1, 2):
+            p[b + f"ln{n}.w"], p[b + f"ln{n}.b"] = t[f"ln{n}w"][L], t[f"ln{n}b"][L]
+    return p
+
+
+# ---- the tokenizer ------------------------------------------------------------------------------
+
+
+@dataclass
+class LlmcTokenizer:
+    """What gpt2_tokenizer.bin holds: each token's bytes, and the <|endoftext|> id."""
+
+    tokens: list[bytes]
+    eot_token: int | None
+
+    def decode_bytes(self, ids) -> bytes:
+        return b"".join(self.tokens[int(i)] for i in ids)
+
+
+def write_tokenizer(path, tokenizer) -> Path:
+    """Write gpt2_tokenizer.bin (version 2) from a refgpt Tokenizer (or anything with
+    ``vocab_size``, ``eot_token`` and ``decode_bytes``)."""
+    n, eot = int(tokenizer.vocab_size), tokenizer.eot_token
+    if eot is None:
+        raise RefGPTError("tokenizer has no <|endoftext|> token, which llm.c's version-2 tokenizer file records")
+    out = bytearray(_header(TOKENIZER_MAGIC, 2, n, eot))
+    for i in range(n):
+        b = tokenizer.decode_bytes([i])
+        if not 0 < len(b) < 256:
+            raise RefGPTError(f"token {i} is {len(b)} bytes; llm.c stores lengths in one byte (1..255)")
+        out += bytes([len(b)]) + b
+    path = Path(path)
+    path.write_bytes(bytes(out))
+    return path
+
+
+def read_tokenizer(path) -> LlmcTokenizer:
+    """Read gpt2_tokenizer.bin, version 1 (<|endoftext|> = 50256 implied) or 2."""
+    path = Path(path)
+    header, body = _read_header(path, TOKENIZER_MAGIC)
+    version, n = int(header[1]), int(header[2])
+    if version == 1:
+        if n != 50257:
+            raise RefGPTError(f"{path}: version-1 tokenizer with {n} tokens; version 1 implies GPT-2's 50257")
+        eot = 50256
+    elif version == 2:
+        eot = int(header[3])
+    else:
+        raise RefGPTError(f"{path}: tokenizer version {version}; refgpt reads versions 1 and 2")
+    tokens, pos = [], 0
+    for i in range(n):
+        if pos >= len(body) or pos + 1 + body[pos] > len(body):
+            raise RefGPTError(f"{path}: truncated at token {i} of {n}")
+        length = body[pos]
+        if length == 0:
+            raise RefGPTError(f"{path}: token {i} has length 0")
+        tokens.append(bytes(body[pos + 1: pos + 1 + length]))
+        pos += 1 + length
+    if pos != len(body):
+        raise RefGPTError(f"{path}: {len(body) - pos} bytes after the last of {n} tokens")
+    if not 0 <= eot < n:
+        raise RefGPTError(f"{path}: <|endoftext|> id {eot} is outside the {n} tokens")
+    return LlmcTokenizer(tokens, eot)
+
+
+# ---- the debug state ----------------------------------------------------------------------------
+
+
+@dataclass
+class DebugState:
+    x: np.ndarray  # [B, T] int32, the input
+    y: np.ndarray  # [B, T] int32, the targets
+    logits: np.ndarray  # [B, T, V] float32
+    loss: float  # the mean of the per-position losses
+    grads: np.ndarray | None  # every parameter's gradient, flat in checkpoint order; None if absent
+
+
+def write_debug_state(path, model: Model, tokens, grads: bool = True) -> Path:
+    """Write llm.c's debug state for ``tokens`` [B, T + 1]: x = tokens[:, :-1], y = tokens[:, 1:],
+    refgpt's logits and mean loss on x, and (unless ``grads=False``) every parameter's gradient
+    (``llmc_gradients``), in float32."""
+    from .golden import log_softmax
+
+    tokens, _ = model.check_tokens(tokens)  # [B, T + 1]
+    if tokens.shape[1] < 2:
+        raise RefGPTError("debug state: tokens need at least 2 positions (inputs x and next-token targets y)")
+    x, y = tokens[:, :-1], tokens[:, 1:]  # [B, T] each
+    logits = model(x)  # [B, T, V]
+    logp = log_softmax(logits)  # [B, T, V]
+    loss = -np.take_along_axis(logp, y[..., None], axis=-1).mean()  # scalar: mean over [B, T]
+    B, T = x.shape
+    path = Path(path)
+    with open(path, "wb") as f:
+        f.write(_header(STATE_MAGIC, 2, B, T))
+        f.write(x.astype("<i4").tobytes() + y.astype("<i4").tobytes())
+        f.write(np.asarray(logits, "<f4").tobytes() + np.asarray([loss], "<f4").tobytes())
+        if grads:  # ---- the gradients (issue 8) ----
+            for name, g in llmc_gradients(model, x, y).items():
+                f.write(np.asarray(g, "<f4").tobytes())
+    return path
+
+
+def llmc_gradients(model: Model, x, y, padded_vocab_size: int | None = None) -> dict[str, np.ndarray]:
+    """∂(mean loss of ``model`` on inputs x, targets y [B, T])/∂ each of llm.c's 16 parameter
+    tensors, in file order and llm.c's layouts; wte's is the tied gradient (embedding + unembedding
+    use), padded with zero rows to ``padded_vocab_size`` (default: the next multiple of 128)."""
+    from types import SimpleNamespace
+
+    from .backward import loss_and_grads
+
+    g = loss_and_grads(model, x, y)
+    wte = g.tied_W_E  # [V, C]
+    t = llmc_parameters(SimpleNamespace(cfg=model.cfg, params={**g.params, "embed.W_E": wte, "unembed.W_U": wte.T}))
+    V, C = wte.shape
+    Vp = padded_vocab(V) if padded_vocab_size is None else int(padded_vocab_size)
+    t["wte"] = np.concatenate([wte, np.zeros((Vp - V, C), wte.dtype)])  # [Vp, C]
+    return t
+
+
+def read_debug_state(path, vocab_size: int) -> DebugState:
+    """Read a debug state; ``vocab_size`` V (not in its header) sizes the logits."""
+    path = Path(path)
+    header, body = _read_header(path, STATE_MAGIC)
+    if int(header[1]) != 2:
+        raise RefGPTError(f"{path}: debug state version {int(header[1])}; refgpt reads version 2 (padded-vocab llm.c)")
+    B, T = int(header[2]), int(header[3])
+    if B < 1 or T < 1:
+        raise RefGPTError(f"{path}: header B = {B}, T = {T}: expected positive integers")
+    n = 4 * (2 * B * T + B * T * vocab_size + 1)
+    _check_size(path, body, n, f"x, y, logits [{B}, {T}, {vocab_size}] and the loss")
+    ints = np.frombuffer(body, dtype="<i4", count=2 * B * T)  # [2·B·T]: x then y
+    logits = np.frombuffer(body, dtype="<f4", count=B * T * vocab_size, offset=8 * B * T)  # [B·T·V]
+    loss = float(np.frombuffer(body, dtype="<f4", count=1, offset=8 * B * T + 4 * B * T * vocab_size)[0])
+    rest = body[n:]
+    if len(rest) % 4:
+        raise RefGPTError(f"{path}: {len(rest)} bytes after the loss: not a whole number of float32 gradients")
+    grads = np.frombuffer(rest, dtype="<f4") if rest else None  # [n_parameters]
+    return DebugState(ints[: B * T].reshape(B, T), ints[B * T:].reshape(B, T),
+                      logits.reshape(B, T, vocab_size), loss, grads)
+
+
+# ---- activations --------------------------------------------------------------------------------
+
+
+def activation_shapes(cfg: Config, B: int, T: int, Vp: int) -> dict[str, tuple[int, ...]]:
+    """llm.c's 23 ActivationTensors (train_gpt2.c), in memory order."""
+    L, C, NH = cfg.n_layers, cfg.d_model, cfg.n_heads
+    return {"encoded": (B, T, C), "ln1": (L, B, T, C), "ln1_mean": (L, B, T), "ln1_rstd": (L, B, T),
+            "qkv": (L, B, T, 3 * C), "atty": (L, B, T, C), "preatt": (L, B, NH, T, T), "att": (L, B, NH, T, T),
+            "attproj": (L, B, T, C), "residual2": (L, B, T, C), "ln2": (L, B, T, C), "ln2_mean": (L, B, T),
+            "ln2_rstd": (L, B, T), "fch": (L, B, T, 4 * C), "fch_gelu": (L, B, T, 4 * C), "fcproj": (L, B, T, C),
+            "residual3": (L, B, T, C), "lnf": (B, T, C), "lnf_mean": (B, T), "lnf_rstd": (B, T),
+            "logits": (B, T, Vp), "probs": (B, T, Vp), "losses": (B, T)}
+
+
+def read_activations(path, cfg: Config, B: int, T: int) -> dict[str, np.ndarray]:
+    """A raw float32 dump of llm.c's acts_memory → its 23 tensors by llm.c name. Vp is found from
+    the file's size (logits and probs are the only tensors that depend on it)."""
+    path = Path(path)
+    if not path.is_file():
+        raise RefGPTError(f"{path}: file not found")
+    n_floats, rem = divmod(path.stat().st_size, 4)
+    fixed = sum(int(np.prod(s)) for k, s in activation_shapes(cfg, B, T, 0).items())
+    Vp, odd = divmod(n_floats - fixed, 2 * B * T)
+    if rem or odd or Vp < cfg.d_vocab:
+        raise RefGPTError(f"{path}: {path.stat().st_size} bytes is not llm.c's acts_memory for B={B}, T={T} "
+                          f"and this model (L={cfg.n_layers}, C={cfg.d_model}, NH={cfg.n_heads}, V={cfg.d_vocab}): "
+                          f"it would need {4 * (fixed + 2 * B * T * padded_vocab(cfg.d_vocab))} bytes with Vp = "
+                          f"{padded_vocab(cfg.d_vocab)}")
+    flat = np.fromfile(path, dtype="<f4")  # [n_floats]
+    out, offset = {}, 0
+    for name, shape in activation_shapes(cfg, B, T, Vp).items():
+        size = int(np.prod(shape))
+        out[name] = flat[offset: offset + size].reshape(shape)
+        offset += size
+    return out
+
+
+def write_activations(path, golden_tensors: dict, cfg: Config, Vp: int | None = None) -> Path:
+    """Lay out refgpt golden tensors as llm.c's acts_memory (float32), for tests and for C ports
+    that want to diff their buffer directly. Needs every tensor llm.c has."""
+    g = golden_tensors
+    B, T = np.asarray(g["tokens"]).shape
+    L, V = cfg.n_layers, cfg.d_vocab
+    Vp = padded_vocab(V) if Vp is None else Vp
+
+    def stack(suffix, fn=lambda a: a):
+        return np.stack([fn(np.asarray(g[f"blocks.{l}.{suffix}"])) for l in range(L)])
+
+    def pad(a):  # [B, T, V] → [B, T, Vp], zeros in the padding
+        return np.concatenate([a, np.zeros((B, T, Vp - V), a.dtype)], axis=-1)
+
+    losses = np.zeros((B, T))  # [B, T]
+    losses[:, :-1] = g["loss"]  # the last target is past the golden tokens: left 0
+    qkv = lambda l: np.concatenate([np.asarray(g[f"blocks.{l}.attn.hook_{x}"]).reshape(B, T, -1) for x in "qkv"], -1)
+    acts = {
+        "encoded": g["blocks.0.hook_resid_pre"], "ln1": stack("ln1.out"),
+        "ln1_mean": stack("ln1.hook_mean", lambda a: a[..., 0]), "ln1_rstd": stack("ln1.hook_scale", lambda a: 1 / a[..., 0]),
+        "qkv": np.stack([qkv(l) for l in range(L)]), "atty": stack("attn.hook_z", lambda a: a.reshape(B, T, -1)),
+        "preatt": stack("attn.hook_attn_scores", lambda a: np.where(np.isfinite(a), a, 0.0)),
+        "att": stack("attn.hook_pattern"), "attproj": stack("hook_attn_out"), "residual2": stack("hook_resid_mid"),
+        "ln2": stack("ln2.out"), "ln2_mean": stack("ln2.hook_mean", lambda a: a[..., 0]),
+        "ln2_rstd": stack("ln2.hook_scale", lambda a: 1 / a[..., 0]), "fch": stack("mlp.hook_pre"),
+        "fch_gelu": stack("mlp.hook_post"), "fcproj": stack("hook_mlp_out"), "residual3": stack("hook_resid_post"),
+        "lnf": g["ln_final.out"], "lnf_mean": np.asarray(g["ln_final.hook_mean"])[..., 0],
+        "lnf_rstd": 1 / np.asarray(g["ln_final.hook_scale"])[..., 0],
+        "logits": pad(np.asarray(g["logits"])), "probs": pad(np.exp(np.asarray(g["log_probs"]))), "losses": losses,
+    }
+    path = Path(path)
+    with open(path, "wb") as f:
+        for name, shape in activation_shapes(cfg, B, T, Vp).items():
+            f.write(np.asarray(acts[name], "<f4").reshape(shape).tobytes())
+    return path
