@@ -1,0 +1,281 @@
+"""Interventions: edits to a forward pass, built from hooks — steering, injection, its limit, patching.
+
+An intervention is a list of hooks ``[(hook_name, fn), …]`` with a name for what it does. It is
+used either way the core takes hooks:
+
+    logits = model.run_with_hooks(tokens, fwd_hooks=intervention)     # one forward pass
+    with intervention:                                                # every pass inside
+        logits, cache = model.run_with_cache(tokens)
+
+Four are built here.
+
+**Activation addition (ActAdd).** Run two prompts, take the residual stream entering block L of
+each, and subtract: v = c·(resid_pre_L(plus) − resid_pre_L(minus)), one row per position. Added
+to the front positions of another prompt's stream at the same layer, v *steers* what the model
+says (Turner et al., "Activation Addition: Steering Language Models Without Optimization",
+2023). If the prompts differ in length, the shorter is padded on the right with the space token,
+as the ActAdd authors do. Position 0 is usually ``<|endoftext|>`` in both prompts, so the first
+row of v is exactly zero.
+
+**Vector injection.** ``add_vector`` adds c·v at chosen positions of ``blocks.L.hook_resid_pre``.
+A huge c is often harmless: every block reads the stream through LayerNorm, which forgets scale
+(docs/layernorm.md §4–§5, docs/steering.md).
+
+**The limit k → ∞.** ``injection_limit`` is what ``add_vector`` tends to as the coefficient grows:
+the normalized LayerNorm values at the injected position, from the injection layer on, replaced
+by the direction's limit √n·Pd/‖Pd‖ (docs/steering.md §5).
+
+**Activation patching.** ``patch`` overwrites activations at chosen hook points and positions
+with the values another run cached — the basic experiment of causal tracing.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import RefGPTError
+
+
+class Intervention:
+    """Hooks with a purpose: iterate it as ``fwd_hooks``, or enter it as a context manager."""
+
+    def __init__(self, model, hooks, description: str):
+        self.model = model
+        self.hooks = list(hooks)
+        self.description = description
+        self._context = None
+
+    def __iter__(self):
+        return iter(self.hooks)
+
+    def __len__(self) -> int:
+        return len(self.hooks)
+
+    def __add__(self, other: Intervention) -> Intervention:
+        if other.model is not self.model:
+            raise RefGPTError("cannot combine interventions on two different models")
+        return Intervention(self.model, self.hooks + other.hooks, f"{self.description} + {other.description}")
+
+    def __enter__(self):
+        if self._context is not None:
+            raise RefGPTError(f"intervention {self.description!r} is already active")
+        self._context = self.model.hooks(self.hooks)
+        return self._context.__enter__()
+
+    def __exit__(self, *exc):
+        context, self._context = self._context, None
+        return context.__exit__(*exc)
+
+    def __repr__(self) -> str:
+        return f"Intervention({self.description}, {len(self.hooks)} hook(s))"
+
+
+class SteeringVector(Intervention):
+    """An ActAdd steering vector: ``vector`` [pos, d_model], already multiplied by ``coeff``.
+
+    As an intervention it adds ``vector`` to the first ``len(vector)`` positions of
+    ``blocks.{layer}.hook_resid_pre`` of every prompt it runs on (a shorter prompt is an error).
+    """
+
+    def __init__(self, model, vector, layer: int, coeff: float, plus, minus):
+        self.vector = vector  # [pos, d_model]
+        self.layer, self.coeff = layer, coeff
+        self.plus_tokens, self.minus_tokens = plus, minus  # [pos] each, after padding
+        hook = _adder(vector, np.arange(len(vector)), f"steering vector ({len(vector)} positions)")
+        super().__init__(model, [(resid_pre_name(model, layer), hook)],
+                         f"ActAdd at layer {layer}, coeff {coeff:g}")
+
+
+def resid_pre_name(model, layer: int) -> str:
+    """``blocks.{layer}.hook_resid_pre``, checking the layer (negative counts from the end)."""
+    n = model.cfg.n_layers
+    if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or not -n <= layer < n:
+        raise RefGPTError(f"layer {layer!r} is not a block of this model (0..{n - 1})")
+    return f"blocks.{int(layer) % n}.hook_resid_pre"
+
+
+def space_token(model) -> int:
+    """The id of the space token ``" "`` in the model's tokenizer (it must be a single token)."""
+    ids = model.to_tokens(" ")
+    if len(ids) != 1:
+        raise RefGPTError(f"the tokenizer encodes ' ' as {len(ids)} tokens {ids.tolist()}; "
+                          "padding needs a single space token")
+    return int(ids[0])
+
+
+def steering_vector(model, plus, minus, layer: int, coeff: float = 1.0, *, prepend_bos: bool = True,
+                    pad_token: int | None = None) -> SteeringVector:
+    """ActAdd: coeff·(resid_pre_L(plus) − resid_pre_L(minus)), as a ``SteeringVector``.
+
+    ``plus`` and ``minus`` are text (tokenized with the model's tokenizer, ``<|endoftext|>`` first
+    if ``prepend_bos``) or token ids [pos]. The shorter is padded on the right with ``pad_token``
+    (default: the space token, which needs a tokenizer).
+    """
+    name = resid_pre_name(model, layer)
+    plus_ids, minus_ids = (_prompt_tokens(model, p, prepend_bos, what) for p, what in ((plus, "plus"), (minus, "minus")))
+    if len(plus_ids) != len(minus_ids):
+        pad = space_token(model) if pad_token is None else int(pad_token)
+        length = max(len(plus_ids), len(minus_ids))
+        plus_ids, minus_ids = (np.concatenate([t, np.full(length - len(t), pad, np.int64)]) for t in (plus_ids, minus_ids))
+    # Two separate passes of the same shape, not one batch: each row is then computed by exactly
+    # the same arithmetic, so equal prompts (or an equal first token) give an exactly zero row.
+    resid_plus, resid_minus = (model.run_with_cache(ids[None], names=[name])[1][name][0] for ids in (plus_ids, minus_ids))
+    vector = coeff * (resid_plus - resid_minus)  # [pos, d_model]
+    return SteeringVector(model, vector, int(layer) % model.cfg.n_layers, coeff, plus_ids, minus_ids)
+
+
+def add_vector(model, tokens, vector, layer: int, positions="front", coeff: float = 1.0) -> Intervention:
+    """Add coeff·vector to ``blocks.{layer}.hook_resid_pre`` at ``positions`` of ``tokens``' prompts.
+
+    ``vector`` is [d_model] (the same vector at every position) or [m, d_model] (one row per
+    position). ``positions`` is ``"front"`` (positions 0..m−1; 0 for a single vector) or a list of
+    position indices (negative ones count from the end of ``tokens``). ``tokens`` ([pos] or
+    [batch, pos]) fixes the prompt length the positions refer to.
+    """
+    name = resid_pre_name(model, layer)
+    tokens, _ = model.check_tokens(tokens)
+    n_pos, d_model = tokens.shape[1], model.cfg.d_model
+    vector = np.asarray(vector)
+    if vector.dtype.kind != "f" or vector.ndim not in (1, 2) or vector.shape[-1] != d_model:
+        raise RefGPTError(f"vector: expected a float array [d_model={d_model}] or [positions, {d_model}], "
+                          f"found {vector.dtype} {list(vector.shape)}")
+    rows = vector.reshape(-1, d_model).astype(model.dtype, copy=False)  # [m, d_model]
+    if isinstance(positions, str):
+        if positions != "front":
+            raise RefGPTError(f"positions: expected 'front' or a list of positions, found {positions!r}")
+        where = np.arange(len(rows))
+    else:
+        where = np.asarray(positions, dtype=np.int64).reshape(-1)
+        if len(np.unique(where % max(n_pos, 1))) != len(where):
+            raise RefGPTError(f"positions: {where.tolist()} names a position twice")
+    out_of_range = where[(where >= n_pos) | (where < -n_pos)]
+    if len(out_of_range):
+        raise RefGPTError(f"positions: {int(out_of_range[0])} is outside a prompt of {n_pos} positions")
+    where = where % n_pos
+    if len(rows) == 1:
+        rows = np.broadcast_to(rows, (len(where), d_model))  # [m, d_model]
+    if len(rows) != len(where):
+        raise RefGPTError(f"vector has {len(rows)} rows but {len(where)} positions were given")
+    added = coeff * rows  # [m, d_model]
+    hook = _adder(added, where, f"vector at positions {where.tolist()}", n_pos)
+    return Intervention(model, [(name, hook)], f"add {coeff:g}·vector at layer {int(layer) % model.cfg.n_layers}, "
+                                               f"positions {where.tolist()}")
+
+
+def injection_limit(model, direction, layer: int, position: int) -> Intervention:
+    """The k → ∞ limit of ``add_vector(…, direction, layer, [position], coeff=k)``.
+
+    In every block from ``layer`` on, and in ln_final, the normalized LayerNorm value at
+    ``position`` is replaced by its limit x̂∞ = √n·Pd/‖Pd‖ (d = ``direction``, P the centering
+    projection): as k grows, LN(k·d + s) → w ⊙ x̂∞ + b whatever the rest s of the stream holds
+    (docs/layernorm.md §5). The stream at ``position`` itself then no longer matters: later
+    positions see it only through these LayerNorms. Needs Pd ≠ 0 (d not a constant vector).
+    """
+    name = resid_pre_name(model, layer)
+    first, n = int(name.split(".")[1]), model.cfg.d_model
+    d = np.asarray(direction)
+    if d.dtype.kind != "f" or d.shape != (n,):
+        raise RefGPTError(f"direction: expected a float array [d_model={n}], found {d.dtype} {list(d.shape)}")
+    d = d.astype(model.dtype, copy=False)
+    centered = d - d.mean()  # [d_model] = P·d
+    norm = np.linalg.norm(centered)
+    if not norm > 0:
+        raise RefGPTError("direction: P·d = 0 (a constant vector has no direction after centering)")
+    limit = np.sqrt(n) * centered / norm  # [d_model] x̂∞ = √n·Pd/‖Pd‖
+    if isinstance(position, bool) or not isinstance(position, (int, np.integer)):
+        raise RefGPTError(f"position must be an integer, found {position!r}")
+
+    def replace(normalized, hook_name):
+        if not -normalized.shape[1] <= position < normalized.shape[1]:
+            raise RefGPTError(f"{hook_name}: position {position} is outside a prompt of {normalized.shape[1]} positions")
+        out = normalized.copy()  # [batch, pos, d_model]
+        out[:, position, :] = limit.astype(normalized.dtype, copy=False)  # [batch, d_model]
+        return out
+
+    names = [f"blocks.{M}.ln{i}.hook_normalized" for M in range(first, model.cfg.n_layers) for i in (1, 2)]
+    return Intervention(model, [(name, replace) for name in names + ["ln_final.hook_normalized"]],
+                        f"limit k→∞ of a vector at layer {first}, position {position}")
+
+
+def patch(model, tokens, source_cache, names, positions=None) -> Intervention:
+    """Replace the activations at hook points ``names`` with ``source_cache``'s, at ``positions``.
+
+    ``positions`` is None (every position) or a list of positions; for attention scores and
+    patterns it indexes the query axis. The source run must have the same batch size as
+    ``tokens`` or batch 1 (broadcast), and at least the patched positions.
+    """
+    tokens, _ = model.check_tokens(tokens)
+    names = [names] if isinstance(names, str) else list(names)
+    hooks = []
+    for name in names:
+        if name not in model.hook_names:
+            raise RefGPTError(f"patch: {name!r} is not a hook point of this model")
+        if name not in source_cache:
+            raise RefGPTError(f"patch: {name!r} is not in the source cache")
+        hooks.append((name, _patcher(np.asarray(source_cache[name]), positions, name)))
+    where = "every position" if positions is None else f"positions {list(positions)}"
+    return Intervention(model, hooks, f"patch {len(names)} hook point(s) at {where}")
+
+
+def position_axis(name: str) -> int:
+    """The axis of an activation that indexes (query) positions: 2 for attention scores and
+    patterns [batch, head, query, key], 1 for everything else [batch, pos, …]."""
+    return 2 if name.endswith(("hook_attn_scores", "hook_pattern")) else 1
+
+
+# ---- the hook functions ----------------------------------------------------------------------
+
+
+def _adder(rows, where, what, n_pos=None):
+    """A hook adding rows[i] at position where[i] of a [batch, pos, d_model] activation."""
+
+    def add(resid, name):
+        if n_pos is not None and resid.shape[1] != n_pos:
+            raise RefGPTError(f"{name}: this intervention was made for prompts of {n_pos} positions, "
+                              f"found {resid.shape[1]}")
+        if resid.shape[1] <= int(where.max()):
+            raise RefGPTError(f"{name}: the {what} needs at least {int(where.max()) + 1} positions, "
+                              f"the prompt has {resid.shape[1]}")
+        out = resid.copy()  # [batch, pos, d_model]
+        out[:, where, :] += rows.astype(resid.dtype, copy=False)  # [batch, m, d_model]
+        return out
+
+    return add
+
+
+def _patcher(source, positions, name):
+    axis = position_axis(name)
+
+    def replace(activation, hook_name):
+        if source.shape[0] not in (1, activation.shape[0]) or source.shape[2:] != activation.shape[2:] \
+                or source.shape[1] != activation.shape[1] and axis == 2:
+            raise RefGPTError(f"patch {hook_name}: source has shape {list(source.shape)}, "
+                              f"the run has {list(activation.shape)}")
+        out = activation.copy()
+        index = [slice(None)] * activation.ndim
+        if positions is None:
+            if source.shape[axis] != activation.shape[axis]:
+                raise RefGPTError(f"patch {hook_name}: source has {source.shape[axis]} positions, "
+                                  f"the run has {activation.shape[axis]}")
+            src = source
+        else:
+            where = np.asarray(positions, dtype=np.int64).reshape(-1)
+            n = activation.shape[axis]
+            if np.any((where >= n) | (where < -n)) or np.any((where >= source.shape[axis]) | (where < -source.shape[axis])):
+                raise RefGPTError(f"patch {hook_name}: positions {where.tolist()} outside the run "
+                                  f"({n} positions) or the source ({source.shape[axis]})")
+            index[axis] = where % n
+            src = np.take(source, where % source.shape[axis], axis=axis)
+        out[tuple(index)] = np.broadcast_to(src.astype(activation.dtype, copy=False), out[tuple(index)].shape)
+        return out
+
+    return replace
+
+
+def _prompt_tokens(model, prompt, prepend_bos, what):
+    if isinstance(prompt, str):
+        return model.to_tokens(prompt, prepend_bos=prepend_bos)
+    ids, batched = model.check_tokens(prompt)
+    if batched:
+        raise RefGPTError(f"{what}: expected one prompt [pos], found shape {list(np.shape(prompt))}")
+    return ids[0]

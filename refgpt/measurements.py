@@ -1,0 +1,83 @@
+"""Measurements of a run: how big the residual stream is, and how much an intervention changed.
+
+Why these three. When a vector k·d is added to the stream at one position, the blocks after it
+see that position through LayerNorm, which divides by the stream's own scale (docs/layernorm.md
+§4). So what matters is not k but the *ratio* of the injected vector's norm to the stream's:
+
+    resid_norms(cache)                 ‖resid‖ at every block and position, before and after each
+                                       sublayer: where the stream is huge and where it is not
+    injection_ratio(cache, v, …)       ‖v‖ / ‖resid‖ per layer: → 1 as k grows, the stream *is* v
+    kl_divergence(steered, clean)      KL between next-token distributions, per position: what
+                                       the edit did to the predictions, position by position
+
+A stream index M runs over the streams entering each block and the final one: M < n_layers is
+``blocks.M.hook_resid_pre``, M = n_layers is the last ``hook_resid_post`` (what ln_final reads).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import RefGPTError
+
+RESID_KINDS = ("resid_pre", "resid_mid", "resid_post")
+
+
+def _need(cache, name):
+    if name not in cache:
+        raise RefGPTError(f"the cache has no {name!r}; run_with_cache with names=None or including it")
+    return cache[name]
+
+
+def resid_norms(cache, batch: int = 0) -> dict[str, np.ndarray]:
+    """{"resid_pre" | "resid_mid" | "resid_post": [layer, pos]} 2-norms of one batch row's stream."""
+    n_layers = cache.model.cfg.n_layers
+    return {kind: np.stack([np.linalg.norm(_need(cache, f"blocks.{L}.hook_{kind}")[batch], axis=-1)  # [pos]
+                            for L in range(n_layers)])  # [layer, pos]
+            for kind in RESID_KINDS}
+
+
+def streams(cache) -> np.ndarray:
+    """The streams entering each block and the final stream: [n_layers + 1, batch, pos, d_model]."""
+    n_layers = cache.model.cfg.n_layers
+    names = [f"blocks.{L}.hook_resid_pre" for L in range(n_layers)] + [f"blocks.{n_layers - 1}.hook_resid_post"]
+    return np.stack([_need(cache, name) for name in names])  # [stream, batch, pos, d_model]
+
+
+def stream_labels(n_layers: int) -> list[str]:
+    """Names of the rows of ``streams``: "0_pre", "1_pre", …, "final_post" (TransformerLens's)."""
+    return [f"{L}_pre" for L in range(n_layers)] + ["final_post"]
+
+
+def injection_ratio(cache, vector, positions, batch: int = 0) -> np.ndarray:
+    """‖vector row‖ / ‖stream‖ at each stream M and each position in ``positions``: [n_layers + 1, m].
+
+    ``vector`` is the injected [d_model] or [m, d_model] (coefficient included); rows of streams
+    before the injection layer compare it with a stream that does not yet contain it.
+    """
+    where = np.asarray(positions, dtype=np.int64).reshape(-1)  # [m]
+    rows = np.asarray(vector).reshape(-1, np.shape(vector)[-1])  # [m or 1, d_model]
+    if len(rows) not in (1, len(where)):
+        raise RefGPTError(f"vector has {len(rows)} rows but {len(where)} positions were given")
+    stream = streams(cache)[:, batch][:, where]  # [stream, m, d_model]
+    return np.linalg.norm(rows, axis=-1) / np.linalg.norm(stream, axis=-1)  # [stream, m]
+
+
+def log_softmax(logits) -> np.ndarray:
+    """log p over the last axis, stable: logits − max − log Σ exp(logits − max)."""
+    shifted = logits - logits.max(axis=-1, keepdims=True)  # [..., d_vocab] ≤ 0
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))  # [..., d_vocab]
+
+
+def kl_divergence(logits_p, logits_q) -> np.ndarray:
+    """KL(p ‖ q) = Σ p·(log p − log q) of the next-token distributions, per position: [..., pos].
+
+    With p the steered run and q the clean one, this is how surprised the clean model would be by
+    the steered model's predictions. Zero exactly when the two logits agree up to a constant.
+    """
+    logits_p, logits_q = np.asarray(logits_p), np.asarray(logits_q)
+    if logits_p.shape != logits_q.shape:
+        raise RefGPTError(f"kl_divergence: logits of shapes {list(logits_p.shape)} and {list(logits_q.shape)}")
+    log_p, log_q = log_softmax(logits_p), log_softmax(logits_q)  # [..., pos, d_vocab]
+    kl = np.sum(np.exp(log_p) * (log_p - log_q), axis=-1)  # [..., pos]
+    return np.maximum(kl, 0.0)  # [..., pos] rounding can make a true 0 come out as −1e-17

@@ -1,0 +1,201 @@
+"""Figures: the residual stream's size, lens heatmaps, convergence and attribution bars.
+
+matplotlib is an optional extra (``pip install refgpt[plot]``): it is imported inside each
+function, never when refgpt is imported, and its absence is a ``RefGPTError`` with the install
+hint. Figures are built on ``matplotlib.figure.Figure`` directly (no pyplot, no global state, the
+Agg renderer), returned, and written to ``path`` when one is given.
+
+    resid_norm_figure(cache, position=p)     ‖resid‖ per position, one line per layer, log scale:
+                                             the spike at an injected position, and how the
+                                             blocks (reading LN(x)) barely change it
+    lens_figure(lens, labels)                layer × position heatmap, colour = probability,
+                                             the top token written in each cell
+    convergence_figure(ks, errors)           error against k on log–log axes, with a 1/k guide
+    attribution_bars(attribution, pos)       the largest components of one logit, as bars
+"""
+
+from __future__ import annotations
+
+import unicodedata
+
+import numpy as np
+
+from .errors import RefGPTError
+from .measurements import stream_labels, streams
+
+
+def _figure(width, height):
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise RefGPTError("plotting needs matplotlib, an optional extra: pip install refgpt[plot]") from None
+    return Figure(figsize=(width, height), dpi=110, layout="constrained")
+
+
+def _finish(fig, path):
+    if path is not None:
+        fig.savefig(str(path))
+    return fig
+
+
+def printable(text: str, width: int = 8) -> str:
+    """A token's text as one short, visible label: spaces as ␣, newlines as ⏎, control and
+    unprintable characters as \\xNN, cut to ``width`` characters with an ellipsis."""
+    out = []
+    for ch in text:
+        if ch == " ":
+            out.append("␣")
+        elif ch == "\n":
+            out.append("⏎")
+        elif ch == "\t":
+            out.append("⇥")
+        elif unicodedata.category(ch)[0] == "C" or ch == "\ufffd":
+            out.append("\\x%02x" % ord(ch) if ord(ch) < 256 else "\\u%04x" % ord(ch))
+        else:
+            out.append(ch)
+    label = "".join(out)
+    return label if len(label) <= width else label[:width - 1] + "…"
+
+
+def token_labels(model, ids) -> list[str]:
+    """Printable labels for token ids with the model's tokenizer, or the ids themselves."""
+    ids = [int(i) for i in np.asarray(ids).reshape(-1)]
+    if model.tokenizer is None:
+        return [str(i) for i in ids]
+    special = {v: k for k, v in model.tokenizer.special_tokens.items()}
+    return [printable("<eot>" if i in special else model.to_string([i])) for i in ids]
+
+
+def resid_norm_figure(cache, position=None, batch: int = 0, labels=None, clean_cache=None, path=None, title=None):
+    """Two panels over positions, log y. Top: ‖resid‖, one line per stream (entering each block,
+    and the final one). Bottom: what each block adds relative to the stream it reads,
+    ‖resid_{M+1} − resid_M‖ / ‖resid_M‖ — tiny where the stream is huge.
+
+    ``position`` (one or a list) marks injected positions; ``labels`` names the positions (tokens);
+    ``clean_cache`` draws the unsteered run's final-stream norms as a dashed reference.
+    """
+    marked = [] if position is None else [int(j) for j in np.atleast_1d(position)]
+    x_all = streams(cache)[:, batch]  # [stream, pos, d_model]
+    norms = np.linalg.norm(x_all, axis=-1)  # [stream, pos]
+    pre = x_all[:-1]  # [block, pos, d_model] the stream each block reads
+    post = np.stack([cache[f"blocks.{M}.hook_resid_post"][batch] for M in range(len(pre))])  # [block, pos, d_model]
+    change = np.linalg.norm(post - pre, axis=-1) / norms[:-1]  # [block, pos] attn_out + mlp_out, relative
+    n_stream, n_pos = norms.shape
+    fig = _figure(max(6.0, 0.45 * n_pos + 2.5), 6.6)
+    top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=[3, 2])
+    colours = _colours(n_stream)
+    names = stream_labels(n_stream - 1)
+    x = np.arange(n_pos)
+    for M in range(n_stream):
+        top.plot(x, norms[M], marker="o", ms=3.5, lw=1.4, color=colours[M], label=f"stream {names[M]}")
+    for M in range(n_stream - 1):
+        bottom.plot(x, change[M], marker="o", ms=3, lw=1.2, color=colours[M], label=f"block {M}")
+    if clean_cache is not None:
+        clean = np.linalg.norm(streams(clean_cache)[:, batch], axis=-1)  # [stream, pos]
+        top.plot(x, clean[-1], ls="--", color="0.4", lw=1.2, label="final stream, no injection")
+    for ax in (top, bottom):
+        ax.set_yscale("log")
+        ax.grid(True, which="major", alpha=0.3)
+        ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
+        for j in marked:
+            ax.axvspan(j - 0.4, j + 0.4, color="tab:red", alpha=0.12, lw=0)
+    if marked:
+        low, high = top.get_ylim()
+        top.set_ylim(low, high * 4)  # room for the label under the title
+        j = max(marked, key=lambda i: norms[:, i].max())
+        top.annotate("injected", (j, norms[:, j].max()), xytext=(0, 6),
+                     textcoords="offset points", ha="center", color="tab:red", fontsize=9)
+    top.set_ylabel("‖residual stream‖₂")
+    bottom.set_ylabel("‖block's output‖ / ‖stream‖")
+    bottom.set_xlabel("position")
+    bottom.set_xticks(x, labels if labels is not None else [str(i) for i in x], fontsize=8,
+                      rotation=0 if labels is None else 45)
+    top.set_title(title or "Residual-stream norm by position and layer", fontsize=11)
+    return _finish(fig, path)
+
+
+def lens_figure(lens, labels=None, decode=None, batch: int = 0, target=None, position=None, path=None, title=None):
+    """Heatmap of a ``LensResult``: rows = streams, columns = positions, colour = probability.
+
+    Each cell shows the top token (``decode(id) -> str``, default the id). With ``target`` (an id
+    or ids [batch, pos]) the colour is the target's probability instead of the top token's.
+    ``position`` outlines one column in red (an injected position).
+    """
+    ids, top_p = lens.top(1)
+    ids, top_p = ids[:, batch, :, 0], top_p[:, batch, :, 0]  # [stream, pos]
+    colour = top_p if target is None else lens.prob(target)[:, batch]  # [stream, pos]
+    n_stream, n_pos = ids.shape
+    decode = decode or str
+    fig = _figure(max(5.0, 0.62 * n_pos + 2.6), max(3.0, 0.42 * n_stream + 1.6))
+    ax = fig.add_subplot()
+    image = ax.imshow(colour, cmap="viridis", vmin=0.0, vmax=max(float(colour.max()), 1e-12), aspect="auto",
+                      interpolation="nearest")
+    for M in range(n_stream):
+        for j in range(n_pos):
+            shade = image.cmap(image.norm(colour[M, j]))
+            ink = "black" if 0.299 * shade[0] + 0.587 * shade[1] + 0.114 * shade[2] > 0.5 else "white"
+            ax.text(j, M, decode(int(ids[M, j])), ha="center", va="center", fontsize=9, color=ink)
+    if position is not None:
+        from matplotlib.patches import Rectangle
+
+        ax.add_patch(Rectangle((position - 0.5, -0.5), 1, n_stream, fill=False, edgecolor="tab:red", lw=2.2))
+    ax.set_yticks(range(n_stream), lens.labels, fontsize=8)
+    ax.set_xticks(range(n_pos), labels if labels is not None else [str(j) for j in range(n_pos)],
+                  fontsize=8, rotation=0 if labels is None else 45)
+    ax.set_xlabel("input position (the cell predicts the next token)")
+    ax.set_ylabel("stream read by the lens")
+    bar = fig.colorbar(image, ax=ax, shrink=0.9)
+    bar.set_label("probability of the top token" if target is None else "probability of the target", fontsize=9)
+    ax.set_title(title or lens.kind, fontsize=11)
+    return _finish(fig, path)
+
+
+def convergence_figure(ks, errors: dict, path=None, title=None, ylabel="error"):
+    """Errors against k on log–log axes, one line per entry of ``errors`` (label → [len(ks)]),
+    with a dotted 1/k guide just below the lowest line."""
+    ks = np.asarray(ks, dtype=np.float64)
+    fig = _figure(7.4, 4.8)
+    ax = fig.add_subplot()
+    colours = _colours(len(errors))
+    for (label, err), colour in zip(errors.items(), colours, strict=True):
+        ax.loglog(ks, np.asarray(err), marker="o", ms=4, lw=1.5, color=colour, label=label)
+    lowest = min(float(np.nanmin(np.asarray(err, dtype=np.float64)[:1])) for err in errors.values())
+    ax.loglog(ks, 0.3 * lowest * ks[0] / ks, ls=":", color="0.3", lw=1.4, label="guide ∝ 1/k (slope −1)")
+    ax.set_xlabel("coefficient k of the injected vector")
+    ax.set_ylabel(ylabel)
+    ax.grid(True, which="both", alpha=0.25)
+    ax.legend(fontsize=8, loc="lower left")
+    ax.set_title(title or "Distance to the k → ∞ limit", fontsize=10)
+    return _finish(fig, path)
+
+
+def attribution_bars(attribution, pos: int = -1, batch: int = 0, k: int = 12, path=None, title=None):
+    """Horizontal bars of the ``k`` largest |contributions| at one position.
+
+    ``attribution`` needs ``labels`` [component] and ``values`` [component, batch, pos] (e.g.
+    ``refgpt.attribute``'s result); positive bars push the logit up, negative down.
+    """
+    labels, values = list(attribution.labels), np.asarray(attribution.values)
+    if values.ndim != 3 or values.shape[0] != len(labels):
+        raise RefGPTError(f"attribution: values must be [component={len(labels)}, batch, pos], "
+                          f"found {list(values.shape)}")
+    column = values[:, batch, pos]  # [component]
+    order = np.argsort(-np.abs(column), kind="stable")[:k]
+    order = order[::-1]  # largest at the top
+    fig = _figure(6.4, max(2.5, 0.32 * len(order) + 1.3))
+    ax = fig.add_subplot()
+    colours = ["tab:blue" if column[i] >= 0 else "tab:red" for i in order]
+    ax.barh(range(len(order)), column[order], color=colours)
+    ax.set_yticks(range(len(order)), [labels[i] for i in order], fontsize=8)
+    ax.axvline(0.0, color="0.3", lw=0.8)
+    ax.set_xlabel("contribution to the logit")
+    ax.grid(True, axis="x", alpha=0.3)
+    ax.set_title(title or f"Top {len(order)} contributions at position {pos}", fontsize=11)
+    return _finish(fig, path)
+
+
+def _colours(n):
+    from matplotlib import colormaps
+
+    cmap = colormaps["viridis"]
+    return [cmap(0.9 * i / max(1, n - 1)) for i in range(n)]

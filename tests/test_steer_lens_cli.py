@@ -1,0 +1,101 @@
+"""``refgpt steer`` and ``refgpt lens`` print what the Python API computes, their --json parses,
+--plot writes a PNG, and their errors are one line with exit status 2 (usage) or 1."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import refgpt
+from refgpt.interventions import steering_vector
+from refgpt.lens import logit_lens, save_translators
+from refgpt.measurements import kl_divergence
+
+STEER = ["steer", "I hate you because", "--plus", "Love", "--minus", "Hate", "--layer", "2", "--coeff", "5", "--bos"]
+
+
+def refgpt_cli(*argv):
+    env = {**os.environ, "PYTHONIOENCODING": "utf-8"}
+    return subprocess.run([sys.executable, "-m", "refgpt", *argv], capture_output=True, text=True, env=env, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return refgpt.load_default()
+
+
+def test_steer_json_is_the_api_result(model):
+    out = refgpt_cli(*STEER, "--json")
+    assert out.returncode == 0, out.stderr
+    answer = json.loads(out.stdout)
+    tokens = model.to_tokens("I hate you because", prepend_bos=True)
+    sv = steering_vector(model, "Love", "Hate", 2, 5.0)
+    kl = kl_divergence(model.run_with_hooks(tokens, fwd_hooks=sv), model(tokens))
+    assert [p["kl"] for p in answer["positions"]] == kl.tolist()
+    assert answer["positions"][0]["kl"] == 0.0  # both prompts start with <|endoftext|>: a zero row
+    assert answer["vector_norm"] == np.linalg.norm(sv.vector, axis=-1).tolist()
+    assert answer["untrained"] is True and answer["layer"] == 2
+    assert [t["text"] for t in answer["plus"]] == ["<|endoftext|>", "L", "o", "v", "e"]
+
+
+def test_steer_table_and_plot(tmp_path):
+    pytest.importorskip("matplotlib", reason="--plot needs the optional 'plot' extra (matplotlib)")
+    out = refgpt_cli(*STEER, "--plot", str(tmp_path / "steer.png"))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("UNTRAINED MODEL")
+    assert "KL(steered‖clean)" in out.stdout and "‖v‖/‖stream 2‖" in out.stdout
+    assert (tmp_path / "steer.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_lens_json_final_column_is_the_model_prediction(model):
+    out = refgpt_cli("lens", "The cat sat", "--bos", "--json")
+    assert out.returncode == 0, out.stderr
+    answer = json.loads(out.stdout)
+    tokens = model.to_tokens("The cat sat", prepend_bos=True)
+    assert answer["streams"] == ["0_pre", "1_pre", "2_pre", "3_pre", "final_post"]
+    _, cache = model.run_with_cache(tokens)
+    ids, probs = logit_lens(cache).top(1)
+    for j, row in enumerate(answer["cells"]):
+        assert [c["top"]["id"] for c in row] == ids[:, 0, j, 0].tolist()
+        assert [c["probability"] for c in row] == probs[:, 0, j, 0].tolist()
+    assert ids[-1, 0, :, 0].tolist() == np.argmax(model(tokens), -1).tolist()
+
+
+def test_lens_tuned_with_zero_translators_equals_the_logit_lens_and_plots(model, tmp_path):
+    pytest.importorskip("matplotlib", reason="--plot needs the optional 'plot' extra (matplotlib)")
+    d = model.cfg.d_model
+    path = save_translators(tmp_path / "zero.safetensors", {L: (np.zeros((d, d)), np.zeros(d)) for L in range(model.cfg.n_layers)})
+    tuned = refgpt_cli("lens", "Hi there", "--kind", "tuned", "--translators", str(path), "--target", "e", "--json",
+                       "--plot", str(tmp_path / "lens.png"))
+    plain = refgpt_cli("lens", "Hi there", "--target-id", "101", "--json")
+    assert tuned.returncode == plain.returncode == 0, tuned.stderr + plain.stderr
+    a, b = json.loads(tuned.stdout), json.loads(plain.stdout)
+    assert [[c["target_probability"] for c in row] for row in a["cells"]] == \
+           [[c["target_probability"] for c in row] for row in b["cells"]]
+    assert (tmp_path / "lens.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("argv, status, message", [
+    (["steer", "Hi", "--plus", "a long prompt", "--minus", "x", "--layer", "0"], 1, "needs at least 13 positions"),
+    (["steer", "Hi", "--plus", "a", "--minus", "b", "--layer", "9"], 1, "layer 9 is not a block"),
+    (["steer", "Hi", "--plus", "a"], 2, "--minus"),
+    (["lens", "Hi", "--kind", "tuned"], 2, "--translators"),
+    (["lens", "Hi", "--target", "ab"], 1, "'ab' is 2 tokens"),
+    (["lens", "Hi", "--target-id", "999"], 1, "outside the vocabulary"),
+    (["lens", "Hi", "--kind", "tuned", "--translators", "nowhere.safetensors"], 1, "not found"),
+])
+def test_errors_are_one_line_with_the_right_exit_status(argv, status, message, capsys):
+    from refgpt.cli import main
+
+    try:
+        code = main(argv)
+    except SystemExit as exit_:
+        code = exit_.code
+    err = capsys.readouterr().err
+    assert code == status
+    assert err.startswith("refgpt: error: ") and err.count("\n") == 1 and message in err, err
