@@ -17,7 +17,7 @@ from . import __version__
 from .errors import RefGPTError
 
 # One line per subcommand; the module refgpt.commands.<name> implements it.
-COMMANDS = ("predict", "inspect", "attribute", "golden", "compare", "steer", "lens")
+COMMANDS = ("predict", "inspect", "generate", "attribute", "golden", "compare", "steer", "lens")
 
 
 class _Parser(argparse.ArgumentParser):

@@ -54,7 +54,7 @@ def add_parser(subparsers, common):
 
 def next_token_distribution(model, tokens):
     """(logits, probabilities) for the token after ``tokens`` [pos], each [d_vocab], in the model's dtype."""
-    logits = model(tokens)[-1]  # [d_vocab]
+    logits = model(tokens, last_only=True)[-1]  # [d_vocab]: only the last position is unembedded
     shifted = np.exp(logits - logits.max())  # [d_vocab], largest term exactly 1
     return logits, shifted / shifted.sum()  # [d_vocab], [d_vocab]
 
