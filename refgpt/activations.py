@@ -7,6 +7,9 @@ GPT-2 uses ``gelu_new``, the tanh approximation of GELU(x) = x·Φ(x) (Φ the st
 The other names are what other GPT-2-architecture checkpoints put in ``activation_function``.
 Every function keeps its input's dtype: Python float constants do not promote float32 arrays
 (NumPy ≥ 2), and no float64 temporary is created for a float32 input except in ``gelu`` (below).
+
+Each function ``f`` has its backward beside it, ``f_backward(x, grad) = grad ⊙ f′(x)``: given the
+input x and ∂loss/∂f(x), it returns ∂loss/∂x (derivations in docs/backward.md §4).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import numpy as np
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 _SQRT_HALF = math.sqrt(0.5)
+_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 
 # math.erf is the C library's erf, correctly rounded to within an ulp; NumPy has no erf of its
 # own, so it is applied element by element. It is slow (about 0.1 µs an element) but exact, and
@@ -43,9 +47,27 @@ def gelu_new(x):
     return t
 
 
+def gelu_new_backward(x, grad):
+    """∂loss/∂x of gelu_new. With u = √(2/π)·(x + 0.044715·x³) and t = tanh(u):
+    f = ½·x·(1 + t), so f′ = ½·(1 + t) + ½·x·(1 − t²)·√(2/π)·(1 + 3·0.044715·x²)."""
+    return _tanh_gelu_backward(x, grad, _SQRT_2_OVER_PI)
+
+
+def _tanh_gelu_backward(x, grad, c):
+    x2 = x * x  # [...] x²
+    t = np.tanh(c * x * (1.0 + 0.044715 * x2))  # [...] tanh(u)
+    du = c * (1.0 + 3.0 * 0.044715 * x2)  # [...] ∂u/∂x
+    return grad * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * du)  # [...]
+
+
 def gelu_fast(x):
     """The same approximation with √(2/π) truncated to 0.7978845608, as HF's FastGELU has it."""
     return 0.5 * x * (1.0 + np.tanh(x * 0.7978845608 * (1.0 + 0.044715 * x * x)))
+
+
+def gelu_fast_backward(x, grad):
+    """As gelu_new_backward, with √(2/π) truncated to 0.7978845608."""
+    return _tanh_gelu_backward(x, grad, 0.7978845608)
 
 
 def gelu(x):
@@ -54,13 +76,32 @@ def gelu(x):
     return x * 0.5 * (1.0 + erf)
 
 
+def gelu_backward(x, grad):
+    """∂loss/∂x of exact GELU: f = x·Φ(x), so f′ = Φ(x) + x·φ(x), φ(x) = e^(−x²/2)/√(2π)."""
+    erf = _erf(np.asarray(x, dtype=np.float64) * _SQRT_HALF).astype(x.dtype)
+    cdf = 0.5 * (1.0 + erf)  # [...] Φ(x)
+    pdf = np.exp(-0.5 * x * x) * _INV_SQRT_2PI  # [...] φ(x)
+    return grad * (cdf + x * pdf)  # [...]
+
+
 def quick_gelu(x):
     """x·σ(1.702·x)."""
     return x * sigmoid(1.702 * x)
 
 
+def quick_gelu_backward(x, grad):
+    """f = x·σ(kx), k = 1.702: f′ = σ(kx) + k·x·σ(kx)·(1 − σ(kx))."""
+    s = sigmoid(1.702 * x)  # [...]
+    return grad * (s + 1.702 * x * s * (1.0 - s))  # [...]
+
+
 def relu(x):
     return np.maximum(x, 0.0)
+
+
+def relu_backward(x, grad):
+    """f′ = 1 where x > 0, else 0 (at x = 0 too, as torch's ReLU has it)."""
+    return np.where(x > 0, grad, 0.0).astype(grad.dtype, copy=False)  # [...]
 
 
 def silu(x):
@@ -68,8 +109,20 @@ def silu(x):
     return x * sigmoid(x)
 
 
+def silu_backward(x, grad):
+    """f = x·σ(x): f′ = σ(x)·(1 + x·(1 − σ(x)))."""
+    s = sigmoid(x)  # [...]
+    return grad * (s * (1.0 + x * (1.0 - s)))  # [...]
+
+
 def tanh(x):
     return np.tanh(x)
+
+
+def tanh_backward(x, grad):
+    """f′ = 1 − tanh²(x)."""
+    t = np.tanh(x)  # [...]
+    return grad * (1.0 - t * t)  # [...]
 
 
 def sigmoid(x):
@@ -89,4 +142,17 @@ ACTIVATIONS = {
     "silu": silu,
     "swish": silu,
     "tanh": tanh,
+}
+
+#: name → backward(x, grad), for every name in ACTIVATIONS.
+BACKWARDS = {
+    "gelu_new": gelu_new_backward,
+    "gelu_pytorch_tanh": gelu_new_backward,
+    "gelu": gelu_backward,
+    "gelu_fast": gelu_fast_backward,
+    "quick_gelu": quick_gelu_backward,
+    "relu": relu_backward,
+    "silu": silu_backward,
+    "swish": silu_backward,
+    "tanh": tanh_backward,
 }

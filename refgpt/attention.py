@@ -13,6 +13,8 @@ The heads are computed together. W_Q [head, d_model, d_head] holds the same numb
 [d_model, head·d_head] matrix, so q for every head is one matrix product; Σ_h z[h]·W_O[h] is one
 product of z [pos, head·d_head] with W_O seen as [head·d_head, d_model]. The model hands this
 module its weights in that flat layout (``Model.block_weights``).
+
+``attention_backward`` (beside the forward) takes the gradient back through every line above.
 """
 
 from __future__ import annotations
@@ -44,6 +46,50 @@ def attention(x, w, n_heads, scale, point, past=None):
 
     z = point("hook_z", (pattern @ v.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3))  # [batch, pos, head, d_head]
     return z.reshape(batch, pos, -1) @ w["W_O"] + w["b_O"]  # [batch, pos, d_model]
+
+
+def attention_backward(grad, x, w, q, k, v, pattern, z, scale):
+    """∂loss/∂(everything attention read or computed), from grad = ∂loss/∂out [batch, pos,
+    d_model], the input ``x`` and the forward's q, k, v, z [batch, pos, head, d_head] and
+    ``pattern`` [batch, head, query, key]. ``w`` and ``scale`` as in ``attention``.
+
+    Returns a dict: ``x``; the weights in ``w``'s flat layout (``W_Q`` [d_model, head·d_head], …,
+    ``b_O`` [d_model]); and ``hook_z``, ``hook_pattern``, ``hook_attn_scores``, ``hook_q``,
+    ``hook_k``, ``hook_v``, each the gradient with respect to that hook point's value.
+
+    Derivation (docs/backward.md §3), each line the backward of one forward line, per head:
+        out = z·W_O + b_O        ∂z = ∂out·W_Oᵀ      ∂W_O = Σ zᵀ·∂out     ∂b_O = Σ ∂out
+        z = pattern·v            ∂pattern = ∂z·vᵀ    ∂v = patternᵀ·∂z
+        pattern = softmax(s)     ∂s = pattern ⊙ (∂pattern − Σ_key pattern ⊙ ∂pattern)
+                                 (masked keys have pattern 0, so ∂s is 0 there)
+        s = scale·q·kᵀ + mask    ∂q = scale·∂s·k     ∂k = scale·∂sᵀ·q
+        q = x·W_Q + b_Q, …       ∂x = ∂q·W_Qᵀ + ∂k·W_Kᵀ + ∂v·W_Vᵀ, ∂W_Q = Σ xᵀ·∂q, ∂b_Q = Σ ∂q
+    (Σ: over batch and position.)
+    """
+    batch, pos, d_model = x.shape
+    flat = (batch * pos, -1)
+    out = {"b_O": grad.sum(axis=(0, 1))}  # [d_model]
+    out["W_O"] = z.reshape(flat).T @ grad.reshape(flat)  # [head·d_head, d_model]
+    grad_z = (grad @ w["W_O"].T).reshape(z.shape)  # [batch, pos, head, d_head]
+
+    per_head = (0, 2, 1, 3)  # [batch, pos, head, d_head] ↔ [batch, head, pos, d_head]
+    gz, vh = grad_z.transpose(per_head), v.transpose(per_head)  # [batch, head, pos, d_head]
+    grad_pattern = gz @ vh.transpose(0, 1, 3, 2)  # [batch, head, query, key]
+    grad_v = (pattern.transpose(0, 1, 3, 2) @ gz).transpose(per_head)  # [batch, pos, head, d_head]
+    grad_scores = pattern * (grad_pattern - (pattern * grad_pattern).sum(-1, keepdims=True))  # [batch, head, query, key]
+    grad_q = (grad_scores @ k.transpose(per_head)).transpose(per_head) * scale  # [batch, pos, head, d_head]
+    grad_k = (grad_scores.transpose(0, 1, 3, 2) @ q.transpose(per_head)).transpose(per_head) * scale  # [batch, pos, head, d_head]
+
+    x_rows = x.reshape(flat)  # [batch·pos, d_model]
+    grad_x = np.zeros_like(x)  # [batch, pos, d_model]
+    for name, g in (("Q", grad_q), ("K", grad_k), ("V", grad_v)):
+        g_rows = g.reshape(flat)  # [batch·pos, head·d_head]
+        out[f"W_{name}"] = x_rows.T @ g_rows  # [d_model, head·d_head]
+        out[f"b_{name}"] = g_rows.sum(axis=0)  # [head·d_head]
+        grad_x += (g_rows @ w[f"W_{name}"].T).reshape(x.shape)  # [batch, pos, d_model]
+    out.update(x=grad_x, hook_z=grad_z, hook_pattern=grad_pattern, hook_attn_scores=grad_scores,
+               hook_q=grad_q, hook_k=grad_k, hook_v=grad_v)
+    return out
 
 
 @functools.lru_cache(maxsize=8)

@@ -18,6 +18,8 @@ Numerics. ‖Px‖² overflows long before x does (float32: ‖Px‖² > 3.4e38 
 n = 768). So the squares are taken of Px·2⁻ᵉ, where 2ᵉ is the power of two just above max|Pxᵢ|,
 and σ is scaled back by 2ᵉ. Multiplying by a power of two is exact, so for every x that would
 not overflow this computes bit for bit what the textbook formula computes.
+
+``layer_norm_backward`` (beside the forward) takes the gradient back through all of it.
 """
 
 from __future__ import annotations
@@ -40,6 +42,35 @@ def layer_norm(x, w, b, eps, point=_identity):
     scale = point("hook_scale", centered_scale(centered, eps))  # [batch, pos, 1]
     normalized = point("hook_normalized", centered / scale)  # [batch, pos, d_model]
     return normalized * w + b  # [batch, pos, d_model]
+
+
+def layer_norm_backward(grad, normalized, scale, w):
+    """∂loss/∂(everything layer_norm read or computed), from grad = ∂loss/∂LN(x) [..., n] and the
+    forward's cached x̂ = ``normalized`` [..., n] and σ = ``scale`` [..., 1].
+
+    Returns a dict: ``x``, ``w``, ``b`` (the gradients of the input and parameters, the latter
+    summed over every position) and ``hook_normalized``, ``hook_scale``, ``hook_mean`` (the
+    gradient with respect to each hook point's value, as if a hook had replaced it).
+
+    Derivation (docs/backward.md §2), with g = ∂loss/∂LN(x), c = x − μ:
+        ∂/∂b = Σ g          ∂/∂w = Σ g ⊙ x̂            ĝ = ∂/∂x̂ = g ⊙ w
+        ∂/∂σ = −Σᵢ ĝᵢ·cᵢ/σ² = −Σᵢ ĝᵢ·x̂ᵢ/σ                 (x̂ = c/σ)
+        ∂/∂c = ĝ/σ + ∂/∂σ · x̂/n                           (∂σ/∂cᵢ = cᵢ/(n·σ) = x̂ᵢ/n)
+        ∂/∂μ = −Σᵢ ∂/∂cᵢ                                   (c = x − μ)
+        ∂/∂x = ∂/∂c + ∂/∂μ / n                             (μ = mean(x))
+    which is the textbook (ĝ − mean(ĝ) − x̂·mean(ĝ ⊙ x̂)) / σ.
+    """
+    n = normalized.shape[-1]
+    rows = tuple(range(grad.ndim - 1))  # every axis but the feature axis
+    grad_b = grad.sum(axis=rows)  # [n]
+    grad_w = (grad * normalized).sum(axis=rows)  # [n]
+    grad_hat = grad * w  # [..., n] ∂loss/∂x̂
+    grad_scale = -(grad_hat * normalized).sum(-1, keepdims=True) / scale  # [..., 1] ∂loss/∂σ
+    grad_centered = grad_hat / scale + grad_scale * normalized / n  # [..., n] ∂loss/∂c
+    grad_mean = -grad_centered.sum(-1, keepdims=True)  # [..., 1] ∂loss/∂μ
+    grad_x = grad_centered + grad_mean / n  # [..., n]
+    return {"x": grad_x, "w": grad_w, "b": grad_b,
+            "hook_normalized": grad_hat, "hook_scale": grad_scale, "hook_mean": grad_mean}
 
 
 def centered_scale(centered, eps):

@@ -145,6 +145,13 @@ class Model:
         selected = select_names(names, self.hook_names, "run_with_cache names")
         return self._run(tokens, fwd_hooks, selected, past, last_only)
 
+    def loss_and_grads(self, tokens, targets=None):
+        """Mean next-token cross-entropy and its gradient for every parameter and every hook point
+        (a ``refgpt.backward.Gradients``); ``targets`` default to the next tokens (docs/backward.md)."""
+        from .backward import loss_and_grads
+
+        return loss_and_grads(self, tokens, targets)
+
     def kv_cache(self, batch: int = 1) -> KVCache:
         """An empty KVCache for incremental decoding of ``batch`` sequences (refgpt/kv_cache.py)."""
         return KVCache(self.cfg, batch, self.dtype)

@@ -1,0 +1,176 @@
+"""GPT-2's backward pass: the gradient of the mean next-token loss with respect to every parameter
+and every hook point, in the model's dtype.
+
+Backpropagation is the forward pass read backwards. ``model.run_with_cache`` records every
+intermediate value; then, starting from ∂loss/∂logits, each op's ``*_backward`` (written beside
+its forward, as llm.c's train_gpt2.c keeps each layer's backward beside its forward) turns the
+gradient of its output into the gradients of its inputs and parameters:
+
+    ∂logits = softmax(logits) − onehot(targets), / count      loss.py       (fused with the loss)
+    ∂final  = ∂logits·W_Uᵀ        ∂W_U = Σ finalᵀ·∂logits, ∂b_U = Σ ∂logits
+    ∂resid  = layer_norm_backward(∂final)                       ln_final
+    for each block L, last to first:
+        ∂resid_mid = ∂resid + layer_norm_backward(mlp_backward(∂resid))          ln2, mlp
+        ∂resid_pre = ∂resid_mid + layer_norm_backward(attention_backward(∂resid_mid))
+    ∂W_E[t] += ∂resid_pre₀[b, i] for every (b, i) with tokens[b, i] = t;  ∂W_pos[i] = Σ_b ∂resid_pre₀[b, i]
+
+A residual connection x + f(x) copies the gradient: it flows straight through the sum and into f.
+Each block's gradient therefore *adds* to the one flowing down the residual stream, as each
+block's output added to the stream going up.
+
+Gradients come back under the names the forward uses. ``grads.params["blocks.0.attn.W_Q"]`` has
+the parameter's shape ([head, d_model, d_head]); ``grads.activations["blocks.3.hook_resid_pre"]``
+is ∂loss/∂ that activation, as if a hook had replaced it with a variable (always with a batch
+axis, like the cache).
+
+**Tied embeddings.** GPT-2 uses one matrix twice: W_E to embed and W_U = W_Eᵀ to unembed. Here
+each use gets its own gradient: ``params["embed.W_E"]`` is the embedding's and
+``params["unembed.W_U"]`` the unembedding's, each as if the other were a separate matrix (what
+TransformerLens, which stores both, would see). The gradient of the one shared matrix is their sum,
+``grads.tied_W_E = params["embed.W_E"] + params["unembed.W_U"]ᵀ``: what HF's ``wte.weight.grad``
+and llm.c's ``grads.wte`` hold (``grads.tied`` says whether this model's W_U is W_Eᵀ).
+
+Derivations: docs/backward.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .activations import BACKWARDS
+from .attention import attention_backward
+from .errors import RefGPTError
+from .layernorm import layer_norm_backward
+from .loss import check_targets, next_token_targets, softmax_cross_entropy
+from .mlp import mlp_backward
+
+
+@dataclass
+class Gradients:
+    """One backward pass: the loss, and ∂loss/∂ every parameter, activation and logit."""
+
+    loss: float  # mean cross-entropy over the positions with a target
+    params: dict[str, np.ndarray]  # TL parameter name → gradient, the parameter's shape
+    activations: dict[str, np.ndarray]  # hook name → gradient [batch, …], the activation's shape
+    logits: np.ndarray  # [batch, pos, d_vocab]
+    targets: np.ndarray  # [batch, pos] the targets used (−100: ignored)
+    tied: bool = field(default=False)  # is the model's W_U a view of W_Eᵀ?
+
+    @property
+    def tied_W_E(self) -> np.ndarray:
+        """The gradient of W_E as one matrix used twice (embed and W_U = W_Eᵀ): [d_vocab, d_model]."""
+        return self.params["embed.W_E"] + self.params["unembed.W_U"].T
+
+
+def loss_and_grads(model, tokens, targets=None) -> Gradients:
+    """The mean cross-entropy loss of ``model`` on ``tokens`` [pos] or [batch, pos] and its gradients.
+
+    ``targets``: None for next-token prediction (HF's shift: the target of position i is token
+    i + 1; the last position has none), or ids [batch, pos], one per input position, with −100
+    where a position has no target. The loss is the mean over the positions that have one.
+    """
+    tokens, _ = model.check_tokens(tokens)  # [batch, pos]
+    if targets is None:
+        if tokens.shape[1] < 2:
+            raise RefGPTError("loss_and_grads: next-token targets need at least 2 tokens; pass targets=")
+        targets = next_token_targets(tokens)  # [batch, pos]
+    targets = check_targets(targets, tokens.shape, model.cfg.d_vocab)  # [batch, pos]
+    logits, cache = model.run_with_cache(tokens)  # [batch, pos, d_vocab]
+    return backward(model, tokens, cache, logits, targets)
+
+
+def backward(model, tokens, cache, logits, targets) -> Gradients:
+    """The backward pass from a full forward cache (every hook point, no hooks applied)."""
+    cfg, p = model.cfg, model.params
+    loss, grad_logits = softmax_cross_entropy(logits, targets)  # [batch, pos, d_vocab]
+    g_params: dict[str, np.ndarray] = {}
+    g_acts: dict[str, np.ndarray] = {}
+
+    # logits = final·W_U + b_U, final = ln_final(resid)
+    final = ln_out(cache, "ln_final.", p)  # [batch, pos, d_model]
+    g_params["unembed.W_U"] = rows(final).T @ rows(grad_logits)  # [d_model, d_vocab]
+    if "unembed.b_U" in p:
+        g_params["unembed.b_U"] = grad_logits.sum(axis=(0, 1))  # [d_vocab]
+    grad = grad_logits @ p["unembed.W_U"].T  # [batch, pos, d_model]
+    grad = layer_norm_step("ln_final.", grad, cache, p, g_params, g_acts)  # [batch, pos, d_model]
+
+    act_backward = BACKWARDS[cfg.act_fn]
+    for L in reversed(range(cfg.n_layers)):
+        grad = block_backward(model, L, grad, cache, act_backward, g_params, g_acts)  # [batch, pos, d_model]
+
+    # resid_pre₀ = W_E[tokens] + W_pos[positions]
+    g_acts["hook_embed"] = g_acts["hook_pos_embed"] = grad
+    g_W_E = np.zeros_like(p["embed.W_E"])  # [d_vocab, d_model]
+    np.add.at(g_W_E, tokens.reshape(-1), rows(grad))  # a token used twice gets both gradients
+    g_W_pos = np.zeros_like(p["pos_embed.W_pos"])  # [n_ctx, d_model]
+    g_W_pos[: tokens.shape[1]] = grad.sum(axis=0)  # [pos, d_model]
+    g_params["embed.W_E"], g_params["pos_embed.W_pos"] = g_W_E, g_W_pos
+
+    tied = bool(cfg.tie_word_embeddings and np.shares_memory(p["unembed.W_U"], p["embed.W_E"]))
+    ordered_params = {name: g_params[name] for name in p}
+    ordered_acts = {name: g_acts[name] for name in model.hook_names}
+    return Gradients(loss, ordered_params, ordered_acts, grad_logits, targets, tied)
+
+
+def block_backward(model, L, grad, cache, act_backward, g_params, g_acts):
+    """Block L in reverse: ∂resid_post → ∂resid_pre, filling in the block's gradients."""
+    cfg, p, b = model.cfg, model.params, f"blocks.{L}."
+    weights = flat_block_weights(model, L)
+
+    # resid_post = resid_mid + mlp(ln2(resid_mid))
+    g_acts[b + "hook_resid_post"] = g_acts[b + "hook_mlp_out"] = grad
+    m = mlp_backward(grad, ln_out(cache, b + "ln2.", p), cache[b + "mlp.hook_pre"],
+                     cache[b + "mlp.hook_post"], weights["mlp"], act_backward)
+    for key in ("W_in", "b_in", "W_out", "b_out"):
+        g_params[b + "mlp." + key] = m[key]
+    g_acts[b + "mlp.hook_pre"], g_acts[b + "mlp.hook_post"] = m["hook_pre"], m["hook_post"]
+    grad = grad + layer_norm_step(b + "ln2.", m["x"], cache, p, g_params, g_acts)  # [batch, pos, d_model]
+
+    # resid_mid = resid_pre + attn(ln1(resid_pre))
+    g_acts[b + "hook_resid_mid"] = g_acts[b + "hook_attn_out"] = grad
+    a = attention_backward(grad, ln_out(cache, b + "ln1.", p), weights["attn"],
+                           cache[b + "attn.hook_q"], cache[b + "attn.hook_k"], cache[b + "attn.hook_v"],
+                           cache[b + "attn.hook_pattern"], cache[b + "attn.hook_z"], cfg.attn_scale(L))
+    h, dh, d = cfg.n_heads, cfg.d_head, cfg.d_model
+    for x in "QKV":  # flat [d_model, head·d_head] → [head, d_model, d_head]
+        g_params[b + f"attn.W_{x}"] = a[f"W_{x}"].reshape(d, h, dh).transpose(1, 0, 2)
+        g_params[b + f"attn.b_{x}"] = a[f"b_{x}"].reshape(h, dh)
+    g_params[b + "attn.W_O"] = a["W_O"].reshape(h, dh, d)  # [head, d_head, d_model]
+    g_params[b + "attn.b_O"] = a["b_O"]
+    for name in ("q", "k", "v", "attn_scores", "pattern", "z"):
+        g_acts[b + "attn.hook_" + name] = a["hook_" + name]
+    grad = grad + layer_norm_step(b + "ln1.", a["x"], cache, p, g_params, g_acts)  # [batch, pos, d_model]
+    g_acts[b + "hook_resid_pre"] = grad
+    return grad
+
+
+def layer_norm_step(prefix, grad, cache, p, g_params, g_acts):
+    """LayerNorm ``prefix`` ("blocks.3.ln1.", "ln_final.") in reverse: its gradients recorded,
+    ∂loss/∂input returned."""
+    g = layer_norm_backward(grad, cache[prefix + "hook_normalized"], cache[prefix + "hook_scale"], p[prefix + "w"])
+    g_params[prefix + "w"], g_params[prefix + "b"] = g["w"], g["b"]
+    for name in ("hook_mean", "hook_scale", "hook_normalized"):
+        g_acts[prefix + name] = g[name]
+    return g["x"]
+
+
+def ln_out(cache, prefix, p):
+    """A LayerNorm's output, recomputed from its cached x̂ exactly as the forward computes it."""
+    return cache[prefix + "hook_normalized"] * p[prefix + "w"] + p[prefix + "b"]  # [batch, pos, d_model]
+
+
+def flat_block_weights(model, L):
+    """Block L's attention and MLP weights in the layout the forward multiplies with (model.py's
+    ``_block_params``): W_Q, W_K, W_V [d_model, head·d_head], W_O [head·d_head, d_model]."""
+    p, b, d = model.params, f"blocks.{L}.", model.cfg.d_model
+    attn = {f"W_{x}": p[b + f"attn.W_{x}"].transpose(1, 0, 2).reshape(d, -1) for x in "QKV"}  # [d_model, head·d_head]
+    attn["W_O"] = p[b + "attn.W_O"].reshape(-1, d)  # [head·d_head, d_model]
+    mlp = {k: p[b + "mlp." + k] for k in ("W_in", "W_out")}
+    return {"attn": attn, "mlp": mlp}
+
+
+def rows(a):
+    """[batch, pos, n] → [batch·pos, n]."""
+    return a.reshape(-1, a.shape[-1])
