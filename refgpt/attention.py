@@ -23,6 +23,8 @@ import functools
 
 import numpy as np
 
+from .linear import affine
+
 
 def attention(x, w, n_heads, scale, point, past=None):
     """One block's attention. ``w``: W_Q, W_K, W_V [d_model, head·d_head], b_Q, b_K, b_V
@@ -30,22 +32,68 @@ def attention(x, w, n_heads, scale, point, past=None):
     ``past(k, v)``, in incremental decoding, stores the new keys and values and returns all of them."""
     batch, pos, _ = x.shape
     heads = (batch, pos, n_heads, -1)
-    q = point("hook_q", (x @ w["W_Q"] + w["b_Q"]).reshape(heads))  # [batch, pos, head, d_head]
-    k = point("hook_k", (x @ w["W_K"] + w["b_K"]).reshape(heads))  # [batch, pos, head, d_head]
-    v = point("hook_v", (x @ w["W_V"] + w["b_V"]).reshape(heads))  # [batch, pos, head, d_head]
+    q = point("hook_q", affine(x, w["W_Q"], w["b_Q"]).reshape(heads))  # [batch, pos, head, d_head]
+    k = point("hook_k", affine(x, w["W_K"], w["b_K"]).reshape(heads))  # [batch, pos, head, d_head]
+    v = point("hook_v", affine(x, w["W_V"], w["b_V"]).reshape(heads))  # [batch, pos, head, d_head]
 
     if past is not None:
         k, v = past(k, v)  # [batch, key, head, d_head]: the earlier positions' keys, then these
 
-    scores = q.transpose(0, 2, 1, 3) @ k.transpose(0, 2, 3, 1)  # [batch, head, query, key]
-    scores *= scale  # [batch, head, query, key]
-    scores += causal_bias(pos, k.shape[1] - pos, scores.dtype)  # [batch, head, query, key], −∞ on future keys
+    per_head = (0, 2, 1, 3)  # [batch, pos, head, d_head] → [batch, head, pos, d_head]
+    qh = (q * scale).transpose(per_head)  # [batch, head, query, d_head], the scale applied once here
+    kh = np.ascontiguousarray(k.transpose(per_head))  # [batch, head, key, d_head]
+    vh = np.ascontiguousarray(v.transpose(per_head))  # [batch, head, key, d_head]
+    if point.watched("hook_attn_scores") or point.watched("hook_pattern"):
+        zh = attend(qh, kh, vh, point)  # [batch, head, query, d_head]
+    else:
+        zh = attend_in_blocks(qh, kh, vh)  # [batch, head, query, d_head], the same numbers
+    z = point("hook_z", zh.transpose(per_head))  # [batch, pos, head, d_head]
+    return affine(z.reshape(batch, pos, -1), w["W_O"], w["b_O"])  # [batch, pos, d_model]
+
+
+def attend(qh, kh, vh, point):
+    """pattern·v with the full scores and pattern [batch, head, query, key] made, for the hooks."""
+    pos, keys = qh.shape[2], kh.shape[2]
+    scores = qh @ kh.transpose(0, 1, 3, 2)  # [batch, head, query, key]
+    scores += causal_bias(pos, keys - pos, scores.dtype)  # [batch, head, query, key], −∞ on future keys
     scores = point("hook_attn_scores", scores)  # [batch, head, query, key]
     # Nobody else holds the scores unless they are hooked or cached: then softmax may reuse them.
     pattern = point("hook_pattern", softmax(scores, in_place=not point.watched("hook_attn_scores")))
+    return pattern @ vh  # [batch, head, query, d_head]
 
-    z = point("hook_z", (pattern @ v.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3))  # [batch, pos, head, d_head]
-    return z.reshape(batch, pos, -1) @ w["W_O"] + w["b_O"]  # [batch, pos, d_model]
+
+def attend_in_blocks(qh, kh, vh, rows=64):
+    """``attend`` when nobody looks at scores or pattern: a block of queries at a time. The scores
+    then never exist in full (a block stays in cache through softmax), and a block never touches
+    the keys after its last query, which halves the work of a full sequence."""
+    pos, keys = qh.shape[2], kh.shape[2]
+    start = keys - pos  # keys held in a KV cache before the first query
+    bias = causal_bias(pos, start, qh.dtype)  # [query, key]
+    zh = np.empty_like(qh)  # [batch, head, query, d_head]
+    for i in range(0, pos, rows):
+        seen = start + min(i + rows, pos)  # this block's queries see keys 0 … seen − 1
+        scores = qh[:, :, i:i + rows] @ kh[:, :, :seen].transpose(0, 1, 3, 2)  # [batch, head, rows, seen]
+        scores += bias[i:i + rows, :seen]  # [batch, head, rows, seen]
+        zh[:, :, i:i + rows] = softmax(scores, in_place=True) @ vh[:, :, :seen]  # [batch, head, rows, d_head]
+    return zh
+
+
+@functools.lru_cache(maxsize=8)
+def causal_bias(pos, start, dtype):
+    """0 where a query may look, −∞ where it may not: added to the scores. Query i is position
+    start + i and sees keys 0 … start + i (``start`` > 0 when earlier keys come from a KV cache)."""
+    bias = np.triu(np.full((pos, start + pos), -np.inf, dtype=dtype), k=start + 1)  # [query, key]
+    bias.flags.writeable = False
+    return bias
+
+
+def softmax(scores, in_place=False):
+    """exp(s − max s) / Σ exp(s − max s) over the last axis; exp(−∞) = 0 exactly."""
+    out = scores if in_place else np.empty_like(scores)  # [..., key]
+    np.subtract(scores, scores.max(axis=-1, keepdims=True), out=out)  # [..., key] ≤ 0
+    np.exp(out, out=out)  # [..., key]
+    out /= out.sum(axis=-1, keepdims=True)  # [..., key]
+    return out
 
 
 def attention_backward(grad, x, w, q, k, v, pattern, z, scale):
@@ -89,22 +137,4 @@ def attention_backward(grad, x, w, q, k, v, pattern, z, scale):
         grad_x += (g_rows @ w[f"W_{name}"].T).reshape(x.shape)  # [batch, pos, d_model]
     out.update(x=grad_x, hook_z=grad_z, hook_pattern=grad_pattern, hook_attn_scores=grad_scores,
                hook_q=grad_q, hook_k=grad_k, hook_v=grad_v)
-    return out
-
-
-@functools.lru_cache(maxsize=8)
-def causal_bias(pos, start, dtype):
-    """0 where a query may look, −∞ where it may not: added to the scores. Query i is position
-    start + i and sees keys 0 … start + i (``start`` > 0 when earlier keys come from a KV cache)."""
-    bias = np.triu(np.full((pos, start + pos), -np.inf, dtype=dtype), k=start + 1)  # [query, key]
-    bias.flags.writeable = False
-    return bias
-
-
-def softmax(scores, in_place=False):
-    """exp(s − max s) / Σ exp(s − max s) over the last axis; exp(−∞) = 0 exactly."""
-    out = scores if in_place else np.empty_like(scores)  # [..., key]
-    np.subtract(scores, scores.max(axis=-1, keepdims=True), out=out)  # [..., key] ≤ 0
-    np.exp(out, out=out)  # [..., key]
-    out /= out.sum(axis=-1, keepdims=True)  # [..., key]
     return out

@@ -41,7 +41,9 @@ def layer_norm(x, w, b, eps, point=_identity):
     centered = x - mean  # [batch, pos, d_model]
     scale = point("hook_scale", centered_scale(centered, eps))  # [batch, pos, 1]
     normalized = point("hook_normalized", centered / scale)  # [batch, pos, d_model]
-    return normalized * w + b  # [batch, pos, d_model]
+    out = normalized * w  # [batch, pos, d_model]
+    out += b  # [batch, pos, d_model]
+    return out
 
 
 def layer_norm_backward(grad, normalized, scale, w):
@@ -76,13 +78,14 @@ def layer_norm_backward(grad, normalized, scale, w):
 def centered_scale(centered, eps):
     """σ = √(mean(c²) + ε) of an already centered c, over the last axis, without overflow."""
     dtype = centered.dtype
-    peak = np.max(np.abs(centered), axis=-1, keepdims=True)  # [..., 1]
+    peak = np.maximum(centered.max(axis=-1, keepdims=True), -centered.min(axis=-1, keepdims=True))  # [..., 1] max |c|
     _, e = np.frexp(peak)  # peak = f·2ᵉ with ½ ≤ f < 1
     # Only ever scale *down* (e ≥ 0): scaling up tiny vectors would push ε·2⁻²ᵉ towards overflow.
     e = np.clip(e, 0, np.finfo(dtype).maxexp - 2)
     shrink = np.ldexp(np.ones((), dtype), -e)  # [..., 1] exact powers of two ≤ 1
-    small = centered * shrink  # [..., n], |small| < 1, exact
-    var = np.mean(small * small, axis=-1, keepdims=True)  # [..., 1] = var(x)·shrink²
+    squares = centered * shrink  # [..., n], |c·shrink| < 1, exact
+    squares *= squares  # [..., n] (c·shrink)², in the same buffer
+    var = np.mean(squares, axis=-1, keepdims=True)  # [..., 1] = var(x)·shrink²
     return np.sqrt(var + eps * (shrink * shrink)) / shrink  # [..., 1]
 
 

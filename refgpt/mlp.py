@@ -13,12 +13,14 @@ Backward (``mlp_backward``), line by line in reverse, with ∂ meaning ∂loss/�
 
 from __future__ import annotations
 
+from .linear import affine
+
 
 def mlp(x, w, act, point):
     """One block's MLP. ``w``: W_in, b_in, W_out, b_out; ``point`` is the hook point."""
-    pre = point("hook_pre", x @ w["W_in"] + w["b_in"])  # [batch, pos, d_mlp]
+    pre = point("hook_pre", affine(x, w["W_in"], w["b_in"]))  # [batch, pos, d_mlp]
     post = point("hook_post", act(pre))  # [batch, pos, d_mlp]
-    return post @ w["W_out"] + w["b_out"]  # [batch, pos, d_model]
+    return affine(post, w["W_out"], w["b_out"])  # [batch, pos, d_model]
 
 
 def mlp_backward(grad, x, pre, post, w, act_backward):

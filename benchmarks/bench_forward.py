@@ -1,0 +1,167 @@
+"""GPT-2 small's forward pass: refgpt next to HF transformers (PyTorch) and a naive NumPy forward.
+
+One process, one run, the same random GPT-2-small-shaped weights for all three (no download),
+the same thread count for NumPy's BLAS and for torch. Also measured here: the GEMM peak of this
+machine in this run (the yardstick for "share of peak"), run_with_cache over a plain forward, a
+full cache's memory, checkpoint load time, and incremental decoding with the KV cache.
+
+    python benchmarks/bench_forward.py            # prints the table; benchmarks/run.py records it
+
+FLOPs of a forward pass over T tokens (multiply-adds × 2, GPT-2 small):
+dense = T · [n_layers · 2·(4·d² + 2·d·d_mlp) + 2·d·d_vocab], attention = n_layers · 4·T²·d.
+At T = 1024 that is 253.0 + 38.7 = 291.6 GFLOP.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import statistics
+import sys
+import tempfile
+import time
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import naive_forward  # noqa: E402
+import refgpt  # noqa: E402
+
+GPT2_SMALL = dict(n_embd=768, n_layer=12, n_head=12, n_positions=1024, vocab_size=50257)
+LENGTHS = (1, 64, 256, 1024)
+DTYPES = ("float32", "float64")
+
+
+def flops(T, d=768, L=12, d_mlp=3072, V=50257):
+    dense = T * (L * 2 * (4 * d * d + 2 * d * d_mlp) + 2 * d * V)
+    return dense + L * 4 * T * T * d
+
+
+def median_seconds(fn, repeats):
+    fn()  # warm up: page in weights, fill caches
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def repeats_for(T):
+    return {1: 15, 64: 7, 256: 5, 1024: 3}[T]
+
+
+def gemm_peak(dtype, repeats=5):
+    """GFLOP/s of one large matrix product, the best this BLAS does here."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((1024, 768)).astype(dtype)
+    b = rng.standard_normal((768, 3072)).astype(dtype)
+    return 2 * 1024 * 768 * 3072 / median_seconds(lambda: a @ b, repeats) / 1e9
+
+
+def make_checkpoint(directory):
+    """A random GPT-2 small saved by HF transformers itself (save_pretrained), float32."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(**GPT2_SMALL)).eval()
+    model.save_pretrained(directory)
+    return model
+
+
+def run(lengths=LENGTHS, dtypes=DTYPES) -> dict:
+    import torch
+
+    threads = int(os.environ.get("REFGPT_BENCH_THREADS", os.cpu_count() or 1))
+    torch.set_num_threads(threads)
+    try:
+        from threadpoolctl import threadpool_info
+        blas = [(i["internal_api"], i["num_threads"], i.get("architecture")) for i in threadpool_info()]
+    except ImportError:
+        blas = "threadpoolctl not installed"
+    results = {"threads": threads, "blas": blas, "numpy": np.__version__, "torch": torch.__version__,
+               "forward": [], "extras": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        hf = make_checkpoint(tmp)
+        results["extras"]["load_float32_s"] = median_seconds(lambda: refgpt.load(tmp, dtype="float32"), 5)
+        results["extras"]["load_float64_s"] = median_seconds(lambda: refgpt.load(tmp, dtype="float64"), 3)
+        for dtype in dtypes:
+            peak = gemm_peak(dtype)
+            results[f"gemm_peak_gflops_{dtype}"] = peak
+            model = refgpt.load(tmp, dtype=dtype)
+            torch_model = hf.to(getattr(torch, dtype))
+            naive_w = {k.removeprefix("transformer."): v.detach().numpy() for k, v in torch_model.state_dict().items()}
+            for T in lengths:
+                tokens = np.random.default_rng(T).integers(0, 50257, (1, T))
+                t_tokens = torch.tensor(tokens)
+                r = repeats_for(T)
+                ours = median_seconds(lambda: model(tokens), r)
+                with torch.no_grad():
+                    theirs = median_seconds(lambda: torch_model(t_tokens), r)
+                naive = median_seconds(lambda: naive_forward.forward(tokens[0], naive_w, 12, 12), max(1, r // 2))
+                gflops = flops(T) / ours / 1e9
+                row = {"dtype": dtype, "T": T, "refgpt_ms": ours * 1e3, "torch_ms": theirs * 1e3,
+                       "naive_ms": naive * 1e3, "ratio_to_torch": ours / theirs,
+                       "naive_ratio_to_torch": naive / theirs, "gflops": gflops, "share_of_peak": gflops / peak}
+                results["forward"].append(row)
+                print(_row(row), flush=True)
+            if dtype == "float64":
+                results["extras"].update(_cache_and_decode(model))
+            del model, torch_model, naive_w
+            gc.collect()
+    return results
+
+
+def _cache_and_decode(model):
+    """run_with_cache vs forward, a full cache's memory, KV-cache decoding (float64, T = 1024 / 512)."""
+    out = {}
+    tokens = np.random.default_rng(1).integers(0, 50257, (1, 1024))
+    plain = median_seconds(lambda: model(tokens), 3)
+    cached = median_seconds(lambda: model.run_with_cache(tokens), 3)
+    out["run_with_cache_over_forward"] = cached / plain
+    gc.collect()
+    tracemalloc.start()
+    logits, cache = model.run_with_cache(tokens)
+    held, peak = tracemalloc.get_traced_memory()  # NumPy reports its buffers to tracemalloc
+    tracemalloc.stop()
+    out["full_cache_mib"] = cache.nbytes / 2**20
+    out["memory_held_after_run_with_cache_mib"] = held / 2**20
+    out["held_over_cache_plus_logits"] = held / (cache.nbytes + logits.nbytes)  # 1.0 = no hidden copies
+    out["peak_during_run_with_cache_mib"] = peak / 2**20
+    del cache, logits
+    gc.collect()
+    prompt = tokens[:, :512]
+    full = median_seconds(lambda: model(prompt), 3)
+
+    def one_step():
+        past = model.kv_cache()
+        model(prompt[:, :511], past=past, last_only=True)
+        t = time.perf_counter()
+        model(prompt[:, 511:], past=past, last_only=True)
+        return time.perf_counter() - t
+
+    step = statistics.median(one_step() for _ in range(5))
+    out["full_forward_512_ms"] = full * 1e3
+    out["kv_step_at_512_ms"] = step * 1e3
+    out["kv_speedup_at_512"] = full / step
+    t = time.perf_counter()
+    model.generate(tokens[0, :8], 64, temperature=0)
+    out["generate_tokens_per_s"] = 64 / (time.perf_counter() - t)
+    return out
+
+
+def _row(r):
+    return (f"{r['dtype']:>8} T={r['T']:>5}  refgpt {r['refgpt_ms']:9.1f} ms  torch {r['torch_ms']:9.1f} ms  "
+            f"naive {r['naive_ms']:9.1f} ms  ratio {r['ratio_to_torch']:5.2f}  "
+            f"{r['gflops']:6.1f} GFLOP/s ({100 * r['share_of_peak']:4.1f}% of peak)")
+
+
+if __name__ == "__main__":
+    res = run()
+    for k, v in res["extras"].items():
+        print(f"{k:>32}: {v:.3f}")
