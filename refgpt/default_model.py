@@ -5,9 +5,10 @@ It lives in the repository's ``weights/default/`` and installs with the package 
 ``pip install .`` and ``pip install -e .`` alike. It is an ordinary HF GPT-2 directory:
 ``config.json``, ``model.safetensors``, ``vocab.json``, ``merges.txt``.
 
-For now it is UNTRAINED: a seeded, randomly initialised GPT-2 with a byte-level vocabulary (see
-``weights/README.md``), its predictions noise. A directory holding a file named ``UNTRAINED``
-says so, and the ``refgpt`` command warns about it in everything it prints.
+It is a small GPT-2 (4 layers, d_model 144, n_ctx 128, an 8,192-token BPE vocabulary) trained
+on Shakespeare by ``weights/train_default.py``; ``weights/README.md`` records how, and its files'
+sha256. Any model directory holding a file named ``UNTRAINED`` is marked as a random
+initialisation, and the ``refgpt`` command warns about it in everything it prints.
 
     model = refgpt.load_default()              # the same as refgpt.load(refgpt.default_model_path())
 """
@@ -32,7 +33,7 @@ def default_model_path() -> Path:
 
 
 def load_default(dtype="float64"):
-    """The embedded default model (UNTRAINED for now), in float64 or float32, with its tokenizer."""
+    """The embedded default model, in float64 or float32, with its tokenizer."""
     return load(default_model_path(), dtype=dtype)
 
 

@@ -1,5 +1,6 @@
 """The ``refgpt`` command: predict and inspect print what the Python API computes, --json parses,
-the UNTRAINED default says so, and every error is one line with exit status 2 (usage) or 1."""
+a model directory marked UNTRAINED says so (the trained default does not), and every error is one
+line with exit status 2 (usage) or 1."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ import refgpt
 from random_models import random_model, save_checkpoint
 from refgpt import Config
 from refgpt.cli import main
+from refgpt.default_model import UNTRAINED_MARKER
+from refgpt.tokenizer import bytes_to_unicode
 
 TEXT = "Hello, world\n"
 README = Path(__file__).resolve().parent.parent / "README.md"
@@ -46,10 +49,21 @@ def run_subprocess(*argv, module=True):
 
 
 def expected_token_text(token_id: int) -> str:
-    """The default vocabulary: ASCII bytes as str reprs, other bytes (never whole UTF-8) as bytes reprs."""
+    """A byte-level vocabulary's token as the README says tables show it: ASCII bytes as str reprs,
+    other bytes (never whole UTF-8) as bytes reprs, 256 <|endoftext|>."""
     if token_id == 256:
         return "'<|endoftext|>'"
     return repr(chr(token_id)) if token_id < 128 else repr(bytes([token_id]))
+
+
+def shown_text(tokenizer, token_id: int) -> str:
+    """Any vocabulary's token as the README says tables show it: repr of its text, or of its bytes
+    if they are not whole UTF-8."""
+    raw = tokenizer.decode_bytes([int(token_id)])
+    try:
+        return repr(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        return repr(raw)
 
 
 def table_rows(out: str, header_start: str) -> list[list[str]]:
@@ -66,13 +80,15 @@ def table_rows(out: str, header_start: str) -> list[list[str]]:
 
 @pytest.fixture
 def plain_checkpoint(tmp_path):
-    """A random byte-vocabulary model with no UNTRAINED marker, and W_U = 0 so every logit ties."""
+    """A random byte-vocabulary model (one token per byte, <|endoftext|> = 256) with no UNTRAINED
+    marker, and W_U = 0 so every logit ties."""
     cfg = Config(d_model=8, n_layers=2, n_heads=2, d_mlp=12, d_vocab=257, n_ctx=6, tie_word_embeddings=False)
     m = random_model(cfg, seed=4)
     params = {**m.params, "unembed.W_U": np.zeros_like(m.params["unembed.W_U"])}
     directory = save_checkpoint(refgpt.Model(cfg, params), tmp_path / "plain")
-    for name in ("vocab.json", "merges.txt"):
-        shutil.copy(refgpt.default_model_path() / name, directory / name)
+    vocab = {char: byte for byte, char in bytes_to_unicode().items()} | {"<|endoftext|>": 256}
+    (directory / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
+    (directory / "merges.txt").write_text("#version: 0.2\n", encoding="utf-8")
     return directory
 
 
@@ -82,35 +98,39 @@ def plain_checkpoint(tmp_path):
 def test_predict_table_is_the_models_top_k_next_tokens(capsys, model):
     status, out, err = run(capsys, "predict", TEXT, "--top-k", "7")
     assert status == 0 and err == ""
-    logits = model(model.to_tokens(TEXT))[-1]  # [d_vocab]
+    logits = model(model.to_tokens(TEXT), last_only=True)[-1]  # [d_vocab], as predict computes it
     probs = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()  # [d_vocab]
     top = np.argsort(-logits)[:7]
     rows = table_rows(out, "rank")
     assert [int(r[0]) for r in rows] == list(range(1, 8))
     assert [int(r[1]) for r in rows] == [int(i) for i in top]
     for (_, _, shown, p, logit), t in zip(rows, top):
-        assert shown == expected_token_text(t)
+        assert shown == shown_text(model.tokenizer, t)
         assert p == f"{probs[t]:.8f}" and logit == f"{logits[t]:.6f}"
 
 
 def test_predict_json_is_exactly_what_the_api_computes(capsys, model):
-    status, out, _ = run(capsys, "predict", TEXT, "--json", "--top-k", "257")
+    n = model.cfg.d_vocab
+    status, out, _ = run(capsys, "predict", TEXT, "--json", "--top-k", str(n))
     answer = json.loads(out)
-    logits = model(model.to_tokens(TEXT))[-1]  # [d_vocab]
-    assert status == 0 and answer["untrained"] is True and answer["dtype"] == "float64"
-    assert [t["id"] for t in answer["tokens"]] == list(TEXT.encode())
+    logits = model(model.to_tokens(TEXT), last_only=True)[-1]  # [d_vocab], as predict computes it
+    assert status == 0 and answer["untrained"] is False and answer["dtype"] == "float64"
+    assert [t["id"] for t in answer["tokens"]] == model.to_tokens(TEXT).tolist()
     assert [t["id"] for t in answer["top_k"]] == [int(i) for i in np.argsort(-logits, kind="stable")]
     assert [t["logit"] for t in answer["top_k"]] == [float(logits[t["id"]]) for t in answer["top_k"]]
     # p_i = e_i / S with S = Σ e_j: S carries ≤ (n−1)u relative error, each division u, and summing
-    # the n p_i another (n−1)u, so |Σ p_i − 1| ≤ (2n − 1)u < n·eps (u = eps/2, n = 257).
-    assert abs(sum(t["probability"] for t in answer["top_k"]) - 1) <= 257 * np.finfo(np.float64).eps
+    # the n p_i another (n−1)u, so |Σ p_i − 1| ≤ (2n − 1)u < n·eps (u = eps/2, n = d_vocab = 8192).
+    assert abs(sum(t["probability"] for t in answer["top_k"]) - 1) <= n * np.finfo(np.float64).eps
 
 
-def test_predict_shows_token_text_with_repr(capsys):
-    _, out, _ = run(capsys, "predict", "a b", "--json", "--top-k", "257")
+def test_predict_shows_token_text_with_repr(capsys, plain_checkpoint):
+    """Every token of a byte-level vocabulary, so every kind of byte shows (the default's BPE tokens
+    are whole words and pieces of them: test_predict_table_is_the_models_top_k_next_tokens)."""
+    model = ["--model", str(plain_checkpoint)]
+    _, out, _ = run(capsys, "predict", "a b", *model, "--json", "--top-k", "257")
     by_id = {t["id"]: t for t in json.loads(out)["top_k"]}
     assert by_id[32]["text"] == " " and by_id[10]["text"] == "\n" and by_id[0xE2]["bytes"] == "e2"
-    _, out, _ = run(capsys, "predict", "a b", "--top-k", "257")
+    _, out, _ = run(capsys, "predict", "a b", *model, "--top-k", "257")
     shown = {int(r[1]): r[2] for r in table_rows(out, "rank")}
     assert shown[32] == "' '" and shown[10] == "'\\n'" and shown[0xE2] == "b'\\xe2'"
     assert shown == {i: expected_token_text(i) for i in range(257)}
@@ -127,14 +147,14 @@ def test_predict_in_float32_computes_in_float32(capsys):
     model32 = refgpt.load_default(dtype="float32")
     _, out, _ = run(capsys, "predict", TEXT, "--dtype", "float32", "--json")
     answer = json.loads(out)
-    logits = model32(model32.to_tokens(TEXT))[-1]  # [d_vocab], float32
+    logits = model32(model32.to_tokens(TEXT), last_only=True)[-1]  # [d_vocab], float32
     assert answer["dtype"] == "float32"
     assert [t["logit"] for t in answer["top_k"]] == [float(logits[t["id"]]) for t in answer["top_k"]]
 
 
-def test_predict_with_bos_starts_from_endoftext(capsys):
+def test_predict_with_bos_starts_from_endoftext(capsys, model):
     _, out, _ = run(capsys, "predict", "", "--bos", "--json")
-    assert [t["id"] for t in json.loads(out)["tokens"]] == [256]
+    assert [t["id"] for t in json.loads(out)["tokens"]] == [model.tokenizer.eot_token] == [8191]
 
 
 # ---- inspect --------------------------------------------------------------------------------
@@ -181,7 +201,7 @@ def test_inspect_table_has_a_row_per_layer_and_position(capsys, model):
     n_pos = len(model.to_tokens(TEXT))
     blocks, final = table_rows(out, "layer"), table_rows(out, "pos")
     assert status == 0 and len(blocks) == model.cfg.n_layers * n_pos and len(final) == n_pos
-    assert [r[1] for r in final] == [repr(c) for c in TEXT]  # byte-level: one token per character here
+    assert [r[1] for r in final] == ["'H'", "'ell'", "'o'", "','", "' world'", "'\\n'"]  # the default's BPE tokens
     assert all(len(r) == 9 for r in blocks) and all(len(r) == 5 for r in final)
     _, as_json, _ = run(capsys, "inspect", TEXT, "--json")
     errors = json.loads(as_json)["decomposition"]
@@ -198,15 +218,24 @@ def test_inspect_in_float32_reports_float32_statistics(capsys):
     assert [r["ln_final_scale"] for r in answer["ln_final"]] == [float(s) for s in cache["scale"][0, :, 0]]
 
 
-# ---- the UNTRAINED default -------------------------------------------------------------------
+# ---- the UNTRAINED marker --------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("command", ["predict", "inspect"])
-def test_everything_printed_from_the_default_says_untrained(capsys, command):
-    _, out, _ = run(capsys, command, TEXT)
+def test_everything_printed_from_a_marked_model_says_untrained(capsys, command, plain_checkpoint):
+    (plain_checkpoint / UNTRAINED_MARKER).write_text("UNTRAINED: a random initialisation\n")
+    _, out, _ = run(capsys, command, "ab", "--model", str(plain_checkpoint))
     assert out.startswith("UNTRAINED MODEL: ")
-    _, out, _ = run(capsys, command, TEXT, "--json")
+    _, out, _ = run(capsys, command, "ab", "--model", str(plain_checkpoint), "--json")
     assert json.loads(out)["untrained"] is True
+
+
+@pytest.mark.parametrize("command", ["predict", "inspect"])
+def test_the_trained_default_is_not_called_untrained(capsys, command):
+    _, out, _ = run(capsys, command, TEXT)
+    assert "UNTRAINED" not in out and out.startswith(f"model: {refgpt.default_model_path()}")
+    _, out, _ = run(capsys, command, TEXT, "--json")
+    assert json.loads(out)["untrained"] is False
 
 
 @pytest.mark.parametrize("command", ["predict", "inspect"])
@@ -259,8 +288,9 @@ def test_a_broken_checkpoint_is_one_line_and_status_1(capsys, plain_checkpoint, 
     (["predict"], 2, r"the following arguments are required: TEXT"),
     (["inspect", TEXT, "--unknown"], 2, r"unrecognized arguments: --unknown"),
     (["predict", TEXT, "--model", "/nonexistent/gpt2"], 1, r"/nonexistent/gpt2: model directory not found"),
-    (["inspect", "x" * 513], 1, r"TEXT is 513 tokens long, but the model's context holds at most 512"),
-    (["predict", "x" * 512, "--bos"], 1, r"TEXT is 513 tokens long"),
+    # The default vocabulary has no merge of "x" with "x": one token per x.
+    (["inspect", "x" * 129], 1, r"TEXT is 129 tokens long, but the model's context holds at most 128"),
+    (["predict", "x" * 128, "--bos"], 1, r"TEXT is 129 tokens long"),
     (["predict", ""], 1, r"TEXT is empty"),
 ])
 def test_bad_input_is_one_line_with_the_right_status(capsys, argv, status, message):
@@ -270,8 +300,8 @@ def test_bad_input_is_one_line_with_the_right_status(capsys, argv, status, messa
 
 
 def test_text_as_long_as_the_context_runs(capsys):
-    status, out, _ = run(capsys, "predict", "x" * 512, "--json")
-    assert status == 0 and len(json.loads(out)["tokens"]) == 512
+    status, out, _ = run(capsys, "predict", "x" * 128, "--json")
+    assert status == 0 and len(json.loads(out)["tokens"]) == 128
 
 
 # ---- as a user runs it: a subprocess ---------------------------------------------------------

@@ -35,7 +35,8 @@ def test_generate_sampling_is_seeded():
 def test_generate_errors_are_one_line():
     too_long = refgpt_cli("generate", "Hello", "-n", "100000")
     assert too_long.returncode == 1
-    assert too_long.stderr.startswith("refgpt: error: generate: 5 prompt tokens + 100000 new exceed")
+    # "Hello" is 3 tokens in the default vocabulary (H, ell, o); its context is 128 positions.
+    assert too_long.stderr.startswith("refgpt: error: generate: 3 prompt tokens + 100000 new exceed n_positions=128")
     assert len(too_long.stderr.strip().splitlines()) == 1
     usage = refgpt_cli("generate", "Hello", "--temperature", "-1")
     assert usage.returncode == 2 and "refgpt: error:" in usage.stderr and "Traceback" not in usage.stderr

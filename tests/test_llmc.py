@@ -145,11 +145,11 @@ def test_tokenizer_header_guards(tmp_path):
     good = llmc.write_tokenizer(tmp_path / "tok.bin", tok)
     with pytest.raises(RefGPTError, match="tokenizer version 3; refgpt reads versions 1 and 2"):
         llmc.read_tokenizer(_patched(good, tmp_path / "v3.bin", 1, 3))
-    with pytest.raises(RefGPTError, match="version-1 tokenizer with 257 tokens"):
+    with pytest.raises(RefGPTError, match="version-1 tokenizer with 8192 tokens"):  # the default's vocabulary
         llmc.read_tokenizer(_patched(good, tmp_path / "v1.bin", 1, 1))
     cut = tmp_path / "cut.bin"
     cut.write_bytes(good.read_bytes()[:-3])
-    with pytest.raises(RefGPTError, match=r"cut\.bin: truncated at token 256 of 257"):
+    with pytest.raises(RefGPTError, match=r"cut\.bin: truncated at token 8191 of 8192"):  # in <|endoftext|>
         llmc.read_tokenizer(cut)
     with pytest.raises(RefGPTError, match="bad magic number 20240326, expected 20240328 .*it is an llm.c model checkpoint"):
         llmc.read_tokenizer(llmc.write_model(tmp_path / "m.bin", llmc_model()))

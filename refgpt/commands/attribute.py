@@ -34,8 +34,8 @@ parts sum to the model's logit exactly; the last lines show that sum next to the
 EXAMPLES = """\
 examples:
   refgpt attribute "The capital of France is" --target " Paris" --model ~/models/gpt2
-  refgpt attribute "The capital of France is" --target " Paris" --against " London" --granularity head
-  refgpt attribute "Hello" --target "#11" --granularity neuron --top 10 --json
+  refgpt attribute "To be, or not to" --target " be" --against " the" --granularity head
+  refgpt attribute "My lord, I" --target "#11" --granularity neuron --top 10 --json
 """
 
 

@@ -16,8 +16,8 @@ from ._chosen_model import add_text_arguments, load_chosen, model_json, token_js
 EXAMPLES = """\
 examples:
   refgpt generate "To be, or not to" -n 20 --temperature 0
-  refgpt generate "Once upon a time" -n 50 --top-k 40 --seed 1
-  refgpt generate "Hello" -n 5 --json
+  refgpt generate "Now is the winter of" -n 50 --top-k 40 --seed 1
+  refgpt generate "The king" -n 5 --json
 """
 
 

@@ -36,8 +36,8 @@ normalising each component with its own scale instead misses by far more.
 
 EXAMPLES = """\
 examples:
-  refgpt inspect "The capital of France is"
-  refgpt inspect "Hello, world" --dtype float32
+  refgpt inspect "To be, or not to"
+  refgpt inspect "Now is the winter of" --dtype float32
   refgpt inspect "The capital of France is" --model ~/models/gpt2 --json
 """
 

@@ -32,9 +32,9 @@ stream's own; --kind tuned applies affine translators from --translators FILE fi
 
 EXAMPLES = """\
 examples:
-  refgpt lens "The capital of France is" --bos
+  refgpt lens "To be, or not to" --bos
   refgpt lens "The capital of France is" --target " Paris" --model ~/models/gpt2
-  refgpt lens "Hello, world" --kind tuned --translators lens.safetensors --plot lens.png
+  refgpt lens "My lord, I" --kind tuned --translators lens.safetensors --plot lens.png
 """
 
 

@@ -25,8 +25,8 @@ and logit. --json prints the same for scripts, with each token's bytes in hex.
 
 EXAMPLES = """\
 examples:
-  refgpt predict "The capital of France is"
-  refgpt predict "Hello, world" --top-k 5 --dtype float32
+  refgpt predict "To be, or not to"
+  refgpt predict "O Romeo, Romeo!" --top-k 5 --dtype float32
   refgpt predict "The capital of France is" --model ~/models/gpt2 --json
 """
 

@@ -32,7 +32,7 @@ EXAMPLES = """\
 examples:
   refgpt steer "I hate you because" --plus "Love" --minus "Hate" --layer 2 --coeff 5 --bos
   refgpt steer "I went up to my friend" --plus " weddings" --minus " " --layer 6 --coeff 4 --bos --model ~/models/gpt2
-  refgpt steer "Hello" --plus "a" --minus "b" --layer 1 --coeff 1e6 --plot norms.png
+  refgpt steer "The king" --plus "a" --minus "b" --layer 1 --coeff 1e6 --plot norms.png
 """
 
 
