@@ -42,7 +42,7 @@ from pathlib import Path
 import regex
 
 from .errors import RefGPTError
-from .tokenizer import BYTE_TO_CHAR, ENDOFTEXT, GPT2_PATTERN, Tokenizer
+from .tokenizer import BYTE_TO_CHAR, ENDOFTEXT, GPT2_PATTERN, Tokenizer, merge_pair  # merge_pair: the same merge the tokenizer applies
 
 Pair = tuple[str, str]
 
@@ -113,20 +113,6 @@ def learn_merges(words: Counter, n_merges: int) -> list[Pair]:
                     del counts[p]
         counts.pop(pair, None)
     return merges
-
-
-def merge_pair(symbols: list[str], pair: Pair) -> list[str]:
-    """Replace every adjacent (a, b) by ab, scanning left to right (as the tokenizer does)."""
-    a, b = pair
-    out, i, n = [], 0, len(symbols)
-    while i < n:
-        if i + 1 < n and symbols[i] == a and symbols[i + 1] == b:
-            out.append(a + b)
-            i += 2
-        else:
-            out.append(symbols[i])
-            i += 1
-    return out
 
 
 def train_bpe_reference(texts: Iterable[str], n_merges: int) -> list[Pair]:

@@ -232,7 +232,7 @@ class Tokenizer:
             best = min(map(rank_of, zip(symbols, symbols[1:]), repeat(_NEVER)))
             if best == _NEVER:
                 break
-            symbols = _merge_pair(symbols, self._merges[best])
+            symbols = merge_pair(symbols, self._merges[best])
         return symbols
 
     def clear_cache(self) -> None:
@@ -264,7 +264,7 @@ class Tokenizer:
                 f"special_tokens={self.special_tokens})")
 
 
-def _merge_pair(symbols: list[str], pair: tuple[str, str]) -> list[str]:
+def merge_pair(symbols: list[str], pair: tuple[str, str]) -> list[str]:
     """Replace every adjacent occurrence of ``pair``, scanning left to right."""
     first, second = pair
     merged, i, n = [], 0, len(symbols)
