@@ -22,7 +22,6 @@ import numpy as np
 from .errors import RefGPTError
 
 Hook = Callable[[np.ndarray, str], "np.ndarray | None"]
-NameSelector = "str | Callable[[str], bool]"
 
 
 def select_names(selector, known: list[str], what: str) -> list[str]:

@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import RefGPTError
-from .layernorm import layer_norm
+from . import ln_views
 from .measurements import log_softmax, stream_labels, streams
 
 
@@ -86,8 +86,9 @@ def _unembed(model, x):
 
 
 def _ln_final(model, x):
+    """ln_final recomputed from x itself: the recomputed view (refgpt/ln_views.py)."""
     p = model.params
-    return layer_norm(x, p["ln_final.w"], p["ln_final.b"], model.cfg.eps)  # [..., d_model]
+    return ln_views.recomputed(x, p["ln_final.w"], p["ln_final.b"], model.cfg.eps)  # [..., d_model]
 
 
 def logit_lens(cache) -> LensResult:
@@ -103,8 +104,7 @@ def logit_lens_final_scale(cache) -> LensResult:
     if "ln_final.hook_scale" not in cache:
         raise RefGPTError("the cache has no 'ln_final.hook_scale'; run_with_cache with it included")
     x = streams(cache)  # [stream, batch, pos, d_model]
-    centered = x - x.mean(-1, keepdims=True)  # [stream, batch, pos, d_model]
-    normed = centered / cache["ln_final.hook_scale"] * p["ln_final.w"] + p["ln_final.b"]  # [stream, batch, pos, d_model]
+    normed = ln_views.cached_scale(x, cache["ln_final.hook_scale"]) * p["ln_final.w"] + p["ln_final.b"]  # [stream, batch, pos, d_model]
     return LensResult(_unembed(model, normed), stream_labels(model.cfg.n_layers), "logit lens, final scale")
 
 

@@ -115,7 +115,7 @@ class Model:
         this is a view of the stored c_attn matrix; otherwise it is copied once, here.
         """
         p, b = self.params, f"blocks.{L}."
-        d, h = self.cfg.d_model, self.cfg.n_heads
+        d = self.cfg.d_model
         ln = {k: p[b + k] for k in ("ln1.w", "ln1.b", "ln2.w", "ln2.b")}
         attn = {f"W_{x}": p[b + f"attn.W_{x}"].transpose(1, 0, 2).reshape(d, -1) for x in "QKV"}  # [d_model, head·d_head]
         attn.update({f"b_{x}": p[b + f"attn.b_{x}"].reshape(-1) for x in "QKV"})  # [head·d_head]

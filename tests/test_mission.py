@@ -16,7 +16,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from random_models import model_and_tokens, rel_err
-from refgpt.layernorm import layer_norm, normalize
+from refgpt.layernorm import layer_norm
 
 # ---- 1. the cached-scale decomposition (docs/layernorm.md §2, §3) ---------------------------
 
