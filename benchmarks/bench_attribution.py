@@ -5,7 +5,7 @@ most 2× a plain forward pass. Measured here on random GPT-2-small-shaped weight
 12 layers, 12 heads, d_mlp 3072, vocab 50257; GPT-2's initialisation, no download) at T = 256:
 
     forward         model(tokens)
-    cached forward  model.run_with_cache(tokens, names=refgpt.attribution.required_hooks(cfg))
+    cached forward  model.run_with_cache(tokens, names=refgpt.analysis.attribution.required_hooks(cfg))
     attribute       refgpt.attribute(cache, target, granularity=…, logits=logits)
 
 and the ratios attribute / forward and (cached forward + attribute) / forward, the second being
@@ -32,7 +32,7 @@ try:
 except ImportError:  # run from a checkout without installing
     sys.path.insert(0, str(REPO))
     import refgpt
-from refgpt.attribution import required_hooks  # noqa: E402
+from refgpt.analysis.attribution import required_hooks  # noqa: E402
 from refgpt.model import param_shapes  # noqa: E402
 
 GPT2_SMALL = refgpt.Config(d_model=768, n_layers=12, n_heads=12, d_mlp=3072, d_vocab=50257, n_ctx=1024)

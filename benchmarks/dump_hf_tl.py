@@ -65,7 +65,7 @@ def main(argv=None) -> int:
     from safetensors.numpy import save_file
     from transformers import GPT2LMHeadModel
 
-    from refgpt.commands.golden import read_tokens
+    from refgpt.cli.golden import read_tokens
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--hf", metavar="DIR", required=True, help="HF GPT-2 directory (or hub name, if you are online)")

@@ -35,9 +35,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from random_models import random_params  # noqa: E402
-from refgpt import Config, Model, golden  # noqa: E402
+from refgpt import Config, Model  # noqa: E402
+from refgpt.oracle import golden  # noqa: E402
 from refgpt.activations import ACTIVATIONS  # noqa: E402
-from refgpt.oracle import GROWTH, UNIT_ROUNDOFF  # noqa: E402
+from refgpt.oracle.comparison import GROWTH, UNIT_ROUNDOFF  # noqa: E402
 
 
 def round_bf16(x):

@@ -22,7 +22,8 @@ from pathlib import Path
 import numpy as np
 
 import refgpt
-from refgpt import Config, Model, attribute, ln_views
+from refgpt import Config, Model, ln_views
+from refgpt.analysis.attribution import attribute
 from refgpt.layernorm import layer_norm, scale as ln_scale
 from refgpt.model import param_shapes
 from refgpt.processing import STEPS, process

@@ -17,11 +17,11 @@ from pathlib import Path
 import numpy as np
 
 import refgpt
-from refgpt.attribution import attribute
-from refgpt.interventions import add_vector, injection_limit, steering_vector
-from refgpt.lens import logit_lens
-from refgpt.measurements import injection_ratio, kl_divergence
-from refgpt.plots import attribution_bars, convergence_figure, lens_figure, printable, resid_norm_figure, token_labels
+from refgpt.analysis.attribution import attribute
+from refgpt.analysis.interventions import add_vector, injection_limit, steering_vector
+from refgpt.analysis.lens import logit_lens
+from refgpt.analysis.measurements import injection_ratio, kl_divergence
+from refgpt.analysis.plots import attribution_bars, convergence_figure, lens_figure, printable, resid_norm_figure, token_labels
 
 OUT = Path(__file__).parent / "figures"
 PROMPT = "The cat sat on the mat."

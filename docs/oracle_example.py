@@ -22,7 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from refgpt import Config, Model, golden, oracle
+from refgpt import Config, Model
+from refgpt.oracle import golden, comparison as oracle
 from refgpt.model import param_shapes
 
 CFG = Config(d_model=64, n_layers=4, n_heads=4, d_mlp=256, d_vocab=100, n_ctx=32)

@@ -8,9 +8,25 @@ TransformerLens's hook names.
     model = refgpt.load("path/to/gpt2")              # config.json + model.safetensors
     logits, cache = model.run_with_cache(tokens)     # tokens: int array [pos] or [batch, pos]
     cache["ln_final.hook_scale"]                      # [batch, pos, 1]
+
+The package in layers; imports point down only (tests/test_layers.py checks it):
+
+- the core, flat in ``refgpt/``: the forward pass and what it needs (config, safetensors reader,
+  checkpoint loading and saving, layernorm, attention, mlp, activations, model, hooks, cache and
+  its decomposition, kv_cache, generation, loss and the exact backward, tokenizer, errors);
+- ``refgpt.analysis`` (attribution, interventions, measurements, lens, plots),
+  ``refgpt.oracle`` (golden files, comparison, name maps, llm.c formats) and
+  ``refgpt.train`` (optimizer, BPE trainer), each built on the core only;
+- ``refgpt.cli``, the ``refgpt`` command, on top of all of them.
+
+``import refgpt`` loads the core only; the three subpackages load on first use
+(``refgpt.oracle.compare(...)`` works after a plain ``import refgpt``).
 """
 
-__version__ = "0.1.0"
+import importlib as _importlib
+import importlib.abc as _abc
+import importlib.util as _util
+import sys as _sys
 
 from .cache import ActivationCache, act_name
 from .checkpoint import load
@@ -19,10 +35,59 @@ from .default_model import default_model_path, load_default
 from .errors import RefGPTError
 from .model import Model
 from .tokenizer import Tokenizer
+from .version import __version__
 
-__all__ = ["ActivationCache", "Config", "Model", "RefGPTError", "Tokenizer", "act_name",
-           "default_model_path", "load", "load_default"]
+#: Subpackages loaded on first attribute access, and names that live in them.
+_LAZY = {
+    "analysis": "refgpt.analysis", "oracle": "refgpt.oracle", "train": "refgpt.train", "cli": "refgpt.cli",
+    "attribute": "refgpt.analysis.attribution", "Attribution": "refgpt.analysis.attribution",
+}
 
-from .attribution import Attribution, attribute  # noqa: E402
-__all__ += ["Attribution", "attribute"]
-from . import golden, llmc, name_maps, oracle  # noqa: E402,F401  (refgpt.oracle.compare, refgpt.golden, refgpt.llmc)
+#: Modules that moved into a subpackage: ``import refgpt.golden`` and ``refgpt.golden`` still work
+#: and give the module at its new place (the README's "Layout" section lists them).
+MOVED = {
+    "refgpt.attribution": "refgpt.analysis.attribution",
+    "refgpt.interventions": "refgpt.analysis.interventions",
+    "refgpt.measurements": "refgpt.analysis.measurements",
+    "refgpt.lens": "refgpt.analysis.lens",
+    "refgpt.plots": "refgpt.analysis.plots",
+    "refgpt.golden": "refgpt.oracle.golden",
+    "refgpt.name_maps": "refgpt.oracle.name_maps",
+    "refgpt.llmc": "refgpt.oracle.llmc",
+    "refgpt.optim": "refgpt.train.optim",
+    "refgpt.bpe_trainer": "refgpt.train.bpe_trainer",
+    "refgpt.commands": "refgpt.cli",
+}
+
+__all__ = ["ActivationCache", "Attribution", "Config", "Model", "RefGPTError", "Tokenizer", "__version__",
+           "act_name", "analysis", "attribute", "default_model_path", "load", "load_default", "oracle", "train"]
+
+
+def __getattr__(name):
+    target = _LAZY.get(name) or MOVED.get(f"refgpt.{name}")
+    if target is None:
+        raise AttributeError(f"module 'refgpt' has no attribute {name!r}")
+    module = _importlib.import_module(target)
+    return module if target.rsplit(".", 1)[-1] == name or name not in vars(module) else getattr(module, name)
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY) | {m.rsplit(".", 1)[-1] for m in MOVED})
+
+
+class _MovedModuleFinder(_abc.MetaPathFinder, _abc.Loader):
+    """``import refgpt.golden`` → the module ``refgpt.oracle.golden``, under both names."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname in MOVED:
+            return _util.spec_from_loader(fullname, self)
+        return None
+
+    def create_module(self, spec):
+        return _importlib.import_module(MOVED[spec.name])
+
+    def exec_module(self, module):
+        pass
+
+
+_sys.meta_path.append(_MovedModuleFinder())

@@ -17,8 +17,9 @@ from hypothesis import strategies as st
 
 from random_models import model_and_tokens, random_model, rel_err
 import refgpt
-from refgpt import Config, Model, RefGPTError, attribute
-from refgpt.attribution import GRANULARITIES, required_hooks, value_bias
+from refgpt import Config, Model, RefGPTError
+from refgpt.analysis.attribution import attribute
+from refgpt.analysis.attribution import GRANULARITIES, required_hooks, value_bias
 from refgpt.processing import STEPS, process
 from refgpt.tokenizer import Tokenizer, bytes_to_unicode
 

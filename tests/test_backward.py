@@ -381,7 +381,7 @@ def test_gradients_match_torch_autograd_on_hf_gpt2(cfg, seed, data):
 def test_llmc_debug_state_holds_every_gradient_in_llmc_order_and_layout(tmp_path):
     """After x, y, logits and loss: the 16 parameter gradients in llm.c's order, nn.Linear [out, in]
     layout, the tied wte's gradient (both uses) padded with zero rows to Vp, as float32."""
-    from refgpt import llmc
+    from refgpt.oracle import llmc
 
     cfg = Config(d_model=8, n_layers=2, n_heads=2, d_mlp=32, d_vocab=20, n_ctx=6)
     model = build(cfg, seed=4)

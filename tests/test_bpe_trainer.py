@@ -9,7 +9,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from refgpt.bpe_trainer import learn_merges, merge_pair, train_bpe, train_bpe_reference, word_counts, write_tokenizer
+from refgpt.train.bpe_trainer import learn_merges, merge_pair, train_bpe, train_bpe_reference, word_counts, write_tokenizer
 from refgpt.tokenizer import BYTE_TO_CHAR, ENDOFTEXT, Tokenizer
 
 CORPUS = [

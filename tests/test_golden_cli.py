@@ -14,7 +14,8 @@ from safetensors.numpy import save_file
 
 import refgpt
 from random_models import random_model, save_checkpoint
-from refgpt import Config, golden
+from refgpt import Config
+from refgpt.oracle import golden
 
 CFG = Config(d_model=16, n_layers=2, n_heads=2, d_mlp=32, d_vocab=30, n_ctx=10)
 

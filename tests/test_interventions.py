@@ -8,8 +8,8 @@ import pytest
 
 from random_models import random_model
 from refgpt import Config, RefGPTError, Tokenizer
-from refgpt.interventions import add_vector, injection_limit, patch, space_token, steering_vector
-from refgpt.measurements import injection_ratio, kl_divergence, resid_norms, streams
+from refgpt.analysis.interventions import add_vector, injection_limit, patch, space_token, steering_vector
+from refgpt.analysis.measurements import injection_ratio, kl_divergence, resid_norms, streams
 from refgpt.tokenizer import BYTE_TO_CHAR, ENDOFTEXT
 
 CFG = Config(d_model=12, n_layers=3, n_heads=3, d_mlp=20, d_vocab=257, n_ctx=16)

@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from random_models import model_and_tokens, random_model, random_params
 from refgpt import Config, Model, RefGPTError
 from refgpt.layernorm import layer_norm
-from refgpt.lens import (fit_least_squares_translators, load_translators, logit_lens, logit_lens_final_scale,
+from refgpt.analysis.lens import (fit_least_squares_translators, load_translators, logit_lens, logit_lens_final_scale,
                          save_translators, tuned_lens)
-from refgpt.measurements import streams
+from refgpt.analysis.measurements import streams
 
 U = np.finfo(np.float64).eps / 2
 CFG = Config(d_model=12, n_layers=3, n_heads=3, d_mlp=20, d_vocab=23, n_ctx=10)

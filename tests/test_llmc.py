@@ -9,7 +9,8 @@ import pytest
 
 import refgpt
 from random_models import hf_tensors, random_params
-from refgpt import Config, Model, RefGPTError, golden, llmc, oracle
+from refgpt import Config, Model, RefGPTError
+from refgpt.oracle import golden, llmc, comparison as oracle
 
 CFG = Config(d_model=16, n_layers=2, n_heads=4, d_mlp=64, d_vocab=50, n_ctx=12)
 

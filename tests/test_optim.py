@@ -7,7 +7,7 @@ import pytest
 
 from random_models import rel_err
 from refgpt import RefGPTError
-from refgpt.optim import AdamW
+from refgpt.train.optim import AdamW
 
 TORCH_TOL = 1e-12  # the bound; measured ≤ 1e-16 (the same operations in the same order)
 

@@ -15,8 +15,9 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from random_models import model_and_tokens, random_model
-from refgpt import Config, Model, RefGPTError, golden, oracle
-from refgpt.name_maps import axes, forward_order, hf_hidden_state_name, to_refgpt, ModelShape
+from refgpt import Config, Model, RefGPTError
+from refgpt.oracle import golden, comparison as oracle
+from refgpt.oracle.name_maps import axes, forward_order, hf_hidden_state_name, to_refgpt, ModelShape
 
 ROOT = Path(__file__).resolve().parent.parent
 

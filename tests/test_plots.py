@@ -12,9 +12,9 @@ import pytest
 
 from random_models import random_model
 from refgpt import Config, RefGPTError
-from refgpt.interventions import add_vector
-from refgpt.lens import logit_lens
-from refgpt.plots import printable
+from refgpt.analysis.interventions import add_vector
+from refgpt.analysis.lens import logit_lens
+from refgpt.analysis.plots import printable
 
 CFG = Config(d_model=12, n_layers=3, n_heads=3, d_mlp=20, d_vocab=23, n_ctx=10)
 TOKENS = np.array([[3, 1, 4, 1, 5, 9, 2, 6]])
@@ -24,7 +24,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 @pytest.fixture(scope="module")
 def plots():
     pytest.importorskip("matplotlib", reason="figures need the optional 'plot' extra (matplotlib)")
-    from refgpt import plots
+    from refgpt.analysis import plots
 
     return plots
 
@@ -107,14 +107,14 @@ def test_printable_makes_every_token_visible_and_short():
 
 
 def test_refgpt_does_not_import_matplotlib_until_a_figure_is_made():
-    code = ("import sys, refgpt, refgpt.plots, refgpt.lens, refgpt.interventions, refgpt.measurements, "
-            "refgpt.commands.steer, refgpt.commands.lens; print('matplotlib' in sys.modules)")
+    code = ("import sys, refgpt, refgpt.analysis.plots, refgpt.analysis.lens, refgpt.analysis.interventions, refgpt.analysis.measurements, "
+            "refgpt.cli.steer, refgpt.cli.lens; print('matplotlib' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False", out.stderr
 
 
 def test_missing_matplotlib_is_an_error_with_the_install_hint(runs, monkeypatch):
-    from refgpt import plots
+    from refgpt.analysis import plots
 
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)  # import now raises ImportError
     with pytest.raises(RefGPTError, match=r"pip install refgpt\[plot\]"):

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 import refgpt
-from refgpt.interventions import steering_vector
-from refgpt.lens import logit_lens, save_translators
-from refgpt.measurements import kl_divergence
+from refgpt.analysis.interventions import steering_vector
+from refgpt.analysis.lens import logit_lens, save_translators
+from refgpt.analysis.measurements import kl_divergence
 
 STEER = ["steer", "I hate you because", "--plus", "Love", "--minus", "Hate", "--layer", "2", "--coeff", "5", "--bos"]
 

@@ -24,7 +24,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from random_models import model_and_tokens
-from refgpt.interventions import add_vector, injection_limit, patch, steering_vector
+from refgpt.analysis.interventions import add_vector, injection_limit, patch, steering_vector
 from refgpt.layernorm import layer_norm
 from test_mission import ln_rounding
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from refgpt import Config, load
-from refgpt.bpe_trainer import train_bpe, write_tokenizer
+from refgpt.train.bpe_trainer import train_bpe, write_tokenizer
 from refgpt.weights import train_default as T
 
 SUBJECTS = ["the king", "my lord", "the queen", "a fool", "good sir", "the duke", "fair lady"]

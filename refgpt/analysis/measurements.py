@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import RefGPTError
+from ..errors import RefGPTError
 
 RESID_KINDS = ("resid_pre", "resid_mid", "resid_post")
 

@@ -41,8 +41,8 @@ from pathlib import Path
 
 import regex
 
-from .errors import RefGPTError
-from .tokenizer import BYTE_TO_CHAR, ENDOFTEXT, GPT2_PATTERN, Tokenizer, merge_pair  # merge_pair: the same merge the tokenizer applies
+from ..errors import RefGPTError
+from ..tokenizer import BYTE_TO_CHAR, ENDOFTEXT, GPT2_PATTERN, Tokenizer, merge_pair  # merge_pair: the same merge the tokenizer applies
 
 Pair = tuple[str, str]
 

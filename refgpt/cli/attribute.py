@@ -16,7 +16,7 @@ import json
 
 import numpy as np
 
-from ..attribution import GRANULARITIES, attribute, required_hooks
+from ..analysis.attribution import GRANULARITIES, attribute, required_hooks
 from ..decomposition import token_id
 from ..errors import RefGPTError
 from ..processing import process

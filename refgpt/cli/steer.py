@@ -15,8 +15,8 @@ import json
 
 import numpy as np
 
-from ..interventions import steering_vector
-from ..measurements import injection_ratio, kl_divergence
+from ..analysis.interventions import steering_vector
+from ..analysis.measurements import injection_ratio, kl_divergence
 from ._chosen_model import (add_text_arguments, load_chosen, model_json, text_line, token_json, token_text,
                             tokens_of, untrained_note)
 from ._table import table
@@ -60,7 +60,7 @@ def run(args) -> int:
     ratio = injection_ratio(cache, sv.vector, np.arange(m))  # [stream, m]
     size = np.linalg.norm(sv.vector, axis=-1)  # [m]
     if args.plot:
-        from ..plots import resid_norm_figure, token_labels
+        from ..analysis.plots import resid_norm_figure, token_labels
 
         _, clean = model.run_with_cache(tokens)
         resid_norm_figure(cache, position=list(range(m)), labels=token_labels(model, tokens), clean_cache=clean,

@@ -16,7 +16,7 @@ import json
 
 from ..decomposition import token_id
 from ..errors import RefGPTError
-from ..lens import logit_lens, logit_lens_final_scale, tuned_lens
+from ..analysis.lens import logit_lens, logit_lens_final_scale, tuned_lens
 from ._chosen_model import (add_text_arguments, load_chosen, model_json, text_line, token_json, token_text,
                             tokens_of, untrained_note)
 from ._table import table
@@ -67,7 +67,7 @@ def run(args) -> int:
     ids, top_p = (a[:, 0, :, 0] for a in lens.top(1))  # [stream, pos] each
     target_p = None if target is None else lens.prob(target)[:, 0]  # [stream, pos]
     if args.plot:
-        from ..plots import lens_figure, printable, token_labels
+        from ..analysis.plots import lens_figure, printable, token_labels
 
         lens_figure(lens, labels=token_labels(model, tokens), target=target, path=args.plot,
                     decode=lambda i: token_labels(model, [i])[0] if model.tokenizer else printable(str(i)),

@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from . import golden as golden_file
-from .errors import RefGPTError
+from ..errors import RefGPTError
 from .name_maps import ModelShape, axes, forward_key, forward_order, layer_of, to_refgpt
 
 #: Unit roundoff of each format: half the distance from 1 to the next representable number.

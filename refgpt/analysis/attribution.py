@@ -35,8 +35,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .decomposition import token_id, token_ids
-from .errors import RefGPTError
+from ..decomposition import token_id, token_ids
+from ..errors import RefGPTError
 
 GRANULARITIES = ("layer", "head", "neuron")
 

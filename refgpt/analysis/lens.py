@@ -37,8 +37,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import RefGPTError
-from . import ln_views
+from ..errors import RefGPTError
+from .. import ln_views
 from .measurements import log_softmax, stream_labels, streams
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import golden
+from ..oracle import golden
 from ..errors import RefGPTError
 from ._chosen_model import load_chosen, tokens_of, untrained_note
 

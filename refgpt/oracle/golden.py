@@ -37,13 +37,13 @@ from pathlib import Path
 
 import numpy as np
 
-from . import __version__
-from .checkpoint import weight_files
-from .config import Config
-from .errors import RefGPTError
-from .model import Model
+from ..version import __version__
+from ..checkpoint import weight_files
+from ..config import Config
+from ..errors import RefGPTError
+from ..model import Model
 from .name_maps import forward_order
-from .safetensors_file import SafetensorsFile
+from ..safetensors_file import SafetensorsFile
 
 FORMAT = "refgpt-golden"
 FORMAT_VERSION = "1"

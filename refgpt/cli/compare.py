@@ -11,8 +11,8 @@ when everything is within tolerance, 1 otherwise.
 
 from __future__ import annotations
 
-from .. import oracle
-from ..name_maps import MAPS
+from ..oracle import comparison as oracle
+from ..oracle.name_maps import MAPS
 
 
 def add_parser(subparsers, common):

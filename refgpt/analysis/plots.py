@@ -20,7 +20,7 @@ import unicodedata
 
 import numpy as np
 
-from .errors import RefGPTError
+from ..errors import RefGPTError
 from .measurements import stream_labels, streams
 
 

@@ -1,0 +1,11 @@
+"""Analysis: what researchers build on the forward pass and its cache.
+
+- ``attribution`` — a target logit split into parts that sum to it exactly, every constant labelled.
+- ``interventions`` — ActAdd steering vectors and activation patching, as hooks.
+- ``measurements`` — KL divergences, norms and injection ratios of steered runs.
+- ``lens`` — the logit lens (recomputed and cached-scale) and a tuned lens.
+- ``plots`` — figures of the above (needs the optional ``plot`` extra, matplotlib).
+
+Everything here imports the core (``refgpt.model``, ``refgpt.cache``, ``refgpt.decomposition``, …)
+and nothing above it; the core never imports this package.
+"""

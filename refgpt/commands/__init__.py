@@ -1,1 +1,0 @@
-"""The refgpt command's subcommands, one module each (see refgpt/cli.py)."""

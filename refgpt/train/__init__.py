@@ -1,0 +1,9 @@
+"""Training: what only training needs, on top of the core's loss and exact backward pass.
+
+- ``optim`` — AdamW, step for step as ``torch.optim.AdamW``.
+- ``bpe_trainer`` — a byte-level BPE vocabulary learned from text, in GPT-2's format.
+
+The loss and the gradients themselves are the reference's (``refgpt.loss``, ``refgpt.backward``):
+ports check their backward pass against them. ``weights/train_default.py`` is the training loop
+that made the embedded model.
+"""
