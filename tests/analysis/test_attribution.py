@@ -15,11 +15,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from doc_pages import numbers_script
 from random_models import model_and_tokens, random_model, rel_err
 import refgpt
 from refgpt import Config, Model, RefGPTError
-from refgpt.analysis.attribution import attribute
-from refgpt.analysis.attribution import GRANULARITIES, required_hooks, value_bias
+from refgpt.analysis.attribution import GRANULARITIES, attribute, required_hooks, value_bias
 from refgpt.processing import STEPS, process
 from refgpt.tokenizer import Tokenizer, bytes_to_unicode
 
@@ -248,18 +248,6 @@ def test_float32_models_attribute_in_float32():
 
 def test_exported_from_the_package():
     assert refgpt.attribute is attribute and refgpt.Attribution.__name__ == "Attribution"
-
-
-def numbers_script():
-    """(docs/make_decomposition_numbers.py as a module, the text of docs/decomposition.md)."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "docs" / "make_decomposition_numbers.py"
-    spec = importlib.util.spec_from_file_location("make_decomposition_numbers", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module, (path.parent / "decomposition.md").read_text(encoding="utf-8")
 
 
 def test_every_number_on_the_page_comes_from_the_script():

@@ -262,7 +262,7 @@ def test_logit_attrs_matches_tl(pair):
 
 def test_the_pages_transformerlens_numbers_come_from_the_script():
     """docs/decomposition.md's T rows are what docs/make_decomposition_numbers.py --tl measures."""
-    from test_attribution import numbers_script
+    from doc_pages import numbers_script
 
     script, page = numbers_script()
     assert script.check_page(script.tl_numbers(), page) == []

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from refgpt.errors import RefGPTError
 from refgpt.tokenizer import Tokenizer, bytes_to_unicode
 
-GPT2_DIR = Path(__file__).resolve().parents[2] / "shared" / "gpt2"
+GPT2_DIR = Path(__file__).resolve().parents[3] / "shared" / "gpt2"
 EOT = "<|endoftext|>"
 # GPT-2's pre-tokenizer, written out here rather than imported, so the tiktoken reference below
 # does not inherit a mistake in refgpt's copy.

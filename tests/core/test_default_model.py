@@ -30,7 +30,7 @@ from refgpt.safetensors_file import SafetensorsFile
 
 DEFAULT = refgpt.default_model_path()
 WEIGHTS = DEFAULT.parent  # the folder that installs as refgpt.weights
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 MODEL_FILES = ["config.json", "model.safetensors", "vocab.json", "merges.txt"]  # what refgpt.load reads
 RECORD_FILES = ["TRAINING.md", "training_log.json", "loss_curve.png"]  # the training run's record
 SHIPPED = MODEL_FILES + RECORD_FILES

@@ -23,7 +23,7 @@ from refgpt.default_model import UNTRAINED_MARKER
 from refgpt.tokenizer import bytes_to_unicode
 
 TEXT = "Hello, world\n"
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from random_models import model_and_tokens
 from refgpt.analysis.interventions import add_vector, injection_limit, patch, steering_vector
 from refgpt.layernorm import layer_norm
-from test_mission import ln_rounding
+from ln_bounds import ln_rounding
 
 U = np.finfo(np.float64).eps / 2  # unit roundoff
 

@@ -19,7 +19,7 @@ from refgpt import Config, Model, RefGPTError
 from refgpt.oracle import golden, comparison as oracle
 from refgpt.oracle.name_maps import axes, forward_order, hf_hidden_state_name, to_refgpt, ModelShape
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _module(path):
