@@ -26,10 +26,13 @@ import numpy as np
 from .linear import affine
 
 
-def attention(x, w, n_heads, scale, point, past=None):
+def attention(x, w, n_heads, scale, point, past=None, bias=None, per_head_result=False):
     """One block's attention. ``w``: W_Q, W_K, W_V [d_model, head·d_head], b_Q, b_K, b_V
     [head·d_head], W_O [head·d_head, d_model], b_O [d_model]. ``point`` is the hook point.
-    ``past(k, v)``, in incremental decoding, stores the new keys and values and returns all of them."""
+    ``past(k, v)``, in incremental decoding, stores the new keys and values and returns all of them.
+    ``bias``: None (causal), or padding's [batch, 1, query, key] bias (refgpt/padding.py).
+    ``per_head_result`` (TransformerLens's use_attn_result): make each head's z[h]·W_O[h]
+    [batch, pos, head, d_model] at ``hook_result`` and sum those (a different rounding)."""
     batch, pos, _ = x.shape
     heads = (batch, pos, n_heads, -1)
     q = point("hook_q", affine(x, w["W_Q"], w["b_Q"]).reshape(heads))  # [batch, pos, head, d_head]
@@ -44,37 +47,58 @@ def attention(x, w, n_heads, scale, point, past=None):
     kh = np.ascontiguousarray(k.transpose(per_head))  # [batch, head, key, d_head]
     vh = np.ascontiguousarray(v.transpose(per_head))  # [batch, head, key, d_head]
     if point.watched("hook_attn_scores") or point.watched("hook_pattern"):
-        zh = attend(qh, kh, vh, point)  # [batch, head, query, d_head]
+        zh = attend(qh, kh, vh, point, bias)  # [batch, head, query, d_head]
     else:
-        zh = attend_in_blocks(qh, kh, vh)  # [batch, head, query, d_head], the same numbers
+        zh = attend_in_blocks(qh, kh, vh, bias)  # [batch, head, query, d_head], the same numbers
     z = point("hook_z", zh.transpose(per_head))  # [batch, pos, head, d_head]
+    if per_head_result:
+        W_O = w["W_O"].reshape(n_heads, -1, w["W_O"].shape[-1])  # [head, d_head, d_model]
+        result = point("hook_result", np.einsum("bphd,hdm->bphm", z, W_O))  # [batch, pos, head, d_model]
+        return result.sum(axis=2) + w["b_O"]  # [batch, pos, d_model]
     return affine(z.reshape(batch, pos, -1), w["W_O"], w["b_O"])  # [batch, pos, d_model]
 
 
-def attend(qh, kh, vh, point):
+def attend(qh, kh, vh, point, bias=None):
     """pattern·v with the full scores and pattern [batch, head, query, key] made, for the hooks."""
     pos, keys = qh.shape[2], kh.shape[2]
     scores = qh @ kh.transpose(0, 1, 3, 2)  # [batch, head, query, key]
-    scores += causal_bias(pos, keys - pos, scores.dtype)  # [batch, head, query, key], −∞ on future keys
+    if bias is None:
+        scores += causal_bias(pos, keys - pos, scores.dtype)  # [batch, head, query, key], −∞ on future keys
+    else:
+        scores = scores + bias  # [batch, head, query, key], −∞ on future keys and on pads
     scores = point("hook_attn_scores", scores)  # [batch, head, query, key]
     # Nobody else holds the scores unless they are hooked or cached: then softmax may reuse them.
-    pattern = point("hook_pattern", softmax(scores, in_place=not point.watched("hook_attn_scores")))
+    probabilities = softmax if bias is None else padded_softmax
+    pattern = probabilities(scores, in_place=not point.watched("hook_attn_scores"))  # [batch, head, query, key]
+    pattern = point("hook_pattern", pattern)  # [batch, head, query, key]
     return pattern @ vh  # [batch, head, query, d_head]
 
 
-def attend_in_blocks(qh, kh, vh, rows=64):
+def padded_softmax(scores, in_place=False):
+    """``softmax`` for a padded batch: a query that sees no key at all (a left pad) has
+    softmax(all −∞) = NaN; its pattern row becomes 0, as in TransformerLens."""
+    with np.errstate(invalid="ignore"):
+        pattern = softmax(scores, in_place)  # [..., key]
+    pattern[np.isnan(pattern)] = 0.0
+    return pattern
+
+
+def attend_in_blocks(qh, kh, vh, bias=None, rows=64):
     """``attend`` when nobody looks at scores or pattern: a block of queries at a time. The scores
     then never exist in full (a block stays in cache through softmax), and a block never touches
     the keys after its last query, which halves the work of a full sequence."""
     pos, keys = qh.shape[2], kh.shape[2]
     start = keys - pos  # keys held in a KV cache before the first query
-    bias = causal_bias(pos, start, qh.dtype)  # [query, key]
+    padded = bias is not None
+    if not padded:
+        bias = causal_bias(pos, start, qh.dtype)  # [query, key]
     zh = np.empty_like(qh)  # [batch, head, query, d_head]
     for i in range(0, pos, rows):
         seen = start + min(i + rows, pos)  # this block's queries see keys 0 … seen − 1
         scores = qh[:, :, i:i + rows] @ kh[:, :, :seen].transpose(0, 1, 3, 2)  # [batch, head, rows, seen]
-        scores += bias[i:i + rows, :seen]  # [batch, head, rows, seen]
-        zh[:, :, i:i + rows] = softmax(scores, in_place=True) @ vh[:, :, :seen]  # [batch, head, rows, d_head]
+        scores += bias[..., i:i + rows, :seen]  # [batch, head, rows, seen]
+        pattern = (padded_softmax if padded else softmax)(scores, in_place=True)  # [batch, head, rows, seen]
+        zh[:, :, i:i + rows] = pattern @ vh[:, :, :seen]  # [batch, head, rows, d_head]
     return zh
 
 

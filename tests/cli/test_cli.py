@@ -98,7 +98,7 @@ def plain_checkpoint(tmp_path):
 def test_predict_table_is_the_models_top_k_next_tokens(capsys, model):
     status, out, err = run(capsys, "predict", TEXT, "--top-k", "7")
     assert status == 0 and err == ""
-    logits = model(model.to_tokens(TEXT), last_only=True)[-1]  # [d_vocab], as predict computes it
+    logits = model(model.to_tokens(TEXT, prepend_bos=False)[0], last_only=True)[-1]  # [d_vocab], as predict computes it
     probs = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()  # [d_vocab]
     top = np.argsort(-logits)[:7]
     rows = table_rows(out, "rank")
@@ -113,9 +113,9 @@ def test_predict_json_is_exactly_what_the_api_computes(capsys, model):
     n = model.cfg.d_vocab
     status, out, _ = run(capsys, "predict", TEXT, "--json", "--top-k", str(n))
     answer = json.loads(out)
-    logits = model(model.to_tokens(TEXT), last_only=True)[-1]  # [d_vocab], as predict computes it
+    logits = model(model.to_tokens(TEXT, prepend_bos=False)[0], last_only=True)[-1]  # [d_vocab], as predict computes it
     assert status == 0 and answer["untrained"] is False and answer["dtype"] == "float64"
-    assert [t["id"] for t in answer["tokens"]] == model.to_tokens(TEXT).tolist()
+    assert [t["id"] for t in answer["tokens"]] == model.to_tokens(TEXT, prepend_bos=False)[0].tolist()
     assert [t["id"] for t in answer["top_k"]] == [int(i) for i in np.argsort(-logits, kind="stable")]
     assert [t["logit"] for t in answer["top_k"]] == [float(logits[t["id"]]) for t in answer["top_k"]]
     # p_i = e_i / S with S = Σ e_j: S carries ≤ (n−1)u relative error, each division u, and summing
@@ -147,7 +147,7 @@ def test_predict_in_float32_computes_in_float32(capsys):
     model32 = refgpt.load_default(dtype="float32")
     _, out, _ = run(capsys, "predict", TEXT, "--dtype", "float32", "--json")
     answer = json.loads(out)
-    logits = model32(model32.to_tokens(TEXT), last_only=True)[-1]  # [d_vocab], float32
+    logits = model32(model32.to_tokens(TEXT, prepend_bos=False)[0], last_only=True)[-1]  # [d_vocab], float32
     assert answer["dtype"] == "float32"
     assert [t["logit"] for t in answer["top_k"]] == [float(logits[t["id"]]) for t in answer["top_k"]]
 
@@ -163,7 +163,7 @@ def test_predict_with_bos_starts_from_endoftext(capsys, model):
 def test_inspect_json_is_every_layernorm_statistic_from_the_cache(capsys, model):
     status, out, _ = run(capsys, "inspect", TEXT, "--json")
     answer = json.loads(out)
-    tokens = model.to_tokens(TEXT)
+    tokens = model.to_tokens(TEXT, prepend_bos=False)[0]
     _, cache = model.run_with_cache(tokens)
     n_pos, n_layers = len(tokens), model.cfg.n_layers
 
@@ -190,7 +190,7 @@ def test_inspect_checks_the_cached_scale_decomposition_live(capsys, model):
     _, out, _ = run(capsys, "inspect", TEXT, "--json")
     errors = json.loads(out)["decomposition"]
     assert errors["pieces"] == 2 + 2 * model.cfg.n_layers
-    assert errors["max_abs_logit"] == float(np.max(np.abs(model(model.to_tokens(TEXT)))))
+    assert errors["max_abs_logit"] == float(np.max(np.abs(model(model.to_tokens(TEXT, prepend_bos=False)[0]))))
     tolerance = 1e-12 * max(1.0, errors["max_abs_logit"])  # tests/test_mission.py's float64 bound
     assert errors["cached_scale_error"] <= tolerance
     assert errors["naive_error"] > 1e6 * max(errors["cached_scale_error"], tolerance)
@@ -198,7 +198,7 @@ def test_inspect_checks_the_cached_scale_decomposition_live(capsys, model):
 
 def test_inspect_table_has_a_row_per_layer_and_position(capsys, model):
     status, out, _ = run(capsys, "inspect", TEXT)
-    n_pos = len(model.to_tokens(TEXT))
+    n_pos = len(model.to_tokens(TEXT, prepend_bos=False)[0])
     blocks, final = table_rows(out, "layer"), table_rows(out, "pos")
     assert status == 0 and len(blocks) == model.cfg.n_layers * n_pos and len(final) == n_pos
     assert [r[1] for r in final] == ["'H'", "'ell'", "'o'", "','", "' world'", "'\\n'"]  # the default's BPE tokens
@@ -213,7 +213,7 @@ def test_inspect_in_float32_reports_float32_statistics(capsys):
     model32 = refgpt.load_default(dtype="float32")
     _, out, _ = run(capsys, "inspect", TEXT, "--dtype", "float32", "--json")
     answer = json.loads(out)
-    _, cache = model32.run_with_cache(model32.to_tokens(TEXT))
+    _, cache = model32.run_with_cache(model32.to_tokens(TEXT, prepend_bos=False)[0])
     assert answer["dtype"] == "float32"
     assert [r["ln_final_scale"] for r in answer["ln_final"]] == [float(s) for s in cache["scale"][0, :, 0]]
 

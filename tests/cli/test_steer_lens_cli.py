@@ -33,7 +33,7 @@ def test_steer_json_is_the_api_result(model):
     out = refgpt_cli(*STEER, "--json")
     assert out.returncode == 0, out.stderr
     answer = json.loads(out.stdout)
-    tokens = model.to_tokens("I hate you because", prepend_bos=True)
+    tokens = model.to_tokens("I hate you because", prepend_bos=True)[0]
     sv = steering_vector(model, "Love", "Hate", 2, 5.0)
     kl = kl_divergence(model.run_with_hooks(tokens, fwd_hooks=sv), model(tokens))
     assert [p["kl"] for p in answer["positions"]] == kl.tolist()
@@ -58,7 +58,7 @@ def test_lens_json_final_column_is_the_model_prediction(model):
     out = refgpt_cli("lens", "The cat sat", "--bos", "--json")
     assert out.returncode == 0, out.stderr
     answer = json.loads(out.stdout)
-    tokens = model.to_tokens("The cat sat", prepend_bos=True)
+    tokens = model.to_tokens("The cat sat", prepend_bos=True)[0]
     assert answer["streams"] == ["0_pre", "1_pre", "2_pre", "3_pre", "final_post"]
     _, cache = model.run_with_cache(tokens)
     ids, probs = logit_lens(cache).top(1)
