@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import inputs
+from .activations import softmax
 from .errors import RefGPTError
 
 
@@ -109,8 +110,7 @@ def choose(logits, temperature, top_k, rng, top_p=None, freq_penalty=0.0, previo
     if top_k is not None and top_k < scaled.shape[-1]:
         kth = np.sort(scaled, axis=-1)[:, -top_k][:, None]  # [batch, 1] the k-th largest
         scaled = np.where(scaled >= kth, scaled, -np.inf)  # [batch, d_vocab]
-    probs = np.exp(scaled - scaled.max(-1, keepdims=True))  # [batch, d_vocab]
-    probs /= probs.sum(-1, keepdims=True)
+    probs = softmax(scaled, in_place=True)  # [batch, d_vocab]
     if top_p is not None and top_p < 1:
         order = np.argsort(-probs, axis=-1, kind="stable")  # [batch, d_vocab] most likely first
         sorted_p = np.take_along_axis(probs, order, -1)  # [batch, d_vocab]

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import hook_points
 from .errors import RefGPTError
 
 Hook = Callable[[np.ndarray, "HookPoint"], "np.ndarray | None"]
@@ -212,27 +213,11 @@ class HookRegistry:
         """``name`` if this model computes it now; a RefGPTError naming the cfg switch otherwise."""
         if name not in self.hook_dict:
             select_names(name, list(self.hook_dict), what)  # raises with a suggestion
-        switch = optional_switch(name)
+        switch = hook_points.switch_of(name)
         if switch and not getattr(self.cfg, switch):
             raise RefGPTError(f"{what}: {name!r} exists only with model.cfg.{switch} = True "
                               f"(or model.set_{switch}(True)), as in TransformerLens")
         return name
-
-
-def optional_switch(name: str):
-    """The cfg switch a hook point needs (TransformerLens's flags), or None."""
-    for suffix, switch in OPTIONAL_POINTS.items():
-        if name.endswith(suffix):
-            return switch
-    return None
-
-
-#: Hook points TransformerLens computes only when a cfg switch is on (config.TL_SWITCHES).
-OPTIONAL_POINTS = {
-    "hook_tokens": "use_hook_tokens",
-    "attn.hook_result": "use_attn_result",
-    "hook_mlp_in": "use_hook_mlp_in",
-}
 
 
 class Scope:

@@ -23,21 +23,22 @@ from types import MappingProxyType
 
 import numpy as np
 
-from . import inputs
+from . import hook_points, inputs
 from .activations import ACTIVATIONS
 from .attention import attention
+from .backward import loss_and_grads
 from .cache import ActivationCache
-from .checkpoint import compute_dtype
 from .config import Config
+from .dtypes import compute_dtype
 from .errors import RefGPTError
-from .hooks import OPTIONAL_POINTS, HookPoint, HookRegistry, HookRun, select_names
+from .generation import generate
+from .hooks import HookPoint, HookRegistry, HookRun, select_names
 from .kv_cache import KVCache
 from .layernorm import layer_norm
 from .loss import lm_cross_entropy_loss
 from .mlp import mlp
 from .text import TextMethods
 
-_LN_HOOKS = ("hook_mean", "hook_scale", "hook_normalized")
 RETURN_TYPES = ("logits", "loss", "both", None)
 
 
@@ -58,27 +59,6 @@ def param_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def hook_names(cfg: Config, optional=None) -> list[str]:
-    """Every hook point of a model with this config, in the order the forward pass reaches them.
-    ``optional``: include the points behind TransformerLens's cfg switches (hooks.OPTIONAL_POINTS)
-    — True all, False none, None (default) those whose switch is on."""
-    def wanted(switch):
-        return optional if optional is not None else getattr(cfg, switch)
-    names = (["hook_tokens"] if wanted("use_hook_tokens") else []) + ["hook_embed", "hook_pos_embed"]
-    for L in range(cfg.n_layers):
-        b = f"blocks.{L}."
-        names.append(b + "hook_resid_pre")
-        names += [b + "ln1." + h for h in _LN_HOOKS]
-        names += [b + "attn.hook_" + h for h in ("q", "k", "v", "attn_scores", "pattern", "z")]
-        names += [b + "attn.hook_result"] if wanted("use_attn_result") else []
-        names += [b + "hook_attn_out", b + "hook_resid_mid"]
-        names += [b + "hook_mlp_in"] if wanted("use_hook_mlp_in") else []
-        names += [b + "ln2." + h for h in _LN_HOOKS]
-        names += [b + "mlp.hook_pre", b + "mlp.hook_post", b + "hook_mlp_out", b + "hook_resid_post"]
-    names += ["ln_final." + h for h in _LN_HOOKS]
-    return names
-
-
 class Model(TextMethods, HookRegistry):
     """A GPT-2: its Config, its parameters in circuits notation, and a hookable forward pass.
 
@@ -94,14 +74,14 @@ class Model(TextMethods, HookRegistry):
         self.source = Path(source) if source is not None else None
         self._tokenizer = None
         self.params = MappingProxyType(self._checked(params))  # read-only: a new model for new weights
-        self._blocks = [self._block_params(L) for L in range(cfg.n_layers)]
-        self.hook_dict = {name: HookPoint(name) for name in hook_names(cfg, optional=True)}
+        self._blocks = [self._flatten_block(L) for L in range(cfg.n_layers)]
+        self.hook_dict = {name: HookPoint(name) for name in hook_points.hook_names(cfg.n_layers, switches="all")}
         self._act = ACTIVATIONS[cfg.act_fn]
 
     @property
     def hook_names(self) -> list[str]:
         """The hook points the forward pass reaches now (with the cfg switches as they are)."""
-        return hook_names(self.cfg)
+        return hook_points.hook_names(self.cfg.n_layers, switches=hook_points.switches_on(self.cfg))
 
     @property
     def tokenizer(self):
@@ -134,8 +114,16 @@ class Model(TextMethods, HookRegistry):
             checked[name] = array.astype(self.dtype, copy=False)
         return checked
 
-    def _block_params(self, L):
-        """Block L's weights as the forward pass multiplies with them: (ln, attn, mlp) dicts.
+    def block_weights(self, L):
+        """Block L's weights as the forward (and backward) pass multiplies with them: (ln, attn,
+        mlp) dicts, ln: ln1.w, ln1.b, ln2.w, ln2.b; attn: W_Q, W_K, W_V [d_model, head·d_head],
+        b_Q, b_K, b_V [head·d_head], W_O [head·d_head, d_model], b_O; mlp: W_in, b_in, W_out, b_out.
+        Built once, when the model is made: views of ``params`` where the layout allows.
+        """
+        return self._blocks[L]
+
+    def _flatten_block(self, L):
+        """Block L's weights in the layout of ``block_weights``.
 
         Attention weights are flattened over heads, W_Q [head, d_model, d_head] → [d_model,
         head·d_head] and W_O → [head·d_head, d_model]. For weights read from an HF checkpoint
@@ -203,8 +191,6 @@ class Model(TextMethods, HookRegistry):
         (a ``refgpt.backward.Gradients``); ``targets`` default to the next tokens (docs/backward.md).
         Backward hooks on the model (``add_hook(…, dir="bwd")``) see and may replace each
         ∂loss/∂activation as it flows."""
-        from .backward import loss_and_grads
-
         return loss_and_grads(self, tokens, targets)
 
     def kv_cache(self, batch: int = 1) -> KVCache:
@@ -213,8 +199,6 @@ class Model(TextMethods, HookRegistry):
 
     def generate(self, input="", max_new_tokens: int = 10, **kwargs):
         """TransformerLens's ``generate``: extend text or tokens (see refgpt/generation.py)."""
-        from .generation import generate
-
         return generate(self, input, max_new_tokens, **kwargs)
 
     def _run(self, input, cache_names=(), return_type="logits", loss_per_token=False, prepend_bos=None,
@@ -283,7 +267,7 @@ class Model(TextMethods, HookRegistry):
     def block(self, L, resid, point, past=None, bias=None):
         """Block L: resid_pre → + attn(ln1(resid)) → resid_mid → + mlp(ln2(resid)) → resid_post."""
         b = f"blocks.{L}."
-        ln, attn_w, mlp_w = self._blocks[L]
+        ln, attn_w, mlp_w = self.block_weights(L)
         cfg = self.cfg
         past_kv = None if past is None else functools.partial(past.extend, L)
 
