@@ -172,7 +172,7 @@ class HookRegistry:
 
     def add_hook(self, name, hook, dir="fwd", is_permanent=False, level=None, prepend=False):
         """Attach ``hook`` to the point ``name`` (or every point a predicate picks)."""
-        names = [name] if isinstance(name, str) else select_names(name, list(self.hook_dict), "add_hook")
+        names = [name] if isinstance(name, str) else select_names(name, self.hook_names, "add_hook")
         for n in names:
             self.hook_dict[self._hookable(n, "add_hook")].add_hook(hook, dir, is_permanent, level, prepend)
 
@@ -201,13 +201,17 @@ class HookRegistry:
         try:
             for direction, entries in (("fwd", fwd), ("bwd", bwd)):
                 for selector, fn in entries:
-                    for n in select_names(selector, list(self.hook_dict), f"{direction}_hooks"):
+                    for n in select_names(selector, self._selectable(selector), f"{direction}_hooks"):
                         self.hook_dict[self._hookable(n, f"{direction}_hooks")].add_hook(fn, direction, level=self.context_level)
             yield self
         finally:
             if reset_hooks_end:
                 self.reset_hooks(clear_contexts, including_permanent=False, level=self.context_level)
             self.context_level -= 1
+
+    def _selectable(self, selector):
+        """A predicate picks among the points reached now; a name may be any point (then checked)."""
+        return self.hook_names if callable(selector) else list(self.hook_dict)
 
     def _hookable(self, name, what):
         """``name`` if this model computes it now; a RefGPTError naming the cfg switch otherwise."""
