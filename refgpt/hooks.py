@@ -162,6 +162,35 @@ class HookRun:
         return Scope(self, prefix)
 
 
+class GradientRun:
+    """The backward pass's ``point``: the backward hooks on each hook point, given ∂loss/∂activation.
+
+    At the points between ops (the residual stream, attn_out, mlp_out, the embeddings) a hook may
+    return a replacement gradient, which is what flows on; inside attention, the MLP and LayerNorm
+    the analytic backward computes an op's gradients in one step, so hooks there see the gradient
+    and a replacement is refused (RefGPTError) rather than silently ignored.
+    """
+
+    def __init__(self, hook_dict: dict[str, HookPoint]):
+        self.points = {name: hp for name, hp in hook_dict.items() if hp.bwd_hooks}
+
+    def __call__(self, name: str, grad: np.ndarray, replaceable: bool = True) -> np.ndarray:
+        hp = self.points.get(name)
+        if hp is None:
+            return grad
+        for handle in list(hp.bwd_hooks):
+            result = handle.hook(grad, hp)
+            if isinstance(result, tuple) and len(result) == 1:  # torch's (grad,), as TransformerLens allows
+                result = result[0]
+            if result is not None:
+                if not replaceable:
+                    raise RefGPTError(f"backward hook at {name}: refgpt's backward computes this op's gradients in "
+                                      "one step, so a gradient here can be read, not replaced; replace it at the "
+                                      "residual stream, hook_attn_out or hook_mlp_out")
+                grad = _checked_replacement(name, grad, result)
+        return grad
+
+
 class HookRegistry:
     """TransformerLens's hook management (``HookedRootModule``) for a model with ``hook_dict``."""
 
@@ -169,6 +198,22 @@ class HookRegistry:
 
     def hook_points(self):
         return self.hook_dict.values()
+
+    def set_use_attn_result(self, use_attn_result: bool):
+        """Compute each head's z·W_O at ``blocks.L.attn.hook_result`` (TransformerLens's switch)."""
+        self.cfg.use_attn_result = use_attn_result
+
+    def set_use_hook_mlp_in(self, use_hook_mlp_in: bool):
+        """Hook the MLP's input at ``blocks.L.hook_mlp_in``."""
+        self.cfg.use_hook_mlp_in = use_hook_mlp_in
+
+    def set_use_split_qkv_input(self, use_split_qkv_input: bool):
+        """Not implemented in refgpt: True raises RefGPTError (docs/transformerlens.md)."""
+        self.cfg.use_split_qkv_input = use_split_qkv_input
+
+    def set_use_attn_in(self, use_attn_in: bool):
+        """Not implemented in refgpt: True raises RefGPTError (docs/transformerlens.md)."""
+        self.cfg.use_attn_in = use_attn_in
 
     def add_hook(self, name, hook, dir="fwd", is_permanent=False, level=None, prepend=False):
         """Attach ``hook`` to the point ``name`` (or every point a predicate picks)."""
