@@ -97,13 +97,16 @@ class ActivationCache(Mapping):
     def apply_slice_to_pos_dim(self, pos_slice) -> "ActivationCache":
         """A new cache with ``pos_slice`` of every position axis, as run_with_cache(pos_slice=) takes
         it in TransformerLens: axis −3 for q, k, v, z and result, −2 for the rest (for the attention
-        scores and pattern, the query axis)."""
+        scores and pattern, the query axis); an int keeps the axis (length 1)."""
         from .decomposition import _Slice
 
+        if isinstance(pos_slice, (int, np.integer)) and not isinstance(pos_slice, bool):
+            pos_slice = [int(pos_slice)]  # as TransformerLens's Slice.unwrap: an int keeps the axis here
         s = _Slice(pos_slice)
         out = {}
         for name, a in self._store.items():
             axis = -3 if name.endswith(("hook_q", "hook_k", "hook_v", "hook_z", "hook_result")) else -2
+            axis = -1 if name == "hook_tokens" else axis  # [batch, pos]
             out[name] = s.apply(a, a.ndim + axis) if a.ndim >= -axis else a
         return ActivationCache(out, self.model, self.has_batch_dim)
 
