@@ -23,6 +23,7 @@ import numpy as np
 from . import inputs
 from .activations import softmax
 from .errors import RefGPTError
+from .padding import attention_mask_from_tokens
 
 
 def generate(model, input="", max_new_tokens: int = 10, stop_at_eos: bool = True, eos_token_id=None,
@@ -54,11 +55,10 @@ def generate(model, input="", max_new_tokens: int = 10, stop_at_eos: bool = True
     stop_tokens = _stop_tokens(model, stop_at_eos, eos_token_id)
 
     side = inputs.resolve_padding_side(model, padding_side)
-    mask = None
-    if side == "left" and model.tokenizer is not None and model.tokenizer.pad_token_id is not None:
-        from .padding import attention_mask_from_tokens
+    mask = None  # TransformerLens's initial attention mask: the pads of a batch, on its padding side
+    if model.tokenizer is not None and model.tokenizer.pad_token_id is not None and (side == "left" or len(tokens) > 1):
         mask = attention_mask_from_tokens(tokens, model.tokenizer.pad_token_id,
-                                          inputs.resolve_prepend_bos(model, prepend_bos), "left")  # [batch, pos]
+                                          inputs.resolve_prepend_bos(model, prepend_bos), side)  # [batch, pos]
     rng = np.random.default_rng(seed)
     past = model.kv_cache(tokens.shape[0]) if use_past_kv_cache else None
     finished = np.zeros(tokens.shape[0], dtype=bool)  # [batch]
@@ -72,7 +72,7 @@ def generate(model, input="", max_new_tokens: int = 10, stop_at_eos: bool = True
         if stop_tokens:
             chosen[finished] = stop_tokens[0]
             finished |= np.isin(chosen, stop_tokens)
-        step, step_mask = chosen[:, None], None  # [batch, 1]
+        step, step_mask = chosen[:, None], np.ones_like(chosen[:, None])  # [batch, 1], a new token is never a pad
         out = np.concatenate([out, step], axis=1)  # [batch, pos + 1]
         if stop_tokens and finished.all():
             break

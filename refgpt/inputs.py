@@ -10,8 +10,8 @@ forward pass proper (model.py) sees anything:
 - **token ids** [pos] or [batch, pos] are checked (integers, inside the vocabulary, within n_ctx);
   [pos] gives unbatched outputs, refgpt's convention.
 - **padding**: as in TransformerLens, a mask is used when an ``attention_mask`` is given, when the
-  padding side is "left" (the mask is then read off the tokens: leading pad ids are pads), or when
-  a KV cache already holds a mask. An all-ones mask is no mask: those inputs take the plain causal
+  padding side is "left" (the mask is then read off the tokens: leading pad ids are pads), when a
+  batch goes into a KV cache (trailing pad ids are pads) or when the KV cache already holds a mask. An all-ones mask is no mask: those inputs take the plain causal
   path, bit for bit. Right padding needs no mask (attention is causal; refgpt/padding.py).
 """
 
@@ -71,14 +71,18 @@ def tokens_and_padding(model, input, prepend_bos=None, padding_side=None, attent
     tokens, batched = model.check_tokens(input, start=past.length if past is not None else 0)
     side = resolve_padding_side(model, padding_side)
     mask = None
+    pad = model.tokenizer.pad_token_id if model.tokenizer is not None else None
     if attention_mask is not None:
         mask = padding.check_attention_mask(attention_mask, tokens.shape)
     elif side == "left":
-        pad = model.tokenizer.pad_token_id if model.tokenizer is not None else None
         if pad is None:
             raise RefGPTError("padding_side='left' needs a pad token to find the pads: this model has no "
                               "tokenizer with <|endoftext|>; pass attention_mask= instead")
         mask = padding.attention_mask_from_tokens(tokens, pad, resolve_prepend_bos(model, prepend_bos), "left")
+    elif past is not None and pad is not None and tokens.shape[0] > 1:
+        # Into a KV cache, right pads would sit between this chunk and the next: mask them, as
+        # TransformerLens does (one row alone has no pads: a trailing <|endoftext|> is text).
+        mask = padding.attention_mask_from_tokens(tokens, pad, resolve_prepend_bos(model, prepend_bos), "right")
     if past is not None:
         past.check(tokens.shape[0], tokens.shape[1])
         if past.mask is None and (mask is None or mask.all()):
