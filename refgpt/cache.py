@@ -74,9 +74,10 @@ class ActivationCache(Mapping):
     # ---- TransformerLens's reshaping of a whole cache ------------------------------------------
 
     def remove_batch_dim(self) -> "ActivationCache":
-        """Drop the batch axis of every activation (batch 1 only); in place, as TransformerLens."""
+        """Drop the batch axis of every activation (batch 1 only); in place, as TransformerLens; a
+        second call does nothing."""
         if not self.has_batch_dim:
-            raise RefGPTError("remove_batch_dim: this cache has no batch axis any more")
+            return self  # already removed: nothing to do (TransformerLens logs a warning)
         sizes = {a.shape[0] for a in self._store.values() if a.ndim}
         if sizes - {1}:
             raise RefGPTError(f"remove_batch_dim: the batch has {max(sizes)} sequences; only a batch of 1 can lose its axis")

@@ -165,8 +165,10 @@ class HookRun:
 class GradientRun:
     """The backward pass's ``point``: the backward hooks on each hook point, given ∂loss/∂activation.
 
-    At the points between ops (the residual stream, attn_out, mlp_out, the embeddings) a hook may
-    return a replacement gradient, which is what flows on; inside attention, the MLP and LayerNorm
+    Every hook on a point sees the gradient arriving there (not another hook's replacement, as
+    with torch's backward hooks in TransformerLens). At the points between ops (the residual
+    stream, attn_out, mlp_out, the embeddings) a hook may return a replacement gradient; the last
+    one returned is what flows on; inside attention, the MLP and LayerNorm
     the analytic backward computes an op's gradients in one step, so hooks there see the gradient
     and a replacement is refused (RefGPTError) rather than silently ignored.
     """
@@ -178,8 +180,9 @@ class GradientRun:
         hp = self.points.get(name)
         if hp is None:
             return grad
+        flowing = grad
         for handle in list(hp.bwd_hooks):
-            result = handle.hook(grad, hp)
+            result = handle.hook(grad, hp)  # every hook sees the incoming gradient, as torch's backward hooks do
             if isinstance(result, tuple) and len(result) == 1:  # torch's (grad,), as TransformerLens allows
                 result = result[0]
             if result is not None:
@@ -187,8 +190,8 @@ class GradientRun:
                     raise RefGPTError(f"backward hook at {name}: refgpt's backward computes this op's gradients in "
                                       "one step, so a gradient here can be read, not replaced; replace it at the "
                                       "residual stream, hook_attn_out or hook_mlp_out")
-                grad = _checked_replacement(name, grad, result)
-        return grad
+                flowing = _checked_replacement(name, grad, result)  # the last replacement flows on
+        return flowing
 
 
 class HookRegistry:
