@@ -28,6 +28,7 @@ from .activations import ACTIVATIONS
 from .attention import attention
 from .backward import loss_and_grads
 from .cache import ActivationCache
+from .circuits import CircuitMethods
 from .config import Config
 from .dtypes import compute_dtype
 from .errors import RefGPTError
@@ -59,13 +60,14 @@ def param_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-class Model(TextMethods, HookRegistry):
+class Model(TextMethods, HookRegistry, CircuitMethods):
     """A GPT-2: its Config, its parameters in circuits notation, and a hookable forward pass.
 
     ``params`` maps TransformerLens state-dict names (``blocks.0.attn.W_Q``) to arrays; an optional
     ``unembed.b_U`` [d_vocab] is added to the logits (GPT-2 itself has none). The text methods
     (``to_tokens`` …) are in refgpt/text.py, hook management (``add_hook``, ``hooks`` …) in
-    refgpt/hooks.py, input handling (text, padding) in refgpt/inputs.py.
+    refgpt/hooks.py, input handling (text, padding) in refgpt/inputs.py, the circuit helpers
+    (``QK``, ``OV``, ``accumulated_bias`` …) in refgpt/circuits.py.
     """
 
     def __init__(self, cfg: Config, params: dict[str, np.ndarray], dtype="float64", source=None):
