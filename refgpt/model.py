@@ -172,16 +172,26 @@ class Model(TextMethods, HookRegistry, CircuitMethods):
 
     def run_with_cache(self, *model_args, names_filter=None, names=None, remove_batch_dim=False, pos_slice=None,
                        fwd_hooks=(), reset_hooks_end=True, clear_contexts=False, return_cache_object=True,
-                       device=None, **model_kwargs):
+                       device=None, incl_bwd=False, **model_kwargs):
         """(output, cache). ``names_filter`` (alias ``names``): None (every hook point), a name, a
         list of names, or a predicate. ``remove_batch_dim``: drop the batch axis (batch 1 only).
         ``pos_slice``: keep these positions of every activation (TransformerLens's Slice rules).
-        The other keywords go to the forward pass (``return_type``, ``prepend_bos``, …)."""
+        ``incl_bwd`` (with ``return_type="loss"``): also ``name + "_grad"``, ∂loss/∂ each cached
+        activation, from ``loss_and_grads``. The other keywords go to the forward pass."""
         if names is not None and names_filter is not None:
             raise RefGPTError("run_with_cache: pass names_filter= or its alias names=, not both")
         selected = select_names(names_filter if names is None else names, self.hook_names, "run_with_cache names_filter")
         with self.hooks(fwd_hooks, (), reset_hooks_end, clear_contexts):
             out, cache = self._run(*model_args, cache_names=selected, **model_kwargs)
+            if incl_bwd:
+                if model_kwargs.get("return_type") != "loss":
+                    raise RefGPTError("run_with_cache: incl_bwd=True needs return_type='loss' (the gradient of what?)")
+                input = model_args[0] if model_args else model_kwargs.get("input")
+                if inputs.is_text(input):
+                    input = self.to_tokens(input, model_kwargs.get("prepend_bos"), model_kwargs.get("padding_side"))
+                grads = self.loss_and_grads(input)
+                cache = ActivationCache({**cache.cache_dict, **{n + "_grad": grads.activations[n] for n in selected
+                                                                if n in grads.activations}}, self)
         if pos_slice is not None:
             cache = cache.apply_slice_to_pos_dim(pos_slice)
         if remove_batch_dim:
