@@ -220,6 +220,9 @@ class Model(TextMethods, HookRegistry, CircuitMethods):
         past = past_kv_cache if past is None else past
         if return_type not in RETURN_TYPES:
             raise RefGPTError(f"return_type must be one of {RETURN_TYPES}, found {return_type!r}")
+        if past is not None and (start_at_layer not in (None, 0) or stop_at_layer is not None):
+            raise RefGPTError("a pass with a KV cache runs every block (the cache holds every layer's keys); "
+                              "start_at_layer/stop_at_layer are for passes without one")
         resid = None
         if start_at_layer is None:
             tokens, batched, padding = inputs.tokens_and_padding(self, input, prepend_bos, padding_side, attention_mask, past)

@@ -20,6 +20,7 @@ torch, transformers, transformer_lens = P.require_peers()
 
 import tl_port  # noqa: E402
 from tl_port import N, close  # noqa: E402
+from refgpt import RefGPTError  # noqa: E402
 from transformer_lens import utils  # noqa: E402
 from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache  # noqa: E402
 
@@ -190,6 +191,33 @@ def test_single_and_multiple_new_tokens(pair):
             assert close(no_cache_logits[:, -new_tokens.shape[-1]:], with_cache_logits)
             outs.append(with_cache_logits)
     assert all(close(a, b) for a, b in zip(outs[:2], outs[2:]))
+
+
+def test_kv_cache_with_custom_attention_mask(pair):
+    reset(pair, "left")
+    outs = []
+    for model in pair:
+        tokens_pre = model.to_tokens("An apple")
+        tokens_post = model.to_tokens(" a day keeps junk the", prepend_bos=False)
+        correct_logits = N(model(model.to_tokens("An apple a day keeps the")))
+        past_kv_cache = kv_cache(model, tokens_pre.shape[0])
+        model(tokens_pre, past_kv_cache=past_kv_cache)
+        mask = [[1, 1, 1, 0, 1]]
+        exp_logits = N(model(tokens_post, attention_mask=torch.tensor(mask) if is_tl(model) else np.array(mask),
+                             past_kv_cache=past_kv_cache))
+        assert close(correct_logits[:, -1], exp_logits[:, -1])
+        outs.append(exp_logits)
+    assert close(outs[0], outs[1])
+
+
+def test_kv_cache_refuses_partial_passes(pair):
+    """DEPARTURE for test_freeze_cache and test_kv_cache_and_start_at_layer: refgpt's KV cache has
+    no freeze(), so a pass that runs only some blocks with it would leave it inconsistent: refused."""
+    ref, _ = reset(pair, "left")
+    past = ref.kv_cache(1)
+    ref(ref.to_tokens("I went to Staten Island,"), past_kv_cache=past)
+    with pytest.raises(RefGPTError, match="runs every block"):
+        ref.run_with_cache(ref.to_tokens(" Sharon", prepend_bos=False), stop_at_layer=1, past_kv_cache=past)
 
 
 @pytest.mark.parametrize("pre_padding", ["left", "right", None])

@@ -170,3 +170,33 @@ def test_endoftext_in_text_is_the_special_token_and_batches_pad_like_tl(pair):
     long = "word " * 100
     assert np.array_equal(ref.to_tokens(long), N(tl.to_tokens(long)))  # truncated to n_ctx = 64 as TL
     assert ref.to_tokens(long, truncate=False).shape[1] == 1 + 101  # BOS, 100 words, the last space
+
+
+def test_forward_keywords_equal_tl(pair):
+    """Beyond the ported files: return_type, loss_per_token, start_at_layer/stop_at_layer, text input."""
+    ref, tl = pair
+    for m in (ref, tl):
+        m.cfg.default_prepend_bos = True
+    texts = ["To be, or not to be", "that is the question"]
+    assert close_all(ref(texts, return_type="loss"), tl(texts, return_type="loss"))
+    assert close_all(ref(texts, return_type="loss", loss_per_token=True), tl(texts, return_type="loss", loss_per_token=True))
+    (l1, s1), (l2, s2) = ref(texts, return_type="both"), tl(texts, return_type="both")
+    assert close_all(l1, l2) and close_all(s1, s2)
+    assert ref(texts, return_type=None) is None and tl(texts, return_type=None) is None
+    for stop in (0, 1, -1):
+        assert close_all(ref(texts, stop_at_layer=stop), tl(texts, stop_at_layer=stop))
+    resid = ref(texts, stop_at_layer=1)
+    tokens = ref.to_tokens(texts)
+    for start in (1, -1):
+        got = ref(resid if start == 1 else ref(texts, stop_at_layer=-1), start_at_layer=start, tokens=tokens, return_type="both")
+        want = tl(torch.tensor(resid if start == 1 else ref(texts, stop_at_layer=-1)), start_at_layer=start,
+                  tokens=torch.tensor(tokens), return_type="both")
+        assert close_all(got[0], want[0]) and close_all(got[1], want[1])
+    for side in ("left", "right"):
+        a = ref(texts, padding_side=side, return_type="loss", loss_per_token=True)
+        b = tl(texts, padding_side=side, return_type="loss", loss_per_token=True)
+        assert close_all(a, b), side
+
+
+def close_all(a, b):
+    return tl_port.close(np.asarray(N(a)), np.asarray(N(b)))
