@@ -348,3 +348,21 @@ def test_refgpt_reads_the_cache_huggingface_hub_wrote(hf_env, hub, files, monkey
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     model = refgpt.load("gpt2")
     assert model.source == hf_env / "models--openai-community--gpt2" / "snapshots" / hub.commit
+
+
+def test_transformers_loads_by_name_what_refgpt_downloaded(hf_env, hub, monkeypatch):
+    """``refgpt download gpt2`` puts the files where transformers' from_pretrained("gpt2") looks."""
+    torch = pytest.importorskip("torch", reason="the peer test needs the 'peers' extra")
+    transformers = pytest.importorskip("transformers", reason="the peer test needs the 'peers' extra")
+    snapshot = download("gpt2")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    hf = transformers.GPT2LMHeadModel.from_pretrained("gpt2", cache_dir=hf_env, local_files_only=True,
+                                                      torch_dtype=torch.float64)
+    tokenizer = transformers.GPT2TokenizerFast.from_pretrained("gpt2", cache_dir=hf_env, local_files_only=True)
+    model = refgpt.load("gpt2")
+    assert model.source == snapshot
+    assert tokenizer("To be, or not to")["input_ids"] == model.to_tokens("To be, or not to").tolist()
+    with torch.no_grad():
+        hf_logits = hf(torch.tensor(TOKENS)).logits.numpy()  # [batch, pos, d_vocab]
+    ours = model(TOKENS)  # [batch, pos, d_vocab]
+    assert np.max(np.abs(ours - hf_logits)) / max(1.0, np.max(np.abs(hf_logits))) <= 1e-12  # tests/peers.py F64_TOL
