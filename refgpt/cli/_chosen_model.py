@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..checkpoint import COMPUTE_DTYPES, load
+from ..checkpoint import load
+from ..dtypes import COMPUTE_DTYPES
 from ..default_model import default_model_path, is_untrained
 from ..errors import RefGPTError
 

@@ -19,8 +19,8 @@ import json
 
 import numpy as np
 
+from .. import ln_views
 from ..decomposition import decompose_resid
-from ..layernorm import scale
 from ._chosen_model import (add_text_arguments, load_chosen, model_json, text_line, token_json,
                             token_text, tokens_of, untrained_note)
 from ._table import table
@@ -53,17 +53,18 @@ def add_parser(subparsers, common):
 
 
 def decomposition_errors(model, logits, cache) -> dict:
-    """max |Σ pieces − logits| with ln_final's cached scale, and with each piece's own scale."""
+    """max |Σ pieces − logits| through ln_final's two views (refgpt/ln_views.py): the cached-scale
+    view (exact), and the recomputed view, each piece with its own scale (the naive mistake)."""
     p, eps = model.params, model.cfg.eps
     w, W_U = p["ln_final.w"], p["unembed.W_U"]  # [d_model], [d_model, d_vocab]
+    no_b = np.zeros_like(p["ln_final.b"])  # [d_model]: b is counted once, in bias
     sigma = cache["ln_final.hook_scale"]  # [batch, pos, 1]
     bias = p["ln_final.b"] @ W_U + model.b_U  # [d_vocab]: counted once
     exact = naive = bias  # [d_vocab], broadcast up to [batch, pos, d_vocab] by the first piece
     pieces = decompose_resid(cache)  # [piece, batch, pos, d_model]: embed, pos_embed, each attn_out, mlp_out
     for piece in pieces:  # [batch, pos, d_model]
-        centered = piece - piece.mean(-1, keepdims=True)  # [batch, pos, d_model]
-        exact = exact + (w * (centered / sigma)) @ W_U  # [batch, pos, d_vocab]
-        naive = naive + (w * (centered / scale(piece, eps))) @ W_U  # [batch, pos, d_vocab]
+        exact = exact + (w * ln_views.cached_scale(piece, sigma)) @ W_U  # [batch, pos, d_vocab]
+        naive = naive + ln_views.recomputed(piece, w, no_b, eps) @ W_U  # [batch, pos, d_vocab]
     return {"pieces": len(pieces), "max_abs_logit": float(np.max(np.abs(logits))),
             "cached_scale_error": float(np.max(np.abs(exact - logits))),
             "naive_error": float(np.max(np.abs(naive - logits)))}
