@@ -143,19 +143,26 @@ def download_files(repo_id: str, revision: str = "main", *, endpoint: str | None
     folder = repo_folder(repo_id, cache or cache_dir())
     config = hub.head(revision, "config.json")
     commit = config.commit  # every later file comes from this commit, even if the revision moves
-    files = [config]
-    try:
-        files.append(hub.head(commit, "model.safetensors"))
-    except _EntryNotFound:
-        files.append(hub.head(commit, SHARD_INDEX))
-        hub.fetch(folder, files[-1])
-        files += [hub.head(commit, shard) for shard in _shards(folder / "blobs" / files[-1].etag)]
-    files += [hub.head(commit, filename) for filename in TOKENIZER_FILES]
-    for remote in files:
+    files = []
+
+    def fetch(remote: RemoteFile) -> Path:
         if remote.commit != commit:
             raise RefGPTError(f"{repo_id}: {remote.filename} came from commit {remote.commit}, "
                               f"config.json from {commit}")
-        hub.fetch(folder, remote)
+        files.append(remote)
+        return hub.fetch(folder, remote)
+
+    fetch(config)
+    try:
+        weights = hub.head(commit, "model.safetensors")
+    except _EntryNotFound:  # a sharded checkpoint
+        index = fetch(hub.head(commit, SHARD_INDEX))
+        for shard in _shards(index):
+            fetch(hub.head(commit, shard))
+    else:
+        fetch(weights)
+    for filename in TOKENIZER_FILES:
+        fetch(hub.head(commit, filename))
     snapshot = folder / "snapshots" / commit
     if missing := missing_files(snapshot):  # e.g. an index that names no shard
         raise RefGPTError(f"{snapshot}: still lacks {', '.join(missing)} after downloading")
@@ -188,16 +195,19 @@ def content_hash(path: Path, etag: str) -> str:
     return digest.hexdigest()
 
 
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """Redirects are followed by hand (_Hub.head, _Hub._get_from): which ones, and with which headers."""
+
+    def redirect_request(self, *args, **kwargs):
+        return None
+
+
 class _Hub:
     """HTTP to one hub endpoint for one repository: HEAD for a file's facts, GET for its bytes."""
 
     def __init__(self, endpoint: str, repo_id: str, progress):
-        class NoRedirect(urllib.request.HTTPRedirectHandler):
-            def redirect_request(self, *args, **kwargs):  # redirects are followed by hand, below
-                return None
-
         self.endpoint, self.repo_id, self.progress = endpoint.rstrip("/"), repo_id, progress
-        self.opener = urllib.request.build_opener(NoRedirect)
+        self.opener = urllib.request.build_opener(_NoRedirect)
 
     def head(self, revision: str, filename: str) -> RemoteFile:
         url = f"{self.endpoint}/{self.repo_id}/resolve/{quote(revision, safe='')}/{quote(filename)}"

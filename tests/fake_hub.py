@@ -12,7 +12,8 @@
 
 Faults to inject: ``hub.break_after[filename] = [n, …]`` — each GET of that file (in turn) sends
 its headers, then only n bytes, then drops the connection; ``hub.corrupt.add(filename)`` — the
-bytes served differ from the hashes advertised. ``hub.requests`` records (method, path, Range).
+bytes served differ from the hashes advertised; ``hub.ignore_range = True`` — 200 and the whole
+file whatever the Range. ``hub.requests`` records (method, path, Range).
 
 Everything binds to 127.0.0.1 on a port the OS chooses; the threads are daemons and ``close()``
 stops them. Nothing here contacts anything else.
@@ -52,6 +53,7 @@ class FakeHub:
         self.renamed: dict[str, str] = {}
         self.break_after: dict[str, list[int]] = {}
         self.corrupt: set[str] = set()
+        self.ignore_range = False  # answer every GET with 200 and the whole file, as some servers do
         self.requests: list[tuple[str, str, str | None]] = []
         self._lock = threading.Lock()
         self.hub = _serve(self, lfs_store=False)
@@ -152,7 +154,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _send_file(self, data: bytes, filename: str, etag: str, headers: dict, send_body: bool):
         start = 0
-        wanted = self.headers.get("Range")
+        wanted = None if self.hub.ignore_range else self.headers.get("Range")
         if wanted:
             start = int(wanted.removeprefix("bytes=").split("-")[0])
             if start >= len(data):

@@ -232,6 +232,14 @@ def test_a_broken_connection_resumes_with_a_range_request(hub, files):
     assert ranges == [None, "bytes=1000-", f"bytes={size // 2}-"]
 
 
+def test_a_server_that_ignores_range_sends_the_whole_file_again(hub, files):
+    hub.ignore_range = True
+    hub.break_after["model.safetensors"] = [1000]
+    snapshot = download("openai-community/gpt2")
+    assert (snapshot / "model.safetensors").read_bytes() == files["model.safetensors"]  # not appended to
+    assert [r for m, p, r in hub.requests if m == "GET" and p.startswith("/lfs/")] == [None, "bytes=1000-"]
+
+
 def test_an_interrupted_download_is_kept_and_the_next_run_resumes_it(hf_env, hub, files):
     hub.break_after["vocab.json"] = [100, 200, 300]  # every attempt of this run breaks off
     with pytest.raises(RefGPTError) as error:
