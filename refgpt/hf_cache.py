@@ -130,7 +130,7 @@ def missing_files(snapshot: Path) -> list[str]:
         shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
     except (ValueError, KeyError, TypeError, AttributeError):
         return missing  # the checkpoint reader names what is wrong with the index
-    return missing + [s for s in shards if not isinstance(s, str) or not (snapshot / s).is_file()]
+    return missing + [str(s) for s in shards if not isinstance(s, str) or not (snapshot / s).is_file()]
 
 
 def find_snapshot(repo_id: str, revision: str, cache: Path | None = None) -> tuple[Path | None, list[str]]:

@@ -169,6 +169,14 @@ def test_a_snapshot_without_weights_is_not_used(hf_env, files, monkeypatch):
     assert f"{snapshot} (lacks model.safetensors)" in only_line(str(error.value))
 
 
+def test_a_damaged_ref_is_an_error_not_a_guess(hf_env, files, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    fabricate_cache(hf_env, "models--gpt2", files)
+    (hf_env / "models--gpt2" / "refs" / "main").write_text("../../etc")
+    with pytest.raises(RefGPTError, match=r"models--gpt2/refs/main: not a commit hash \('../../etc'\)"):
+        refgpt.load("gpt2")
+
+
 # ---- downloads from the fake hub --------------------------------------------------------------
 
 def test_download_writes_the_hf_cache_layout(hf_env, hub, files):
