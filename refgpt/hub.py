@@ -113,6 +113,10 @@ class _EntryNotFound(RefGPTError):
     """The repository and revision exist, the file does not (HTTP 404, X-Error-Code EntryNotFound)."""
 
 
+class _Unreachable(RefGPTError):
+    """No answer at all: the connection was refused, reset or timed out (no HTTP status)."""
+
+
 class _Interrupted(Exception):
     """A transfer that broke off; the partial file stays and the next attempt resumes it."""
 
@@ -279,14 +283,17 @@ class _Hub:
             except _Interrupted as error:
                 broke = error
         held = partial.stat().st_size if partial.exists() else 0
-        raise RefGPTError(f"{where}: the download broke off ({broke}) {ATTEMPTS} times; {held} of "
-                          f"{remote.size} bytes are kept in {partial}, and downloading again resumes there")
+        kept = (f"{held} of {remote.size} bytes are kept in {partial}, and downloading again resumes there"
+                if held else "nothing was kept")
+        raise RefGPTError(f"{where}: the download broke off ({broke}) {ATTEMPTS} times; {kept}")
 
     def _get_from(self, remote: RemoteFile, partial: Path, have: int, where: str) -> None:
         url = remote.url
         for _ in range(MAX_REDIRECTS):
             try:
                 response = self._open("GET", url, where, {"Range": f"bytes={have}-"} if have else {})
+            except _Unreachable as error:  # mid-download, as good as a broken connection: try again
+                raise _Interrupted(str(error).removeprefix(f"{self.repo_id}: ")) from None
             except RefGPTError as error:
                 if getattr(error, "status", None) == 416:  # the server will not resume this: start over
                     partial.unlink()
@@ -331,11 +338,11 @@ class _Hub:
             response.close()
             raise self._status_error(response.code, response.headers, where) from None
         except urllib.error.URLError as error:
-            raise RefGPTError(f"{self.repo_id}: cannot reach {self.endpoint}: {error.reason} "
-                              "(HF_HUB_OFFLINE=1 runs from the cache alone)") from None
+            raise _Unreachable(f"{self.repo_id}: cannot reach {_site(url)}: {error.reason} "
+                               "(HF_HUB_OFFLINE=1 runs from the cache alone)") from None
         except (http.client.HTTPException, OSError) as error:  # timeouts, resets before any answer
-            raise RefGPTError(f"{self.repo_id}: cannot reach {self.endpoint}: {type(error).__name__}: "
-                              f"{error}") from None
+            raise _Unreachable(f"{self.repo_id}: cannot reach {_site(url)}: {type(error).__name__}: "
+                               f"{error}") from None
 
     def _status_error(self, status: int, headers, where: str) -> RefGPTError:
         code = headers.get("X-Error-Code")
@@ -352,6 +359,12 @@ class _Hub:
             error = RefGPTError(f"{where}: {self.endpoint} answered HTTP {status}")
         error.status = status
         return error
+
+
+def _site(url: str) -> str:
+    """scheme://host[:port] of a URL: what could not be reached (never a signed URL's query)."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}"
 
 
 class _Progress:

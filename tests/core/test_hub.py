@@ -264,6 +264,17 @@ def test_an_interrupted_download_is_kept_and_the_next_run_resumes_it(hf_env, hub
     assert [r for m, p, r in hub.requests if m == "GET" and "vocab.json" in p] == ["bytes=600-"]  # the rest
 
 
+def test_an_unreachable_file_store_is_retried_then_one_line(hf_env, hub, files):
+    hub.store.shutdown()
+    hub.store.server_close()
+    with pytest.raises(RefGPTError) as error:
+        download("openai-community/gpt2")
+    assert only_line(str(error.value)) == (
+        f"openai-community/gpt2@{hub.commit[:12]}: model.safetensors: the download broke off (cannot reach "
+        f"{hub.store_url}: [Errno 111] Connection refused (HF_HUB_OFFLINE=1 runs from the cache alone)) 3 times; "
+        "nothing was kept")
+
+
 @pytest.mark.parametrize("filename, kind", [("model.safetensors", "sha256"), ("config.json", "git sha1")])
 def test_a_wrong_hash_removes_the_file_and_says_so(hf_env, hub, files, filename, kind):
     hub.corrupt.add(filename)
