@@ -34,6 +34,7 @@ from .config import Config
 from .default_model import default_model_path, load_default
 from .errors import RefGPTError
 from .model import Model
+from .saving import save
 from .tokenizer import Tokenizer
 from .version import __version__
 
@@ -60,7 +61,8 @@ MOVED = {
 }
 
 __all__ = ["ActivationCache", "Attribution", "Config", "Model", "RefGPTError", "Tokenizer", "__version__",
-           "act_name", "analysis", "attribute", "default_model_path", "load", "load_default", "oracle", "train"]
+           "act_name", "analysis", "attribute", "default_model_path", "load", "load_default", "oracle", "save",
+           "train"]
 
 
 def __getattr__(name):

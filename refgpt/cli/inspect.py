@@ -15,14 +15,12 @@ position and token.
 from __future__ import annotations
 
 import argparse
-import json
 
 import numpy as np
 
 from .. import ln_views
 from ..decomposition import decompose_resid
-from ._chosen_model import (add_text_arguments, load_chosen, model_json, text_line, token_json,
-                            token_text, tokens_of, untrained_note)
+from ._chosen_model import add_text_arguments, header, load_chosen, print_json, token_json, token_text, tokens_of
 from ._table import table
 
 DESCRIPTION = """\
@@ -104,12 +102,8 @@ def run(args) -> int:
     blocks, final = layer_norm_rows(model, cache, tokens)
     errors = decomposition_errors(model, logits, cache)
     if args.json:
-        answer = {**model_json(model), "text": args.text,
-                  "tokens": [token_json(model, t) for t in tokens],
-                  "blocks": blocks, "ln_final": final, "decomposition": errors}
-        print(json.dumps(answer, indent=2))
-        return 0
-    note = untrained_note(model)
+        return print_json(model, {"text": args.text, "tokens": [token_json(model, t) for t in tokens],
+                                  "blocks": blocks, "ln_final": final, "decomposition": errors})
     shown = {pos: token_text(model, t) for pos, t in enumerate(tokens)}
     number = "{:.6g}".format
     block_table = table(
@@ -121,9 +115,7 @@ def run(args) -> int:
         [[r["pos"], shown[r["pos"]], *(number(r[k]) for k in FINAL_COLUMNS)] for r in final],
         align="><>>>")
     print("\n".join([
-        *([note, ""] if note else []),
-        f"model: {model.source} ({model.dtype.name})",
-        text_line(args, tokens),
+        *header(model, args, tokens),
         "",
         "The residual stream each LayerNorm reads (its 2-norm), and the LayerNorm's mean and scale:",
         "",
