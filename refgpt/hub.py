@@ -270,7 +270,7 @@ class _Hub:
 
     def _get(self, remote: RemoteFile, partial: Path, where: str) -> None:
         """``partial`` ← the file's bytes, resuming what is there; retried ATTEMPTS times if broken off."""
-        for attempt in range(1, ATTEMPTS + 1):
+        for _ in range(ATTEMPTS):
             have = partial.stat().st_size if partial.exists() else 0
             if have > remote.size:  # not a prefix of this file: start over
                 partial.unlink()

@@ -207,26 +207,27 @@ def fabricate_cache(cache: Path, folder_name: str, files: dict[str, bytes], refs
 
 
 def tiny_gpt2_files(seed: int = 0, sharded: bool = False) -> dict[str, bytes]:
-    """A small random GPT-2 as a hub repository holds it: config.json, model.safetensors (or two
-    shards and their index), and the embedded model's vocab.json and merges.txt (8,192 tokens)."""
+    """A small random GPT-2 as a hub repository holds it: what ``refgpt.save`` writes (config.json,
+    model.safetensors in F32, and the embedded model's 8,192-token vocab.json and merges.txt), or
+    with the weights split into two shards and their index."""
     import json
+    import tempfile
 
-    import numpy as np
-    from safetensors.numpy import save
+    from safetensors.numpy import load, save
 
     import refgpt
-    from random_models import hf_tensors, random_model
+    from random_models import random_model
 
     cfg = refgpt.Config(d_model=8, n_layers=2, n_heads=2, d_mlp=16, d_vocab=8192, n_ctx=16,
                         tie_word_embeddings=False)
-    tensors = {k: v.astype(np.float32) for k, v in hf_tensors(random_model(cfg, seed=seed)).items()}
-    tokenizer = Path(refgpt.default_model_path())
-    files = {"config.json": json.dumps(cfg.to_hf()).encode(),
-             "vocab.json": (tokenizer / "vocab.json").read_bytes(),
-             "merges.txt": (tokenizer / "merges.txt").read_bytes()}
+    model = random_model(cfg, seed=seed)
+    model.tokenizer = refgpt.Tokenizer.from_dir(refgpt.default_model_path())
+    with tempfile.TemporaryDirectory() as directory:
+        refgpt.save(model, directory, dtype="float32")
+        files = {path.name: path.read_bytes() for path in Path(directory).iterdir()}
     if not sharded:
-        files["model.safetensors"] = save(tensors)
         return files
+    tensors = load(files.pop("model.safetensors"))
     names = sorted(tensors)
     shards = {"model-00001-of-00002.safetensors": names[: len(names) // 2],
               "model-00002-of-00002.safetensors": names[len(names) // 2:]}
