@@ -393,3 +393,43 @@ def test_transformers_loads_by_name_what_refgpt_downloaded(hf_env, hub, monkeypa
         hf_logits = hf(torch.tensor(TOKENS)).logits.numpy()  # [batch, pos, d_vocab]
     ours = model(TOKENS)  # [batch, pos, d_vocab]
     assert np.max(np.abs(ours - hf_logits)) / max(1.0, np.max(np.abs(hf_logits))) <= 1e-12  # tests/peers.py F64_TOL
+
+
+_TL_SCRIPT = """
+import json, sys
+import numpy as np, torch
+from transformer_lens import HookedTransformer
+tl = HookedTransformer.from_pretrained("gpt2", dtype=torch.float64, fold_ln=False, fold_value_biases=False,
+                                       center_writing_weights=False, center_unembed=False)
+tokens = torch.tensor(json.loads(sys.argv[1]))
+np.savez(sys.argv[2], logits=tl(tokens).detach().numpy(), **{k: v.numpy() for k, v in tl.state_dict().items()})
+"""
+
+
+def test_transformer_lens_loads_by_name_what_refgpt_downloaded(hf_env, hub, tmp_path):
+    """TransformerLens 3.9's from_pretrained("gpt2"), offline, in a fresh process (huggingface_hub
+    reads HF_HUB_OFFLINE and HF_ENDPOINT once, at import), finds refgpt's download and loads the same
+    weights, bit for bit. TL's gpt2 assumes d_mlp = 4·d_model and reads n_ctx from config.json."""
+    pytest.importorskip("transformer_lens", reason="the peer test needs the 'peers' extra")
+    import json
+    import tempfile
+
+    from random_models import random_model
+
+    cfg = refgpt.Config(d_model=8, n_layers=2, n_heads=2, d_mlp=32, d_vocab=8192, n_ctx=16, tie_word_embeddings=False)
+    model = random_model(cfg, seed=21)
+    model.tokenizer = refgpt.Tokenizer.from_dir(refgpt.default_model_path())
+    with tempfile.TemporaryDirectory() as directory:
+        refgpt.save(model, directory, dtype="float32", config={"n_ctx": cfg.n_ctx})
+        hub.add_commit("gpt2", {p.name: p.read_bytes() for p in Path(directory).iterdir()})
+    hub.renamed.clear()
+    download("gpt2")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
+    subprocess.run([sys.executable, "-c", _TL_SCRIPT, json.dumps(TOKENS.tolist()), str(tmp_path / "tl.npz")],
+                   env=env, check=True, capture_output=True, timeout=300)
+    tl = np.load(tmp_path / "tl.npz")
+    ours = refgpt.load("gpt2")
+    for name, value in ours.params.items():  # float32 on disk: exact in both, TL's float32 rounding included
+        np.testing.assert_array_equal(tl[name], value, err_msg=name)
+    logits = ours(TOKENS)  # [batch, pos, d_vocab]
+    assert np.max(np.abs(tl["logits"] - logits)) / max(1.0, np.max(np.abs(logits))) <= 1e-11  # tests/peers.py TL_TOL
