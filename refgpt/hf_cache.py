@@ -50,8 +50,9 @@ RENAMED = {
 _REPO_PART = r"(?=[A-Za-z0-9_])[\w.-]{1,96}(?<=[A-Za-z0-9_])"
 _REPO_ID = re.compile(rf"{_REPO_PART}(/{_REPO_PART})?", re.ASCII)
 COMMIT = re.compile(r"[0-9a-f]{40}")  # a full commit hash, as huggingface_hub's REGEX_COMMIT_HASH
-# A branch or tag name (also "refs/pr/1"): no "..", no leading "/", nothing but name characters.
-_REVISION = re.compile(r"(?!.*\.\.)(?!/)[\w.\-/]{1,200}(?<!/)", re.ASCII)
+# A relative path inside a folder: name characters in "/"-separated parts, none of them "." or "..".
+# Branch and tag names (also "refs/pr/1") and shard file names must be one, since they become paths.
+RELATIVE_NAME = re.compile(r"(?!(.*/)?\.\.?(/|$))[\w.\-]+(/[\w.\-]+)*", re.ASCII)
 
 #: The file naming the weights when a checkpoint is split into shards.
 SHARD_INDEX = "model.safetensors.index.json"
@@ -79,16 +80,16 @@ def parse_name(name: str) -> tuple[str, str] | None:
     repo_id, _, revision = name.partition("@")
     if not _REPO_ID.fullmatch(repo_id) or "--" in repo_id or ".." in repo_id or repo_id.endswith(".git"):
         return None
-    if "@" in name and not _REVISION.fullmatch(revision):
+    if "@" in name and not RELATIVE_NAME.fullmatch(revision):
         return None
     return repo_id, revision or "main"
 
 
 def check_revision(revision: str) -> str:
     """A branch, tag or commit name, refused if it could leave the cache folder as a path."""
-    if not _REVISION.fullmatch(revision):
+    if not isinstance(revision, str) or not RELATIVE_NAME.fullmatch(revision):
         raise RefGPTError(f"revision {revision!r}: not a branch, tag or commit name "
-                          "(letters, digits, '.', '_', '-', '/'; no '..')")
+                          "(letters, digits, '.', '_', '-', '/'; no '.' or '..' part)")
     return revision
 
 

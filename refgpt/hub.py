@@ -62,7 +62,7 @@ from pathlib import Path
 from urllib.parse import quote, urljoin, urlsplit
 
 from .errors import RefGPTError
-from .hf_cache import (COMMIT, SHARD_INDEX, cache_dir, check_revision, find_snapshot, is_offline,
+from .hf_cache import (COMMIT, RELATIVE_NAME, SHARD_INDEX, cache_dir, check_revision, find_snapshot, is_offline,
                        link_into_snapshot, missing_files, parse_name, repo_folder, write_ref)
 from .version import __version__
 
@@ -73,7 +73,6 @@ MAX_REDIRECTS = 10
 CHUNK = 1 << 20  # bytes read per call
 TOKENIZER_FILES = ("vocab.json", "merges.txt")
 _ETAG = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")  # git blob sha1 | LFS sha256
-_SHARD_NAME = re.compile(r"(?!.*(^|/)\.\.?(/|$))[\w.\-]+(/[\w.\-]+)*", re.ASCII)
 
 
 def resolve(name) -> Path:
@@ -181,7 +180,7 @@ def _shards(index: Path) -> list[str]:
     except (ValueError, KeyError, TypeError, AttributeError) as error:
         raise RefGPTError(f"{index}: not a valid shard index ({error!r})") from None
     for shard in shards:
-        if not isinstance(shard, str) or not _SHARD_NAME.fullmatch(shard):
+        if not isinstance(shard, str) or not RELATIVE_NAME.fullmatch(shard):
             raise RefGPTError(f"{index}: shard name {shard!r} is not a relative file name")
     return sorted(shards)
 
