@@ -31,8 +31,9 @@ Why a small client of refgpt's own (standard library only) rather than ``hugging
 - *Weight*: refgpt's runtime needs numpy, safetensors and regex. huggingface_hub 2.x brings nine
   packages (httpx2, hf-xet, fsspec, filelock, tqdm, pyyaml, click, …, about 28 MB); this is one
   module, and it is not loaded until something must be downloaded.
-- *Verification*: huggingface_hub names blobs by their ETag and checks their size, never their
-  bytes. An oracle should check every byte: here each file is hashed against the hub's ETag.
+- *Verification*: huggingface_hub names blobs by their ETag, but over plain HTTP it checks only a
+  file's size (``http_get``; the Xet protocol checks its own chunk hashes). An oracle should check
+  every byte it computes from: here each file is hashed against the hub's ETag.
 - *Offline behaviour*: identical where it matters — ``HF_HUB_OFFLINE`` means no connection, and a
   name that is not cached is then one line naming the places looked. Unlike huggingface_hub, a
   cached name is used without first asking the hub whether ``main`` moved (``refgpt download``
