@@ -9,8 +9,7 @@ the network. Otherwise it is downloaded, unless ``HF_HUB_OFFLINE=1``.
 :func:`download` (``refgpt download NAME``) fetches ``config.json``, ``model.safetensors`` (or
 ``model.safetensors.index.json`` and its shards), ``vocab.json`` and ``merges.txt`` from
 ``$HF_ENDPOINT/{repo}/resolve/{revision}/{file}`` (default endpoint https://huggingface.co) into
-the cache, exactly as huggingface_hub lays it out. (``refgpt.checkpoint`` imports this module
-only for a name that is not a directory: ``import refgpt`` stays free of the HTTP machinery.) For each file:
+the cache, exactly as huggingface_hub lays it out. For each file:
 
 1. ``HEAD`` gives the commit (``X-Repo-Commit``), the file's ETag (``X-Linked-Etag`` for an LFS
    file, else ``ETag``) and its size (``X-Linked-Size``, else ``Content-Length``). Redirects on the
@@ -29,8 +28,9 @@ only for a name that is not a directory: ``import refgpt`` stays free of the HTT
 Why a small client of refgpt's own (standard library only) rather than ``huggingface_hub``:
 
 - *Weight*: refgpt's runtime needs numpy, safetensors and regex. huggingface_hub 2.x brings nine
-  packages (httpx2, hf-xet, fsspec, filelock, tqdm, pyyaml, click, …, about 28 MB); this is one
-  module, and it is not loaded until something must be downloaded.
+  packages (httpx2, hf-xet, fsspec, filelock, tqdm, pyyaml, click, …, about 28 MB); this is two
+  modules of standard-library Python, and ``import refgpt`` does not load even them
+  (``refgpt.checkpoint`` imports this one only for a name that is not a directory).
 - *Verification*: huggingface_hub names blobs by their ETag, but over plain HTTP it checks only a
   file's size (``http_get``; the Xet protocol checks its own chunk hashes). An oracle should check
   every byte it computes from: here each file is hashed against the hub's ETag.
