@@ -98,6 +98,14 @@ def test_cache_dir_is_huggingface_hubs(env, expected, monkeypatch):
         assert hf.stdout.strip() == str(cache_dir())
 
 
+def test_loading_a_directory_loads_no_http_machinery():
+    code = ("import sys, refgpt; refgpt.load_default(); "
+            "print(sorted(m for m in ('refgpt.hub', 'refgpt.hf_cache', 'urllib.request', 'http.client') "
+            "if m in sys.modules))")
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert loaded.stdout.strip() == "[]"
+
+
 # ---- the cache: both spellings, revisions, offline ----------------------------------------
 
 @pytest.mark.parametrize("folder", ["models--gpt2", "models--openai-community--gpt2"])
