@@ -8,6 +8,7 @@ port; HF_HUB_CACHE a temporary directory).
 from __future__ import annotations
 
 import json
+import re
 import socket
 import sys
 
@@ -16,20 +17,9 @@ import pytest
 
 import refgpt
 from fake_hub import FakeHub, etag_of, fabricate_cache, tiny_gpt2_files
-from refgpt.cli import main
 from refgpt.hub import download
 
 TEXT = "To be, or not to"
-
-
-def run(capsys, *argv):
-    """(exit status, stdout, stderr) of ``refgpt argv`` run in this process."""
-    try:
-        status = main(list(argv))
-    except SystemExit as exit_:
-        status = exit_.code
-    out, err = capsys.readouterr()
-    return status, out, err
 
 
 @pytest.fixture(autouse=True)
@@ -57,8 +47,8 @@ def hub(files, monkeypatch):
         yield fake
 
 
-def test_download_then_predict_by_name(capsys, hf_env, hub, files, monkeypatch):
-    status, out, err = run(capsys, "download", "gpt2")
+def test_download_then_predict_by_name(refgpt_cli, hf_env, hub, files, monkeypatch):
+    status, out, err = refgpt_cli.in_process("download", "gpt2")
     snapshot = hf_env / "models--gpt2" / "snapshots" / hub.commit
     assert status == 0 and err == ""  # no progress bar: stderr is not a terminal
     lines = out.splitlines()
@@ -68,16 +58,16 @@ def test_download_then_predict_by_name(capsys, hf_env, hub, files, monkeypatch):
         kind = "sha256" if filename.endswith(".safetensors") else "git sha1"
         assert f"  {filename:<36} {len(data):>14,} bytes  {kind} {etag_of(filename, data)}" in lines
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    status, out, _ = run(capsys, "predict", TEXT, "--model", "gpt2", "--json")
+    status, out, _ = refgpt_cli.in_process("predict", TEXT, "--model", "gpt2", "--json")
     assert status == 0 and json.loads(out)["model"] == str(snapshot)
 
 
-def test_download_a_revision(capsys, hf_env, hub):
+def test_download_a_revision(refgpt_cli, hf_env, hub):
     v1 = hub.add_commit("openai-community/gpt2", tiny_gpt2_files(seed=12), ref="v1")
     for argv in (["openai-community/gpt2", "--revision", "v1"], ["openai-community/gpt2@v1"]):
-        status, out, _ = run(capsys, "download", *argv)
+        status, out, _ = refgpt_cli.in_process("download", *argv)
         assert status == 0 and out.splitlines()[0].startswith(f"openai-community/gpt2@v1 = commit {v1}")
-    status, _, err = run(capsys, "download", "gpt2@v1", "--revision", "v2")
+    status, _, err = refgpt_cli.in_process("download", "gpt2@v1", "--revision", "v2")
     assert status == 1 and err == "refgpt: error: two revisions: 'gpt2@v1' and --revision 'v2'\n"
 
 
@@ -88,22 +78,22 @@ def test_download_a_revision(capsys, hf_env, hub):
     (["download", "a/b/c"], 2, r"argument NAME: not a hub repository id"),
     (["download", "gpt2", "--revision", "../x"], 1, r"revision '../x': not a branch, tag or commit name"),
 ])
-def test_download_errors_are_one_line(capsys, hub, argv, status, expected):
-    got, out, err = run(capsys, *argv)
+def test_download_errors_are_one_line(refgpt_cli, hub, argv, status, expected):
+    got, out, err = refgpt_cli.in_process(*argv)
     assert got == status and out == "" and err.count("\n") == 1
     assert err.startswith("refgpt: error: ")
-    assert __import__("re").search(expected, err), err
+    assert re.search(expected, err), err
 
 
-def test_download_with_no_network_is_one_line(capsys):
-    status, out, err = run(capsys, "download", "gpt2")
+def test_download_with_no_network_is_one_line(refgpt_cli):
+    status, out, err = refgpt_cli.in_process("download", "gpt2")
     assert status == 1 and out == "" and err.count("\n") == 1
     assert err.startswith("refgpt: error: gpt2: cannot reach http://127.0.0.1:")
 
 
-def test_download_on_a_hash_mismatch_is_one_line(capsys, hf_env, hub, files):
+def test_download_on_a_hash_mismatch_is_one_line(refgpt_cli, hf_env, hub, files):
     hub.corrupt.add("model.safetensors")
-    status, _, err = run(capsys, "download", "gpt2")
+    status, _, err = refgpt_cli.in_process("download", "gpt2")
     assert status == 1 and err.count("\n") == 1 and "does not match the hub's" in err and "removed" in err
     assert not any(p.name.startswith(etag_of("model.safetensors", files["model.safetensors"]))
                    for p in (hf_env / "models--gpt2" / "blobs").iterdir())
@@ -118,9 +108,9 @@ def test_progress_bar_only_on_a_terminal(capsys, hub, files, monkeypatch):
     assert err.count("\n") == len(files)  # each file's bar ends its line
 
 
-def test_an_uncached_name_offline_is_one_line_exit_1(capsys, hf_env, monkeypatch):
+def test_an_uncached_name_offline_is_one_line_exit_1(refgpt_cli, hf_env, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    status, out, err = run(capsys, "predict", TEXT, "--model", "gpt2")
+    status, out, err = refgpt_cli.in_process("predict", TEXT, "--model", "gpt2")
     assert status == 1 and out == ""
     assert err == (f"refgpt: error: gpt2: not a directory, and not in the HF cache (looked in "
                    f"{hf_env}/models--gpt2 (absent); {hf_env}/models--openai-community--gpt2 (absent)); "
@@ -128,14 +118,14 @@ def test_an_uncached_name_offline_is_one_line_exit_1(capsys, hf_env, monkeypatch
 
 
 @pytest.mark.parametrize("folder", ["models--gpt2", "models--openai-community--gpt2"])
-def test_predict_model_gpt2_offline_gives_hfs_logits(capsys, hf_env, files, folder, monkeypatch):
+def test_predict_model_gpt2_offline_gives_hfs_logits(refgpt_cli, hf_env, files, folder, monkeypatch):
     """The issue's acceptance test: a fabricated HF cache, HF_HUB_OFFLINE=1, and HF transformers'
     GPT2LMHeadModel.from_pretrained on the same snapshot (float64) as the peer."""
     torch = pytest.importorskip("torch", reason="the peer test needs the 'peers' extra")
     transformers = pytest.importorskip("transformers", reason="the peer test needs the 'peers' extra")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     snapshot = fabricate_cache(hf_env, folder, files)
-    status, out, _ = run(capsys, "predict", TEXT, "--model", "gpt2", "--json", "--top-k", "8192")
+    status, out, _ = refgpt_cli.in_process("predict", TEXT, "--model", "gpt2", "--json", "--top-k", "8192")
     answer = json.loads(out)
     assert status == 0 and answer["model"] == str(snapshot)
     tokens = [t["id"] for t in answer["tokens"]]
@@ -150,7 +140,7 @@ def test_predict_model_gpt2_offline_gives_hfs_logits(capsys, hf_env, files, fold
     np.testing.assert_array_equal(model(np.array(tokens), last_only=True)[-1], ours)
 
 
-def test_the_readmes_real_gpt2_commands(capsys, hf_env, hub):
+def test_the_readmes_real_gpt2_commands(refgpt_cli, hf_env, hub):
     """README "Real GPT-2 weights": its command line runs as written (against the fake hub), and the
     files land where it says, under models--gpt2."""
     import shlex
@@ -162,7 +152,7 @@ def test_the_readmes_real_gpt2_commands(capsys, hf_env, hub):
     commands = [shlex.split(c) for c in line.split("&&")]
     assert [c[:2] for c in commands] == [["refgpt", "download"], ["refgpt", "predict"]]
     for command in commands:
-        status, out, _ = run(capsys, *command[1:])
+        status, out, _ = refgpt_cli.in_process(*command[1:])
         assert status == 0
     assert out.startswith(f"model: {hf_env}/models--gpt2/snapshots/{hub.commit} (float64)")
     assert "`~/.cache/huggingface/hub/models--gpt2/`" in section and "`refs/main`" in section
