@@ -24,7 +24,7 @@ more tests per mutant than the per-module map below. This one is plain ``ast``: 
 the module unparsed with one node changed, so the report can show the edit as source.
 
 Operators (``mutants``):
-- arithmetic  + ↔ −, * ↔ /, // → /, ** → *, @ stays (shape errors only), in expressions and
+- arithmetic  + ↔ −, * ↔ /, // → /, ** → *, | ↔ &, @ stays (shape errors only), in expressions and
   augmented assignments (``out += b`` → ``out -= b``);
 - comparisons < ↔ <=, > ↔ >=, == ↔ !=, in ↔ not in, is ↔ is not; ``and`` ↔ ``or``; ``not x`` → x;
   −x → x;
@@ -32,7 +32,8 @@ Operators (``mutants``):
   how ``keepdims=True``, ``copy=False``, ``in_place=…`` flags are flipped, and ``axis=-1`` →
   ``axis=0`` / ``axis=-2``);
 - slice bounds: a bound b → b + 1, b − 1, or dropped;
-- calls: ``min`` ↔ ``max``; the first two positional arguments swapped;
+- calls: ``min`` ↔ ``max``; the first two positional arguments swapped (unless one is a constant:
+  ``point("hook_q", q)`` swapped only fails, and costs a test run);
 - statements deleted (→ ``pass``): expression statements, augmented assignments, ``raise``,
   ``if``, ``for``, assignments into a subscript or attribute, and re-assignments of a name that
   is already bound in the function.
@@ -53,7 +54,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -95,7 +96,8 @@ def module_path(module: str) -> Path:
 # ---- making mutants ---------------------------------------------------------------------------
 
 _BINOP_SWAP = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult,
-               ast.FloorDiv: ast.Div, ast.Pow: ast.Mult, ast.Mod: ast.FloorDiv}
+               ast.FloorDiv: ast.Div, ast.Pow: ast.Mult, ast.Mod: ast.FloorDiv, ast.BitOr: ast.BitAnd,
+               ast.BitAnd: ast.BitOr}
 _CMP_SWAP = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq,
              ast.NotEq: ast.Eq, ast.In: ast.NotIn, ast.NotIn: ast.In, ast.Is: ast.IsNot, ast.IsNot: ast.Is}
 
@@ -146,7 +148,13 @@ def _replacements(node, parents, bound) -> list[tuple[str, ast.AST]]:
     elif isinstance(node, ast.BoolOp):
         out.append(("boolean", ast.BoolOp(ast.Or() if isinstance(node.op, ast.And) else ast.And(), node.values)))
     elif isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.Not, ast.USub)):
-        if not (isinstance(node.op, ast.USub) and isinstance(node.operand, ast.Constant)):
+        c = node.operand
+        if isinstance(node.op, ast.USub) and isinstance(c, ast.Constant):
+            if isinstance(c.value, int) and not isinstance(c.value, bool):  # −n (axis=-1): −n ± 1
+                out += [("constant", ast.Constant(-c.value + 1)), ("constant", ast.Constant(-c.value - 1))]
+            elif isinstance(c.value, float):
+                out.append(("constant", ast.Constant(-1.1 * c.value)))
+        else:
             out.append(("unary", node.operand))
     elif isinstance(node, ast.Constant) and not isinstance(node.value, (str, bytes)) and node.value is not None:
         v = node.value
@@ -310,17 +318,34 @@ def _replace(tree, parent, node, replacement):
 # ---- running them -----------------------------------------------------------------------------
 
 
-def _copy_tree(dest: Path) -> Path:
+def _copy_tree(dest: Path, rev: str | None) -> Path:
+    """The checkout's files (tracked and untracked, not ignored), or those of commit ``rev``."""
     if dest.exists():
         shutil.rmtree(dest)
-    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
-                           capture_output=True, text=True, check=True).stdout.split()
-    for f in files:
-        src = ROOT / f
-        if src.is_file():
-            (dest / f).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, dest / f)
+    dest.mkdir(parents=True)
+    if rev:
+        archive = subprocess.run(["git", "archive", rev], cwd=ROOT, capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+    else:
+        files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                               capture_output=True, text=True, check=True).stdout.split()
+        for f in files:
+            src = ROOT / f
+            if src.is_file():
+                (dest / f).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(src, dest / f)
+    (dest / "_mutation_profile.py").write_text(_PLUGIN)
     return dest
+
+
+#: A pytest plugin written into each tree copy: Hypothesis without shrinking or its example
+#: database. A killed mutant only has to fail, not fail minimally, and shrinking a failure of the
+#: peer tests takes minutes.
+_PLUGIN = '''
+from hypothesis import Phase, settings
+settings.register_profile("mutation", phases=[Phase.explicit, Phase.generate], database=None, derandomize=True)
+settings.load_profile("mutation")
+'''
 
 
 def _pytest(tree: Path, stages: list[list[str]], timeouts: list[float]) -> tuple[str, float, str]:
@@ -332,7 +357,7 @@ def _pytest(tree: Path, stages: list[list[str]], timeouts: list[float]) -> tuple
         if not tests:
             continue
         cmd = ["nice", "-n", "10", sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
-               "-o", "addopts=", "--hypothesis-seed=0", *tests]
+               "-o", "addopts=", "-p", "_mutation_profile", *tests]
         try:
             r = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -356,15 +381,18 @@ def _baseline(tree, stages) -> list[float]:
     return seconds
 
 
-def run(modules, jobs, workdir: Path, only: set[str] | None, timeout_factor: float):
-    trees = [_copy_tree(workdir / f"tree{j}") for j in range(jobs)]
+def run(modules, jobs, workdir: Path, only: set[str] | None, timeout_factor: float, rev: str | None = None,
+        skip_backward: bool = False):
+    trees = [_copy_tree(workdir / f"tree{j}", rev) for j in range(jobs)]
     results: list[Mutant] = []
     for module in modules:
         path = module_path(module)
-        source = (ROOT / path).read_text()
+        source = (trees[0] / path).read_text()
         mutants = make_mutants(module, source)
         if only is not None:
             mutants = [(m, s) for m, s in mutants if m.key in only]
+        if skip_backward:
+            mutants = [(m, s) for m, s in mutants if m.unit != BACKWARD_UNIT]
         stages = {unit: (_BACKWARD_TESTS if unit == BACKWARD_UNIT else MODULES[module])
                   for unit in {m.unit for m, _ in mutants}}
         timeouts = {unit: [timeout_factor * t + 30 for t in _baseline(trees[0], st)] for unit, st in stages.items()}
@@ -383,10 +411,13 @@ def run(modules, jobs, workdir: Path, only: set[str] | None, timeout_factor: flo
             return mutant
 
         with ThreadPoolExecutor(jobs) as pool:
-            for i, m in enumerate(pool.map(one, mutants)):
+            for i, m in enumerate(as_completed(pool.submit(one, item) for item in mutants)):
+                m = m.result()
                 results.append(m)
-                if m.outcome == "survived":
-                    print(f"  survived {m.function} L{m.line} {m.operator}: {m.before} → {m.after}", flush=True)
+                if m.outcome not in ("killed", "timeout"):
+                    print(f"  [{i + 1}/{len(mutants)}] {m.outcome} {m.function} L{m.line} {m.operator}: "
+                          f"{m.before} → {m.after}", flush=True)
+        results.sort(key=lambda m: (m.module, m.line))
         print(f"{module}: done", flush=True)
     return results
 
@@ -450,6 +481,8 @@ def main(argv=None):
     ap.add_argument("--only-survivors", type=Path, default=None,
                     help="a previous mutation.json: rerun only its survivors, keep its killed mutants")
     ap.add_argument("--timeout-factor", type=float, default=3.0)
+    ap.add_argument("--skip-backward", action="store_true", help="leave out the *_backward functions of forward modules")
+    ap.add_argument("--rev", default=None, help="test the tree of this commit (e.g. the tests before a change)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "MUTATION.md")
     ap.add_argument("--list", action="store_true", help="only list the mutants")
     args = ap.parse_args(argv)
@@ -465,7 +498,7 @@ def main(argv=None):
         kept = [Mutant(**{k: v for k, v in m.items() if k != "key"}) for m in old
                 if m["outcome"] in ("killed", "timeout") and m["module"] in args.modules]
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="refgpt-mutation-"))
-    results = kept + run(args.modules, args.jobs, workdir, only, args.timeout_factor)
+    results = kept + run(args.modules, args.jobs, workdir, only, args.timeout_factor, args.rev, args.skip_backward)
     write_report(results, args.out, args.out.with_suffix(".json"))
 
 
