@@ -61,30 +61,52 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 # module → stages of tests that should notice a wrong module. A stage runs only if the ones before
-# it passed (``pytest -x``: the first failure ends it), so the cheap NumPy-only tests come first and
-# the peer tests (importing torch, transformers and TransformerLens takes ~5-15 s) last.
-_FAST = ["tests/core/test_forward_paths.py", "tests/core/test_model_invariants.py", "tests/core/test_kv_cache.py",
-         "tests/core/test_hooks_and_cache.py", "tests/core/test_bad_input.py"]
-_PEERS = ["tests/core/test_peers_boundaries.py", "tests/core/test_peers_hf.py", "tests/core/test_peers_tl.py"]
+# it passed (``pytest -x``: the first failure ends it), so cheap NumPy-only tests come first and the
+# peer tests (importing torch, transformers and TransformerLens alone takes ~5 CPU-seconds) last.
+# The tests issue 13 added (``NEW``) run after the older ones of the same cost, so that one run
+# tells the score before them too (``before``, below).
+_OLD_FAST = ["tests/core/test_model_invariants.py", "tests/core/test_kv_cache.py", "tests/core/test_hooks_and_cache.py",
+             "tests/core/test_bad_input.py"]
+_OLD_PEERS = ["tests/core/test_peers_hf.py", "tests/core/test_peers_tl.py"]
+_NEW_PEERS = ["tests/core/test_peers_boundaries.py"]
+NEW = {"tests/core/test_forward_paths.py", "tests/core/test_activations.py", "tests/core/test_config.py",
+       "tests/core/test_checkpoint.py", *_NEW_PEERS}
+_PATHS = ["tests/core/test_forward_paths.py"]
 _BACKWARD_TESTS = [["tests/core/test_backward.py"]]
 MODULES = {
-    "layernorm": [_FAST + ["tests/core/test_ln_views.py"], _PEERS + ["tests/core/test_mission.py"]],
-    "attention": [_FAST, _PEERS],
-    "mlp": [_FAST, _PEERS],
-    "activations": [["tests/core/test_activations.py"] + _FAST, _PEERS],
-    "linear": [_FAST, _PEERS],
-    "model": [_FAST, _PEERS + ["tests/core/test_mission.py", "tests/core/test_default_model.py"]],
-    "checkpoint": [["tests/core/test_checkpoint.py", "tests/core/test_bad_input.py", "tests/core/test_processing.py"],
-                   ["tests/core/test_peers_boundaries.py", "tests/core/test_peers_hf.py", "tests/core/test_default_model.py",
-                    "tests/oracle/test_llmc.py"]],
-    "config": [["tests/core/test_config.py", "tests/core/test_bad_input.py"],
-               ["tests/core/test_peers_boundaries.py", "tests/core/test_peers_hf.py", "tests/core/test_default_model.py"]],
-    "kv_cache": [["tests/core/test_kv_cache.py", "tests/core/test_forward_paths.py", "tests/core/test_bad_input.py"],
-                 ["tests/core/test_peers_boundaries.py"]],
+    "layernorm": [_OLD_FAST + ["tests/core/test_ln_views.py"], _PATHS, _OLD_PEERS + ["tests/core/test_mission.py"], _NEW_PEERS],
+    "attention": [_OLD_FAST, _PATHS, _OLD_PEERS, _NEW_PEERS],
+    "mlp": [_OLD_FAST, _PATHS, _OLD_PEERS, _NEW_PEERS],
+    "activations": [_OLD_FAST, ["tests/core/test_activations.py"] + _PATHS, _OLD_PEERS, _NEW_PEERS],
+    "linear": [_OLD_FAST, _PATHS, _OLD_PEERS, _NEW_PEERS],
+    "model": [_OLD_FAST, _PATHS + ["tests/core/test_checkpoint.py"],
+              _OLD_PEERS + ["tests/core/test_mission.py", "tests/core/test_default_model.py"], _NEW_PEERS],
+    "checkpoint": [["tests/core/test_bad_input.py", "tests/core/test_processing.py"], ["tests/core/test_checkpoint.py"],
+                   ["tests/core/test_peers_hf.py", "tests/core/test_default_model.py"], _NEW_PEERS],
+    "config": [["tests/core/test_bad_input.py"], ["tests/core/test_config.py"],
+               ["tests/core/test_peers_hf.py", "tests/core/test_default_model.py"], _NEW_PEERS],
+    "kv_cache": [["tests/core/test_kv_cache.py", "tests/core/test_bad_input.py"], _PATHS, [], _NEW_PEERS],
     "backward": _BACKWARD_TESTS,
     "decomposition": [["tests/core/test_decomposition.py", "tests/core/test_mission.py"], ["tests/core/test_decomposition_tl.py"]],
     "tokenizer": [["tests/core/test_tokenizer.py"]],
 }
+
+
+def before(m: "Mutant", stages) -> str:
+    """The outcome under the tests from before issue 13, from the stage that killed the mutant:
+    killed if a stage of older tests did; survived if it survived or only the last stage (new
+    peer tests, run after every older test passed) killed it; if a new stage killed it before an
+    older stage ran, the older stage is run again alone (``resolve_before``)."""
+    if m.before_outcome:
+        return m.before_outcome
+    if m.outcome not in ("killed", "timeout"):
+        return "survived"
+    if not set(stages[m.stage]) <= NEW:
+        return "killed"
+    later_old = [t for stage in stages[m.stage + 1:] for t in stage if t not in NEW]
+    return "unknown" if later_old else "survived"
+
+
 #: functions named *_backward inside a forward module are measured against the backward's tests.
 BACKWARD_UNIT = "backward"
 
@@ -114,6 +136,8 @@ class Mutant:
     outcome: str = ""  # killed | timeout | survived | error
     seconds: float = 0.0
     killer: str = ""
+    stage: int = -1  # the stage that killed it
+    before_outcome: str = ""  # set by resolve_before
 
     @property
     def key(self) -> str:
@@ -348,11 +372,11 @@ settings.load_profile("mutation")
 '''
 
 
-def _pytest(tree: Path, stages: list[list[str]], timeouts: list[float]) -> tuple[str, float, str]:
-    """Run the stages in order; (outcome, seconds, the first failing test)."""
+def _pytest(tree: Path, stages: list[list[str]], timeouts: list[float]) -> tuple[str, float, str, int]:
+    """Run the stages in order; (outcome, seconds, the first failing test, its stage)."""
     env = dict(os.environ, PYTHONPATH=str(tree), PYTHONDONTWRITEBYTECODE="1")
     t0 = time.monotonic()
-    for tests, timeout in zip(stages, timeouts):
+    for index, (tests, timeout) in enumerate(zip(stages, timeouts)):
         tests = [t for t in tests if (tree / t).exists()]
         if not tests:
             continue
@@ -361,20 +385,20 @@ def _pytest(tree: Path, stages: list[list[str]], timeouts: list[float]) -> tuple
         try:
             r = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
-            return "timeout", time.monotonic() - t0, ""
+            return "timeout", time.monotonic() - t0, tests[0], index
         if r.returncode in (1, 2):  # test failures / collection errors (a mutant that breaks import)
             failed = [l.split(" ")[1] for l in r.stdout.splitlines() if l.startswith(("FAILED ", "ERROR "))]
-            return "killed", time.monotonic() - t0, (failed[0] if failed else f"exit {r.returncode}")
+            return "killed", time.monotonic() - t0, (failed[0] if failed else f"exit {r.returncode}"), index
         if r.returncode != 0:
-            return "error", time.monotonic() - t0, r.stdout[-500:] + r.stderr[-500:]
-    return "survived", time.monotonic() - t0, ""
+            return "error", time.monotonic() - t0, r.stdout[-500:] + r.stderr[-500:], index
+    return "survived", time.monotonic() - t0, "", -1
 
 
 def _baseline(tree, stages) -> list[float]:
     """Each stage's time unmutated (which must pass)."""
     seconds = []
     for stage in stages:
-        outcome, t, _ = _pytest(tree, [stage], [3600])
+        outcome, t, _, _ = _pytest(tree, [stage], [3600])
         if outcome != "survived":
             raise SystemExit(f"the unmutated tests {stage} do not pass ({outcome}); fix them first")
         seconds.append(t)
@@ -382,7 +406,7 @@ def _baseline(tree, stages) -> list[float]:
 
 
 def run(modules, jobs, workdir: Path, only: set[str] | None, timeout_factor: float, rev: str | None = None,
-        skip_backward: bool = False):
+        skip_backward: bool = False, resolve_before: bool = True, sample: int = 1, progress=None):
     trees = [_copy_tree(workdir / f"tree{j}", rev) for j in range(jobs)]
     results: list[Mutant] = []
     for module in modules:
@@ -393,6 +417,8 @@ def run(modules, jobs, workdir: Path, only: set[str] | None, timeout_factor: flo
             mutants = [(m, s) for m, s in mutants if m.key in only]
         if skip_backward:
             mutants = [(m, s) for m, s in mutants if m.unit != BACKWARD_UNIT]
+        if sample > 1:
+            mutants = mutants[::sample]
         stages = {unit: (_BACKWARD_TESTS if unit == BACKWARD_UNIT else MODULES[module])
                   for unit in {m.unit for m, _ in mutants}}
         timeouts = {unit: [timeout_factor * t + 30 for t in _baseline(trees[0], st)] for unit, st in stages.items()}
@@ -404,7 +430,13 @@ def run(modules, jobs, workdir: Path, only: set[str] | None, timeout_factor: flo
             tree = free.pop()
             try:
                 (tree / path).write_text(new_source)
-                mutant.outcome, mutant.seconds, mutant.killer = _pytest(tree, stages[mutant.unit], timeouts[mutant.unit])
+                mutant.outcome, mutant.seconds, mutant.killer, mutant.stage = _pytest(
+                    tree, stages[mutant.unit], timeouts[mutant.unit])
+                if resolve_before and before(mutant, stages[mutant.unit]) == "unknown":
+                    k = mutant.stage + 1  # the older tests that did not run: they alone, now
+                    old = [[t for t in st if t not in NEW] for st in stages[mutant.unit][k:]]
+                    outcome, _, _, _ = _pytest(tree, old, timeouts[mutant.unit][k:])
+                    mutant.before_outcome = "killed" if outcome in ("killed", "timeout") else "survived"
             finally:
                 (tree / path).write_text(source)
                 free.append(tree)
@@ -418,6 +450,8 @@ def run(modules, jobs, workdir: Path, only: set[str] | None, timeout_factor: flo
                     print(f"  [{i + 1}/{len(mutants)}] {m.outcome} {m.function} L{m.line} {m.operator}: "
                           f"{m.before} → {m.after}", flush=True)
         results.sort(key=lambda m: (m.module, m.line))
+        if progress:
+            progress(results)
         print(f"{module}: done", flush=True)
     return results
 
@@ -428,12 +462,20 @@ def run(modules, jobs, workdir: Path, only: set[str] | None, timeout_factor: flo
 EQUIVALENT: dict[str, str] = {}
 
 
+def _stages_of(m):
+    return _BACKWARD_TESTS if m.unit == BACKWARD_UNIT else MODULES[m.module]
+
+
 def score(results):
     table = {}
     for m in results:
         row = table.setdefault(m.unit if m.unit == m.module else f"{m.module} ({m.unit})",
-                               {"mutants": 0, "killed": 0, "survived": 0, "equivalent": 0})
+                               {"mutants": 0, "killed": 0, "survived": 0, "equivalent": 0, "killed_before": 0,
+                                "unknown_before": 0})
         row["mutants"] += 1
+        b = before(m, _stages_of(m))
+        row["killed_before"] += b == "killed"
+        row["unknown_before"] += b == "unknown"
         if m.outcome in ("killed", "timeout"):
             row["killed"] += 1
         elif m.key in EQUIVALENT:
@@ -443,31 +485,38 @@ def score(results):
     return table
 
 
-def write_report(results, md: Path, js: Path, before: dict | None = None, note: str = ""):
+def _pct(a, b):
+    return f"{100 * a / b:.1f} %" if b else "–"
+
+
+def write_report(results, md: Path, js: Path, note: str = ""):
     table = score(results)
     lines = ["# Mutation testing of refgpt's core", "",
              "Made by `python benchmarks/mutation.py` (operators and method: its docstring). A mutant is",
              "*killed* when its module's tests (the script's `MODULES` map) fail or time out. *Equivalent*",
-             "survivors compute the same numbers (reason given); *survived* are real gaps.", ""]
+             "survivors compute the same numbers (reason given below); *survived* are real gaps. The score",
+             "is killed / non-equivalent mutants; *before* is the same with the tests from before issue 13",
+             "(the script's `NEW` files left out).", ""]
     if note:
         lines += [note, ""]
-    lines += ["| module | mutants | killed | equivalent | survived (real) | score (killed / non-equivalent) |"
-              + (" before |" if before else ""),
-              "|---|---:|---:|---:|---:|---:|" + ("---:|" if before else "")]
-    for unit, row in table.items():
+    lines += ["| module | mutants | equivalent | killed before | score before | killed | survived (real) | score |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for unit, row in sorted(table.items()):
         real = row["mutants"] - row["equivalent"]
-        pct = f"{100 * row['killed'] / real:.1f} %" if real else "–"
-        prev = ""
-        if before is not None:
-            b = before.get(unit)
-            prev = f" {b} |" if b else " – |"
-        lines.append(f"| {unit} | {row['mutants']} | {row['killed']} | {row['equivalent']} | {row['survived']} | {pct} |{prev}")
+        unknown = f" (+{row['unknown_before']}?)" if row["unknown_before"] else ""
+        lines.append(f"| {unit} | {row['mutants']} | {row['equivalent']} | {row['killed_before']}{unknown} | "
+                     f"{_pct(row['killed_before'], real)} | {row['killed']} | {row['survived']} | {_pct(row['killed'], real)} |")
     lines += ["", "## Survivors", ""]
     for m in results:
         if m.outcome in ("killed", "timeout"):
             continue
         verdict = f"equivalent: {EQUIVALENT[m.key]}" if m.key in EQUIVALENT else f"**not equivalent** ({m.outcome})"
         lines.append(f"- `{m.module}.py:{m.line}` `{m.function}` {m.operator}: `{m.before}` → `{m.after}` — {verdict}")
+    lines += ["", "## Killed only by the tests issue 13 added", ""]
+    for m in results:
+        if m.outcome in ("killed", "timeout") and before(m, _stages_of(m)) != "killed":
+            lines.append(f"- `{m.module}.py:{m.line}` `{m.function}` {m.operator}: `{m.before}` → `{m.after}` "
+                         f"— by `{m.killer}`")
     md.write_text("\n".join(lines) + "\n")
     js.write_text(json.dumps({"score": table, "mutants": [asdict(m) | {"key": m.key} for m in results]},
                              indent=1, ensure_ascii=False) + "\n")
@@ -481,6 +530,7 @@ def main(argv=None):
     ap.add_argument("--only-survivors", type=Path, default=None,
                     help="a previous mutation.json: rerun only its survivors, keep its killed mutants")
     ap.add_argument("--timeout-factor", type=float, default=3.0)
+    ap.add_argument("--sample", type=int, default=1, help="only every n-th mutant (a quicker estimate)")
     ap.add_argument("--skip-backward", action="store_true", help="leave out the *_backward functions of forward modules")
     ap.add_argument("--rev", default=None, help="test the tree of this commit (e.g. the tests before a change)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "MUTATION.md")
@@ -498,8 +548,13 @@ def main(argv=None):
         kept = [Mutant(**{k: v for k, v in m.items() if k != "key"}) for m in old
                 if m["outcome"] in ("killed", "timeout") and m["module"] in args.modules]
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="refgpt-mutation-"))
-    results = kept + run(args.modules, args.jobs, workdir, only, args.timeout_factor, args.rev, args.skip_backward)
-    write_report(results, args.out, args.out.with_suffix(".json"))
+    note = f"Every {args.sample}-th mutant only (--sample {args.sample})." if args.sample > 1 else ""
+
+    def save(results):
+        write_report(kept + results, args.out, args.out.with_suffix(".json"), note)
+
+    run(args.modules, args.jobs, workdir, only, args.timeout_factor, args.rev, args.skip_backward,
+        sample=args.sample, progress=save)
 
 
 if __name__ == "__main__":
