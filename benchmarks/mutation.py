@@ -394,14 +394,19 @@ def _pytest(tree: Path, stages: list[list[str]], timeouts: list[float]) -> tuple
     return "survived", time.monotonic() - t0, "", -1
 
 
+_BASELINES: dict[tuple[str, ...], float] = {}
+
+
 def _baseline(tree, stages) -> list[float]:
-    """Each stage's time unmutated (which must pass)."""
+    """Each stage's time unmutated (which must pass), measured once per stage."""
     seconds = []
     for stage in stages:
-        outcome, t, _, _ = _pytest(tree, [stage], [3600])
-        if outcome != "survived":
-            raise SystemExit(f"the unmutated tests {stage} do not pass ({outcome}); fix them first")
-        seconds.append(t)
+        if tuple(stage) not in _BASELINES:
+            outcome, t, _, _ = _pytest(tree, [stage], [3600])
+            if outcome != "survived":
+                raise SystemExit(f"the unmutated tests {stage} do not pass ({outcome}); fix them first")
+            _BASELINES[tuple(stage)] = t
+        seconds.append(_BASELINES[tuple(stage)])
     return seconds
 
 
