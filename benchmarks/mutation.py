@@ -138,10 +138,14 @@ class Mutant:
     killer: str = ""
     stage: int = -1  # the stage that killed it
     before_outcome: str = ""  # set by resolve_before
+    source: str = ""  # the mutated line, as written
+    occurrence: int = 1  # the n-th mutant with this module, function, line text and edit
 
     @property
     def key(self) -> str:
-        return f"{self.module}:{self.function}:{self.before} → {self.after}"
+        """Names the mutant across runs and edits elsewhere in the file (not by line number)."""
+        n = f" #{self.occurrence}" if self.occurrence > 1 else ""
+        return f"{self.module}:{self.function}: {self.source} :: {self.before} → {self.after}{n}"
 
 
 def _docstring_nodes(tree) -> set[int]:
@@ -315,7 +319,10 @@ def make_mutants(module: str, source: str) -> list[tuple[Mutant, str]]:
             if isinstance(node, ast.Slice):
                 before, after = f"[{before}]", f"[{after}]"
             unit = BACKWARD_UNIT if function.split(".")[0].endswith("_backward") else module
-            mutants.append((Mutant(module, unit, function, line, operator, before[:120], after[:120]), new_source))
+            m = Mutant(module, unit, function, line, operator, before[:120], after[:120],
+                       source=lines[line - 1].split("  #")[0].strip() if line else "")
+            m.occurrence = 1 + sum(o.key == m.key for o, _ in mutants)
+            mutants.append((m, new_source))
     return mutants
 
 
@@ -410,7 +417,7 @@ def _baseline(tree, stages) -> list[float]:
     return seconds
 
 
-def run(modules, jobs, workdir: Path, only: set[str] | None, timeout_factor: float, rev: str | None = None,
+def run(modules, jobs, workdir: Path, only: dict[str, str] | None, timeout_factor: float, rev: str | None = None,
         skip_backward: bool = False, resolve_before: bool = True, sample: int = 1, progress=None):
     trees = [_copy_tree(workdir / f"tree{j}", rev) for j in range(jobs)]
     results: list[Mutant] = []
@@ -418,8 +425,10 @@ def run(modules, jobs, workdir: Path, only: set[str] | None, timeout_factor: flo
         path = module_path(module)
         source = (trees[0] / path).read_text()
         mutants = make_mutants(module, source)
-        if only is not None:
+        if only is not None:  # key → its outcome before issue 13's tests, from the earlier run
             mutants = [(m, s) for m, s in mutants if m.key in only]
+            for m, _ in mutants:
+                m.before_outcome = only[m.key]
         if skip_backward:
             mutants = [(m, s) for m, s in mutants if m.unit != BACKWARD_UNIT]
         if sample > 1:
@@ -437,7 +446,7 @@ def run(modules, jobs, workdir: Path, only: set[str] | None, timeout_factor: flo
                 (tree / path).write_text(new_source)
                 mutant.outcome, mutant.seconds, mutant.killer, mutant.stage = _pytest(
                     tree, stages[mutant.unit], timeouts[mutant.unit])
-                if resolve_before and before(mutant, stages[mutant.unit]) == "unknown":
+                if resolve_before and not mutant.before_outcome and before(mutant, stages[mutant.unit]) == "unknown":
                     k = mutant.stage + 1  # the older tests that did not run: they alone, now
                     old = [[t for t in st if t not in NEW] for st in stages[mutant.unit][k:]]
                     outcome, _, _, _ = _pytest(tree, old, timeouts[mutant.unit][k:])
@@ -516,11 +525,11 @@ def write_report(results, md: Path, js: Path, note: str = ""):
         if m.outcome in ("killed", "timeout"):
             continue
         verdict = f"equivalent: {EQUIVALENT[m.key]}" if m.key in EQUIVALENT else f"**not equivalent** ({m.outcome})"
-        lines.append(f"- `{m.module}.py:{m.line}` `{m.function}` {m.operator}: `{m.before}` → `{m.after}` — {verdict}")
+        lines.append(f"- `{m.module}.py:{m.line}` `{m.source}`: {m.operator} `{m.before}` → `{m.after}` — {verdict}")
     lines += ["", "## Killed only by the tests issue 13 added", ""]
     for m in results:
         if m.outcome in ("killed", "timeout") and before(m, _stages_of(m)) != "killed":
-            lines.append(f"- `{m.module}.py:{m.line}` `{m.function}` {m.operator}: `{m.before}` → `{m.after}` "
+            lines.append(f"- `{m.module}.py:{m.line}` `{m.source}`: {m.operator} `{m.before}` → `{m.after}` "
                          f"— by `{m.killer}`")
     md.write_text("\n".join(lines) + "\n")
     js.write_text(json.dumps({"score": table, "mutants": [asdict(m) | {"key": m.key} for m in results]},
@@ -548,10 +557,9 @@ def main(argv=None):
         return
     only, kept = None, []
     if args.only_survivors:
-        old = json.loads(args.only_survivors.read_text())["mutants"]
-        only = {m["key"] for m in old if m["outcome"] not in ("killed", "timeout")}
-        kept = [Mutant(**{k: v for k, v in m.items() if k != "key"}) for m in old
-                if m["outcome"] in ("killed", "timeout") and m["module"] in args.modules]
+        old = [Mutant(**{k: v for k, v in m.items() if k != "key"}) for m in json.loads(args.only_survivors.read_text())["mutants"]]
+        only = {m.key: before(m, _stages_of(m)) for m in old if m.outcome not in ("killed", "timeout")}
+        kept = [m for m in old if m.outcome in ("killed", "timeout") or m.module not in args.modules]
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="refgpt-mutation-"))
     note = f"Every {args.sample}-th mutant only (--sample {args.sample})." if args.sample > 1 else ""
 

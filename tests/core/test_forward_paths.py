@@ -163,3 +163,15 @@ def reference_sigma(c, eps=1e-5):
     (|c| < 1e100), else as s·√(mean (c/s)²) with s = max|c| (ε/s² < 1e-200 is below rounding)."""
     s = np.abs(c).max()
     return np.sqrt(np.mean(c * c) + eps) if s < 1e100 else s * np.sqrt(np.mean((c / s) ** 2))
+
+
+def test_hooks_context_lets_errors_through_and_always_removes_its_hooks(model):
+    tokens = tokens_of(65, 2)
+    clean = model(tokens)
+    with pytest.raises(ZeroDivisionError):
+        with model.hooks([("blocks.0.hook_resid_pre", lambda a, n: a * 0)]):
+            assert not np.allclose(model(tokens), clean)
+            1 / 0
+    assert np.array_equal(model(tokens), clean)
+    with pytest.raises(RefGPTError, match="not a hook point"):
+        model.hooks([("blocks.0.hook_nothing", lambda a, n: a)])
