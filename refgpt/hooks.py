@@ -240,17 +240,22 @@ class HookRegistry:
             self.clear_contexts()
         self.remove_all_hook_fns(direction, including_permanent, level=level)
 
-    @contextlib.contextmanager
     def hooks(self, fwd_hooks=(), bwd_hooks=(), reset_hooks_end=True, clear_contexts=False):
         """``with model.hooks(fwd_hooks=[…]):`` every pass inside runs them; on the way out (even on
-        an exception) this level's hooks go, unless ``reset_hooks_end=False``."""
-        fwd, bwd = hook_entries(fwd_hooks, "fwd_hooks"), hook_entries(bwd_hooks, "bwd_hooks")
+        an exception) this level's hooks go, unless ``reset_hooks_end=False``. The names are
+        checked here, before the ``with`` is entered."""
+        chosen = [(direction, self._hookable(n, f"{direction}_hooks"), fn)
+                  for direction, entries in (("fwd", fwd_hooks), ("bwd", bwd_hooks))
+                  for selector, fn in hook_entries(entries, f"{direction}_hooks")
+                  for n in select_names(selector, self._selectable(selector), f"{direction}_hooks")]
+        return self._hooks_context(chosen, reset_hooks_end, clear_contexts)
+
+    @contextlib.contextmanager
+    def _hooks_context(self, chosen, reset_hooks_end, clear_contexts):
         self.context_level += 1
         try:
-            for direction, entries in (("fwd", fwd), ("bwd", bwd)):
-                for selector, fn in entries:
-                    for n in select_names(selector, self._selectable(selector), f"{direction}_hooks"):
-                        self.hook_dict[self._hookable(n, f"{direction}_hooks")].add_hook(fn, direction, level=self.context_level)
+            for direction, name, fn in chosen:
+                self.hook_dict[name].add_hook(fn, direction, level=self.context_level)
             yield self
         finally:
             if reset_hooks_end:
