@@ -64,7 +64,7 @@ def test_steer_generate_table_and_errors():
     out = refgpt_cli(*STEER, "--generate", "4")
     assert out.returncode == 0, out.stderr
     assert "greedy continuation, 4 tokens:" in out.stdout and "unsteered" in out.stdout
-    assert "\nsteered:   " in out.stdout.replace("\n", "\\n") or "steered:   " in out.stdout
+    assert "\nunsteered: '" in out.stdout and "\nsteered:   '" in out.stdout
     too_long = refgpt_cli(*STEER, "--generate", "100000")
     assert too_long.returncode == 1 and too_long.stderr.startswith("refgpt: error: generate:")
     bad = refgpt_cli(*STEER, "--generate", "-3")
