@@ -126,7 +126,7 @@ def steering_vector(model, plus, minus, layer: int, coeff: float = 1.0, *, prepe
     # Two separate passes of the same shape, not one batch: each row is then computed by exactly
     # the same arithmetic, so equal prompts (or an equal first token) give an exactly zero row.
     resid_plus, resid_minus = (model.run_with_cache(ids[None], names=[name])[1][name][0] for ids in (plus_ids, minus_ids))
-    vector = coeff * (resid_plus - resid_minus)  # [pos, d_model]
+    vector = _scaled(coeff, resid_plus - resid_minus, model.dtype, "steering vector")  # [pos, d_model]
     return SteeringVector(model, vector, int(layer) % model.cfg.n_layers, coeff, plus_ids, minus_ids)
 
 
@@ -162,7 +162,7 @@ def add_vector(model, tokens, vector, layer: int, positions="front", coeff: floa
         rows = np.broadcast_to(rows, (len(where), d_model))  # [m, d_model]
     if len(rows) != len(where):
         raise RefGPTError(f"vector has {len(rows)} rows but {len(where)} positions were given")
-    added = coeff * rows  # [m, d_model]
+    added = _scaled(coeff, rows, model.dtype, "vector")  # [m, d_model]
     hook = _adder(added, where, f"vector at positions {where.tolist()}", n_pos)
     return Intervention(model, [(name, hook)], f"add {coeff:g}·vector at layer {int(layer) % model.cfg.n_layers}, "
                                                f"positions {where.tolist()}")
@@ -263,6 +263,20 @@ def position_axis(name: str) -> int:
 # was made for that lie in the rows it sees, and nothing else: under generation the prompt's
 # positions are edited once, in the pass that computes them, and later tokens see the edit
 # through the cached keys and values, as they would in a full recomputation.
+
+
+def _scaled(coeff, rows, dtype, what):
+    """coeff·rows in the model's dtype: multiplied in float64 (exact for float32 rows, and a
+    coefficient beyond float32's range is not rounded to inf first), rounded once to ``dtype``.
+    A result that is not finite there is an error: the stream could not hold it."""
+    if isinstance(coeff, bool) or not isinstance(coeff, (int, float, np.integer, np.floating)) or not np.isfinite(coeff):
+        raise RefGPTError(f"{what}: the coefficient must be a finite number, found {coeff!r}")
+    with np.errstate(over="ignore"):
+        out = (np.float64(coeff) * np.asarray(rows, np.float64)).astype(dtype)  # [m, d_model]
+    if not np.all(np.isfinite(out)):
+        raise RefGPTError(f"{what}: coeff·vector overflows {np.dtype(dtype).name} (coeff {coeff:g}, "
+                          f"largest entry {np.abs(np.asarray(rows, np.float64)).max():.3g})")
+    return out
 
 
 def _rows_here(where, start, new):
