@@ -170,7 +170,9 @@ def convergence_figure(ks, errors: dict, path=None, title=None, ylabel="error"):
 
 
 def attribution_bars(attribution, pos: int = -1, batch: int = 0, k: int = 12, path=None, title=None):
-    """Horizontal bars of the ``k`` largest |contributions| at one position.
+    """Horizontal bars of the ``k`` largest |contributions| at one position, then a grey "rest"
+    bar (the sum of the other components, labelled with how many), so that the bars sum to the
+    logit.
 
     ``attribution`` needs ``labels`` [component] and ``values`` [component, batch, pos] (e.g.
     ``refgpt.attribute``'s result); positive bars push the logit up, negative down.
@@ -181,14 +183,22 @@ def attribution_bars(attribution, pos: int = -1, batch: int = 0, k: int = 12, pa
                           f"found {list(values.shape)}")
     column = values[:, batch, pos]  # [component]
     order = np.argsort(-np.abs(column), kind="stable")[:k]
-    order = order[::-1]  # largest at the top
-    fig = _figure(6.4, max(2.5, 0.32 * len(order) + 1.3))
+    others = np.setdiff1d(np.arange(len(column)), order)  # [component − k]
+    names = [labels[i] for i in order]
+    bars = list(column[order])
+    if len(others):
+        names.append(f"rest ({len(others)} others)")
+        bars.append(float(column[others].sum()))
+    colours = ["tab:blue" if v >= 0 else "tab:red" for v in bars]
+    if len(others):
+        colours[-1] = "0.6"
+    fig = _figure(6.4, max(2.5, 0.32 * len(bars) + 1.3))
     ax = fig.add_subplot()
-    colours = ["tab:blue" if column[i] >= 0 else "tab:red" for i in order]
-    ax.barh(range(len(order)), column[order], color=colours)
-    ax.set_yticks(range(len(order)), [labels[i] for i in order], fontsize=8)
+    rows = np.arange(len(bars))[::-1]  # the largest at the top, "rest" at the bottom
+    ax.barh(rows, bars, color=colours)
+    ax.set_yticks(rows, names, fontsize=8)
     ax.axvline(0.0, color="0.3", lw=0.8)
-    ax.set_xlabel("contribution to the logit")
+    ax.set_xlabel(f"contribution to the logit (the {len(bars)} bars sum to {sum(bars):.4g})")
     ax.grid(True, axis="x", alpha=0.3)
     ax.set_title(title or f"Top {len(order)} contributions at position {pos}", fontsize=11)
     return _finish(fig, path)

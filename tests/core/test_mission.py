@@ -52,7 +52,12 @@ def test_cached_scale_pieces_sum_to_logits(model_tokens):
 @settings(max_examples=60, deadline=None)
 @given(model_and_tokens())
 def test_naive_per_piece_layernorm_is_not_exact(model_tokens):
-    """§3: re-normalising each piece with its own scale misses the logits by far more than rounding."""
+    """§3: re-normalising each piece with its own scale misses the logits by a visible amount:
+    at least a thousandth of the logits' spread (max − min at a position, the scale on which the
+    prediction is decided) — never a rounding-size gap. Measured over 1,500 random models the
+    smallest miss was 7·10⁻³ of the spread (d_model = 2, where P leaves one dimension); on
+    realistic models it is larger than the logits (docs/decomposition.md N9), and on the
+    embedded model the naive pieces sum to 17.2 against a logit of 5.40 (§1 there)."""
     model, tokens = model_tokens
     assume(model.cfg.d_model >= 2)  # with one dimension, P = 0 and LayerNorm is the constant b
     logits, cache = model.run_with_cache(tokens)
@@ -61,8 +66,9 @@ def test_naive_per_piece_layernorm_is_not_exact(model_tokens):
     bias = model.params["ln_final.b"] @ model.params["unembed.W_U"]
     naive = unembed_pieces(model, pieces, own_scale).sum(0) + bias
     exact = unembed_pieces(model, pieces, cache["ln_final.hook_scale"]).sum(0) + bias
-    # A million times the exact decomposition's tolerance: not a rounding-size disagreement.
-    assert rel_err(naive, logits) > 1e6 * max(rel_err(exact, logits), 1e-12)
+    spread = np.ptp(logits, axis=-1).max()
+    assert np.abs(naive - logits).max() >= 1e-3 * spread
+    assert rel_err(exact, logits) <= 1e-12  # while the cached scale is exact (§2)
 
 
 def test_counterexample_two_pieces_give_twice_the_bias():
