@@ -150,18 +150,26 @@ def lens_figure(lens, labels=None, decode=None, batch: int = 0, target=None, pos
     return _finish(fig, path)
 
 
-def convergence_figure(ks, errors: dict, path=None, title=None, ylabel="error"):
+def convergence_figure(ks, errors: dict, path=None, title=None, ylabel="error",
+                       xlabel="coefficient k of the injected vector", guide_power=1, symbol="k"):
     """Errors against k on log–log axes, one line per entry of ``errors`` (label → [len(ks)]),
-    with a dotted 1/k guide just below the lowest line."""
+    with a dotted 1/k^guide_power guide just below the lowest line at the first k where every
+    line has a value (no guide for ``guide_power=None``). NaN entries are left out of a line."""
     ks = np.asarray(ks, dtype=np.float64)
     fig = _figure(7.4, 4.8)
     ax = fig.add_subplot()
     colours = _colours(len(errors))
-    for (label, err), colour in zip(errors.items(), colours, strict=True):
-        ax.loglog(ks, np.asarray(err), marker="o", ms=4, lw=1.5, color=colour, label=label)
-    lowest = min(float(np.nanmin(np.asarray(err, dtype=np.float64)[:1])) for err in errors.values())
-    ax.loglog(ks, 0.3 * lowest * ks[0] / ks, ls=":", color="0.3", lw=1.4, label="guide ∝ 1/k (slope −1)")
-    ax.set_xlabel("coefficient k of the injected vector")
+    table = np.array([np.asarray(err, dtype=np.float64) for err in errors.values()])  # [line, k]
+    for label, err, colour in zip(errors, table, colours, strict=True):
+        ax.loglog(ks, err, marker="o", ms=4, lw=1.5, color=colour, label=label)
+    if guide_power is not None:
+        first = int(np.argmax(np.all(np.isfinite(table), axis=0)))  # the first k every line has
+        anchor = 0.3 * float(np.min(table[:, first]))
+        guide = anchor * (ks[first] / ks) ** guide_power  # [k]
+        power = "" if guide_power == 1 else f"^{guide_power:g}"
+        ax.loglog(ks[first:], guide[first:], ls=":", color="0.3", lw=1.4,
+                  label=f"guide ∝ 1/{symbol}{power} (slope −{guide_power:g})")
+    ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.grid(True, which="both", alpha=0.25)
     ax.legend(fontsize=8, loc="lower left")
