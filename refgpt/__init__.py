@@ -9,7 +9,7 @@ TransformerLens's hook names.
     logits, cache = model.run_with_cache(tokens)     # tokens: int array [pos] or [batch, pos]
     cache["ln_final.hook_scale"]                      # [batch, pos, 1]
 
-The package in layers; imports point down only (tests/test_layers.py checks it):
+The package in layers; imports point down only (tests/core/test_layers.py checks it):
 
 - the core, flat in ``refgpt/``: the forward pass and what it needs (config, safetensors reader,
   checkpoint loading and saving, layernorm, attention, mlp, activations, model, hooks, cache and
@@ -34,6 +34,7 @@ from .config import Config
 from .default_model import default_model_path, load_default
 from .errors import RefGPTError
 from .model import Model
+from .saving import save
 from .tokenizer import Tokenizer
 from .version import __version__
 
@@ -60,7 +61,8 @@ MOVED = {
 }
 
 __all__ = ["ActivationCache", "Attribution", "Config", "Model", "RefGPTError", "Tokenizer", "__version__",
-           "act_name", "analysis", "attribute", "default_model_path", "load", "load_default", "oracle", "train"]
+           "act_name", "analysis", "attribute", "default_model_path", "load", "load_default", "oracle", "save",
+           "train"]
 
 
 def __getattr__(name):

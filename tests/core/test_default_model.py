@@ -13,7 +13,11 @@ import configparser
 import functools
 import hashlib
 import json
+import os
 import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -78,6 +82,56 @@ def probabilities(model, text: str) -> np.ndarray:
 def test_default_model_path_is_the_shipped_directory():
     assert DEFAULT.is_dir() and DEFAULT.name == "default"
     assert sorted(p.name for p in DEFAULT.iterdir()) == sorted(SHIPPED)
+
+
+def test_the_lookup_takes_the_installed_model_else_the_source_checkout_s(tmp_path, monkeypatch):
+    from refgpt import default_model as D
+
+    assert D.SOURCE_CHECKOUT_WEIGHTS == REPO / "weights" / "default"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert D.find_default_model([DEFAULT, tmp_path]) == DEFAULT
+    assert D.find_default_model([None, empty, DEFAULT]) == DEFAULT  # None: no refgpt.weights package
+    with pytest.raises(refgpt.RefGPTError, match=f"looked in {empty}, {tmp_path / 'nowhere'}"):
+        D.find_default_model([None, empty, tmp_path / "nowhere"])
+    monkeypatch.setattr(D, "installed_weights", lambda: None)  # refgpt imported from a source checkout
+    assert refgpt.default_model_path() == REPO / "weights" / "default"
+
+
+def _without_site(cwd, *paths, code):
+    """Run ``code`` with ``python -S`` (no site: no editable-install finder) and only ``paths``
+    (plus numpy's site-packages) on PYTHONPATH, in ``cwd``."""
+    site = Path(np.__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([*map(str, paths), str(site)])}
+    out = subprocess.run([sys.executable, "-S", "-c", code], cwd=cwd, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.split()
+
+
+def test_python_started_in_the_repository_finds_the_default_model():
+    """The source refgpt/ has no refgpt.weights subpackage: the model is the repository's weights/default."""
+    where, path = _without_site(REPO, code="import refgpt; print(refgpt.__file__, refgpt.default_model_path())")
+    assert Path(where) == REPO / "refgpt" / "__init__.py" and Path(path) == REPO / "weights" / "default"
+
+
+@pytest.mark.skipif(not os.environ.get("REFGPT_INSTALL_TESTS"), reason="builds and installs the package "
+                    "(pip install ., ~30 s); set REFGPT_INSTALL_TESTS=1")
+def test_after_a_real_pip_install_the_default_model_is_found_inside_and_outside_the_repository(tmp_path):
+    source, target = tmp_path / "source", tmp_path / "site"  # a copy, so the build leaves the checkout alone
+    source.mkdir()
+    for name in ("setup.cfg", "pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, source / name)
+    for name in ("refgpt", "weights"):
+        shutil.copytree(REPO / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+                    "--target", str(target), str(source)], check=True, capture_output=True, timeout=600)
+    code = "import refgpt; print(refgpt.__file__, refgpt.default_model_path(), refgpt.load_default().cfg.d_model)"
+    where, path, width = _without_site(tmp_path, target, code=code)  # the installed copy
+    assert Path(where).is_relative_to(target) and Path(path) == target / "refgpt" / "weights" / "default"
+    where, path, width = _without_site(REPO, target, code=code)  # in the repository: the source copy
+    assert Path(where) == REPO / "refgpt" / "__init__.py" and Path(path) == REPO / "weights" / "default"
+    assert width == "144"
 
 
 def test_weights_readme_records_every_file_size_and_sha256():
