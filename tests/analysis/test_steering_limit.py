@@ -9,12 +9,14 @@ tokens, layer, position and direction hypothesis draws:
 - each LayerNorm at p, and the logits at p, are within the §5 bound (with ‖Ps‖ measured) of their
   limits; the logits' limit is (w_f ⊙ √n·Pd/‖Pd‖ + b_f)·W_U + b_U (§3);
 - the error at p falls like 1/k: err(10k) ≤ 0.1·err(k)·(1 + δ), δ derived and measured (§4);
-- positions after p reach the limit model within a propagated bound (§5), and p talks to them
-  only through its LayerNorm outputs (bit-identical patching);
+- positions after p reach the limit model within a propagated bound (§5), at a rate whose
+  log-log slope, fitted over five k, is −1; and p talks to them only through its LayerNorm
+  outputs (bit-identical patching);
 - steering invariants: coefficient 0 or plus == minus changes nothing; the BOS row is zero (§6).
 
 Every test runs in float64; tolerances are the derived bounds plus the §6 rounding allowances of
-docs/layernorm.md, evaluated at the actual activations.
+docs/layernorm.md, evaluated at the actual activations (the bounds live in tests/steering_bounds.py,
+shared with docs/make_steering_figures.py).
 """
 
 from __future__ import annotations
