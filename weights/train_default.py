@@ -6,8 +6,8 @@
 With no ``--out`` it overwrites ``weights/default/``, the model refgpt ships and loads when no
 ``--model`` is given; ``weights/README.md`` records what the committed run produced.
 
-Everything here is refgpt: the BPE trainer (refgpt/bpe_trainer.py), the forward pass, the
-backward pass (refgpt/backward.py) and AdamW (refgpt/optim.py), in float32 NumPy. The run is
+Everything here is refgpt: the BPE trainer (refgpt/train/bpe_trainer.py), the forward pass, the
+backward pass (refgpt/backward.py) and AdamW (refgpt/train/optim.py), in float32 NumPy. The run is
 seeded; the record it writes (TRAINING.md, training_log.json, loss_curve.png) holds the sha256
 of its input and of every file it wrote.
 
@@ -34,7 +34,7 @@ import os
 
 # One BLAS thread for a run: it is then bit-for-bit reproducible on a machine (a multi-threaded BLAS
 # may split sums differently), and on a shared 2-core machine it is also faster. Set before NumPy
-# loads, and only when run as a script: importing this module (tests/test_training_smoke.py does)
+# loads, and only when run as a script: importing this module (tests/train/test_training_smoke.py does)
 # must not change the BLAS threads of the importer's subprocesses, whose results would then differ
 # in the last bit from the importer's own.
 if __name__ == "__main__":

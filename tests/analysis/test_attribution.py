@@ -260,4 +260,4 @@ def test_every_number_on_the_page_comes_from_the_script():
     assert script.check_page(rows, page) == []
     tags = set(re.findall(r"\((N\d+|T\d+)\b", page))
     quoted = {name for name, (kind, _) in rows.items() if kind != "line"}  # table lines carry no tag
-    assert tags == quoted | {"T1", "T2"}  # the T rows: tests/test_decomposition_tl.py
+    assert tags == quoted | {"T1", "T2"}  # the T rows: tests/core/test_decomposition_tl.py

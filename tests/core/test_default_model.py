@@ -3,7 +3,7 @@ its training record, small enough to commit, read alike by refgpt and HF, and tr
 the unigram baseline and puts ' be' after "To be, or not to".
 
 Training it takes about 20 minutes, too slow for the suite, so nothing here re-makes it
-(tests/test_training_smoke.py runs the training loop on a few kilobytes instead). What is checked
+(tests/train/test_training_smoke.py runs the training loop on a few kilobytes instead). What is checked
 is that the committed files are the ones the README and the run's record describe, and that they
 still produce the record's samples bit for bit."""
 
@@ -28,7 +28,6 @@ from hypothesis import strategies as st
 import refgpt
 from random_models import random_model, rel_err, save_checkpoint
 from refgpt import Config
-from refgpt.cli import main
 from refgpt.default_model import UNTRAINED_MARKER, is_untrained
 from refgpt.safetensors_file import SafetensorsFile
 
@@ -181,7 +180,7 @@ def test_weights_readme_quotes_the_training_run_truly(log):
     quoted = [
         f"sha256 `{log['sdist_sha256']}`",
         f"({log['n_train_tokens']:,} tokens)", f"validation ({log['n_val_tokens']:,} tokens)",
-        f"`refgpt/bpe_trainer.py`, {log['bpe_seconds']:.1f} s",
+        f"`refgpt/train/bpe_trainer.py`, {log['bpe_seconds']:.1f} s",
         f"{len(log['steps'])} steps of {log['hyper']['batch']} windows × {log['config']['n_positions']} tokens",
         f"AdamW (lr {log['hyper']['lr']}, {log['hyper']['warmup']} warm-up steps, cosine decay to "
         f"{log['hyper']['min_lr']}, betas {tuple(log['hyper']['betas'])}, weight decay {log['hyper']['weight_decay']}",
@@ -268,9 +267,9 @@ def test_to_be_or_not_to_puts_be_on_top(model):
     assert [round(float(p[t]), 3) for t in top] == [0.098, 0.05, 0.026]
 
 
-def test_refgpt_predict_prints_be_first(capsys):
-    assert main(["predict", "To be, or not to", "--top-k", "3"]) == 0
-    out = capsys.readouterr().out
+def test_refgpt_predict_prints_be_first(refgpt_cli):
+    status, out, _ = refgpt_cli.in_process("predict", "To be, or not to", "--top-k", "3")
+    assert status == 0
     assert "UNTRAINED" not in out
     rows = out.split("rank", 1)[1].splitlines()[1:4]
     assert [re.split(r"\s{2,}", row.strip())[2] for row in rows] == ["' be'", "' the'", "' say'"]
