@@ -149,3 +149,14 @@ def test_a_first_pass_shorter_than_the_steered_positions_is_an_error():
     sv = steering_vector(model, [1, 2, 3], [4, 5, 6], layer=0, prepend_bos=False)
     with sv, pytest.raises(RefGPTError, match="at least 3 positions, the prompt has 2"):
         model.generate(np.array([1, 2]), 3, temperature=0)
+
+
+def test_a_limit_position_counted_from_the_end_is_refused_under_a_kv_cache():
+    """injection_limit takes no prompt, so position −1 means "the run's last": in a full
+    recomputation that moves with every generated token. Under a KV cache that is ambiguous, and
+    refgpt says so instead of guessing."""
+    cfg = Config(d_model=8, n_layers=1, n_heads=2, d_mlp=8, d_vocab=11, n_ctx=10)
+    model = random_model(cfg, seed=7)
+    limit = injection_limit(model, np.arange(8.0), 0, -1)
+    with limit, pytest.raises(RefGPTError, match="ambiguous once a KV cache"):
+        model.generate(np.array([1, 2, 3]), 2, temperature=0)
