@@ -5,6 +5,8 @@ actual activations."""
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 
 from ln_bounds import ln_rounding
@@ -21,8 +23,19 @@ def gamma(m):
     return m * U / (1 - m * U)
 
 
+_OPERATOR_NORMS: dict = {}  # (shape, dtype, digest of the bytes) → ‖W‖₂: an SVD is the costly step
+
+
 def op(a):
-    return float(np.linalg.norm(a, 2))
+    """‖a‖₂, the largest singular value; remembered by content, since the bounds ask for the same
+    weight matrices again and again (every k, every call)."""
+    a = np.ascontiguousarray(a)
+    key = (a.shape, a.dtype.str, hashlib.blake2b(a.tobytes(), digest_size=16).digest())
+    if key not in _OPERATOR_NORMS:
+        if len(_OPERATOR_NORMS) > 4096:
+            _OPERATOR_NORMS.clear()
+        _OPERATOR_NORMS[key] = float(np.linalg.norm(a, 2))
+    return _OPERATOR_NORMS[key]
 
 
 def fro(a):
