@@ -124,7 +124,8 @@ def stream_numbers(S: Setting, figures: bool) -> dict:
     assert np.all(lens[LAYER:, POSITION] == limit_top), "the lens at p reads the limit's token from layer L on"
     echoes = [j for j in range(len(tokens)) if j != POSITION and lens[0, j] == tokens[j]]
     rows.update({"S7": ("exact", quote([limit_top])), "S8": ("exact", quote(clean_lens[1:, POSITION])),
-                 "S9": ("exact", quote(tokens[echoes])), "S10": ("exact", f"{kl_divergence(logits, S.clean_logits)[POSITION]:.3f}")})
+                 "S9": ("exact", quote(tokens[echoes])),
+                 "S10": ("exact", f"{kl_divergence(logits, S.clean_logits)[POSITION]:.3f}")})
     return rows
 
 

@@ -243,8 +243,8 @@ def patch(model, tokens, source_cache, names, positions=None) -> Intervention:
         source = np.asarray(source_cache[name])
         have = source.shape[position_axis(name)]
         if positions is None and have != n_pos or have <= int(where.max()):
-            raise RefGPTError(f"patch: the source's {name} has {have} positions, "
-                              f"{'the prompt has ' + str(n_pos) if positions is None else 'patching needs ' + str(int(where.max()) + 1)}")
+            wanted = f"the prompt has {n_pos}" if positions is None else f"patching needs {int(where.max()) + 1}"
+            raise RefGPTError(f"patch: the source's {name} has {have} positions, {wanted}")
         hooks.append((name, _patcher(source, where, name)))
     where = "every position" if positions is None else f"positions {list(positions)}"
     return Intervention(model, hooks, f"patch {len(names)} hook point(s) at {where}")
