@@ -8,8 +8,8 @@ printed to the digits the page quotes; the page must quote exactly that, followe
 a *bound* (a measured float error, which moves with the BLAS: the page states a power of ten and
 the measurement must stay below it) or a *line* (a table row the page must hold as a whole line).
 It also draws docs/figures/attribution_bars.png (``--no-figures`` skips it; needs matplotlib).
-tests/analysis/test_attribution.py checks the N rows against the page; the TransformerLens rows (T1, T2) need the 'peers' extra and tests/core/test_decomposition_tl.py
-checks them. Benchmark numbers come from benchmarks/bench_attribution.py instead.
+tests/analysis/test_attribution.py checks the N rows against the page; the TransformerLens rows
+(T1, T2) need the 'peers' extra and tests/core/test_decomposition_tl.py checks them. Benchmark numbers come from benchmarks/bench_attribution.py instead.
 """
 
 from __future__ import annotations
