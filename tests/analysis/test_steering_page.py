@@ -10,7 +10,7 @@ import re
 import numpy as np
 import pytest
 
-from doc_pages import doc_script
+from doc_pages import DOCS, doc_script
 from refgpt.errors import RefGPTError
 
 
@@ -39,3 +39,17 @@ def test_the_whole_model_is_finite_and_at_its_limit_at_the_thresholds(script_and
         assert script.finite_and_limit(s32, k), k
     with pytest.raises(RefGPTError, match="overflows float32"):
         script.finite_and_limit(s32, 1e40)
+
+
+@pytest.mark.parametrize("script_name, page_name", [("make_steering_figures.py", "steering.md"),
+                                                    ("make_decomposition_numbers.py", "decomposition.md")])
+def test_every_figure_on_a_page_is_drawn_by_its_script(script_name, page_name):
+    """A figure the page shows exists in docs/figures and is one its script writes (so running the
+    script re-makes it)."""
+    script, page = doc_script(script_name, page_name)
+    source = (DOCS / script_name).read_text(encoding="utf-8")
+    figures = re.findall(r"!\[[^\]]*\]\(figures/([^)]+\.png)\)", page)
+    assert figures
+    for name in figures:
+        assert (DOCS / "figures" / name).is_file(), name
+        assert name in source, f"{name} is not written by docs/{script_name}"
