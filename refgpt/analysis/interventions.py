@@ -137,7 +137,8 @@ def add_vector(model, tokens, vector, layer: int, positions="front", coeff: floa
     ``vector`` is [d_model] (the same vector at every position) or [m, d_model] (one row per
     position). ``positions`` is ``"front"`` (positions 0..m−1; 0 for a single vector) or a list of
     position indices (negative ones count from the end of ``tokens``). ``tokens`` ([pos] or
-    [batch, pos]) fixes the prompt length the positions refer to.
+    [batch, pos]) fixes the prompt length the positions refer to; a run longer than the prompt
+    is read as the prompt continued (``generate``), a shorter one is an error.
     """
     name = resid_pre_name(model, layer)
     tokens, _ = model.check_tokens(tokens)
