@@ -21,7 +21,7 @@ import unicodedata
 import numpy as np
 
 from ..errors import RefGPTError
-from .measurements import stream_labels, streams
+from .measurements import norm, stream_labels, streams
 
 
 def _figure(width, height):
@@ -76,10 +76,10 @@ def resid_norm_figure(cache, position=None, batch: int = 0, labels=None, clean_c
     """
     marked = [] if position is None else [int(j) for j in np.atleast_1d(position)]
     x_all = streams(cache)[:, batch]  # [stream, pos, d_model]
-    norms = np.linalg.norm(x_all, axis=-1)  # [stream, pos]
+    norms = norm(x_all)  # [stream, pos], in float64
     pre = x_all[:-1]  # [block, pos, d_model] the stream each block reads
     post = np.stack([cache[f"blocks.{M}.hook_resid_post"][batch] for M in range(len(pre))])  # [block, pos, d_model]
-    change = np.linalg.norm(post - pre, axis=-1) / norms[:-1]  # [block, pos] attn_out + mlp_out, relative
+    change = norm(post.astype(np.float64) - pre) / norms[:-1]  # [block, pos] attn_out + mlp_out, relative
     n_stream, n_pos = norms.shape
     fig = _figure(max(6.0, 0.45 * n_pos + 2.5), 6.6)
     top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=[3, 2])
@@ -91,7 +91,7 @@ def resid_norm_figure(cache, position=None, batch: int = 0, labels=None, clean_c
     for M in range(n_stream - 1):
         bottom.plot(x, change[M], marker="o", ms=3, lw=1.2, color=colours[M], label=f"block {M}")
     if clean_cache is not None:
-        clean = np.linalg.norm(streams(clean_cache)[:, batch], axis=-1)  # [stream, pos]
+        clean = norm(streams(clean_cache)[:, batch])  # [stream, pos]
         top.plot(x, clean[-1], ls="--", color="0.4", lw=1.2, label="final stream, no injection")
     for ax in (top, bottom):
         ax.set_yscale("log")

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..activations import softmax
 from ..analysis.interventions import steering_vector
-from ..analysis.measurements import injection_ratio, kl_divergence
+from ..analysis.measurements import injection_ratio, kl_divergence, norm
 from ._arguments import count
 from ._chosen_model import add_text_arguments, header, load_chosen, print_json, token_json, token_text, tokens_of
 from ._table import table
@@ -64,7 +64,7 @@ def run(args) -> int:
     kl = kl_divergence(logits, clean_logits)  # [pos]
     m = len(sv.vector)
     ratio = injection_ratio(cache, sv.vector, np.arange(m))  # [stream, m]
-    size = np.linalg.norm(sv.vector, axis=-1)  # [m]
+    size = norm(sv.vector)  # [m], in float64
     if args.generate:
         unsteered = model.generate(tokens, args.generate, temperature=0)[len(tokens):]  # [n]
         with sv:

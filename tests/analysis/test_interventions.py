@@ -217,3 +217,16 @@ def test_a_coefficient_the_stream_cannot_hold_is_an_error(dtype):
             add_vector(m, TOKENS, np.full(12, 0.5), 0, [1], coeff=coeff)
         with pytest.raises(RefGPTError, match="overflows|finite number"):
             steering_vector(m, [1, 2], [3, 4], 0, coeff=coeff)
+
+
+def test_norms_of_a_float32_stream_holding_a_huge_vector_are_finite():
+    """measurements.norm works in float64: a float32 stream with entries ~1e30 is finite, its
+    squared norm in float32 is not (it overflows past 1.8e19)."""
+    m = random_model(CFG, seed=3, dtype="float32")
+    v = add_vector(m, TOKENS, np.linspace(-1, 1, 12), 1, [2], coeff=1e30)
+    _, cache = m.run_with_cache(TOKENS, fwd_hooks=v)
+    with np.errstate(over="raise", invalid="raise"):
+        ratio = injection_ratio(cache, 1e30 * np.linspace(-1, 1, 12), [2])
+        norms = resid_norms(cache)
+    assert np.all(np.isfinite(ratio)) and abs(ratio[-1, 0] - 1) < 1e-3
+    assert all(np.all(np.isfinite(n)) for n in norms.values())
