@@ -14,6 +14,11 @@ The keywords are TransformerLens's ``generate``: a list of texts is left-padded 
 every row's next token follows its own last real token; with ``stop_at_eos`` a row that has
 produced ``eos_token_id`` gets only ``eos_token_id`` after it, and generation ends once every row
 has. ``return_type="input"`` returns what came in: text for text, tokens for tokens.
+
+Hooks active around ``generate`` (``with model.hooks(...)`` or ``with intervention:``) apply to
+every step. A hook marked ``takes_start`` is told which absolute positions each step computes
+(refgpt/hooks.py), so an edit of the prompt's positions — an ActAdd steering vector — is made
+once, in the prompt's pass, and every generated token sees it through the KV cache.
 """
 
 from __future__ import annotations

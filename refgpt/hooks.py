@@ -16,6 +16,12 @@ the model, cleared by ``reset_hooks``), as in TransformerLens. A HookPoint *is* 
 A replacement must keep the activation's shape and dtype: refgpt never casts or broadcasts a
 hook's output silently.
 
+Absolute positions. In a pass given a KVCache the activations hold only the new positions, so
+row 0 of an activation is position ``run.start`` (the positions already cached), not position 0.
+A hook that edits given positions (a steering vector at the prompt's front positions) must know
+this: mark it with ``fn.takes_start = True`` and it is called ``fn(activation, hook, start=s)``,
+s the absolute position of the activation's first row (0 in an ordinary pass).
+
 Hooks live on the model's hook points (``model.hook_dict``), as in TransformerLens:
 ``add_hook(name_or_filter, fn, dir="fwd"|"bwd", is_permanent=False, prepend=False)``,
 ``reset_hooks(including_permanent=False)``, ``remove_all_hook_fns``, and the ``hooks(...)``
@@ -139,7 +145,8 @@ def hook_entries(entries, what="fwd_hooks"):
 class HookRun:
     """The ``point`` of one forward pass: the hooks on each hook point, then caching."""
 
-    def __init__(self, hook_dict: dict[str, HookPoint], cache_names=()):
+    def __init__(self, hook_dict: dict[str, HookPoint], cache_names=(), start: int = 0):
+        self.start = start  # the absolute position of the activations' first row (> 0 after a KV cache)
         self.points = {name: hp for name, hp in hook_dict.items() if hp.fwd_hooks}
         self.hooks: dict[str, list[Hook]] = {name: [h.hook for h in hp.fwd_hooks] for name, hp in self.points.items()}
         self.cache_names = set(cache_names)
@@ -147,7 +154,8 @@ class HookRun:
 
     def __call__(self, name: str, activation: np.ndarray) -> np.ndarray:
         for fn in self.hooks.get(name, ()):
-            result = fn(activation, self.points[name])
+            hook = self.points[name]
+            result = fn(activation, hook, start=self.start) if getattr(fn, "takes_start", False) else fn(activation, hook)
             if result is not None:
                 activation = _checked_replacement(name, activation, result)
         if name in self.cache_names:

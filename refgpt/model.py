@@ -228,7 +228,7 @@ class Model(TextMethods, HookRegistry, CircuitMethods):
             tokens, batched, padding = inputs.tokens_and_padding(self, input, prepend_bos, padding_side, attention_mask, past)
         else:
             resid, batched, tokens, padding = inputs.residual_input(self, input, tokens, attention_mask, past)
-        run = HookRun(self.hook_dict, cache_names)
+        run = HookRun(self.hook_dict, cache_names, start=past.length if past is not None else 0)
         logits = self.forward_pass(tokens, run, past, last_only, padding, start_at_layer, stop_at_layer, resid)
         cache = ActivationCache(run.cache, self)
         if stop_at_layer is not None or return_type is None:
