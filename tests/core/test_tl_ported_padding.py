@@ -269,3 +269,21 @@ def test_generate_batch_greedy_equals_tl(pair, use_past_kv_cache):
     for i, p in enumerate(prompts):  # each row as if alone
         alone = ref.generate(p, return_type="tokens", stop_at_eos=False, **kw)
         assert np.array_equal(ref.generate(prompts, return_type="tokens", stop_at_eos=False, **kw)[i, -6:], alone[0, -6:])
+
+
+# ---- TransformerLens/tests/acceptance/test_generate_batch.py ------------------------------------
+
+
+@pytest.mark.parametrize("use_past_kv_cache", [True, False])
+def test_ht_generate_batch_matches_individual(pair, use_past_kv_cache):
+    reset(pair)
+    prompts = ["Hello, my dog is cute", "This is a much longer text. Hello, my cat is cute"]
+    outs = []
+    for gpt2_model in pair:
+        kw = dict(verbose=False, do_sample=False, use_past_kv_cache=use_past_kv_cache)
+        individual_outputs = [gpt2_model.generate(p, **kw) for p in prompts]
+        batched_outputs = gpt2_model.generate(prompts, **kw)
+        for i, prompt in enumerate(prompts):
+            assert individual_outputs[i] == batched_outputs[i], f"Prompt {i} mismatch"
+        outs.append(batched_outputs)
+    assert outs[0] == outs[1]
