@@ -109,7 +109,7 @@ class HookPoint(str):
         return f"HookPoint({self.name!r})"
 
     def __reduce__(self):
-        return (str, (self.name,))
+        return (HookPoint, (self.name,))  # a copy is a fresh point: no hooks, empty ctx
 
 
 def select_names(selector, known: list[str], what: str) -> list[str]:

@@ -21,7 +21,7 @@ torch, transformers, transformer_lens = P.require_peers()
 import tl_port  # noqa: E402
 from tl_port import N, close  # noqa: E402
 from refgpt import RefGPTError  # noqa: E402
-from transformer_lens import utils  # noqa: E402
+from transformer_lens import utilities as utils  # noqa: E402  (utils is deprecated in 3.9)
 from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache  # noqa: E402
 
 PROMPTS = ["Hello world!", "How are you today?", "I'm fine, thank you.", "I am happy."]
