@@ -112,7 +112,7 @@ def causal_bias(pos, start, dtype):
     return bias
 
 
-def attention_backward(grad, x, w, q, k, v, pattern, z, scale):
+def attention_backward(grad, x, w, q, k, v, pattern, z, scale, point=None):
     """∂loss/∂(everything attention read or computed), from grad = ∂loss/∂out [batch, pos,
     d_model], the input ``x`` and the forward's q, k, v, z [batch, pos, head, d_head] and
     ``pattern`` [batch, head, query, key]. ``w`` and ``scale`` as in ``attention``.
@@ -128,21 +128,23 @@ def attention_backward(grad, x, w, q, k, v, pattern, z, scale):
                                  (masked keys have pattern 0, so ∂s is 0 there)
         s = scale·q·kᵀ + mask    ∂q = scale·∂s·k     ∂k = scale·∂sᵀ·q
         q = x·W_Q + b_Q, …       ∂x = ∂q·W_Qᵀ + ∂k·W_Kᵀ + ∂v·W_Vᵀ, ∂W_Q = Σ xᵀ·∂q, ∂b_Q = Σ ∂q
-    (Σ: over batch and position.)
+    (Σ: over batch and position.) ``point(name, ∂)``, if given, sees each hook point's gradient as
+    it is made and returns the one that flows on (backward hooks, refgpt/hooks.py).
     """
+    point = point or (lambda name, g: g)
     batch, pos, d_model = x.shape
     flat = (batch * pos, -1)
     out = {"b_O": grad.sum(axis=(0, 1))}  # [d_model]
     out["W_O"] = z.reshape(flat).T @ grad.reshape(flat)  # [head·d_head, d_model]
-    grad_z = (grad @ w["W_O"].T).reshape(z.shape)  # [batch, pos, head, d_head]
+    grad_z = point("hook_z", (grad @ w["W_O"].T).reshape(z.shape))  # [batch, pos, head, d_head]
 
     per_head = (0, 2, 1, 3)  # [batch, pos, head, d_head] ↔ [batch, head, pos, d_head]
     gz, vh = grad_z.transpose(per_head), v.transpose(per_head)  # [batch, head, pos, d_head]
-    grad_pattern = gz @ vh.transpose(0, 1, 3, 2)  # [batch, head, query, key]
-    grad_v = (pattern.transpose(0, 1, 3, 2) @ gz).transpose(per_head)  # [batch, pos, head, d_head]
-    grad_scores = pattern * (grad_pattern - (pattern * grad_pattern).sum(-1, keepdims=True))  # [batch, head, query, key]
-    grad_q = (grad_scores @ k.transpose(per_head)).transpose(per_head) * scale  # [batch, pos, head, d_head]
-    grad_k = (grad_scores.transpose(0, 1, 3, 2) @ q.transpose(per_head)).transpose(per_head) * scale  # [batch, pos, head, d_head]
+    grad_pattern = point("hook_pattern", gz @ vh.transpose(0, 1, 3, 2))  # [batch, head, query, key]
+    grad_v = point("hook_v", (pattern.transpose(0, 1, 3, 2) @ gz).transpose(per_head))  # [batch, pos, head, d_head]
+    grad_scores = point("hook_attn_scores", pattern * (grad_pattern - (pattern * grad_pattern).sum(-1, keepdims=True)))  # [batch, head, query, key]
+    grad_q = point("hook_q", (grad_scores @ k.transpose(per_head)).transpose(per_head) * scale)  # [batch, pos, head, d_head]
+    grad_k = point("hook_k", (grad_scores.transpose(0, 1, 3, 2) @ q.transpose(per_head)).transpose(per_head) * scale)  # [batch, pos, head, d_head]
 
     x_rows = x.reshape(flat)  # [batch·pos, d_model]
     grad_x = np.zeros_like(x)  # [batch, pos, d_model]

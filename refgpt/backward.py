@@ -138,11 +138,10 @@ def block_backward(model, L, grad, cache, act_backward, g_params, g_acts, point)
     g_acts[b + "hook_resid_post"] = grad = point(b + "hook_resid_post", grad)  # [batch, pos, d_model]
     g_acts[b + "hook_mlp_out"] = g_mlp = point(b + "hook_mlp_out", grad)  # [batch, pos, d_model]
     m = mlp_backward(g_mlp, cached_output(cache, b + "ln2."), cache[b + "mlp.hook_pre"],
-                     cache[b + "mlp.hook_post"], mlp_w, act_backward)
+                     cache[b + "mlp.hook_post"], mlp_w, act_backward, point.scope(b + "mlp."))
     for key in ("W_in", "b_in", "W_out", "b_out"):
         g_params[b + "mlp." + key] = m[key]
-    for name in ("mlp.hook_post", "mlp.hook_pre"):
-        g_acts[b + name] = point(b + name, m[name[4:]], replaceable=False)
+    g_acts[b + "mlp.hook_pre"], g_acts[b + "mlp.hook_post"] = m["hook_pre"], m["hook_post"]
     grad = grad + layer_norm_step(b + "ln2.", m["x"], cache, p, g_params, g_acts, point)  # [batch, pos, d_model]
 
     # resid_mid = resid_pre + attn(ln1(resid_pre))
@@ -150,15 +149,16 @@ def block_backward(model, L, grad, cache, act_backward, g_params, g_acts, point)
     g_acts[b + "hook_attn_out"] = g_attn = point(b + "hook_attn_out", grad)  # [batch, pos, d_model]
     a = attention_backward(g_attn, cached_output(cache, b + "ln1."), attn_w,
                            cache[b + "attn.hook_q"], cache[b + "attn.hook_k"], cache[b + "attn.hook_v"],
-                           cache[b + "attn.hook_pattern"], cache[b + "attn.hook_z"], cfg.attn_scale(L))
+                           cache[b + "attn.hook_pattern"], cache[b + "attn.hook_z"], cfg.attn_scale(L),
+                           point.scope(b + "attn."))
     h, dh, d = cfg.n_heads, cfg.d_head, cfg.d_model
     for x in "QKV":  # flat [d_model, head·d_head] → [head, d_model, d_head]
         g_params[b + f"attn.W_{x}"] = a[f"W_{x}"].reshape(d, h, dh).transpose(1, 0, 2)
         g_params[b + f"attn.b_{x}"] = a[f"b_{x}"].reshape(h, dh)
     g_params[b + "attn.W_O"] = a["W_O"].reshape(h, dh, d)  # [head, d_head, d_model]
     g_params[b + "attn.b_O"] = a["b_O"]
-    for name in reversed(ATTN_HOOKS):  # z, pattern, attn_scores, v, k, q: the order torch calls them
-        g_acts[b + "attn." + name] = point(b + "attn." + name, a[name], replaceable=False)
+    for name in ATTN_HOOKS:
+        g_acts[b + "attn." + name] = a[name]
     grad = grad + layer_norm_step(b + "ln1.", a["x"], cache, p, g_params, g_acts, point)  # [batch, pos, d_model]
     g_acts[b + "hook_resid_pre"] = grad = point(b + "hook_resid_pre", grad)  # [batch, pos, d_model]
     return grad
@@ -167,10 +167,11 @@ def block_backward(model, L, grad, cache, act_backward, g_params, g_acts, point)
 def layer_norm_step(prefix, grad, cache, p, g_params, g_acts, point):
     """LayerNorm ``prefix`` ("blocks.3.ln1.", "ln_final.") in reverse: its gradients recorded,
     ∂loss/∂input returned."""
-    g = layer_norm_backward(grad, cache[prefix + "hook_normalized"], cache[prefix + "hook_scale"], p[prefix + "w"])
+    g = layer_norm_backward(grad, cache[prefix + "hook_normalized"], cache[prefix + "hook_scale"], p[prefix + "w"],
+                            point.scope(prefix))
     g_params[prefix + "w"], g_params[prefix + "b"] = g["w"], g["b"]
-    for name in reversed(LN_HOOKS):
-        g_acts[prefix + name] = point(prefix + name, g[name], replaceable=False)
+    for name in LN_HOOKS:
+        g_acts[prefix + name] = g[name]
     return g["x"]
 
 

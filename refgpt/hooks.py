@@ -171,35 +171,34 @@ class HookRun:
 
 
 class GradientRun:
-    """The backward pass's ``point``: the backward hooks on each hook point, given ∂loss/∂activation.
+    """The backward pass's ``point``: the backward hooks on each hook point, given ∂loss/∂activation
+    as the analytic backward makes it (refgpt/backward.py, and inside attention_backward,
+    mlp_backward and layer_norm_backward).
 
-    Every hook on a point sees the gradient arriving there (not another hook's replacement, as
-    with torch's backward hooks in TransformerLens). At the points between ops (the residual
-    stream, attn_out, mlp_out, the embeddings) a hook may return a replacement gradient; the last
-    one returned is what flows on; inside attention, the MLP and LayerNorm
-    the analytic backward computes an op's gradients in one step, so hooks there see the gradient
-    and a replacement is refused (RefGPTError) rather than silently ignored.
+    Every hook on a point sees the gradient arriving there (not another hook's replacement, as with
+    torch's backward hooks in TransformerLens); a hook may return a replacement (an array, or
+    torch's ``(grad,)``), and the last one returned is what flows on.
     """
 
     def __init__(self, hook_dict: dict[str, HookPoint]):
         self.points = {name: hp for name, hp in hook_dict.items() if hp.bwd_hooks}
 
-    def __call__(self, name: str, grad: np.ndarray, replaceable: bool = True) -> np.ndarray:
+    def __call__(self, name: str, grad: np.ndarray) -> np.ndarray:
         hp = self.points.get(name)
         if hp is None:
             return grad
         flowing = grad
         for handle in list(hp.bwd_hooks):
-            result = handle.hook(grad, hp)  # every hook sees the incoming gradient, as torch's backward hooks do
+            result = handle.hook(grad, hp)
             if isinstance(result, tuple) and len(result) == 1:  # torch's (grad,), as TransformerLens allows
                 result = result[0]
             if result is not None:
-                if not replaceable:
-                    raise RefGPTError(f"backward hook at {name}: refgpt's backward computes this op's gradients in "
-                                      "one step, so a gradient here can be read, not replaced; replace it at the "
-                                      "residual stream, hook_attn_out or hook_mlp_out")
-                flowing = _checked_replacement(name, grad, result)  # the last replacement flows on
+                flowing = _checked_replacement(name, grad, result)
         return flowing
+
+    def scope(self, prefix: str):
+        """This run seen from inside an op: ``point("hook_q", ∂q)`` is ``run("blocks.3.attn.hook_q", ∂q)``."""
+        return lambda name, grad: self(prefix + name, grad)
 
 
 class HookRegistry:

@@ -176,13 +176,16 @@ def test_backward_hooks_see_and_replace_the_same_gradients_as_tl(pair):
         for n in names:
             m.add_hook(n, record(lib), dir="bwd")
         m.add_hook("blocks.1.hook_mlp_out", halve, dir="bwd", prepend=True)  # runs before the recorder
+        m.add_hook("blocks.1.attn.hook_z", halve, dir="bwd", prepend=True)  # inside attention
+        m.add_hook("blocks.0.mlp.hook_post", halve, dir="bwd", prepend=True)  # inside the MLP
     grads = ref.loss_and_grads(prompt)
     tl.zero_grad()
     tl(prompt, return_type="loss").backward()
     for n in names:
         assert close(seen["refgpt"][n], seen["tl"][n]), n
     tl_params = dict(tl.named_parameters())
-    for name in ("blocks.1.mlp.W_out", "blocks.1.mlp.W_in", "blocks.0.attn.W_Q", "pos_embed.W_pos"):
+    for name in ("blocks.1.mlp.W_out", "blocks.1.mlp.W_in", "blocks.1.attn.W_V", "blocks.1.attn.W_Q",
+                 "blocks.0.mlp.W_in", "blocks.0.attn.W_Q", "pos_embed.W_pos"):
         assert close(grads.params[name], tl_params[name].grad), name
     for m in pair:
         m.reset_hooks(including_permanent=True)

@@ -137,9 +137,12 @@ def test_backward_hooks_read_and_replace_gradients(model):
     assert np.array_equal(doubled.activations["blocks.1.hook_resid_post"], plain.activations["blocks.1.hook_resid_post"])
     assert not np.allclose(doubled.params["blocks.1.attn.W_Q"], plain.params["blocks.1.attn.W_Q"])
     model.reset_hooks()
+    # Inside an op too: no gradient through block 0's pattern means none into its W_Q, W_K (and
+    # ∂W_V, which reaches W_V through z, not the pattern, is untouched).
     model.add_hook("blocks.0.attn.hook_pattern", lambda g, h: g * 0, dir="bwd")
-    with pytest.raises(RefGPTError, match="read, not replaced"):
-        model.loss_and_grads(tokens)
+    cut = model.loss_and_grads(tokens)
+    assert not cut.params["blocks.0.attn.W_Q"].any() and not cut.params["blocks.0.attn.b_K"].any()
+    assert np.array_equal(cut.params["blocks.0.attn.W_V"], plain.params["blocks.0.attn.W_V"])
     model.reset_hooks()
     with model.hooks(fwd_hooks=[("hook_embed", lambda a, h: None)]):
         with pytest.raises(RefGPTError, match="forward hooks are attached"):
