@@ -268,6 +268,17 @@ def test_conditional_hooks(model):
                 set_use(True)
 
 
+def test_ln1_hooks_run_once_per_block_in_refgpt_three_times_in_tl(pair):
+    """DEPARTURE 2.21: TL applies ln1 to the query, key and value inputs separately."""
+    calls = []
+    for m in pair:
+        count = []
+        m.run_with_hooks(prompt, fwd_hooks=[("blocks.0.ln1.hook_scale", lambda x, hook: count.append(N(x).copy()))])
+        calls.append(count)
+    assert len(calls[0]) == 1 and len(calls[1]) == 3
+    assert all(close(calls[0][0], c) for c in calls[1])
+
+
 def test_optional_hook_points_equal_tl(pair):
     """Beyond TL's file: with the switches on, hook_result and hook_mlp_in hold TL's values."""
     outs = []
