@@ -33,12 +33,21 @@ def attention(x, w, n_heads, scale, point, past=None, bias=None, per_head_result
     ``past(k, v)``, in incremental decoding, stores the new keys and values and returns all of them.
     ``bias``: None (causal), or padding's [batch, 1, query, key] bias (refgpt/padding.py).
     ``per_head_result`` (TransformerLens's use_attn_result): make each head's z[h]·W_O[h]
-    [batch, pos, head, d_model] at ``hook_result`` and sum those (a different rounding)."""
-    batch, pos, _ = x.shape
-    heads = (batch, pos, n_heads, -1)
-    q = point("hook_q", affine(x, w["W_Q"], w["b_Q"]).reshape(heads))  # [batch, pos, head, d_head]
-    k = point("hook_k", affine(x, w["W_K"], w["b_K"]).reshape(heads))  # [batch, pos, head, d_head]
-    v = point("hook_v", affine(x, w["W_V"], w["b_V"]).reshape(heads))  # [batch, pos, head, d_head]
+    [batch, pos, head, d_model] at ``hook_result`` and sum those (a different rounding).
+    ``x`` may also be three per-head inputs (x_q, x_k, x_v), each [batch, pos, head, d_model]:
+    TransformerLens's use_attn_in / use_split_qkv_input, head h's q read from x_q[:, :, h]."""
+    if isinstance(x, tuple):
+        x_q, x_k, x_v = x  # [batch, pos, head, d_model] each
+        batch, pos = x_q.shape[:2]
+        q = point("hook_q", per_head_affine(x_q, w["W_Q"], w["b_Q"], n_heads))  # [batch, pos, head, d_head]
+        k = point("hook_k", per_head_affine(x_k, w["W_K"], w["b_K"], n_heads))  # [batch, pos, head, d_head]
+        v = point("hook_v", per_head_affine(x_v, w["W_V"], w["b_V"], n_heads))  # [batch, pos, head, d_head]
+    else:
+        batch, pos, _ = x.shape
+        heads = (batch, pos, n_heads, -1)
+        q = point("hook_q", affine(x, w["W_Q"], w["b_Q"]).reshape(heads))  # [batch, pos, head, d_head]
+        k = point("hook_k", affine(x, w["W_K"], w["b_K"]).reshape(heads))  # [batch, pos, head, d_head]
+        v = point("hook_v", affine(x, w["W_V"], w["b_V"]).reshape(heads))  # [batch, pos, head, d_head]
 
     if past is not None:
         k, v = past(k, v)  # [batch, key, head, d_head]: the earlier positions' keys, then these
@@ -57,6 +66,12 @@ def attention(x, w, n_heads, scale, point, past=None, bias=None, per_head_result
         result = point("hook_result", np.einsum("bphd,hdm->bphm", z, W_O))  # [batch, pos, head, d_model]
         return result.sum(axis=2) + w["b_O"]  # [batch, pos, d_model]
     return affine(z.reshape(batch, pos, -1), w["W_O"], w["b_O"])  # [batch, pos, d_model]
+
+
+def per_head_affine(x, W, b, n_heads):
+    """Head h's x[:, :, h]·W[h] + b[h]: x [batch, pos, head, d_model], W [d_model, head·d_head]."""
+    d_model = W.shape[0]
+    return np.einsum("bphd,dhe->bphe", x, W.reshape(d_model, n_heads, -1)) + b.reshape(n_heads, -1)  # [batch, pos, head, d_head]
 
 
 def attend(qh, kh, vh, point, bias=None):

@@ -81,6 +81,9 @@ def loss_and_grads(model, tokens, targets=None) -> Gradients:
             raise RefGPTError("loss_and_grads: the texts have different lengths; the backward of a padded "
                               "batch is not implemented: pass one text, or equal-length ones")
     tokens, _ = model.check_tokens(tokens)  # [batch, pos]
+    if model.cfg.use_attn_in or model.cfg.use_split_qkv_input:
+        raise RefGPTError("loss_and_grads: the analytic backward is written for one ln1 per block; turn "
+                          "use_attn_in / use_split_qkv_input off (model.set_use_attn_in(False), …)")
     if any(hp.fwd_hooks for hp in model.hook_dict.values()):
         raise RefGPTError("loss_and_grads: forward hooks are attached; the analytic backward is the gradient of "
                           "the unhooked forward pass, so remove them first (model.reset_hooks())")

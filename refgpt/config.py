@@ -45,14 +45,6 @@ TL_SWITCHES = {
     "use_hook_tokens": "hook hook_tokens [batch, pos], the token ids",
 }
 
-#: Switches refgpt refuses to turn on: each would run LayerNorm once per head, giving ln1's hook
-#: points a head axis, a second forward pass that refgpt does not carry.
-NOT_IMPLEMENTED_SWITCHES = {
-    "use_split_qkv_input": "per-head copies of the stream into q, k and v",
-    "use_attn_in": "a per-head copy of the stream into attention",
-}
-
-
 @dataclasses.dataclass(eq=True)
 class Config:
     """Everything about a GPT-2 that changes its forward pass.
@@ -107,9 +99,6 @@ class Config:
         if name in TL_SWITCHES:
             if not isinstance(value, (bool,)):
                 raise RefGPTError(f"config: {name} must be True or False, found {value!r}")
-            if value and name in NOT_IMPLEMENTED_SWITCHES:
-                raise RefGPTError(f"config: {name} is not implemented in refgpt: {NOT_IMPLEMENTED_SWITCHES[name]} "
-                                  "(docs/transformerlens.md)")
         elif name in self.__dict__:
             raise RefGPTError(f"config: {name} is fixed once the Config is made (only {sorted(TL_SWITCHES)} may change)")
         object.__setattr__(self, name, value)

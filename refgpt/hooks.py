@@ -218,11 +218,11 @@ class HookRegistry:
         self.cfg.use_hook_mlp_in = use_hook_mlp_in
 
     def set_use_split_qkv_input(self, use_split_qkv_input: bool):
-        """Not implemented in refgpt: True raises RefGPTError (docs/transformerlens.md)."""
+        """Per-head copies of the stream into q, k and v: ``hook_q_input`` … (refgpt/hook_points.py)."""
         self.cfg.use_split_qkv_input = use_split_qkv_input
 
     def set_use_attn_in(self, use_attn_in: bool):
-        """Not implemented in refgpt: True raises RefGPTError (docs/transformerlens.md)."""
+        """A per-head copy of the stream into attention: ``blocks.L.hook_attn_in``."""
         self.cfg.use_attn_in = use_attn_in
 
     def add_hook(self, name, hook, dir="fwd", is_permanent=False, level=None, prepend=False):

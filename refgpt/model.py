@@ -287,7 +287,10 @@ class Model(TextMethods, HookRegistry, CircuitMethods):
         past_kv = None if past is None else functools.partial(past.extend, L)
 
         resid_pre = point(b + "hook_resid_pre", resid)  # [batch, pos, d_model]
-        x = layer_norm(resid_pre, ln["ln1.w"], ln["ln1.b"], cfg.eps, point.scope(b + "ln1."))  # [batch, pos, d_model]
+        if cfg.use_attn_in or cfg.use_split_qkv_input:
+            x = self.per_head_inputs(b, resid_pre, ln, point)  # (x_q, x_k, x_v) [batch, pos, head, d_model] each
+        else:
+            x = layer_norm(resid_pre, ln["ln1.w"], ln["ln1.b"], cfg.eps, point.scope(b + "ln1."))  # [batch, pos, d_model]
         attn_out = attention(x, attn_w, cfg.n_heads, cfg.attn_scale(L), point.scope(b + "attn."), past_kv, bias,
                              cfg.use_attn_result)  # [batch, pos, d_model]
         attn_out = point(b + "hook_attn_out", attn_out)  # [batch, pos, d_model]
@@ -297,6 +300,18 @@ class Model(TextMethods, HookRegistry, CircuitMethods):
         x = layer_norm(mlp_in, ln["ln2.w"], ln["ln2.b"], cfg.eps, point.scope(b + "ln2."))  # [batch, pos, d_model]
         mlp_out = point(b + "hook_mlp_out", mlp(x, mlp_w, self._act, point.scope(b + "mlp.")))  # [batch, pos, d_model]
         return point(b + "hook_resid_post", resid_mid + mlp_out)  # [batch, pos, d_model]
+
+    def per_head_inputs(self, b, resid_pre, ln, point):
+        """TransformerLens's use_attn_in / use_split_qkv_input: each head reads its own copy of the
+        stream (``hook_attn_in``, or ``hook_q_input``/``k``/``v``), through ln1 once per input."""
+        cfg = self.cfg
+        heads = np.repeat(resid_pre[:, :, None], cfg.n_heads, axis=2)  # [batch, pos, head, d_model]
+        attn_in = point(b + "hook_attn_in", heads) if cfg.use_attn_in else heads
+        if cfg.use_split_qkv_input:
+            inputs_ = [point(b + f"hook_{x}_input", heads.copy()) for x in "qkv"]  # [batch, pos, head, d_model] each
+        else:
+            inputs_ = [attn_in] * 3
+        return tuple(layer_norm(x, ln["ln1.w"], ln["ln1.b"], cfg.eps, point.scope(b + "ln1.")) for x in inputs_)
 
     # ---- input checking -----------------------------------------------------------------------
 

@@ -242,9 +242,12 @@ def test_conditional_hooks(model):
     def identity_hook(z, hook):
         return z
 
-    implemented = [("blocks.0.attn.hook_result", model.set_use_attn_result),
-                   ("blocks.0.hook_mlp_in", model.set_use_hook_mlp_in)]
-    for hook_name, set_use_hook_function in implemented:
+    for hook_name, set_use_hook_function in [
+        ("blocks.0.attn.hook_result", model.set_use_attn_result),
+        ("blocks.0.hook_q_input", model.set_use_split_qkv_input),
+        ("blocks.0.hook_mlp_in", model.set_use_hook_mlp_in),
+        ("blocks.0.hook_attn_in", model.set_use_attn_in),
+    ]:
         model.reset_hooks()
         set_use_hook_function(False)
         with pytest.raises(error_of(model)):
@@ -254,7 +257,9 @@ def test_conditional_hooks(model):
         set_use_hook_function(False)
     n = model.to_tokens(prompt).shape[1]
     correct_shapes = {3: (1, n, model.cfg.d_model), 4: (1, n, model.cfg.n_heads, model.cfg.d_model)}
-    for hook_name, set_use_hook_function, dims in [("blocks.0.hook_mlp_in", model.set_use_hook_mlp_in, 3),
+    for hook_name, set_use_hook_function, dims in [("blocks.0.hook_q_input", model.set_use_split_qkv_input, 4),
+                                                    ("blocks.0.hook_attn_in", model.set_use_attn_in, 4),
+                                                    ("blocks.0.hook_mlp_in", model.set_use_hook_mlp_in, 3),
                                                     ("blocks.0.attn.hook_result", model.set_use_attn_result, 4)]:
         model.reset_hooks()
         set_use_hook_function(True)
@@ -262,10 +267,6 @@ def test_conditional_hooks(model):
         assert list(cache.keys()) == [hook_name]
         assert cache[hook_name].shape == correct_shapes[dims]
         set_use_hook_function(False)
-    if hasattr(model, "kv_cache"):  # DEPARTURE: the per-head-input switches are not implemented
-        for set_use in (model.set_use_split_qkv_input, model.set_use_attn_in):
-            with pytest.raises(RefGPTError, match="not implemented"):
-                set_use(True)
 
 
 def test_ln1_hooks_run_once_per_block_in_refgpt_three_times_in_tl(pair):
@@ -279,19 +280,33 @@ def test_ln1_hooks_run_once_per_block_in_refgpt_three_times_in_tl(pair):
     assert all(close(calls[0][0], c) for c in calls[1])
 
 
-def test_optional_hook_points_equal_tl(pair):
-    """Beyond TL's file: with the switches on, hook_result and hook_mlp_in hold TL's values."""
+@pytest.mark.parametrize("switches", [("use_attn_result", "use_hook_mlp_in"), ("use_attn_in",), ("use_split_qkv_input",),
+                                      ("use_attn_in", "use_split_qkv_input", "use_attn_result")])
+def test_optional_hook_points_equal_tl(pair, switches):
+    """Beyond TL's file: with the switches on, every cached value (the new points, ln1's per-head
+    statistics) is TL's, in TL's order (but for 2.10), and an edit at hook_q_input moves only q."""
     outs = []
     for m in pair:
-        m.set_use_attn_result(True)
-        m.set_use_hook_mlp_in(True)
+        for s in switches:
+            getattr(m, "set_" + s)(True)
         logits, cache = m.run_with_cache(prompt)
-        outs.append((N(logits), {k: N(cache[k]) for k in ("blocks.1.attn.hook_result", "blocks.0.hook_mlp_in")}))
-        m.set_use_attn_result(False)
-        m.set_use_hook_mlp_in(False)
-    assert close(outs[0][0], outs[1][0])
-    for k in outs[0][1]:
-        assert close(outs[0][1][k], outs[1][1][k]), k
+        edited = None
+        if "use_split_qkv_input" in switches:
+            _, edited = m.run_with_cache(prompt, names_filter=["blocks.1.attn.hook_q", "blocks.1.attn.hook_k"],
+                                         fwd_hooks=[("blocks.1.hook_q_input", lambda x, hook: x * 2)]) if hasattr(m, "kv_cache") else \
+                (None, None)
+        outs.append((N(logits), {k: N(v) for k, v in cache.items()}, cache, edited))
+        for s in switches:
+            getattr(m, "set_" + s)(False)
+    (ref_logits, ref_cache, ref_obj, edited), (tl_logits, tl_cache, _, _) = outs
+    assert close(ref_logits, tl_logits)
+    assert [k for k in ref_cache if not k.endswith("hook_mean")] == [k for k in tl_cache if not k.startswith("unembed.")]
+    for k, v in tl_cache.items():
+        if k in ref_cache:
+            assert (P.rel_err_finite(ref_cache[k], v) if "attn_scores" in k else P.rel_err(ref_cache[k], v)) <= P.TL_TOL, k
+    if edited is not None:
+        assert not np.allclose(edited["blocks.1.attn.hook_q"], ref_obj["blocks.1.attn.hook_q"])
+        assert np.allclose(edited["blocks.1.attn.hook_k"], ref_obj["blocks.1.attn.hook_k"], rtol=0, atol=1e-14)
 
 
 @pytest.mark.parametrize("zero_attach_pos,prepend", [(z, p) for z in range(2) for p in [True, False]])

@@ -84,8 +84,10 @@ def test_unknown_and_switched_off_points_are_refused(model):
         model.add_hook("blocks.0.hook_resid_pr", lambda a, h: None)
     with pytest.raises(RefGPTError, match="use_attn_result"):
         model.add_hook("blocks.0.attn.hook_result", lambda a, h: None)
-    with pytest.raises(RefGPTError, match="not implemented"):
-        model.set_use_split_qkv_input(True)
+    model.set_use_split_qkv_input(True)
+    with pytest.raises(RefGPTError, match="one ln1 per block"):
+        model.loss_and_grads("abc")
+    model.set_use_split_qkv_input(False)
     with pytest.raises(RefGPTError, match="fixed once"):
         model.cfg.d_model = 4
 
