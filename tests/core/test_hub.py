@@ -98,12 +98,14 @@ def test_cache_dir_is_huggingface_hubs(env, expected, monkeypatch):
         assert hf.stdout.strip() == str(cache_dir())
 
 
-def test_loading_a_directory_loads_no_http_machinery():
+def test_loading_a_directory_loads_no_http_machinery_and_refgpt_hub_loads_on_first_use():
     code = ("import sys, refgpt; refgpt.load_default(); "
             "print(sorted(m for m in ('refgpt.hub', 'refgpt.hf_cache', 'urllib.request', 'http.client') "
-            "if m in sys.modules))")
+            "if m in sys.modules)); "
+            "print(refgpt.hub is sys.modules['refgpt.hub'], refgpt.hf_cache is sys.modules['refgpt.hf_cache'], "
+            "refgpt.hub.download.__module__)")
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
-    assert loaded.stdout.strip() == "[]"
+    assert loaded.stdout.splitlines() == ["[]", "True True refgpt.hub"]
 
 
 # ---- the cache: both spellings, revisions, offline ----------------------------------------
