@@ -3,7 +3,9 @@
     refgpt.save(model, "out/")    # config.json, model.safetensors (+ vocab.json, merges.txt)
 
 ``config.json`` is the GPT2Config of the model's real values (``Config.to_hf``: sizes, eps, the
-activation function, the attention-scale flags, tied embeddings), ``model.safetensors`` holds the
+activation function, the attention-scale flags, tied embeddings; the context length as both
+``n_positions``, which HF reads, and ``n_ctx``, which TransformerLens 3.9 reads, as GPT-2's own
+config.json has it), ``model.safetensors`` holds the
 weights under GPT2LMHeadModel's keys (``transformer.h.0.attn.c_attn.weight``, Conv1D's [in, out]
 orientation; ``checkpoint.hf_tensors``), and a model with a tokenizer gets ``vocab.json`` and
 ``merges.txt``. So ``refgpt.load`` gives the same model back bit for bit, and

@@ -419,7 +419,8 @@ np.savez(sys.argv[2], logits=tl(tokens).detach().numpy(), **{k: v.numpy() for k,
 def test_transformer_lens_loads_by_name_what_refgpt_downloaded(hf_env, hub, tmp_path):
     """TransformerLens 3.9's from_pretrained("gpt2"), offline, in a fresh process (huggingface_hub
     reads HF_HUB_OFFLINE and HF_ENDPOINT once, at import), finds refgpt's download and loads the same
-    weights, bit for bit. TL's gpt2 assumes d_mlp = 4·d_model and reads n_ctx from config.json."""
+    weights, bit for bit. TL's gpt2 assumes d_mlp = 4·d_model and reads n_ctx from config.json
+    (which refgpt.save writes)."""
     pytest.importorskip("transformer_lens", reason="the peer test needs the 'peers' extra")
     import json
     import tempfile
@@ -430,7 +431,7 @@ def test_transformer_lens_loads_by_name_what_refgpt_downloaded(hf_env, hub, tmp_
     model = random_model(cfg, seed=21)
     model.tokenizer = refgpt.Tokenizer.from_dir(refgpt.default_model_path())
     with tempfile.TemporaryDirectory() as directory:
-        refgpt.save(model, directory, dtype="float32", config={"n_ctx": cfg.n_ctx})
+        refgpt.save(model, directory, dtype="float32")
         hub.add_commit("gpt2", {p.name: p.read_bytes() for p in Path(directory).iterdir()})
     hub.renamed.clear()
     download("gpt2")

@@ -50,12 +50,16 @@ def test_save_then_load_round_trips_bit_for_bit(tmp_path, dtype, tie):
 
 
 def test_saving_the_embedded_model_as_float32_reproduces_its_files(tmp_path):
+    """Byte for byte, but for the n_ctx that save has written since the model was trained (the
+    shipped files are as the training run wrote them, and its log records their sha256)."""
     default = refgpt.load_default()
     shipped = refgpt.default_model_path()
-    extra = {"initializer_range": json.loads((shipped / "config.json").read_text())["initializer_range"]}
-    refgpt.save(default, tmp_path / "copy", dtype="float32", config=extra)
-    for name in ("config.json", "model.safetensors", "vocab.json", "merges.txt"):
+    shipped_config = json.loads((shipped / "config.json").read_text())
+    refgpt.save(default, tmp_path / "copy", dtype="float32",
+                config={"initializer_range": shipped_config["initializer_range"]})
+    for name in ("model.safetensors", "vocab.json", "merges.txt"):
         assert (tmp_path / "copy" / name).read_bytes() == (shipped / name).read_bytes(), name
+    assert json.loads((tmp_path / "copy" / "config.json").read_text()) == {**shipped_config, "n_ctx": 128}
     back = refgpt.load(tmp_path / "copy")
     assert_same_model(default, back)
     assert back.to_tokens("To be, or not to be").tolist() == default.to_tokens("To be, or not to be").tolist()
@@ -97,6 +101,7 @@ def test_hf_reads_what_save_writes_and_computes_the_same_logits(tmp_path):
         hf = transformers.GPT2LMHeadModel.from_pretrained(directory, dtype=torch.float64).eval()
         assert hf.config.layer_norm_epsilon == cfg.eps and hf.config.activation_function == cfg.act_fn
         assert hf.config.scale_attn_weights is False and hf.config.scale_attn_by_inverse_layer_idx is True
+        assert hf.config.n_positions == hf.config.n_ctx == cfg.n_ctx  # TransformerLens 3.9 reads n_ctx
         tokens = np.random.default_rng(0).integers(0, cfg.d_vocab, size=(2, cfg.n_ctx))
         with torch.no_grad():
             theirs = hf(torch.as_tensor(tokens)).logits.numpy()
