@@ -19,6 +19,7 @@ import pytest
 
 import refgpt
 from fake_hub import FakeHub, etag_of, fabricate_cache, tiny_gpt2_files
+from peers import require_peers
 from refgpt import RefGPTError
 from refgpt.hf_cache import cache_dir, parse_name
 from refgpt.hub import download, download_files
@@ -405,40 +406,40 @@ def test_transformers_loads_by_name_what_refgpt_downloaded(hf_env, hub, monkeypa
     assert np.max(np.abs(ours - hf_logits)) / max(1.0, np.max(np.abs(hf_logits))) <= 1e-12  # tests/peers.py F64_TOL
 
 
-_TL_SCRIPT = """
-import json, sys
-import numpy as np, torch
-from transformer_lens import HookedTransformer
-tl = HookedTransformer.from_pretrained("gpt2", dtype=torch.float64, fold_ln=False, fold_value_biases=False,
-                                       center_writing_weights=False, center_unembed=False)
-tokens = torch.tensor(json.loads(sys.argv[1]))
-np.savez(sys.argv[2], logits=tl(tokens).detach().numpy(), **{k: v.numpy() for k, v in tl.state_dict().items()})
-"""
+def test_transformer_lens_loads_by_name_what_refgpt_downloaded(hf_env, hub, monkeypatch):
+    """TransformerLens 3.9's from_pretrained("gpt2") finds refgpt's download in the HF cache and loads
+    the same weights, bit for bit. TL's gpt2 assumes d_mlp = 4·d_model and reads n_ctx from
+    config.json (which refgpt.save writes).
 
-
-def test_transformer_lens_loads_by_name_what_refgpt_downloaded(hf_env, hub, tmp_path):
-    """TransformerLens 3.9's from_pretrained("gpt2"), offline, in a fresh process (huggingface_hub
-    reads HF_HUB_OFFLINE and HF_ENDPOINT once, at import), finds refgpt's download and loads the same
-    weights, bit for bit. TL's gpt2 assumes d_mlp = 4·d_model and reads n_ctx from config.json
-    (which refgpt.save writes)."""
-    pytest.importorskip("transformer_lens", reason="the peer test needs the 'peers' extra")
-    import json
-    import tempfile
-
+    In this process, as transformers' test above: huggingface_hub read HF_HUB_OFFLINE and the cache's
+    place once, when it was imported, so the cache is passed as cache_dir (that huggingface_hub's
+    default cache is refgpt's is test_cache_dir_is_huggingface_hubs) and local_files_only=True is the
+    offline switch; any connection off the loopback fails the test."""
+    torch, _, transformer_lens = require_peers()
     from random_models import random_model
 
     cfg = refgpt.Config(d_model=8, n_layers=2, n_heads=2, d_mlp=32, d_vocab=8192, n_ctx=16, tie_word_embeddings=False)
     model = random_model(cfg, seed=21)
     model.tokenizer = refgpt.Tokenizer.from_dir(refgpt.default_model_path())
-    with tempfile.TemporaryDirectory() as directory:
-        refgpt.save(model, directory, dtype="float32")
-        hub.add_commit("gpt2", {p.name: p.read_bytes() for p in Path(directory).iterdir()})
+    refgpt.save(model, hf_env.parent / "saved", dtype="float32")
+    hub.add_commit("gpt2", {p.name: p.read_bytes() for p in (hf_env.parent / "saved").iterdir()})
     hub.renamed.clear()
     download("gpt2")
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
-    subprocess.run([sys.executable, "-c", _TL_SCRIPT, json.dumps(TOKENS.tolist()), str(tmp_path / "tl.npz")],
-                   env=env, check=True, capture_output=True, timeout=300)
-    tl = np.load(tmp_path / "tl.npz")
+
+    connect = socket.socket.connect
+
+    def loopback_only(sock, address):
+        if sock.family in (socket.AF_INET, socket.AF_INET6) and address[0] not in ("127.0.0.1", "::1"):
+            raise AssertionError(f"TransformerLens tried to connect to {address}")
+        return connect(sock, address)
+
+    monkeypatch.setattr(socket.socket, "connect", loopback_only)
+    tl_model = transformer_lens.HookedTransformer.from_pretrained(
+        "gpt2", dtype=torch.float64, fold_ln=False, fold_value_biases=False, center_writing_weights=False,
+        center_unembed=False, cache_dir=str(hf_env), local_files_only=True)
+    with torch.no_grad():
+        tl = {"logits": tl_model(torch.tensor(TOKENS)).numpy(),  # [batch, pos, d_vocab]
+              **{k: v.numpy() for k, v in tl_model.state_dict().items()}}
     ours = refgpt.load("gpt2")
     for name, value in ours.params.items():  # float32 on disk: exact in both, TL's float32 rounding included
         np.testing.assert_array_equal(tl[name], value, err_msg=name)
