@@ -76,6 +76,19 @@ def test_save_refuses_what_an_hf_checkpoint_cannot_hold(tmp_path):
         refgpt.save(random_model(CFG), tmp_path / "c", dtype="float16")
 
 
+def test_save_into_something_that_is_not_a_directory_is_one_line(tmp_path):
+    (tmp_path / "file").write_text("not a checkpoint")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    model = random_model(CFG)
+    for target, expected in [("file", "save: {} exists and is not a directory"),
+                             ("dangling", "save: {} exists and is not a directory"),
+                             ("file/sub", "save: cannot make the directory {}: Not a directory")]:
+        with pytest.raises(RefGPTError) as error:
+            refgpt.save(model, tmp_path / target)
+        assert str(error.value) == expected.format(tmp_path / target)
+    assert (tmp_path / "file").read_text() == "not a checkpoint" and not (tmp_path / "nowhere").exists()
+
+
 def test_a_failed_write_leaves_no_file_and_no_temporary(tmp_path, monkeypatch):
     import refgpt.saving as saving
 
