@@ -307,6 +307,39 @@ def test_no_network_is_one_line_and_load_says_where_it_looked(hf_env):
         refgpt.load("distilgpt2")
 
 
+@pytest.mark.parametrize("endpoint", ["huggingface.co", "ftp://127.0.0.1:21", "http://", "file:///tmp/hub"])
+def test_an_endpoint_that_is_not_an_http_url_is_one_line(endpoint, monkeypatch):
+    monkeypatch.setenv("HF_ENDPOINT", endpoint)
+    with pytest.raises(RefGPTError) as error:
+        download("gpt2")
+    assert only_line(str(error.value)) == f"hub endpoint {endpoint!r} (HF_ENDPOINT): not an http:// or https:// URL"
+
+
+def test_a_cache_that_cannot_be_written_is_one_line(hf_env, hub, monkeypatch):
+    hf_env.parent.joinpath("a file").write_text("not a cache")
+    monkeypatch.setenv("HF_HUB_CACHE", str(hf_env.parent / "a file"))
+    with pytest.raises(RefGPTError) as error:
+        refgpt.load("gpt2")
+    message = only_line(str(error.value))
+    assert message.endswith(f"downloading it failed: gpt2: cannot write the HF cache: "
+                            f"{hf_env.parent / 'a file' / 'models--gpt2' / 'blobs'}: Not a directory")
+
+
+def test_a_cache_path_with_odd_characters_behind_a_symlink_works(hf_env, hub, hub_files, monkeypatch):
+    """Spaces, %, non-ASCII and a symlinked cache directory: the snapshot links stay relative."""
+    real = hf_env.parent / "réel dir %20 #1"
+    real.mkdir()
+    (hf_env.parent / "link to cache").symlink_to(real, target_is_directory=True)
+    monkeypatch.setenv("HF_HUB_CACHE", str(hf_env.parent / "link to cache"))
+    snapshot = download("gpt2")
+    assert snapshot == hf_env.parent / "link to cache" / "models--gpt2" / "snapshots" / hub.commit
+    for filename, data in hub_files.items():
+        assert os.readlink(real / "models--gpt2" / "snapshots" / hub.commit / filename).startswith("../../blobs/")
+        assert (snapshot / filename).read_bytes() == data
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert refgpt.load("gpt2").source == snapshot
+
+
 def test_offline_download_is_refused(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(RefGPTError, match="HF_HUB_OFFLINE is set"):
@@ -316,9 +349,9 @@ def test_offline_download_is_refused(monkeypatch):
 def test_a_sharded_checkpoint_is_downloaded_with_its_index(hf_env, hub):
     sharded = tiny_gpt2_files(seed=8, sharded=True)
     commit = hub.add_commit("owner/sharded", sharded)
-    remote = download_files("owner/sharded")
+    snapshot, remote = download_files("owner/sharded")
     assert sorted(f.filename for f in remote) == sorted(sharded)
-    snapshot = hf_env / "models--owner--sharded" / "snapshots" / commit
+    assert snapshot == hf_env / "models--owner--sharded" / "snapshots" / commit
     one = tiny_gpt2_files(seed=8)
     plain = hf_env.parent / "plain"
     plain.mkdir()
