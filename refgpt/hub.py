@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import hashlib
 import http.client
-import json
 import os
 import re
 import sys
@@ -63,8 +62,8 @@ from pathlib import Path
 from urllib.parse import quote, urljoin, urlsplit
 
 from .errors import RefGPTError
-from .hf_cache import (COMMIT, RELATIVE_NAME, SHARD_INDEX, cache_dir, check_revision, find_snapshot, is_offline,
-                       link_into_snapshot, missing_files, parse_name, repo_folder, write_ref)
+from .hf_cache import (COMMIT, SHARD_INDEX, cache_dir, check_revision, find_snapshot, is_offline, link_into_snapshot,
+                       missing_files, parse_name, repo_folder, shard_names, write_ref)
 from .version import __version__
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
@@ -167,7 +166,7 @@ def _download_into(hub: _Hub, folder: Path, repo_id: str, revision: str) -> tupl
         weights = hub.head(commit, "model.safetensors")
     except _EntryNotFound:  # a sharded checkpoint
         index = fetch(hub.head(commit, SHARD_INDEX))
-        for shard in _shards(index):
+        for shard in shard_names(index):
             fetch(hub.head(commit, shard))
     else:
         fetch(weights)
@@ -178,18 +177,6 @@ def _download_into(hub: _Hub, folder: Path, repo_id: str, revision: str) -> tupl
         raise RefGPTError(f"{snapshot}: still lacks {', '.join(missing)} after downloading")
     write_ref(folder, revision, commit)
     return snapshot, files
-
-
-def _shards(index: Path) -> list[str]:
-    """The shard file names a downloaded ``model.safetensors.index.json`` lists, each checked as a path."""
-    try:
-        shards = set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values())
-    except (ValueError, KeyError, TypeError, AttributeError) as error:
-        raise RefGPTError(f"{index}: not a valid shard index ({error!r})") from None
-    for shard in shards:
-        if not isinstance(shard, str) or not RELATIVE_NAME.fullmatch(shard):
-            raise RefGPTError(f"{index}: shard name {shard!r} is not a relative file name")
-    return sorted(shards)
 
 
 def content_hash(path: Path, etag: str) -> str:

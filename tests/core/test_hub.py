@@ -151,6 +151,23 @@ def test_a_snapshot_without_weights_is_not_used(hf_env, hub_files, monkeypatch):
     assert f"{snapshot} (lacks model.safetensors)" in only_line(str(error.value))
 
 
+@pytest.mark.parametrize("index, expected", [
+    ({"weight_map": {"wte.weight": "../../../../etc/passwd"}}, r"shard name '\.\./\.\./\.\./\.\./etc/passwd' is not a "
+                                                               r"relative file name"),
+    ({"weight_map": {"wte.weight": ["a"]}}, r"not a valid shard index \(TypeError"),
+    ([1, 2], r"not a valid shard index \(TypeError"),
+])
+def test_a_cached_shard_index_is_checked_as_a_downloaded_one_is(hf_env, hub_files, monkeypatch, index, expected):
+    """A shard name becomes a path inside the snapshot: one that would leave it is refused, not looked up."""
+    import json
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    snapshot = fabricate_cache(hf_env, "models--gpt2", {"config.json": hub_files["config.json"],
+                                                         "model.safetensors.index.json": json.dumps(index).encode()})
+    with pytest.raises(RefGPTError, match=rf"^{snapshot}/model.safetensors.index.json: {expected}"):
+        refgpt.load("gpt2")
+
+
 def test_a_damaged_ref_is_an_error_not_a_guess(hf_env, hub_files, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     fabricate_cache(hf_env, "models--gpt2", hub_files)
