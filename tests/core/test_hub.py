@@ -433,10 +433,13 @@ def test_transformer_lens_loads_by_name_what_refgpt_downloaded(hf_env, hub, monk
     config.json (which refgpt.save writes).
 
     In this process, as transformers' test above: huggingface_hub read HF_HUB_OFFLINE and the cache's
-    place once, when it was imported, so the cache is passed as cache_dir (that huggingface_hub's
+    place once, when it was first imported, so the cache is passed as cache_dir (that huggingface_hub's
     default cache is refgpt's is test_cache_dir_is_huggingface_hubs) and local_files_only=True is the
-    offline switch; any connection off the loopback fails the test."""
-    torch, _, transformer_lens = require_peers()
+    offline switch. TL passes neither to the tokenizer it loads (and re-loads by its name_or_path), so
+    it is given one read from the snapshot's directory (transformers finds it by name in
+    test_transformers_loads_by_name_what_refgpt_downloaded). Any connection off the loopback fails
+    the test."""
+    torch, transformers, transformer_lens = require_peers()
     from random_models import random_model
 
     cfg = refgpt.Config(d_model=8, n_layers=2, n_heads=2, d_mlp=32, d_vocab=8192, n_ctx=16, tie_word_embeddings=False)
@@ -445,7 +448,7 @@ def test_transformer_lens_loads_by_name_what_refgpt_downloaded(hf_env, hub, monk
     refgpt.save(model, hf_env.parent / "saved", dtype="float32")
     hub.add_commit("gpt2", {p.name: p.read_bytes() for p in (hf_env.parent / "saved").iterdir()})
     hub.renamed.clear()
-    download("gpt2")
+    snapshot = download("gpt2")
 
     connect = socket.socket.connect
 
@@ -455,9 +458,10 @@ def test_transformer_lens_loads_by_name_what_refgpt_downloaded(hf_env, hub, monk
         return connect(sock, address)
 
     monkeypatch.setattr(socket.socket, "connect", loopback_only)
+    offline = {"cache_dir": str(hf_env), "local_files_only": True}
     tl_model = transformer_lens.HookedTransformer.from_pretrained(
         "gpt2", dtype=torch.float64, fold_ln=False, fold_value_biases=False, center_writing_weights=False,
-        center_unembed=False, cache_dir=str(hf_env), local_files_only=True)
+        center_unembed=False, tokenizer=transformers.GPT2TokenizerFast.from_pretrained(snapshot), **offline)
     with torch.no_grad():
         tl = {"logits": tl_model(torch.tensor(TOKENS)).numpy(),  # [batch, pos, d_vocab]
               **{k: v.numpy() for k, v in tl_model.state_dict().items()}}
