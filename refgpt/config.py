@@ -206,6 +206,7 @@ class Config:
             "n_inner": self.d_mlp,
             "vocab_size": self.d_vocab,
             "n_positions": self.n_ctx,
+            "n_ctx": self.n_ctx,  # GPT-2's own config.json has both; TransformerLens reads n_ctx, HF n_positions
             "layer_norm_epsilon": self.eps,
             "activation_function": self.act_fn,
             "scale_attn_weights": self.use_attn_scale,
