@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 from types import MappingProxyType
+from typing import NamedTuple
 
 import numpy as np
 
@@ -41,6 +42,14 @@ from .mlp import mlp
 from .text import TextMethods
 
 RETURN_TYPES = ("logits", "loss", "both", None)
+
+
+class Output(NamedTuple):
+    """What ``return_type="both"`` returns, as TransformerLens's ``Output``: ``logits, loss = …``
+    or ``.logits``, ``.loss``."""
+
+    logits: np.ndarray
+    loss: np.ndarray
 
 
 def param_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
@@ -150,8 +159,8 @@ class Model(TextMethods, HookRegistry, CircuitMethods):
         ``prepend_bos``, ``padding_side``) or token ids [pos] / [batch, pos].
 
         ``return_type``: "logits" ([batch, pos, d_vocab]; [pos, d_vocab] for unbatched ids),
-        "loss" (mean next-token loss; [batch, pos − 1] with ``loss_per_token``), "both" (logits,
-        loss) or None. ``attention_mask`` [batch, pos]: 1 real, 0 pad (refgpt/padding.py).
+        "loss" (mean next-token loss; [batch, pos − 1] with ``loss_per_token``), "both" (an
+        ``Output(logits, loss)``) or None. ``attention_mask`` [batch, pos]: 1 real, 0 pad (refgpt/padding.py).
         ``start_at_layer``: ``input`` is the residual stream [batch, pos, d_model] entering that
         block (``tokens`` then give the loss). ``stop_at_layer``: return the stream entering that
         block instead of logits. ``past_kv_cache`` (or ``past``): a KVCache holding the earlier
@@ -239,7 +248,7 @@ class Model(TextMethods, HookRegistry, CircuitMethods):
             raise RefGPTError(f"return_type={return_type!r} with start_at_layer needs tokens= for the loss")
         loss = lm_cross_entropy_loss(logits, tokens, None if padding is None else padding.mask[:, -tokens.shape[1]:],
                                      per_token=loss_per_token)
-        return (loss if return_type == "loss" else ((logits if batched else logits[0]), loss)), cache
+        return (loss if return_type == "loss" else Output(logits if batched else logits[0], loss)), cache
 
     def forward_pass(self, tokens, point, past=None, last_only=False, padding=None, start_at_layer=None,
                      stop_at_layer=None, resid=None):

@@ -181,6 +181,8 @@ def test_forward_keywords(model):
     tokens = model.to_tokens(["abc", "de"])
     logits, loss = model(tokens, return_type="both")
     assert np.array_equal(logits, model(tokens)) and loss == model(tokens, return_type="loss")
+    both = model(tokens, return_type="both")  # TransformerLens's Output: a named tuple
+    assert both.logits is both[0] and both.loss is both[1]
     per_token = model(tokens, return_type="loss", loss_per_token=True)
     assert per_token.shape == (2, 3) and per_token.mean() == pytest.approx(loss, rel=1e-15)
     resid = model(tokens, stop_at_layer=1)
