@@ -118,6 +118,8 @@ def select_names(selector, known: list[str], what: str) -> list[str]:
         return list(known)
     if callable(selector):
         return [name for name in known if selector(name)]
+    if not isinstance(selector, (str, list, tuple, set, frozenset)):
+        raise RefGPTError(f"{what}: expected a hook name, a list of names or a predicate, found {selector!r}")
     names = [selector] if isinstance(selector, str) else list(selector)
     known_set = set(known)
     for name in names:
