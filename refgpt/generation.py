@@ -37,12 +37,12 @@ def generate(model, input="", max_new_tokens: int = 10, stop_at_eos: bool = True
              verbose: bool = True, seed=None):
     """``input`` (text, a list of texts, or tokens [pos] / [batch, pos]) followed by up to
     ``max_new_tokens`` new tokens. ``verbose`` is accepted; refgpt shows no progress bar."""
+    side = inputs.resolve_padding_side(model, padding_side)
     text_in = inputs.is_text(input)
     if text_in:
-        batched_list = isinstance(input, (list, tuple)) and len(input) > 1
-        input = model.to_tokens(input, prepend_bos=prepend_bos, padding_side="left" if batched_list else padding_side)
-        if batched_list:
-            padding_side = "left"
+        if isinstance(input, (list, tuple)) and len(input) > 1:
+            side = "left"  # as TransformerLens: a batch of texts is left-padded, whatever padding_side says
+        input = model.to_tokens(input, prepend_bos=prepend_bos, padding_side=side)
     tokens, batched = model.check_tokens(input)
     if return_type not in ("input", "str", "tokens"):
         raise RefGPTError(f"generate: return_type must be 'input', 'str' or 'tokens', found {return_type!r}")
@@ -59,7 +59,6 @@ def generate(model, input="", max_new_tokens: int = 10, stop_at_eos: bool = True
         raise RefGPTError(f"generate: top_p must be in (0, 1], found {top_p!r}")
     stop_tokens = _stop_tokens(model, stop_at_eos, eos_token_id)
 
-    side = inputs.resolve_padding_side(model, padding_side)
     mask = None  # TransformerLens's initial attention mask: the pads of a batch, on its padding side
     if model.tokenizer is not None and model.tokenizer.pad_token_id is not None and (side == "left" or len(tokens) > 1):
         mask = attention_mask_from_tokens(tokens, model.tokenizer.pad_token_id,

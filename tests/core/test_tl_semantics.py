@@ -205,6 +205,9 @@ def test_generate_keywords(model):
                                             stop_at_eos=False))
     with pytest.raises(RefGPTError, match="top_p"):
         model.generate("ab", 2, top_p=1.5)
+    for input in ("ab", ["ab", "c"], model.to_tokens(["ab", "c"])):  # a list of texts is left-padded anyway
+        with pytest.raises(RefGPTError, match="padding_side must be 'left' or 'right', found 'middle'"):
+            model.generate(input, 2, padding_side="middle")
 
 
 # ---- cache methods ----------------------------------------------------------------------------------
