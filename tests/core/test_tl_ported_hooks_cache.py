@@ -33,9 +33,9 @@ prompt = "Hello World!"
 embed = lambda name: name == "hook_embed"  # noqa: E731
 
 
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    return tl_port.gpt2_pair(tmp_path_factory.mktemp("gpt2"), seed=5)
+@pytest.fixture
+def pair(tl_pair):
+    return tl_pair  # built once per session, reset around each test (tests/conftest.py)
 
 
 @pytest.fixture(params=["refgpt", "tl"])

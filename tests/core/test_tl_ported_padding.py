@@ -27,9 +27,9 @@ from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache 
 PROMPTS = ["Hello world!", "How are you today?", "I'm fine, thank you.", "I am happy."]
 
 
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    return tl_port.gpt2_pair(tmp_path_factory.mktemp("gpt2"), seed=3, n_layers=7)
+@pytest.fixture
+def pair(tl_pair):
+    return tl_pair  # built once per session, reset around each test (tests/conftest.py)
 
 
 def reset(pair, side="right"):

@@ -25,9 +25,9 @@ from refgpt import processing  # noqa: E402
 from transformer_lens.weight_processing import ProcessWeights  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    return tl_port.gpt2_pair(tmp_path_factory.mktemp("gpt2"), seed=11, n_layers=2)
+@pytest.fixture
+def pair(tl_pair):
+    return tl_pair  # built once per session, reset around each test (tests/conftest.py)
 
 
 def tl_state(tl):
