@@ -300,7 +300,7 @@ class Model(TextMethods, HookRegistry, CircuitMethods):
             x = self.per_head_inputs(b, resid_pre, ln, point)  # (x_q, x_k, x_v) [batch, pos, head, d_model] each
         else:
             x = layer_norm(resid_pre, ln["ln1.w"], ln["ln1.b"], cfg.eps, point.scope(b + "ln1."))  # [batch, pos, d_model]
-        attn_out = attention(x, attn_w, cfg.n_heads, cfg.attn_scale(L), point.scope(b + "attn."), past_kv, bias,
+        attn_out = attention(x, attn_w, cfg.n_heads, cfg.score_scale(L), point.scope(b + "attn."), past_kv, bias,
                              cfg.use_attn_result)  # [batch, pos, d_model]
         attn_out = point(b + "hook_attn_out", attn_out)  # [batch, pos, d_model]
         resid_mid = point(b + "hook_resid_mid", resid_pre + attn_out)  # [batch, pos, d_model]

@@ -194,7 +194,7 @@ def propagated_bound(model, tokens, layer, position, d, k, S, Y, bi):
         for h in range(cfg.n_heads):
             dq, dk, dv = (op(p[b + f"attn.W_{x}"][h]) * l1 for x in "QKV")  # [pos] each
             qn, kn, vn = (np.linalg.norm(Y[b + f"attn.hook_{x}"][bi, :, h], axis=-1) * (1 + g) for x in "qkv")  # [pos]
-            ds = cfg.attn_scale(M) * (dq[:, None] * kn[None, :] + qn[:, None] * dk[None, :] + dq[:, None] * dk[None, :])  # [query, key]
+            ds = cfg.score_scale(M) * (dq[:, None] * kn[None, :] + qn[:, None] * dk[None, :] + dq[:, None] * dk[None, :])  # [query, key]
             ds = np.where(np.tril(np.ones((n_pos, n_pos), bool)), ds, 0.0)  # [query, key] causal
             d_pattern = np.minimum(2.0, 2 * ds.max(axis=1))  # [query] ‖Δπ‖₁ ≤ 2‖Δscores‖_∞
             dz = np.maximum.accumulate(dv) + d_pattern * np.maximum.accumulate(vn)  # [query]
