@@ -192,6 +192,18 @@ def test_forward_keywords(model):
         model(tokens, return_type="probs")
 
 
+def test_a_residual_input_into_a_kv_cache_reads_padding_as_a_token_input_does(model):
+    tokens = model.to_tokens(["abc", "dca"])  # no pads
+    resid = model(tokens, stop_at_layer=0)  # [batch, pos, d_model], the stream entering block 0
+    for mask in (None, np.ones((2, 4), int)):  # an all-ones mask is no mask: the plain causal path
+        past = model.kv_cache(2)
+        assert np.array_equal(model(resid, start_at_layer=0, attention_mask=mask, past_kv_cache=past), model(tokens))
+        assert past.mask is None
+    past = model.kv_cache(2)
+    padded = model(resid, start_at_layer=0, attention_mask=[[1, 1, 1, 1], [0, 1, 1, 1]], past_kv_cache=past)
+    assert past.mask is not None and np.array_equal(padded[0], model(tokens)[0])
+
+
 def test_generate_keywords(model):
     out = model.generate("ab", max_new_tokens=5, do_sample=False, stop_at_eos=False)
     assert isinstance(out, str) and out.startswith("ab")
