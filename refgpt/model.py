@@ -240,8 +240,10 @@ class Model(TextMethods, HookRegistry, CircuitMethods):
         run = HookRun(self.hook_dict, cache_names, start=past.length if past is not None else 0)
         logits = self.forward_pass(tokens, run, past, last_only, padding, start_at_layer, stop_at_layer, resid)
         cache = ActivationCache(run.cache, self)
-        if stop_at_layer is not None or return_type is None:
-            return (None if return_type is None and stop_at_layer is None else logits), cache
+        if stop_at_layer is not None:
+            return logits, cache  # the stream entering block stop_at_layer, whatever return_type says (as TL)
+        if return_type is None:
+            return None, cache
         if return_type == "logits":
             return (logits if batched else logits[0]), cache
         if tokens is None:

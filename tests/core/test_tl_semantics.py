@@ -187,6 +187,8 @@ def test_forward_keywords(model):
     assert per_token.shape == (2, 3) and per_token.mean() == pytest.approx(loss, rel=1e-15)
     resid = model(tokens, stop_at_layer=1)
     assert np.array_equal(resid, model.run_with_cache(tokens)[1]["blocks.1.hook_resid_pre"])
+    assert np.array_equal(model(tokens, stop_at_layer=1, return_type=None), resid)  # TL: stop_at_layer wins
+    assert model(tokens, return_type=None) is None
     assert np.array_equal(model(resid, start_at_layer=1), logits)
     with pytest.raises(RefGPTError, match="return_type"):
         model(tokens, return_type="probs")
