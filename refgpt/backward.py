@@ -57,6 +57,7 @@ class Gradients:
     logits: np.ndarray  # [batch, pos, d_vocab]
     targets: np.ndarray  # [batch, pos] the targets used (−100: ignored)
     tied: bool = field(default=False)  # is the model's W_U a view of W_Eᵀ?
+    ln_out: dict[str, np.ndarray] = field(default_factory=dict)  # "blocks.0.ln1.out" → ∂loss/∂ each LayerNorm's output
 
     @property
     def tied_W_E(self) -> np.ndarray:
@@ -111,7 +112,8 @@ def backward(model, tokens, cache, logits, targets) -> Gradients:
     tied = bool(cfg.tie_word_embeddings and np.shares_memory(p["unembed.W_U"], p["embed.W_E"]))
     ordered_params = {name: g_params[name] for name in p}
     ordered_acts = {name: g_acts[name] for name in model.hook_names}
-    return Gradients(loss, ordered_params, ordered_acts, grad_logits, targets, tied)
+    ln_out_grads = {name: g for name, g in g_acts.items() if name.endswith(".out")}
+    return Gradients(loss, ordered_params, ordered_acts, grad_logits, targets, tied, ln_out_grads)
 
 
 def block_backward(model, L, grad, cache, act_backward, g_params, g_acts):
@@ -149,6 +151,7 @@ def block_backward(model, L, grad, cache, act_backward, g_params, g_acts):
 def layer_norm_step(prefix, grad, cache, p, g_params, g_acts):
     """LayerNorm ``prefix`` ("blocks.3.ln1.", "ln_final.") in reverse: its gradients recorded,
     ∂loss/∂input returned."""
+    g_acts[prefix + "out"] = grad  # ∂loss/∂(w ⊙ x̂ + b), the LayerNorm's output (not a hook point)
     g = layer_norm_backward(grad, cache[prefix + "hook_normalized"], cache[prefix + "hook_scale"], p[prefix + "w"])
     g_params[prefix + "w"], g_params[prefix + "b"] = g["w"], g["b"]
     for name in ("hook_mean", "hook_scale", "hook_normalized"):

@@ -42,6 +42,7 @@ from ..checkpoint import weight_files
 from ..config import Config
 from ..errors import RefGPTError
 from ..model import Model
+from .gradients import compute_gradients
 from .name_maps import forward_order
 from ..safetensors_file import SafetensorsFile
 
@@ -70,6 +71,11 @@ class Golden:
         """c_X per tensor (see the module docstring); empty if the file has none."""
         return json.loads(self.metadata.get("conditioning", "{}"))
 
+    @property
+    def error_rms(self) -> dict[str, float]:
+        """r_X per tensor: the RMS error of refgpt's float32 pass, in units of 2⁻²⁴; empty if none."""
+        return json.loads(self.metadata.get("error_rms", "{}"))
+
 
 # ---- computing ----------------------------------------------------------------------------------
 
@@ -97,13 +103,17 @@ def select(model: Model, patterns) -> list[str]:
     return chosen
 
 
-def compute(model: Model, tokens, names=None, fwd_hooks=()) -> dict[str, np.ndarray]:
-    """The golden tensors (``names`` from :func:`golden_names`; None: all) of one forward pass.
+def compute(model: Model, tokens, names=None, fwd_hooks=(), targets=None, backward=False) -> dict[str, np.ndarray]:
+    """The golden tensors (``names`` from :func:`golden_names`; None: all) of one forward pass,
+    and with ``backward`` the loss and every gradient (refgpt/oracle/gradients.py).
 
     ``fwd_hooks`` run as in ``model.run_with_hooks``: the golden values are what flowed, which is
-    how tests build a candidate with an error injected at a known place.
+    how tests build a candidate with an error injected at a known place (the backward pass ignores
+    them). ``targets`` [batch, pos]: one target per input position, as llm.c's y (default: the
+    next token inside ``tokens``, [batch, pos − 1]).
     """
     tokens, _ = model.check_tokens(tokens)  # [batch, pos]
+    targets = check_golden_targets(model, tokens, targets)  # [batch, pos − 1] or [batch, pos]
     wanted = golden_names(model) if names is None else list(names)
     hooks = set(model.hook_names)
     need = {n for n in wanted if n in hooks}
@@ -111,19 +121,19 @@ def compute(model: Model, tokens, names=None, fwd_hooks=()) -> dict[str, np.ndar
     logits, cache = model.run_with_cache(tokens, names=sorted(need), fwd_hooks=fwd_hooks)  # [batch, pos, d_vocab]
     p = model.params
     log_probs = log_softmax(logits)  # [batch, pos, d_vocab]
-    b_idx, t_idx = np.indices((tokens.shape[0], tokens.shape[1] - 1))  # [batch, pos − 1] each
+    b_idx, t_idx = np.indices(targets.shape)  # [batch, pos − 1] (or [batch, pos]) each
     out = {}
     for name in forward_order(wanted):
         if name == "tokens":
             out[name] = tokens
         elif name == "targets":
-            out[name] = tokens[:, 1:]  # [batch, pos − 1]
+            out[name] = targets  # [batch, pos − 1] (or [batch, pos])
         elif name == "logits":
             out[name] = logits
         elif name == "log_probs":
             out[name] = log_probs
         elif name == "loss":
-            out[name] = -log_probs[b_idx, t_idx, tokens[:, 1:]]  # [batch, pos − 1]
+            out[name] = -log_probs[b_idx, t_idx, targets]  # [batch, pos − 1] (or [batch, pos])
         elif name.endswith(".out"):
             ln = name[: -len("out")]  # "blocks.3.ln1." or "ln_final."
             w, b = p[ln + "w"], p[ln + "b"]  # [d_model] each
@@ -132,7 +142,27 @@ def compute(model: Model, tokens, names=None, fwd_hooks=()) -> dict[str, np.ndar
             out[name] = np.asarray(cache[name])
         else:
             raise RefGPTError(f"golden: {name!r} is not a tensor of this model's golden file")
+    if backward:
+        out.update(compute_gradients(model, tokens, targets))
     return out
+
+
+def check_golden_targets(model: Model, tokens, targets) -> np.ndarray:
+    """``targets`` as int64 [batch, pos] (one per input, llm.c's y), or the next tokens
+    [batch, pos − 1] when None."""
+    if targets is None:
+        return tokens[:, 1:]  # [batch, pos − 1]
+    t = np.asarray(targets)
+    if t.ndim == 1 and tokens.shape[0] == 1:
+        t = t[None]  # [1, pos]
+    if t.dtype == bool or t.dtype.kind not in "iu":
+        raise RefGPTError(f"targets: must be integer token ids, found dtype {t.dtype}")
+    if t.shape != tokens.shape:
+        raise RefGPTError(f"targets: shape {list(t.shape)}, expected {list(tokens.shape)} (one per input token, "
+                          f"as llm.c's y), or none for next-token targets inside the tokens")
+    if t.size and (t.min() < 0 or t.max() >= model.cfg.d_vocab):
+        raise RefGPTError(f"targets: ids must be in [0, {model.cfg.d_vocab}), found {int(t.min())}..{int(t.max())}")
+    return t.astype(np.int64)
 
 
 def log_softmax(logits):
@@ -141,13 +171,21 @@ def log_softmax(logits):
     return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))  # [..., d_vocab]
 
 
-def conditioning(model: Model, tokens, names=None) -> dict[str, float]:
+def conditioning(model: Model, tokens, names=None, targets=None, backward=False) -> dict[str, float]:
     """c_X = max|X_float32 − X_float64| / 2⁻²⁴ for every float golden tensor X."""
+    return float32_errors(model, tokens, names, targets, backward)[0]
+
+
+def float32_errors(model: Model, tokens, names=None, targets=None, backward=False):
+    """(c_X, r_X) per float golden tensor X: the largest and the root-mean-square error of
+    refgpt's own float32 pass against float64, both in units of 2⁻²⁴ (refgpt/oracle/comparison.py
+    bounds a candidate's error elementwise by the first and its bias by the second)."""
     params = dict(model.params)
     exact = Model(model.cfg, params, dtype="float64")
     rounded = Model(model.cfg, params, dtype="float32")  # the same weights, rounded as a float32 port rounds them
-    ref, f32 = compute(exact, tokens, names), compute(rounded, tokens, names)
-    c = {}
+    ref = compute(exact, tokens, names, targets=targets, backward=backward)
+    f32 = compute(rounded, tokens, names, targets=targets, backward=backward)
+    c, rms = {}, {}
     for name, r in ref.items():
         if r.dtype.kind != "f":
             continue
@@ -155,12 +193,15 @@ def conditioning(model: Model, tokens, names=None) -> dict[str, float]:
         finite = np.isfinite(r)  # attention scores: compare the causal part only
         err = np.abs(x[finite] - r[finite])  # [n_compared]
         c[name] = float(err.max() / F32_ROUNDOFF) if err.size else 0.0
-    return c
+        rms[name] = float(np.sqrt(np.mean(err**2)) / F32_ROUNDOFF) if err.size else 0.0
+    return c, rms
 
 
-def make(model: Model, tokens, names=None, command=None) -> Golden:
-    """The golden file's contents for ``model`` on ``tokens``, with its metadata."""
-    tensors = compute(model, tokens, names)
+def make(model: Model, tokens, names=None, command=None, targets=None, backward=False) -> Golden:
+    """The golden file's contents for ``model`` on ``tokens``, with its metadata; with ``backward``
+    also the mean loss and every gradient (refgpt/oracle/gradients.py)."""
+    tensors = compute(model, tokens, names, targets=targets, backward=backward)
+    cond, rms = float32_errors(model, tokens, names, targets, backward)
     metadata = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -172,7 +213,9 @@ def make(model: Model, tokens, names=None, command=None) -> Golden:
         "blas": json.dumps(_blas()),
         "python_version": platform.python_version(),
         "command": json.dumps(list(sys.argv) if command is None else list(command)),
-        "conditioning": json.dumps(conditioning(model, tokens, names)),
+        "conditioning": json.dumps(cond),
+        "error_rms": json.dumps(rms),
+        "targets": "given" if targets is not None else "next token",
     }
     return Golden(tensors, metadata)
 

@@ -64,9 +64,49 @@ _BEFORE = ("tokens", "hook_embed", "hook_pos_embed")
 _AFTER = tuple("ln_final." + h for h in _LN) + ("logits", "log_probs", "probs", "targets", "loss", "loss_mean")
 _BLOCK = re.compile(r"blocks\.(\d+)\.(.+)")
 
+#: Gradients in a golden file: ``grad.`` + the name of what was differentiated (a hook point,
+#: a LayerNorm's ``….out``, ``logits``, or a parameter's TransformerLens name), ∂(mean loss)/∂ it.
+GRAD = "grad."
+
+#: A block's gradients in the order its backward pass computes them: an op's output gradient,
+#: then its parameters' gradients, then the gradient of its input (which is the previous op's
+#: output). A wrong backward of one op is first seen at the entry right after its output's.
+BLOCK_BACKWARD_ORDER = (
+    ["hook_resid_post", "hook_mlp_out", "mlp.W_out", "mlp.b_out", "mlp.hook_post", "mlp.hook_pre",
+     "mlp.W_in", "mlp.b_in", "ln2.out", "ln2.w", "ln2.b", "ln2.hook_normalized", "ln2.hook_scale",
+     "ln2.hook_mean", "hook_resid_mid", "hook_attn_out", "attn.W_O", "attn.b_O", "attn.hook_z",
+     "attn.hook_v", "attn.hook_pattern", "attn.hook_attn_scores", "attn.hook_q", "attn.hook_k"]
+    + [f"attn.{w}_{x}" for x in "QKV" for w in ("W", "b")]
+    + ["ln1.out", "ln1.w", "ln1.b", "ln1.hook_normalized", "ln1.hook_scale", "ln1.hook_mean",
+       "hook_resid_pre"]
+)
+_GRAD_HEAD = ("logits", "unembed.W_U", "unembed.b_U", "ln_final.out", "ln_final.w", "ln_final.b",
+              "ln_final.hook_normalized", "ln_final.hook_scale", "ln_final.hook_mean")
+_GRAD_TAIL = ("hook_embed", "hook_pos_embed", "embed.W_E", "pos_embed.W_pos", "tied_W_E")
+
+
+def backward_key(name: str) -> tuple:
+    """Sort key of a gradient's target ``name`` (without ``grad.``): the order in which the
+    backward pass computes ∂loss/∂ it, from the logits back to the embeddings."""
+    if name in _GRAD_HEAD:
+        return (0, _GRAD_HEAD.index(name))
+    m = _BLOCK.fullmatch(name)
+    if m and m.group(2) in BLOCK_BACKWARD_ORDER:
+        return (1, -int(m.group(1)), BLOCK_BACKWARD_ORDER.index(m.group(2)))
+    if name in _GRAD_TAIL:
+        return (2, _GRAD_TAIL.index(name))
+    return (3, name)
+
+
+def is_gradient(name: str) -> bool:
+    return name.startswith(GRAD)
+
 
 def forward_key(name: str) -> tuple:
-    """Sort key: the order in which the forward pass computes ``name``; unknown names last."""
+    """Sort key: the order in which the forward pass computes ``name``, then every gradient in the
+    order the backward pass computes it (``backward_key``); unknown names last within each."""
+    if name.startswith(GRAD):
+        return (5, *backward_key(name[len(GRAD):]))
     if name in _BEFORE:
         return (0, _BEFORE.index(name))
     m = _BLOCK.fullmatch(name)
@@ -82,12 +122,17 @@ def forward_order(names) -> list[str]:
 
 
 def layer_of(name: str) -> int | None:
-    m = _BLOCK.fullmatch(name)
+    m = _BLOCK.fullmatch(name[len(GRAD):] if name.startswith(GRAD) else name)
     return int(m.group(1)) if m else None
 
 
 def axes(name: str, ndim: int) -> tuple[str, ...]:
     """What each axis of a tensor means, for naming the place an error was found."""
+    if name.startswith(GRAD):
+        name = name[len(GRAD):]
+        param = _PARAM_AXES.get(name.rsplit(".", 1)[-1]) if not name.rsplit(".", 1)[-1].startswith(("hook_", "out")) else None
+        if param is not None:
+            return param if len(param) == ndim else tuple(f"axis{i}" for i in range(ndim))
     if name.endswith(("hook_attn_scores", "hook_pattern")):
         labels = ("batch", "head", "pos", "key_pos")  # pos = the query position
     elif name.endswith(("hook_q", "hook_k", "hook_v", "hook_z")):
@@ -103,6 +148,15 @@ def axes(name: str, ndim: int) -> tuple[str, ...]:
     else:
         labels = ("batch", "pos", "d_model")
     return labels if len(labels) == ndim else tuple(f"axis{i}" for i in range(ndim))
+
+
+_PARAM_AXES = {"W_E": ("token", "d_model"), "tied_W_E": ("token", "d_model"), "W_pos": ("pos", "d_model"),
+               "W_U": ("d_model", "token"), "b_U": ("token",), "w": ("d_model",), "b": ("d_model",),
+               "W_Q": ("head", "d_model", "d_head"), "W_K": ("head", "d_model", "d_head"),
+               "W_V": ("head", "d_model", "d_head"), "b_Q": ("head", "d_head"), "b_K": ("head", "d_head"),
+               "b_V": ("head", "d_head"), "W_O": ("head", "d_head", "d_model"), "b_O": ("d_model",),
+               "W_in": ("d_model", "d_mlp"), "b_in": ("d_mlp",), "W_out": ("d_mlp", "d_model"),
+               "b_out": ("d_model",)}
 
 
 @dataclass(frozen=True)
