@@ -76,6 +76,7 @@ class TensorResult:
     rms: float = 0.0  # RMS of the (judged) error over the compared elements
     mean_error: float = 0.0  # mean signed error (candidate − reference): the bias
     bias_tolerance: float = 0.0  # the most rounding gives to |mean_error| (profiles, ≥ 128 elements; 0: not checked)
+    golden_error: float | None = None  # the reference's own measured error, relative like max_rel (--certify)
     frac_out: float = 0.0  # share of elements outside atol + rtol·|ref|
     atol: float = 0.0
     rtol: float = 0.0
@@ -169,7 +170,8 @@ def load(source, name_map="refgpt", shape: ModelShape | None = None):
             raise RefGPTError(f"{path}: not a readable .npz file ({error})") from None
     if path.suffix == ".bin":
         if name_map != "llmc" or shape is None:
-            raise RefGPTError(f"{path}: a .bin candidate is read as llm.c's activations: pass --map llmc")
+            raise RefGPTError(f"{path}: a .bin candidate is read as llm.c's (a raw acts_memory dump, refgpt's llm.c "
+                              f"dump or a debug state): pass --map llmc")
         return None, {}, None  # read by compare(), which knows B and T from the reference
     g = golden_file.read(path)
     return dict(g.tensors), dict(g.dtypes), g
@@ -197,21 +199,32 @@ def compare(reference, candidate, *, atol=None, rtol=None, profile=None, name_ma
     neither, the profile of the candidate's precision. ``name_map`` ("refgpt", "hf", "tl", "llmc")
     says how the candidate names its tensors. ``conditioning`` overrides the reference's c_X.
     """
+    _check_not_swapped(reference, candidate)
     ref, _, ref_golden = load(reference)
     if not ref:
         raise RefGPTError("the reference holds no tensors")
     shape = _model_shape(ref, ref_golden)
-    cand, cand_dtypes, _ = load(candidate, name_map, shape)
-    if cand is None:  # an llm.c activations dump
-        from .llmc import read_activations
-
-        tokens = np.asarray(ref["tokens"]) if "tokens" in ref else None
-        if tokens is None or ref_golden is None or ref_golden.config is None:
-            raise RefGPTError("an llm.c activations dump needs a refgpt golden file as the reference "
-                              "(it gives B, T and the model's shape)")
-        cand = read_activations(candidate, ref_golden.config, *tokens.shape)
+    cand, cand_dtypes, cand_golden = load(candidate, name_map, shape)
+    if cand_golden is not None and ref_golden is not None and _is_golden(cand_golden) and not _is_golden(ref_golden):
+        raise RefGPTError(f"{candidate} is a refgpt golden file and {reference} is not: arguments swapped? The "
+                          f"golden comes first: refgpt compare GOLDEN CANDIDATE")
+    if cand is None:  # an llm.c .bin
+        cand = _read_llmc_bin(candidate, ref, ref_golden)
         cand_dtypes = {}
-    cand, notes = to_refgpt(cand, name_map, shape)
+    notes = []
+    if name_map == "llmc" and any(k.startswith(("grads.", "grads_acts.")) for k in cand):
+        if ref_golden is None or ref_golden.config is None:
+            raise RefGPTError("llm.c gradients need a refgpt golden file as the reference (its config gives the "
+                              "model's shape)")
+        from .llmc_dump import to_refgpt_gradients
+
+        cand, notes = to_refgpt_gradients(cand, ref_golden.config)
+    elif name_map != "llmc":
+        _hint_llmc_names(candidate, cand)
+    cand, map_notes = to_refgpt(cand, name_map, shape)
+    notes += map_notes
+    cand, target_notes = _reconcile_targets(ref, cand)
+    notes += target_notes
     if conditioning is None:
         conditioning = ref_golden.conditioning if ref_golden is not None else {}
     conditioning = dict(conditioning)
@@ -227,16 +240,91 @@ def compare(reference, candidate, *, atol=None, rtol=None, profile=None, name_ma
     error_rms = ref_golden.error_rms if ref_golden is not None else {}
     results = [_compare_tensor(n, np.asarray(ref[n]), np.asarray(cand[n]), tol, conditioning, ref, error_rms)
                for n in common]
+    certified = ref_golden.golden_error if ref_golden is not None else {}
+    for t in results:
+        t.golden_error = certified.get(t.name)
+    if certified:
+        notes.append(f"the golden is certified: each tensor's own error was measured against "
+                     f"{ref_golden.metadata.get('golden_error_precision', 'extended precision')} (column 'golden err')")
     summary = _logits_summary(ref, cand) if "logits" in common or "log_probs" in common else None
     missing = [n for n in forward_order(ref) if n not in cand and n not in _DERIVED]
     unexpected = sorted(n for n in cand if n not in ref)
     return Report(results, tol, summary, missing, unexpected, notes)
 
 
+def _is_golden(g) -> bool:
+    return g.metadata.get("format") == golden_file.FORMAT
+
+
+def _check_not_swapped(reference, candidate) -> None:
+    """A reference that is an llm.c file, or a .npz, is the candidate given first."""
+    if not isinstance(reference, (str, Path)) or not Path(reference).is_file():
+        return
+    if Path(reference).suffix in (".bin", ".npz"):
+        raise RefGPTError(f"{reference} is a candidate's dump ({Path(reference).suffix}), not a golden file: "
+                          f"arguments swapped? The golden comes first: refgpt compare GOLDEN CANDIDATE")
+
+
+#: llm.c ActivationTensors names that no other map uses: their presence means the candidate is llm.c's.
+_LLMC_ONLY = ("encoded", "ln1", "ln1_mean", "ln1_rstd", "qkv", "atty", "preatt", "att", "attproj", "residual2",
+              "ln2", "fch", "fch_gelu", "fcproj", "residual3", "lnf", "lnf_mean", "lnf_rstd", "losses")
+
+
+def _hint_llmc_names(candidate, cand) -> None:
+    llmc_names = [k for k in cand if k in _LLMC_ONLY or k.startswith(("grads.", "grads_acts."))]
+    if llmc_names:
+        raise RefGPTError(f"{candidate if isinstance(candidate, (str, Path)) else 'the candidate'} names its tensors "
+                          f"as llm.c does ({', '.join(llmc_names[:4])}{', …' if len(llmc_names) > 4 else ''}): "
+                          f"pass --map llmc")
+
+
+def _read_llmc_bin(candidate, ref, ref_golden) -> dict:
+    """An llm.c .bin candidate: refgpt's dump, a debug state, or a raw acts_memory dump (by magic)."""
+    from . import llmc, llmc_dump
+
+    tokens = np.asarray(ref["tokens"]) if "tokens" in ref else None
+    if tokens is None or ref_golden is None or ref_golden.config is None:
+        raise RefGPTError("an llm.c .bin candidate needs a refgpt golden file as the reference "
+                          "(it gives B, T and the model's shape)")
+    cfg = ref_golden.config
+    magic = llmc_dump.file_magic(candidate)
+    if magic == llmc_dump.DUMP_MAGIC:
+        return llmc_dump.read_dump(candidate, cfg)
+    if magic == llmc.STATE_MAGIC:
+        return llmc_dump.read_debug_state_candidate(candidate, cfg)
+    if magic in (llmc.MODEL_MAGIC, llmc.TOKENIZER_MAGIC, llmc.SHARD_MAGIC):
+        raise RefGPTError(f"{candidate}: {llmc._WHAT[magic]}, not a run's activations: compare takes a dump of "
+                          f"acts_memory (docs/oracle.md), refgpt's llm.c dump, or a debug state")
+    return llmc.read_activations(candidate, cfg, *tokens.shape)
+
+
+def _reconcile_targets(ref, cand) -> tuple[dict, list[str]]:
+    """Line up a candidate with llm.c's targets (y, one per position) and a golden without them."""
+    notes = []
+    rt, ct = ref.get("targets"), cand.get("targets")
+    rl, cl = ref.get("loss"), cand.get("loss")
+    T = np.asarray(ref["tokens"]).shape[-1] if "tokens" in ref else None
+    golden_has_y = rt is not None and np.asarray(rt).shape[-1] == T
+    if ct is not None and not golden_has_y and np.asarray(ct).shape[-1] == T and T is not None:
+        if any(is_gradient(k) or k == "loss_mean" for k in cand):
+            raise RefGPTError("the candidate's loss and gradients are over llm.c's targets y, one per position "
+                              "(B×T), the golden's over next-token targets inside its tokens (B×(T − 1)): make "
+                              "the golden from the same file, refgpt golden --tokens CANDIDATE_OR_DEBUG_STATE "
+                              "--backward")
+        cand = dict(cand)
+        cand["targets"] = np.asarray(ct)[:, :-1]
+        notes.append("candidate targets y [B, T]: compared on the first T − 1 positions, which the golden has")
+    if cl is not None and rl is not None and np.asarray(cl).shape[-1] == np.asarray(rl).shape[-1] + 1:
+        cand = dict(cand)
+        cand["loss"] = np.asarray(cl)[:, :-1]
+        notes.append("llm.c losses: last position dropped (its target is the token after the golden's input)")
+    return cand, notes
+
+
 def _model_shape(ref, g) -> ModelShape:
     cfg = g.config if g is not None else None
     if cfg is not None:
-        return ModelShape(cfg.n_layers, cfg.n_heads, cfg.d_vocab)
+        return ModelShape(cfg.n_layers, cfg.n_heads, cfg.d_vocab, cfg)
     layers = {layer_of(n) for n in ref} - {None}
     n_heads = next((np.asarray(v).shape[1] for n, v in ref.items() if n.endswith("hook_pattern")), 1)
     d_vocab = next((np.asarray(ref[n]).shape[-1] for n in ("logits", "log_probs") if n in ref), 0)
@@ -295,6 +383,10 @@ def _compare_tensor(name, r, c, tol, conditioning, ref, error_rms=None) -> Tenso
         return res
     r64, c64 = r.astype(np.float64), c.astype(np.float64)  # [...]
     compared = np.isfinite(r64)  # attention scores: the causal part
+    if is_gradient(name) and name.endswith("attn.hook_pattern"):
+        compared &= np.tril(np.ones(r.shape[-2:], dtype=bool))  # [pos, key_pos]
+        res.notes.append("∂pattern compared on the causal part (above the diagonal no loss depends on it through "
+                         "the softmax; llm.c never computes it)")
     judged_name, jr, jc = name, r64, c64
     if name == "logits":  # shift-invariant: judge log-softmax against log-softmax
         jc = golden_file.log_softmax(c64)
@@ -426,18 +518,21 @@ def format_report(report: Report, after_first: int | None = None) -> str:
     ``after_first``: show only this many rows after the first divergence (None: every row).
     """
     first = report.first_divergence
-    rows = [("tensor", "shape", "max abs", "max rel", "max/tol", "bias/tol", "out", "")]
+    certified = any(t.golden_error is not None for t in report.tensors)
+    rows = [("tensor", "shape", "max abs", "max rel", *(("golden err",) if certified else ()), "max/tol", "bias/tol",
+             "out", "")]
     shown = report.tensors
     if after_first is not None and first is not None:
         shown = shown[: report.tensors.index(first) + 1 + after_first]
     for t in shown:
         mark = "FIRST DIVERGENCE" if t is first else ("" if t.ok else t.status)
         if t.status in ("shape mismatch",):
-            rows.append((t.name, _shape(t.shape), "-", "-", "-", "-", "-", f"{mark}: candidate {_shape(t.candidate_shape)}"))
+            rows.append((t.name, _shape(t.shape), *("-",) * (len(rows[0]) - 3), f"{mark}: candidate {_shape(t.candidate_shape)}"))
             continue
+        golden_err = (f"{t.golden_error:.1e}" if t.golden_error is not None else "-",) if certified else ()
         rms = f"{abs(t.mean_error) / t.bias_tolerance:.2f}" if t.bias_tolerance else "-"
         over = f"{t.max_over_tol:.2f}" if t.first_bad is None or t.status != "values differ" else "-"
-        rows.append((t.name, _shape(t.shape), f"{t.max_abs:.2e}", f"{t.max_rel:.2e}", over, rms,
+        rows.append((t.name, _shape(t.shape), f"{t.max_abs:.2e}", f"{t.max_rel:.2e}", *golden_err, over, rms,
                      f"{100 * t.frac_out:.1f}%", mark))
     k = len(rows[0]) - 1
     widths = [max(len(r[i]) for r in rows) for i in range(k)]
@@ -486,7 +581,7 @@ def describe_divergence(t: TensorResult) -> str:
                 f"tolerance, but the mean signed error {t.mean_error:.3g} is {abs(t.mean_error) / t.bias_tolerance:.3g}× "
                 f"the most rounding gives ({t.bias_tolerance:.3g}; RMS error {t.rms:.3g}): a wrong constant or "
                 f"formula in the op that computes this {kind}, not noise. Every {kind} after it inherits the "
-                f"error: look here first." + _backward_hint(t))
+                f"error: look here first." + _backward_hint(t) + _certified(t))
     e = t.first_bad
     at = ", ".join(f"{k} {v}" for k, v in e.where.items() if k != "1")
     text = (f"first divergence: {t.name} ({where}), first at {at} (index {list(e.index)}): candidate "
@@ -498,7 +593,14 @@ def describe_divergence(t: TensorResult) -> str:
         w = t.worst
         text += (f"; worst at index {list(w.index)}: |diff| {abs(w.candidate - w.reference):.3g} "
                  f"(tolerance {w.tolerance:.3g})")
-    return text + f". Every {kind} after it inherits the error: look here first." + _backward_hint(t)
+    return text + f". Every {kind} after it inherits the error: look here first." + _backward_hint(t) + _certified(t)
+
+
+def _certified(t: TensorResult) -> str:
+    if t.golden_error is None:
+        return ""
+    return (f" The golden's own error at {t.name} is ≤ {t.golden_error:.1e} relative to its scale "
+            f"(measured, --certify); yours is {t.max_rel:.1e}.")
 
 
 def _backward_hint(t: TensorResult) -> str:

@@ -72,6 +72,12 @@ class Golden:
         return json.loads(self.metadata.get("conditioning", "{}"))
 
     @property
+    def golden_error(self) -> dict[str, float]:
+        """This file's own measured error per tensor, relative to its scale (``--certify``,
+        refgpt/oracle/certify.py); empty if the file has none."""
+        return json.loads(self.metadata.get("golden_error", "{}"))
+
+    @property
     def error_rms(self) -> dict[str, float]:
         """r_X per tensor: the RMS error of refgpt's float32 pass, in units of 2⁻²⁴; empty if none."""
         return json.loads(self.metadata.get("error_rms", "{}"))

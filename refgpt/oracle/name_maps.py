@@ -34,8 +34,10 @@ The maps:
           ``preatt`` holds the scaled scores, and llm.c never writes its masked (future)
           entries, so they become −∞ here and are never compared; logits and probs have
           llm.c's padded vocabulary Vp and are cut to the real one; ``losses`` [B, T] uses
-          targets y = the next token, so its last position (whose target refgpt never saw) is
-          dropped.
+          targets y = the next token, so against a golden made without llm.c's targets its last
+          position (whose target that golden never saw) is dropped. ``residual3`` of block L is
+          also ``blocks.{L+1}.hook_resid_pre``. Gradients (``grads.*``, ``grads_acts.*``):
+          refgpt/oracle/llmc_dump.py.
 """
 
 from __future__ import annotations
@@ -166,6 +168,7 @@ class ModelShape:
     n_layers: int
     n_heads: int
     d_vocab: int
+    config: object = None  # the reference's Config, when known: needed to map parameter gradients
 
 
 def to_refgpt(tensors: dict, name_map: str, shape: ModelShape) -> tuple[dict, list[str]]:
@@ -181,7 +184,15 @@ _TL_EXTRA = {"unembed.hook_in": "ln_final.out", "unembed.hook_out": "logits"}
 
 
 def _from_tl(tensors, shape):
-    return {_TL_EXTRA.get(k, k): v for k, v in tensors.items()}, []
+    out = {}
+    for k, v in tensors.items():
+        if k.endswith("_grad"):  # TL's run_with_cache(incl_bwd=True): "blocks.0.hook_resid_pre_grad"
+            out[GRAD + _TL_EXTRA.get(k[: -len("_grad")], k[: -len("_grad")])] = v
+        elif k.endswith(".grad"):  # a parameter's .grad under its TL name: "blocks.0.attn.W_Q.grad"
+            out[GRAD + k[: -len(".grad")]] = v
+        else:
+            out[_TL_EXTRA.get(k, k)] = v
+    return out, []
 
 
 # ---- Hugging Face ------------------------------------------------------------------------------
@@ -198,6 +209,10 @@ def hf_hidden_state_name(i: int, n_layers: int) -> str:
 
 def _from_hf(tensors, shape):
     out, notes = {}, []
+    grads = {k[: -len(".grad")]: v for k, v in tensors.items() if k.endswith(".grad")}
+    tensors = {k: v for k, v in tensors.items() if not k.endswith(".grad")}
+    if grads:
+        out.update(_hf_gradients(grads, shape))
     for key, value in tensors.items():
         m = _HF_INDEXED.fullmatch(key)
         if key == "hidden_states":
@@ -217,6 +232,38 @@ def _from_hf(tensors, shape):
         else:
             out[key] = value
     return out, notes
+
+
+def _hf_gradients(grads, shape):
+    """torch ``.grad`` of HF parameters (``transformer.h.0.attn.c_attn.weight.grad``), of
+    ``hidden_states.i`` (after ``retain_grad()``) and of ``logits`` → ``grad.*``."""
+    from ..checkpoint import to_circuits
+
+    out, params = {}, {}
+    for key, value in grads.items():
+        m = _HF_INDEXED.fullmatch(key)
+        if key == "logits":
+            out[GRAD + "logits"] = value
+        elif m and m.group(1) == "hidden_states":
+            out[GRAD + hf_hidden_state_name(int(m.group(2)), shape.n_layers)] = value
+        else:
+            params[key.removeprefix("transformer.")] = np.asarray(value)
+    if not params:
+        return out
+    cfg = shape.config
+    if cfg is None:
+        raise RefGPTError("HF parameter gradients need a refgpt golden file as the reference (its config "
+                          "says how to split c_attn into heads)")
+    try:
+        p = to_circuits(params, cfg)
+    except KeyError as missing:
+        raise RefGPTError(f"HF parameter gradients: {missing.args[0]}.grad is missing; give every "
+                          f"parameter's .grad (or none)") from None
+    if cfg.tie_word_embeddings and "lm_head.weight" not in params:
+        out[GRAD + "tied_W_E"] = p.pop("embed.W_E")  # wte.grad: the one matrix's two uses summed
+        p.pop("unembed.W_U")
+    out.update({GRAD + k: v for k, v in p.items()})
+    return out
 
 
 # ---- llm.c ------------------------------------------------------------------------------------
@@ -246,7 +293,7 @@ def _from_llmc(tensors, shape):
             if a.shape[0] != shape.n_layers:
                 raise RefGPTError(f"llm.c {key}: stacked over {a.shape[0]} layers, the reference model has {shape.n_layers}")
             for L in range(shape.n_layers):
-                out.update(_llmc_layer(key, a[L], L, NH))
+                out.update(_llmc_layer(key, a[L], L, NH, shape.n_layers))
         elif key == "encoded":
             out["blocks.0.hook_resid_pre"] = a  # [B, T, C] = wte[x] + wpe
         elif key in ("lnf_mean", "lnf_rstd"):
@@ -260,14 +307,13 @@ def _from_llmc(tensors, shape):
                 notes.append(f"llm.c {key}: padded vocabulary {a.shape[-1]} cut to {V}")
             out[key] = a[..., :V]  # [B, T, V]
         elif key == "losses":
-            out["loss"] = a[:, :-1]  # [B, T − 1]: the last target is past refgpt's tokens
-            notes.append("llm.c losses: last position dropped (its target is the token after the input)")
+            out["loss"] = a  # [B, T]; against a golden without llm.c's targets, compare drops the last position
         else:
             out[key] = a
     return out, notes
 
 
-def _llmc_layer(key, a, L, n_heads):
+def _llmc_layer(key, a, L, n_heads, n_layers):
     b = f"blocks.{L}."
     if key.endswith(("_mean", "_rstd")):
         return _llmc_stat(b + key[:3] + ".", key[4:], a)
@@ -282,6 +328,8 @@ def _llmc_layer(key, a, L, n_heads):
         scores = np.array(a, dtype=np.float64)  # [B, head, T, T]
         scores[..., np.triu(np.ones((T, T), dtype=bool), 1)] = -np.inf  # never written by llm.c
         return {b + "attn.hook_attn_scores": scores}
+    if key == "residual3" and L + 1 < n_layers:  # block L's output is block L + 1's input
+        return {b + "hook_resid_post": a, f"blocks.{L + 1}.hook_resid_pre": a}
     return {b + _LLMC_STACKED[key]: a}
 
 
