@@ -38,7 +38,7 @@ from random_models import random_params  # noqa: E402
 from refgpt import Config, Model  # noqa: E402
 from refgpt.oracle import golden  # noqa: E402
 from refgpt.activations import ACTIVATIONS  # noqa: E402
-from refgpt.oracle.comparison import BIAS_GROWTH, BIAS_MIN_ELEMENTS, GROWTH, UNIT_ROUNDOFF, tensor_scale  # noqa: E402
+from refgpt.oracle.comparison import BIAS_GROWTH, GROWTH, UNIT_ROUNDOFF, bias_bound, tensor_scale  # noqa: E402
 from refgpt.oracle.gradients import compute_gradients  # noqa: E402
 from refgpt.oracle.name_maps import is_gradient  # noqa: E402
 
@@ -57,7 +57,7 @@ def round_f16(x):
 _STORE = {"float64": None, "float32": None, "bfloat16": round_bf16, "float16": round_f16}
 
 
-def independent_run(cfg: Config, params: dict, tokens, fmt: str, seed: int, backward: bool) -> dict[str, np.ndarray]:
+def independent_run(cfg: Config, params: dict, tokens, fmt: str, seed: int, backward: bool = False) -> dict[str, np.ndarray]:
     """The golden tensors of a simulated independent implementation in ``fmt`` (module docstring).
 
     Its gradients (float32 and float64 only) are refgpt's backward pass in that dtype on weights
@@ -83,7 +83,7 @@ def independent_run(cfg: Config, params: dict, tokens, fmt: str, seed: int, back
 
 
 def needed_growth(reference: dict, candidate: dict, conditioning: dict, error_rms: dict, fmt: str):
-    """The smallest G (elementwise) and B (bias, on tensors of ≥ BIAS_MIN_ELEMENTS elements)
+    """The smallest G (elementwise) and B (the bias bound, refgpt/oracle/comparison.py ``bias_bound``)
     accepting every float tensor, each with the tensor that needs it: ((G, name), (B, name))."""
     u, worst, worst_bias = UNIT_ROUNDOFF[fmt], (0.0, ""), (0.0, "")
     for name, r in reference.items():
@@ -99,10 +99,9 @@ def needed_growth(reference: dict, candidate: dict, conditioning: dict, error_rm
         err = np.abs(c - r)
         g = float(np.max(err / (u * (conditioning[name] + scale + np.abs(r)))))
         worst = max(worst, (g, name))
-        if r.size >= BIAS_MIN_ELEMENTS:
-            floor = u * (error_rms[name] + float(np.sqrt(np.mean(r**2))))
-            bias = abs(float(np.mean(c - r)))
-            worst_bias = max(worst_bias, (bias / floor if floor > 0 else (np.inf if bias else 0.0), name))
+        bound = bias_bound(u, error_rms[name], r) / BIAS_GROWTH  # the bias bound for B = 1
+        if bound:
+            worst_bias = max(worst_bias, (abs(float(np.mean(c - r))) / bound, name))
     return worst, worst_bias
 
 

@@ -25,32 +25,15 @@ from pathlib import Path
 import numpy as np
 
 from .config import Config
+from .dtypes import compute_dtype
 from .errors import RefGPTError
+from .model import Model
+from .processing import process as process_weights
 from .safetensors_file import SafetensorsFile
-
-COMPUTE_DTYPES = {"float64": np.dtype(np.float64), "float32": np.dtype(np.float32)}
+from .tokenizer import Tokenizer
 
 # HF's non-parameter buffers: the causal mask and the masked fill value. Never weights.
 _BUFFER = re.compile(r"h\.\d+\.attn\.(bias|masked_bias)")
-
-
-#: np.longdouble where it is wider than float64 (80-bit x87 on x86-64 Linux): not a user's compute
-#: dtype (no BLAS, ~100× slower), only the oracle's certificate (refgpt/oracle/certify.py).
-EXTENDED_DTYPE = np.dtype(np.longdouble) if np.finfo(np.longdouble).nmant > np.finfo(np.float64).nmant else None
-
-
-def compute_dtype(dtype) -> np.dtype:
-    """'float64' (the default everywhere) or 'float32', also given as a NumPy dtype (or the
-    extended EXTENDED_DTYPE, given as that dtype, for the oracle's certificate)."""
-    try:
-        name = np.dtype(dtype).name
-    except TypeError:
-        name = None
-    if EXTENDED_DTYPE is not None and not isinstance(dtype, str) and name == EXTENDED_DTYPE.name:
-        return EXTENDED_DTYPE
-    if name not in COMPUTE_DTYPES:
-        raise RefGPTError(f"dtype must be 'float64' or 'float32', found {dtype!r}")
-    return COMPUTE_DTYPES[name]
 
 
 def expected_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
@@ -172,8 +155,6 @@ def load(path: str | Path, dtype="float64", tokenizer=True, process=None):
     stored), True (TransformerLens's from_pretrained defaults) or processing step names
     (refgpt.processing).
     """
-    from .model import Model  # model imports this module's helpers; import here to avoid a cycle
-
     directory = Path(path)
     if not directory.is_dir():
         raise RefGPTError(f"{directory}: model directory not found")
@@ -184,8 +165,6 @@ def load(path: str | Path, dtype="float64", tokenizer=True, process=None):
     if tokenizer:
         model.tokenizer = _find_tokenizer(directory)
     if process:
-        from .processing import process as process_weights
-
         model = process_weights(model, process)
     return model
 
@@ -194,6 +173,4 @@ def _find_tokenizer(directory: Path):
     pairs = [("vocab.json", "merges.txt"), ("encoder.json", "vocab.bpe")]
     if not any((directory / v).exists() and (directory / m).exists() for v, m in pairs):
         return None
-    from .tokenizer import Tokenizer
-
     return Tokenizer.from_dir(directory)

@@ -16,15 +16,14 @@ debug state or refgpt llm.c dump (x and its targets y); an llm.c data shard (the
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 import numpy as np
 
-from ..oracle import golden
 from ..errors import RefGPTError
-from ._chosen_model import load_chosen, tokens_of, untrained_note
+from ..oracle import golden
+from ._chosen_model import load_chosen, print_json, tokens_of, untrained_note
 
 
 def add_parser(subparsers, common):
@@ -93,14 +92,12 @@ def run(args) -> int:
         debug = str(llmc.write_debug_state(args.debug_state, model, x, targets=y))
         lines.append(f"wrote {debug}: llm.c debug state, {convention}")
     if args.json:
-        print(json.dumps({"path": str(path), "tensors": len(g.tensors), "bytes": size, "tokens_shape": shape,
-                          "dtype": g.metadata["dtype"], "tokens_source": source, "backward": args.backward,
-                          "certified": args.certify, "debug_state": debug,
-                          "untrained": untrained_note(model) is not None}))
-    else:
-        if note := untrained_note(model):
-            print(note)
-        print("\n".join(lines))
+        return print_json(model, {"path": str(path), "tensors": len(g.tensors), "bytes": size, "tokens_shape": shape,
+                                  "dtype": g.metadata["dtype"], "tokens_source": source, "backward": args.backward,
+                                  "certified": args.certify, "debug_state": debug})
+    if note := untrained_note(model):
+        print(note)
+    print("\n".join(lines))
     return 0
 
 

@@ -32,7 +32,7 @@ import json
 
 import numpy as np
 
-from ..checkpoint import EXTENDED_DTYPE
+from ..dtypes import EXTENDED_DTYPE
 from ..errors import RefGPTError
 from ..model import Model
 from .golden import Golden, compute
