@@ -41,7 +41,7 @@ from ..activations import log_softmax
 from ..errors import RefGPTError
 from . import golden as golden_file
 from . import llmc, llmc_dump
-from .name_maps import ModelShape, axes, forward_key, forward_order, is_gradient, layer_of, to_refgpt
+from .name_maps import ModelShape, axes, backward_op, forward_key, forward_order, is_gradient, layer_of, to_refgpt
 
 #: Unit roundoff of each format: half the distance from 1 to the next representable number.
 UNIT_ROUNDOFF = {"float64": 2.0**-53, "float32": 2.0**-24, "float16": 2.0**-11, "bfloat16": 2.0**-8}
@@ -79,6 +79,7 @@ class TensorResult:
     mean_error: float = 0.0  # mean signed error (candidate − reference): the bias
     bias_tolerance: float = 0.0  # the most rounding gives to |mean_error| (profiles, ≥ 16 elements; 0: not checked)
     golden_error: float | None = None  # the reference's own measured error, relative like max_rel (--certify)
+    n_layers: int | None = None  # the reference model's, to say which op's backward computes a gradient
     frac_out: float = 0.0  # share of elements outside atol + rtol·|ref|
     atol: float = 0.0
     rtol: float = 0.0
@@ -243,6 +244,7 @@ def compare(reference, candidate, *, atol=None, rtol=None, profile=None, name_ma
     certified = ref_golden.golden_error if ref_golden is not None else {}
     for t in results:
         t.golden_error = certified.get(t.name)
+        t.n_layers = shape.n_layers
     if certified:
         notes.append(f"the golden is certified: each tensor's own error was measured against "
                      f"{ref_golden.metadata.get('golden_error_precision', 'extended precision')} (column 'golden err')")
@@ -616,8 +618,9 @@ def _certified(t: TensorResult) -> str:
 def _backward_hint(t: TensorResult) -> str:
     if not is_gradient(t.name):
         return ""
-    return (f" (gradients are walked in backward order, logits → embeddings: {t.name} is the first gradient "
-            f"out, so the backward of the op that computes it is wrong, the forward tensors being within tolerance)")
+    op = backward_op(t.name, t.n_layers)
+    return (f" Gradients are walked in backward order (logits → embeddings), after the forward tensors: "
+            f"the backward of {op or 'the op that computes it'} is wrong.")
 
 
 def _shape(s):

@@ -102,6 +102,50 @@ def is_gradient(name: str) -> bool:
     return name.startswith(GRAD)
 
 
+#: Within a block: which op's backward computes the gradient of each tensor.
+_BLOCK_BACKWARD_OP = {
+    "mlp.W_out": "the MLP's output projection (W_out)", "mlp.b_out": "the MLP's output projection (W_out)",
+    "mlp.hook_post": "the MLP's output projection (W_out)", "mlp.hook_pre": "the activation (GELU)",
+    "mlp.W_in": "the MLP's input projection (W_in)", "mlp.b_in": "the MLP's input projection (W_in)",
+    "ln2.out": "the MLP's input projection (W_in)", "hook_resid_mid": "ln2 (its ∂input, plus the residual)",
+    "hook_attn_out": "ln2 (its ∂input, plus the residual)", "attn.W_O": "attention's output projection (W_O)",
+    "attn.b_O": "attention's output projection (W_O)", "attn.hook_z": "attention's output projection (W_O)",
+    "attn.hook_v": "z = pattern·v", "attn.hook_pattern": "z = pattern·v", "attn.hook_attn_scores": "the softmax",
+    "attn.hook_q": "the scores q·kᵀ·scale", "attn.hook_k": "the scores q·kᵀ·scale",
+    "ln1.out": "the Q/K/V projections", "hook_resid_pre": "ln1 (its ∂input, plus the residual)",
+    **{f"attn.{w}_{x}": "the Q/K/V projections" for x in "QKV" for w in "Wb"},
+    **{f"ln{n}.{h}": f"ln{n}'s affine part (w ⊙ x̂ + b)" for n in (1, 2) for h in ("w", "b", "hook_normalized")},
+    **{f"ln{n}.{h}": f"ln{n}'s normalization" for n in (1, 2) for h in ("hook_scale", "hook_mean")},
+}
+
+
+def backward_op(name: str, n_layers: int | None = None) -> str | None:
+    """The op whose backward computes gradient ``name`` ("grad.…"): where to look when it is the
+    first gradient out of tolerance. None for a name that is not a known gradient."""
+    if not name.startswith(GRAD):
+        return None
+    name = name[len(GRAD):]
+    fixed = {"logits": "the loss (softmax cross-entropy)", "unembed.W_U": "the unembedding",
+             "unembed.b_U": "the unembedding", "ln_final.out": "the unembedding",
+             "ln_final.w": "ln_final's affine part", "ln_final.b": "ln_final's affine part",
+             "ln_final.hook_normalized": "ln_final's affine part", "ln_final.hook_scale": "ln_final's normalization",
+             "ln_final.hook_mean": "ln_final's normalization", "embed.W_E": "the token embedding (a scatter-add)",
+             "pos_embed.W_pos": "the position embedding (a sum over the batch)",
+             "tied_W_E": "the embedding and the unembedding (their sum)"}
+    if name in fixed:
+        return fixed[name]
+    if name in ("hook_embed", "hook_pos_embed"):
+        return "blocks.0.ln1 (its ∂input, plus the residual)"
+    layer, rest = hook_points.split(name)
+    if layer is None:
+        return None
+    if rest in ("hook_resid_post", "hook_mlp_out"):
+        last = n_layers is not None and layer == n_layers - 1
+        return "ln_final (its ∂input)" if last else f"blocks.{layer + 1}.ln1 (its ∂input, plus the residual)"
+    op = _BLOCK_BACKWARD_OP.get(rest)
+    return f"blocks.{layer}: {op}" if op else None
+
+
 def forward_key(name: str) -> tuple:
     """Sort key: the order in which the forward pass computes ``name``, then every gradient in the
     order the backward pass computes it (``backward_key``); unknown names last within each."""
