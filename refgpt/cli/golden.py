@@ -208,6 +208,8 @@ def _text_or_npy_tokens(path) -> np.ndarray:
         return tokens
     try:
         text = path.read_text(encoding="utf-8")
+        if "\x00" in text:
+            raise UnicodeDecodeError("utf-8", b"\x00", 0, 1, "NUL byte")
     except UnicodeDecodeError:
         raise RefGPTError(f"{path}: a binary file, not text ids: give --tokens-dtype int32|uint16 for raw ids, "
                           f"or an llm.c debug state, data shard or dump, or a .npy array") from None

@@ -221,7 +221,7 @@ def _weight_hashes(model: Model) -> dict[str, str]:
     if model.source is None:
         return {}
     hashes = {}
-    for path in weight_files(model.source):
+    for path in [model.source] if model.source.is_file() else weight_files(model.source):  # an llm.c .bin, or HF's
         h = hashlib.sha256()
         with open(path, "rb") as f:
             for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -246,7 +246,7 @@ def write(path, golden: Golden) -> Path:
     from safetensors.numpy import save_file
 
     path = Path(path)
-    tensors = {name: np.ascontiguousarray(a) for name, a in golden.tensors.items()}
+    tensors = {name: np.require(a, requirements=["C"]) for name, a in golden.tensors.items()}  # 0-d stays 0-d
     save_file(tensors, str(path), metadata=dict(golden.metadata))
     return path
 

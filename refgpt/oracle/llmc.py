@@ -461,7 +461,8 @@ def write_activations(path, golden_tensors: dict, cfg: Config, Vp: int | None = 
         return np.concatenate([a, np.zeros((B, T, Vp - V), a.dtype)], axis=-1)
 
     losses = np.zeros((B, T))  # [B, T]
-    losses[:, :-1] = g["loss"]  # the last target is past the golden tokens: left 0
+    loss = np.asarray(g["loss"])  # [B, T − 1], or [B, T] with llm.c's targets
+    losses[:, : loss.shape[1]] = loss  # without llm.c's targets the last is past the golden's tokens: left 0
     qkv = lambda l: np.concatenate([np.asarray(g[f"blocks.{l}.attn.hook_{x}"]).reshape(B, T, -1) for x in "qkv"], -1)
     acts = {
         "encoded": g["blocks.0.hook_resid_pre"], "ln1": stack("ln1.out"),
