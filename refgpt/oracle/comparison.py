@@ -541,8 +541,8 @@ def format_report(report: Report, after_first: int | None = None) -> str:
             rows.append((t.name, _shape(t.shape), *("-",) * (len(rows[0]) - 3), f"{mark}: candidate {_shape(t.candidate_shape)}"))
             continue
         golden_err = (f"{t.golden_error:.1e}" if t.golden_error is not None else "-",) if certified else ()
-        rms = f"{abs(t.mean_error) / t.bias_tolerance:.2f}" if t.bias_tolerance else "-"
-        over = f"{t.max_over_tol:.2f}" if t.first_bad is None or t.status != "values differ" else "-"
+        rms = _ratio(abs(t.mean_error) / t.bias_tolerance) if t.bias_tolerance else "-"
+        over = _ratio(t.max_over_tol) if t.first_bad is None or t.status != "values differ" else "-"
         rows.append((t.name, _shape(t.shape), f"{t.max_abs:.2e}", f"{t.max_rel:.2e}", *golden_err, over, rms,
                      f"{100 * t.frac_out:.1f}%", mark))
     k = len(rows[0]) - 1
@@ -621,6 +621,10 @@ def _backward_hint(t: TensorResult) -> str:
     op = backward_op(t.name, t.n_layers)
     return (f" Gradients are walked in backward order (logits → embeddings), after the forward tensors: "
             f"the backward of {op or 'the op that computes it'} is wrong.")
+
+
+def _ratio(x):
+    return f"{x:.2f}" if x < 1000 else f"{x:.1e}"
 
 
 def _shape(s):
