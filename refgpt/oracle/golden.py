@@ -7,9 +7,13 @@ holding, under refgpt's names (refgpt/oracle/name_maps.py):
     every hook point's activation (or those selected), each LayerNorm's output (``….out``)
     logits, log_probs [batch, pos, d_vocab], loss [batch, pos − 1]
 
-and, in the header's ``__metadata__`` (strings; JSON where structured): the refgpt version, the
-model's config, the sha256 of each weight file, the dtype, the NumPy and BLAS versions, the
-command line, and the **conditioning** of every tensor.
+— targets and loss are [batch, pos] when the tokens come with their own targets (llm.c's y) —
+and with ``backward`` the mean loss ``loss_mean`` and every gradient ``grad.*``
+(refgpt/oracle/gradients.py); in the header's ``__metadata__`` (strings; JSON where structured):
+the refgpt version, the model's config, the sha256 of each weight file, the dtype, the NumPy and
+BLAS versions, the command line, whether the targets were given, the **conditioning** c_X and the
+RMS error r_X of every tensor, and with ``--certify`` the golden's own error
+(refgpt/oracle/certify.py).
 
 Conditioning. How far a correct float32 implementation may land from the float64 truth depends
 on the tensor, not only on float32: an attention pattern computed from scores of size 100 inherits
@@ -18,11 +22,13 @@ at most 1. So the golden writer runs the forward pass a second time in float32 a
 tensor X,
 
     c_X = max |X_float32 − X_float64| / 2⁻²⁴        (in units of float32's roundoff)
+    r_X = RMS(X_float32 − X_float64) / 2⁻²⁴         (the same error's root mean square)
 
 a measured condition number of X for this model and these tokens. The oracle (refgpt/oracle/comparison.py)
 scales its tolerances by it, for every format: to first order a forward error is proportional to
 the unit roundoff, so c_X·u_bf16 is the error a bfloat16 pass makes where c_X·u_f32 is a float32
-pass's (docs/oracle.md measures how well this holds).
+pass's (docs/oracle.md measures how well this holds). c_X bounds each element's error, r_X the
+bias of a whole tensor (comparison.py, the bias bound).
 """
 
 from __future__ import annotations
