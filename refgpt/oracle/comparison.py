@@ -259,10 +259,10 @@ def _is_golden(g) -> bool:
 
 
 def _check_not_swapped(reference, candidate) -> None:
-    """A reference that is an llm.c file, or a .npz, is the candidate given first."""
+    """A reference that is an llm.c file is the candidate given first."""
     if not isinstance(reference, (str, Path)) or not Path(reference).is_file():
         return
-    if Path(reference).suffix in (".bin", ".npz"):
+    if Path(reference).suffix == ".bin":
         raise RefGPTError(f"{reference} is a candidate's dump ({Path(reference).suffix}), not a golden file: "
                           f"arguments swapped? The golden comes first: refgpt compare GOLDEN CANDIDATE")
 

@@ -179,14 +179,17 @@ def conditioning(model: Model, tokens, names=None, targets=None, backward=False)
     return float32_errors(model, tokens, names, targets, backward)[0]
 
 
-def float32_errors(model: Model, tokens, names=None, targets=None, backward=False):
+def float32_errors(model: Model, tokens, names=None, targets=None, backward=False, reference=None):
     """(c_X, r_X) per float golden tensor X: the largest and the root-mean-square error of
     refgpt's own float32 pass against float64, both in units of 2⁻²⁴ (refgpt/oracle/comparison.py
-    bounds a candidate's error elementwise by the first and its bias by the second)."""
+    bounds a candidate's error elementwise by the first and its bias by the second).
+    ``reference``: the float64 tensors, when already computed."""
     params = dict(model.params)
-    exact = Model(model.cfg, params, dtype="float64")
     rounded = Model(model.cfg, params, dtype="float32")  # the same weights, rounded as a float32 port rounds them
-    ref = compute(exact, tokens, names, targets=targets, backward=backward)
+    if reference is None or model.dtype != np.float64:
+        exact = Model(model.cfg, params, dtype="float64")
+        reference = compute(exact, tokens, names, targets=targets, backward=backward)
+    ref = reference
     f32 = compute(rounded, tokens, names, targets=targets, backward=backward)
     c, rms = {}, {}
     for name, r in ref.items():
@@ -204,7 +207,7 @@ def make(model: Model, tokens, names=None, command=None, targets=None, backward=
     """The golden file's contents for ``model`` on ``tokens``, with its metadata; with ``backward``
     also the mean loss and every gradient (refgpt/oracle/gradients.py)."""
     tensors = compute(model, tokens, names, targets=targets, backward=backward)
-    cond, rms = float32_errors(model, tokens, names, targets, backward)
+    cond, rms = float32_errors(model, tokens, names, targets, backward, reference=tensors)
     metadata = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
