@@ -148,7 +148,7 @@ def run(models=500, seed=0, trained=0, backward=True) -> dict:
     for i, (kind, (cfg, params, tokens)) in enumerate(cases):
         model = Model(cfg, params)
         ref = golden.compute(model, tokens, backward=backward)
-        cond, rms = golden.float32_errors(model, tokens, backward=backward)
+        cond, rms = golden.float32_errors(model, tokens, backward=backward, reference=ref)
         for fmt in FORMATS:
             cand = independent_run(cfg, params, tokens, fmt, seed=i, backward=backward)
             (g, at), (g_bias, at_bias) = needed_growth(ref, cand, cond, rms, fmt)
