@@ -21,7 +21,8 @@ block's output added to the stream going up.
 Gradients come back under the names the forward uses. ``grads.params["blocks.0.attn.W_Q"]`` has
 the parameter's shape ([head, d_model, d_head]); ``grads.activations["blocks.3.hook_resid_pre"]``
 is ∂loss/∂ that activation, as if a hook had replaced it with a variable (always with a batch
-axis, like the cache).
+axis, like the cache); ``grads.ln_out["blocks.3.ln2.out"]`` is ∂loss/∂ a LayerNorm's output
+w ⊙ x̂ + b, which is not a hook point (the oracle's gradient goldens compare it).
 
 **Tied embeddings.** GPT-2 uses one matrix twice: W_E to embed and W_U = W_Eᵀ to unembed. Here
 each use gets its own gradient: ``params["embed.W_E"]`` is the embedding's and
