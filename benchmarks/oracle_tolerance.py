@@ -138,12 +138,13 @@ def trained_cases(n, seed):
 FORMATS = ("float32", "bfloat16", "float16", "float64")
 
 
-def run(models=500, seed=0, trained=0, backward=True) -> dict:
+def run(models=500, seed=0, trained=0, backward=True, progress=None) -> dict:
     """Needed G and B per format (forward and, for float32/float64, backward), and the share of
-    correct simulated ports that the profiles (G = GROWTH, B = BIAS_GROWTH) would flag."""
+    correct simulated ports that the profiles (G = GROWTH, B = BIAS_GROWTH) would flag.
+    ``progress(i, results)`` is called every 100 cases with the results so far."""
     rng = np.random.default_rng(seed)
-    cases = [("random", random_case(rng)) for _ in range(models)]
-    cases += [("trained", case) for case in trained_cases(trained, seed)]
+    cases = [("trained", case) for case in trained_cases(trained, seed)]
+    cases += [("random", random_case(rng)) for _ in range(models)]
     needed = {fmt: [] for fmt in FORMATS}
     for i, (kind, (cfg, params, tokens)) in enumerate(cases):
         model = Model(cfg, params)
@@ -153,6 +154,12 @@ def run(models=500, seed=0, trained=0, backward=True) -> dict:
             cand = independent_run(cfg, params, tokens, fmt, seed=i, backward=backward)
             (g, at), (g_bias, at_bias) = needed_growth(ref, cand, cond, rms, fmt)
             needed[fmt].append((kind, g, at, g_bias, at_bias, cfg.d_model))
+        if progress is not None and (i + 1) % 100 == 0:
+            progress(i + 1, summarize(needed))
+    return summarize(needed)
+
+
+def summarize(needed) -> dict:
     results = {}
     for fmt, rows in needed.items():
         for kind in ("random", "trained"):
@@ -173,20 +180,30 @@ def run(models=500, seed=0, trained=0, backward=True) -> dict:
     return results
 
 
+def report(results) -> str:
+    return "\n".join(
+        f"{fmt:9s} {kind:7s} {r['models']} models: G median {r['median']:.2f}, p99 {r['p99']:.2f}, "
+        f"max {r['max']:.2f} (at {r['max_at']}); B median {r['bias_median']:.3f}, p99 "
+        f"{r['bias_p99']:.3f}, max {r['bias_max']:.3f} (at {r['bias_max_at']}); flagged at G = {GROWTH}, "
+        f"B = {BIAS_GROWTH}: {r['false_alarms']} ({100 * r['false_alarm_rate']:.2f}%: "
+        f"{r['above_G']} by G, {r['above_B']} by B)" for (fmt, kind), r in results.items())
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description="Measure the oracle's growth factor G and bias bound B on random models.")
     p.add_argument("--models", type=int, default=500)
     p.add_argument("--trained", type=int, default=0, help="also this many token batches on the embedded trained model")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--forward-only", action="store_true", help="no gradients")
+    p.add_argument("--progress", action="store_true", help="print the results so far every 100 cases")
     args = p.parse_args(argv)
     t0 = time.time()
-    for (fmt, kind), r in run(args.models, args.seed, args.trained, not args.forward_only).items():
-        print(f"{fmt:9s} {kind:7s} {r['models']} models: G median {r['median']:.2f}, p99 {r['p99']:.2f}, "
-              f"max {r['max']:.2f} (at {r['max_at']}); B median {r['bias_median']:.3f}, p99 "
-              f"{r['bias_p99']:.3f}, max {r['bias_max']:.3f} (at {r['bias_max_at']}); flagged at G = {GROWTH}, "
-              f"B = {BIAS_GROWTH}: {r['false_alarms']} ({100 * r['false_alarm_rate']:.2f}%: "
-              f"{r['above_G']} by G, {r['above_B']} by B)")
+
+    def progress(i, results):
+        print(f"-- after {i} cases ({time.time() - t0:.0f} s)\n{report(results)}", flush=True)
+
+    print(report(run(args.models, args.seed, args.trained, not args.forward_only,
+                     progress if args.progress else None)))
     print(f"({time.time() - t0:.0f} s)")
     return 0
 
