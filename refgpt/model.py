@@ -159,7 +159,8 @@ class Model:
         tokens, batched = self.check_tokens(tokens, start=past.length if past is not None else 0)
         if past is not None:
             past.check(tokens.shape[0], tokens.shape[1])
-        run = HookRun(self.hook_names, [*self._context_hooks, *fwd_hooks], cache_names)
+        run = HookRun(self.hook_names, [*self._context_hooks, *fwd_hooks], cache_names,
+                      start=past.length if past is not None else 0)
         logits = self.forward(tokens, run, past, last_only)
         if not batched:
             logits = logits[0]
