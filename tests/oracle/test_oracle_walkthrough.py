@@ -205,6 +205,11 @@ def test_the_llmc_walkthrough_runs_and_names_each_planted_bug(tmp_path):
         shown = re.search(r"first divergence: \S+ \(layer \d\)(: a systematic error)?", compares[bug]).group(0)
         assert shown in section(), shown
     assert "the backward of blocks.1: the activation (GELU) is wrong." in section()
+    # test_gpt2's own check (|Δ| ≤ 2e-2 on every parameter's gradient) passes the backward bug
+    dump = llmc_dump.read_dump(tmp_path / "llmc_state.bin", CFG)
+    expected = llmc.read_debug_state(tmp_path / "gpt2_124M_debug_state.bin", CFG.d_vocab).grads
+    got = np.concatenate([dump["grads." + k].ravel() for k in llmc.PARAMETERS])
+    assert got.shape == expected.shape and np.abs(got - expected).max() <= 2e-2
     golden_out = next(out for _, c, _, out in outputs if c.startswith("refgpt golden"))
     assert "llm.c's debug state" in golden_out and "backward: mean loss" in golden_out
     # the C program wrote exactly what refgpt's Python writer writes
