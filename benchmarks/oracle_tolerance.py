@@ -38,7 +38,8 @@ from random_models import random_params  # noqa: E402
 from refgpt import Config, Model  # noqa: E402
 from refgpt.oracle import golden  # noqa: E402
 from refgpt.activations import ACTIVATIONS  # noqa: E402
-from refgpt.oracle.comparison import BIAS_GROWTH, GROWTH, UNIT_ROUNDOFF, bias_bound, tensor_scale  # noqa: E402
+from refgpt.oracle.comparison import (BIAS_GROWTH, GROWTH, UNIT_ROUNDOFF, bias_bound,  # noqa: E402
+                                      is_zero_in_exact_arithmetic, tensor_scale)
 from refgpt.oracle.gradients import compute_gradients  # noqa: E402
 from refgpt.oracle.name_maps import is_gradient  # noqa: E402
 
@@ -95,12 +96,12 @@ def needed_growth(reference: dict, candidate: dict, conditioning: dict, error_rm
         r = r[finite]
         if r.size == 0:
             continue
-        scale = tensor_scale(name, r)
+        scale = tensor_scale(name, r, reference)
         err = np.abs(c - r)
         g = float(np.max(err / (u * (conditioning[name] + scale + np.abs(r)))))
         worst = max(worst, (g, name))
         bound = bias_bound(u, error_rms[name], r) / BIAS_GROWTH  # the bias bound for B = 1
-        if bound:
+        if bound and not is_zero_in_exact_arithmetic(name):
             worst_bias = max(worst_bias, (abs(float(np.mean(c - r))) / bound, name))
     return worst, worst_bias
 

@@ -66,7 +66,7 @@ def measure(golden_tensors: dict, model: Model, tokens, targets=None) -> tuple[d
         finite = np.isfinite(x)  # attention scores: the causal part
         err = np.abs(a[finite].astype(EXTENDED_DTYPE) - x[finite])  # [n_compared]
         absolute[name] = float(err.max(initial=0.0))
-        relative[name] = absolute[name] / tensor_scale(name, x[finite].astype(np.float64))
+        relative[name] = absolute[name] / tensor_scale(name, x[finite].astype(np.float64), golden_tensors)
     return relative, absolute
 
 

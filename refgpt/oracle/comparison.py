@@ -41,7 +41,7 @@ from ..activations import log_softmax
 from ..errors import RefGPTError
 from . import golden as golden_file
 from . import llmc, llmc_dump
-from .name_maps import ModelShape, axes, backward_op, forward_key, forward_order, is_gradient, layer_of, to_refgpt
+from .name_maps import GRAD, ModelShape, axes, backward_op, forward_key, forward_order, is_gradient, layer_of, to_refgpt
 
 #: Unit roundoff of each format: half the distance from 1 to the next representable number.
 UNIT_ROUNDOFF = {"float64": 2.0**-53, "float32": 2.0**-24, "float16": 2.0**-11, "bfloat16": 2.0**-8}
@@ -393,7 +393,7 @@ def _compare_tensor(name, r, c, tol, conditioning, ref, error_rms=None) -> Tenso
         jr = np.asarray(ref["log_probs"], np.float64) if "log_probs" in ref else log_softmax(r64)  # [batch, pos, d_vocab]
         judged_name = "log_probs" if "log_probs" in conditioning else "logits"
         res.notes.append("judged shift-invariantly: log-softmax of the logits")
-    scale = tensor_scale(name, jr[compared])
+    scale = tensor_scale(name, jr[compared], ref)
     if tol["profile"]:
         u = tol["unit_roundoff"]
         res.rtol = GROWTH * u
@@ -412,7 +412,7 @@ def _compare_tensor(name, r, c, tol, conditioning, ref, error_rms=None) -> Tenso
         limit = res.atol + res.rtol * np.abs(np.where(compared, jr, 0.0))  # [...]
     bad = jdiff > limit  # [...]
     res.max_abs = float(diff.max(initial=0.0))
-    res.max_rel = res.max_abs / tensor_scale(name, r64[compared])
+    res.max_rel = res.max_abs / tensor_scale(name, r64[compared], ref)
     res.max_over_tol = float(np.max(np.where(compared, jdiff / np.maximum(limit, _F32_TINY * _F32_TINY), 0.0),
                                     initial=0.0))
     n = int(compared.sum())
@@ -429,14 +429,27 @@ def _compare_tensor(name, r, c, tol, conditioning, ref, error_rms=None) -> Tenso
     return res
 
 
-def tensor_scale(name, values) -> float:
+def tensor_scale(name, values, reference=None) -> float:
     """S_X: max(1, max|X|) for an activation (rounding errors of O(1) terms stay O(u) at elements
     near 0); max|X| for a gradient, whose natural size is 1/count, not 1 (the tolerance is
-    relative to each gradient's own scale)."""
+    relative to each gradient's own scale).
+
+    ∂loss/∂b_K is 0 in exact arithmetic (softmax ignores a constant added to every score): its
+    values are rounding noise of the sum Σ_{batch, pos} ∂k, whose size is u·Σ|∂k|. Its scale is
+    therefore that sum's, max over (head, d_head) of Σ_{batch, pos} |∂k|, from ``reference``."""
     top = float(np.max(np.abs(values), initial=0.0))
+    if is_zero_in_exact_arithmetic(name) and reference is not None:
+        k = GRAD + name[len(GRAD):-len("b_K")] + "hook_k"
+        if k in reference:
+            top = max(top, float(np.abs(np.asarray(reference[k], np.float64)).sum(axis=(0, 1)).max(initial=0.0)))
     if is_gradient(name):
         return top if top > 0 else _F32_TINY
     return max(1.0, top)
+
+
+def is_zero_in_exact_arithmetic(name) -> bool:
+    """∂loss/∂b_K: softmax(s + c) = softmax(s), so no loss depends on b_K."""
+    return is_gradient(name) and name.endswith("attn.b_K")
 
 
 #: The bias bound: |mean(cand − ref)| ≤ BIAS_GROWTH·u·(r_X + RMS(ref))·max(1, √(BIAS_FULL_ELEMENTS/n))
@@ -451,7 +464,7 @@ def bias_bound(u, r_X, r) -> float:
     (``_check_systematic``); 0 when the tensor is too small or only rounding noise to judge."""
     n = r.size
     ref_rms = float(np.sqrt(np.mean(np.square(r)))) if n else 0.0
-    if n < BIAS_MIN_ELEMENTS or ref_rms <= r_X * 2.0**-24:  # 0 in exact arithmetic (∂b_K): no bias to see
+    if n < BIAS_MIN_ELEMENTS or ref_rms <= r_X * 2.0**-24:  # only rounding noise: no bias to see
         return 0.0
     return BIAS_GROWTH * u * (r_X + ref_rms) * max(1.0, np.sqrt(BIAS_FULL_ELEMENTS / n))
 
@@ -480,7 +493,7 @@ def _check_systematic(res, r, c, err, u, r_X) -> None:
     finite = np.isfinite(c).all()
     res.rms = float(np.sqrt(np.mean(np.square(err)))) if finite else float("inf")
     res.mean_error = float(np.mean(c - r)) if finite else float("nan")
-    res.bias_tolerance = bias_bound(u, r_X, r) if finite else 0.0
+    res.bias_tolerance = bias_bound(u, r_X, r) if finite and not is_zero_in_exact_arithmetic(res.name) else 0.0
     if res.bias_tolerance and abs(res.mean_error) > res.bias_tolerance and res.ok:
         res.status = "systematic error"
         res.notes.append(f"every element is within tolerance, but the mean signed error {res.mean_error:.3g} is "
