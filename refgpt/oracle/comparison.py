@@ -2,8 +2,10 @@
 
 An implementation that goes wrong somewhere goes wrong everywhere after it: an error in block 3's
 MLP reaches every later residual stream and the logits. So "logits differ" says nothing about
-*where*. The oracle walks the tensors in the order the forward pass computes them and names the
-**first** one out of tolerance, with its layer, batch row, position and index.
+*where*. The oracle walks the tensors in the order the forward pass computes them, then the
+gradients (``grad.*``, refgpt/oracle/gradients.py) in the order the backward pass computes them,
+and names the **first** one out of tolerance, with its layer, batch row, position and index —
+for a gradient, the op whose backward computes it (name_maps.backward_op).
 
 Tolerance. An element passes when
 
@@ -16,11 +18,13 @@ error refgpt's own float32 pass makes at X, in units of 2⁻²⁴; refgpt/oracle
 
     rtol = G·u        atol_X = G·u·(c_X + S_X)        G = 64
 
-G is a measured growth factor: on 5,000 random models per format, 99 % of a simulated independent
-implementation's errors fit under G ≤ 11, and G = 64 flags at most 0.12 % of those correct models
-(docs/oracle.md; benchmarks/oracle_tolerance.py measures it). A reference without c_X (not a
-refgpt golden file) uses c_X = 0, which can flag tensors that are ill-conditioned but correct; the
-report says so.
+G is a measured growth factor (docs/oracle.md; benchmarks/oracle_tolerance.py measures it on
+thousands of random and trained models). For a gradient S_X = max|X_ref|, its own scale. Beyond
+the elementwise bound, a tensor's **bias** — its mean signed error — must stay within what
+rounding gives (``_check_systematic``): a wrong constant is small everywhere but the same
+everywhere, and is named at its own op as a "systematic error". A reference without c_X and r_X
+(not a refgpt golden file) uses 0 for both, which can flag tensors that are ill-conditioned but
+correct; the report says so.
 
 Special cases. Attention scores are compared on the causal part only (the masked part is −∞ in
 refgpt and TransformerLens, −1e4 or garbage elsewhere). Logits are judged shift-invariantly, by
