@@ -14,7 +14,8 @@ The package in layers; imports point down only (tests/core/test_layers.py checks
 - the core, flat in ``refgpt/``: the forward pass and what it needs (config, dtypes, safetensors
   reader, checkpoint loading, saving, tokenizer, layernorm and its views, attention, mlp,
   activations, hook_points, hooks, model, cache and its decomposition, kv_cache, generation, weight
-  processing, loss and the exact backward, errors);
+  processing, loss and the exact backward, errors; and TransformerLens's ways in and out: padding,
+  inputs, text, circuits);
 - ``refgpt.analysis`` (attribution, interventions, measurements, lens, plots),
   ``refgpt.oracle`` (golden files, comparison, name maps, llm.c formats) and
   ``refgpt.train`` (optimizer, BPE trainer), each built on the core only;

@@ -226,12 +226,12 @@ def samples(model: Model, prompts, n_new: int = 24, seed: int = SEED) -> list[di
     """Greedy and sampled (temperature 0.8, top-k 40) completions, and the top-5 next tokens."""
     out = []
     for i, prompt in enumerate(prompts):
-        ids = model.to_tokens(prompt)
+        ids = model.to_tokens(prompt, prepend_bos=False)[0]
         logits = model(ids, last_only=True)[-1]  # [d_vocab]
         probs = softmax(logits)  # [d_vocab]
         top = np.argsort(-probs, kind="stable")[:5]
-        greedy = model.generate(ids, n_new, temperature=0.0)
-        sampled = model.generate(ids, n_new, temperature=0.8, top_k=40, seed=seed + i)
+        greedy = model.generate(ids, n_new, temperature=0.0, stop_at_eos=False)
+        sampled = model.generate(ids, n_new, temperature=0.8, top_k=40, seed=seed + i, stop_at_eos=False)
         out.append({"prompt": prompt,
                     "top5": [[model.to_string([t]), float(probs[t])] for t in top],
                     "greedy": model.to_string(np.asarray(greedy)[len(ids):]),

@@ -420,7 +420,7 @@ def test_transformers_loads_by_name_what_refgpt_downloaded(hf_env, hub, monkeypa
     tokenizer = transformers.GPT2TokenizerFast.from_pretrained("gpt2", cache_dir=hf_env, local_files_only=True)
     model = refgpt.load("gpt2")
     assert model.source == snapshot
-    assert tokenizer("To be, or not to")["input_ids"] == model.to_tokens("To be, or not to").tolist()
+    assert tokenizer("To be, or not to")["input_ids"] == model.to_tokens("To be, or not to", prepend_bos=False)[0].tolist()
     with torch.no_grad():
         hf_logits = hf(torch.tensor(TOKENS)).logits.numpy()  # [batch, pos, d_vocab]
     ours = model(TOKENS)  # [batch, pos, d_vocab]
