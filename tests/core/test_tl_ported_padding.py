@@ -272,6 +272,19 @@ def test_generate_batch_greedy_equals_tl(pair, use_past_kv_cache):
         assert np.array_equal(batch[i, -6:], alone[0, -6:])
 
 
+def test_generate_fills_finished_rows_as_tl(pair):
+    # Not a TL test: a row that stops early is filled with the id TL fills it with, for one
+    # eos_token_id (that id) and for a list of them (the tokenizer's <|endoftext|>)
+    ref, tl = reset(pair)
+    prompts = ["Hello world!", "The quick brown fox jumps"]
+    kw = dict(max_new_tokens=4, do_sample=False, verbose=False, return_type="tokens")
+    first = ref.generate(prompts, stop_at_eos=False, **kw)[:, -4]  # each row's first new token
+    for eos in (int(first[0]), [int(first[0]), 13], (13, int(first[0]))):
+        got = ref.generate(prompts, eos_token_id=eos, **kw)
+        assert np.array_equal(got, N(tl.generate(prompts, eos_token_id=eos, **kw)))
+        assert got[0, -1] == (eos if isinstance(eos, int) else 50256)
+
+
 # ---- TransformerLens/tests/acceptance/test_generate_batch.py ------------------------------------
 
 
