@@ -253,10 +253,10 @@ class HookRegistry:
         """``with model.hooks(fwd_hooks=[…]):`` every pass inside runs them; on the way out (even on
         an exception) this level's hooks go, unless ``reset_hooks_end=False``. The names are
         checked here, before the ``with`` is entered."""
-        chosen = [(direction, self._hookable(n, f"{direction}_hooks"), fn)
+        chosen = [(direction, n, fn)
                   for direction, entries in (("fwd", fwd_hooks), ("bwd", bwd_hooks))
                   for selector, fn in hook_entries(entries, f"{direction}_hooks")
-                  for n in select_names(selector, self._selectable(selector), f"{direction}_hooks")]
+                  for n in self.chosen_names(selector, f"{direction}_hooks")]
         return self._hooks_context(chosen, reset_hooks_end, clear_contexts)
 
     @contextlib.contextmanager
@@ -271,9 +271,12 @@ class HookRegistry:
                 self.reset_hooks(clear_contexts, including_permanent=False, level=self.context_level)
             self.context_level -= 1
 
-    def _selectable(self, selector):
-        """A predicate picks among the points reached now; a name may be any point (then checked)."""
-        return self.hook_names if callable(selector) else list(self.hook_dict)
+    def chosen_names(self, selector, what) -> list[str]:
+        """The hook points a selector (a name, names, a predicate; None: all) picks: a predicate
+        among the points the forward reaches now; a name must be one of them (``_hookable``)."""
+        if selector is None or callable(selector):
+            return select_names(selector, self.hook_names, what)
+        return [self._hookable(n, what) for n in select_names(selector, list(self.hook_dict), what)]
 
     def _hookable(self, name, what):
         """``name`` if this model computes it now; a RefGPTError naming the cfg switch otherwise."""

@@ -34,7 +34,7 @@ from .config import Config
 from .dtypes import compute_dtype
 from .errors import RefGPTError
 from .generation import generate
-from .hooks import HookPoint, HookRegistry, HookRun, select_names
+from .hooks import HookPoint, HookRegistry, HookRun
 from .kv_cache import KVCache
 from .layernorm import layer_norm
 from .loss import lm_cross_entropy_loss
@@ -189,7 +189,7 @@ class Model(TextMethods, HookRegistry, CircuitMethods):
         activation, from ``loss_and_grads``. The other keywords go to the forward pass."""
         if names is not None and names_filter is not None:
             raise RefGPTError("run_with_cache: pass names_filter= or its alias names=, not both")
-        selected = select_names(names_filter if names is None else names, self.hook_names, "run_with_cache names_filter")
+        selected = self.chosen_names(names_filter if names is None else names, "run_with_cache names_filter")
         with self.hooks(fwd_hooks, (), reset_hooks_end, clear_contexts):
             out, cache = self._run(*model_args, cache_names=selected, **model_kwargs)
             if incl_bwd:

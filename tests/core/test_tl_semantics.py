@@ -84,6 +84,10 @@ def test_unknown_and_switched_off_points_are_refused(model):
         model.add_hook("blocks.0.hook_resid_pr", lambda a, h: None)
     with pytest.raises(RefGPTError, match="use_attn_result"):
         model.add_hook("blocks.0.attn.hook_result", lambda a, h: None)
+    with pytest.raises(RefGPTError, match="run_with_cache names_filter: 'blocks.0.hook_mlp_in' exists only with "
+                                          "model.cfg.use_hook_mlp_in = True"):
+        model.run_with_cache("abc", names_filter=["blocks.0.hook_resid_pre", "blocks.0.hook_mlp_in"])
+    assert "blocks.0.hook_mlp_in" not in model.run_with_cache("abc", names_filter=lambda n: "mlp_in" in n)[1]
     model.set_use_split_qkv_input(True)
     with pytest.raises(RefGPTError, match="one ln1 per block"):
         model.loss_and_grads("abc")
