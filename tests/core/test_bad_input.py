@@ -233,3 +233,75 @@ def test_hook_returning_wrong_shape_or_dtype(model):
         model.run_with_hooks([1, 2], fwd_hooks=[("blocks.0.hook_resid_pre", lambda a, n: a[..., :7])])
     with raises("returned float32, expected float64 \\(refgpt does not cast silently\\)"):
         model.run_with_hooks([1, 2], fwd_hooks=[("blocks.0.hook_resid_pre", lambda a, n: a.astype(np.float32))])
+
+
+# ---- ambiguous checkpoints (issue 12) ------------------------------------------------------------
+
+
+def test_a_weight_stored_with_and_without_the_prefix_is_ambiguous(tmp_path, model):
+    tensors = {k: v.astype(np.float32) for k, v in hf_tensors(model).items()}
+    tensors["ln_f.bias"] = tensors["transformer.ln_f.bias"] + 1  # a second, different copy
+    ckpt = save_checkpoint(model, tmp_path / "m", tensors=tensors)
+    with raises(r"tensor '(transformer\.)?ln_f.bias' is stored twice: also as '(transformer\.)?ln_f.bias'.*ambiguous"):
+        refgpt.load(ckpt)
+
+
+def sharded(tmp_path, model, mutate=lambda shards, index: None):
+    """A two-shard checkpoint with an index, after ``mutate(shards, index)``."""
+    from safetensors.numpy import save_file
+
+    directory = save_checkpoint(model, tmp_path / "s")
+    (directory / "model.safetensors").unlink()
+    tensors = {k: v.astype(np.float32) for k, v in hf_tensors(model).items()}
+    names = sorted(tensors)
+    shards = {"a.safetensors": {k: tensors[k] for k in names[::2]},
+              "b.safetensors": {k: tensors[k] for k in names[1::2]}}
+    index = {"metadata": {}, "weight_map": {k: f for f, part in shards.items() for k in part}}
+    mutate(shards, index)
+    for f, part in shards.items():
+        save_file(part, str(directory / f))
+    (directory / "model.safetensors.index.json").write_text(
+        index if isinstance(index, str) else json.dumps(index))
+    return directory
+
+
+def test_a_sharded_checkpoint_loads(tmp_path, model):
+    loaded = refgpt.load(sharded(tmp_path, model), tokenizer=False)
+    assert np.array_equal(loaded.params["blocks.1.mlp.W_in"], model.params["blocks.1.mlp.W_in"].astype(np.float32))
+
+
+def _in_both(shards, index):
+    shards["b.safetensors"]["transformer.wte.weight"] = shards["a.safetensors"].get(
+        "transformer.wte.weight", shards["b.safetensors"].get("transformer.wte.weight"))
+    shards["a.safetensors"]["transformer.wte.weight"] = shards["b.safetensors"]["transformer.wte.weight"]
+
+
+@pytest.mark.parametrize("mutate,match", [
+    (_in_both, r"holds tensor 'transformer.wte.weight', which the shard index places in"),
+    (lambda s, i: i["weight_map"].update({"transformer.h.0.ln_1.weight": "c.safetensors"}), "names shard 'c.safetensors', which does not exist"),
+    (lambda s, i: i.update(weight_map={}), "'weight_map' must be a non-empty object"),
+    (lambda s, i: i.update(weight_map=[]), "'weight_map' must be a non-empty object"),
+    (lambda s, i: i["weight_map"].update({"transformer.wte.weight": 3}), r"weight_map\['transformer.wte.weight'\] must be a file name"),
+    (lambda s, i: i["weight_map"].update({"transformer.wte.weight": "../a.safetensors"}), "must be a file name beside the index"),
+    (lambda s, i: i["weight_map"].update({"extra.tensor": "a.safetensors"}), "lists tensor 'extra.tensor', but the shard does not hold it"),
+    (lambda s, i: s["a.safetensors"].update(stray=np.zeros(1, np.float32)), "holds tensor 'stray', which the shard index does not list"),
+])
+def test_shard_index_problems_are_errors(tmp_path, model, mutate, match):
+    with raises(match):
+        refgpt.load(sharded(tmp_path, model, mutate), tokenizer=False)
+
+
+@pytest.mark.parametrize("text,match", [
+    ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+    ('{"weight_map": {"a": "a.safetensors", "a": "b.safetensors"}}', "key 'a' appears twice"),
+    ("\xff", "not UTF-8 text"),
+])
+def test_broken_shard_index_json(tmp_path, model, text, match):
+    with raises(match):
+        refgpt.load(_with_index(tmp_path, model, text))
+
+
+def _with_index(tmp_path, model, text):
+    directory = sharded(tmp_path, model)
+    (directory / "model.safetensors.index.json").write_text(text, encoding="latin-1")
+    return directory
