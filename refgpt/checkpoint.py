@@ -109,7 +109,6 @@ def read_hf_tensors(files: list[Path], cfg: Config, dtype: np.dtype,
     (``weight_map``), every tensor must be in the shard the index names, and every tensor of a
     shard must be listed.
     """
-    expected = expected_shapes(cfg)
     found: dict[str, tuple[SafetensorsFile, str]] = {}
     for path in files:
         st = SafetensorsFile(path)
@@ -129,6 +128,12 @@ def read_hf_tensors(files: list[Path], cfg: Config, dtype: np.dtype,
         for name, path in weight_map.items():
             if found.get(name.removeprefix("transformer."), (None, None))[1] != name:
                 raise RefGPTError(f"{path}: the shard index lists tensor {name!r}, but the shard does not hold it")
+    blocks = {int(m.group(1)) for key in found if (m := re.match(r"h\.(\d+)\.", key))}
+    if len(blocks) != cfg.n_layers and (not blocks or max(blocks) < cfg.n_layers):
+        # checked before the n_layer-long list of expected shapes is built (n_layer may be huge)
+        raise RefGPTError(f"{files[0].parent}: config.json says n_layer={cfg.n_layers}, but the checkpoint "
+                          f"holds {len(blocks)} blocks: n_layer disagrees with the tensors")
+    expected = expected_shapes(cfg)
     tensors = {}
     for key, (st, name) in found.items():
         if _BUFFER.fullmatch(key) or (key == "lm_head.weight" and cfg.tie_word_embeddings):
@@ -210,6 +215,7 @@ def load(path: str | Path, dtype="float64", tokenizer=True, process=None):
         raise RefGPTError(f"{directory}: model directory not found")
     dtype = compute_dtype(dtype)
     cfg = Config.from_json(directory / "config.json")
+    cfg.check_fits_in_memory(dtype.itemsize, source=str(directory / "config.json"))
     weight_map = _weight_map(directory) if _is_sharded(directory) else None
     files = sorted(set(weight_map.values())) if weight_map else [directory / "model.safetensors"]
     tensors = read_hf_tensors(files, cfg, dtype, weight_map)

@@ -79,6 +79,7 @@ class Model:
     def __init__(self, cfg: Config, params: dict[str, np.ndarray], dtype="float64", source=None):
         self.cfg = cfg
         self.dtype = compute_dtype(dtype)
+        cfg.check_fits_in_memory(self.dtype.itemsize)
         self.source = Path(source) if source is not None else None
         self.tokenizer = None
         self.params = MappingProxyType(self._checked(params))  # read-only: a new model for new weights

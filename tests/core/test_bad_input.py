@@ -167,8 +167,62 @@ def test_fewer_layers_in_config_than_tensors(ckpt):
 
 def test_more_layers_in_config_than_tensors(ckpt):
     edit_config(ckpt, n_layer=3)
-    with raises("'h.2.ln_1.weight' is missing"):
+    with raises("config.json says n_layer=3, but the checkpoint holds 2 blocks"):
         refgpt.load(ckpt)
+
+
+def test_a_million_layers_fail_fast(ckpt):
+    """Refused before any n_layer-long structure is built (it took 38 s and gigabytes before)."""
+    import time
+
+    edit_config(ckpt, n_layer=1_000_000)
+    start = time.process_time()
+    with raises("n_layer=1000000, but the checkpoint holds 2 blocks"):
+        refgpt.load(ckpt)
+    assert time.process_time() - start < 5  # a generous bound on a check that takes milliseconds
+
+
+def test_a_model_too_big_for_the_machine_is_refused_before_allocating(ckpt):
+    edit_config(ckpt, n_layer=1_000_000, n_embd=768, n_head=12, vocab_size=50257)
+    with raises(r"config.json: this model needs at least [\d,.]+ GiB .* but the machine has [\d,.]+ GiB available"):
+        refgpt.load(ckpt)
+    with raises("this model needs at least"):
+        refgpt.Model(Config(d_model=2**16, n_layers=2**14, n_heads=1, d_mlp=1, d_vocab=1, n_ctx=1), {})
+
+
+@pytest.mark.parametrize("edit,match", [
+    ({"layer_norm_epsilon": float("inf")}, "Infinity is not a JSON number"),
+    ({"layer_norm_epsilon": 0}, "layer_norm_epsilon must be a finite number > 0"),
+    ({"layer_norm_epsilon": -1e-5}, "layer_norm_epsilon must be a finite number > 0"),
+    ({"layer_norm_epsilon": 1e308 * 10}, "Infinity is not a JSON number"),
+    ({"n_layer": True}, "n_layers must be a positive integer, found True"),
+    ({"n_embd": 8.0}, "d_model must be a positive integer, found 8.0"),
+    ({"activation_function": ["gelu"]}, r"unknown activation_function \['gelu'\]"),
+    ({"model_type": ["gpt2"]}, r"model_type is \['gpt2'\]"),
+    ({"add_cross_attention": "no"}, "add_cross_attention must be true or false"),
+    ({"n_positions": 2**40}, "n_ctx=1099511627776 is larger than any GPT-2"),
+    ({"tie_word_embeddings": 1}, "tie_word_embeddings must be true or false, found 1"),
+])
+def test_config_types_and_ranges(ckpt, edit, match):
+    edit_config(ckpt, **edit)
+    with raises(match):
+        refgpt.load(ckpt)
+
+
+@pytest.mark.parametrize("text,match", [
+    ('{"n_layer": ' + "9" * 5000 + "}", "config.json: not valid JSON .*4300 digits|config.json: .*digits"),
+    ("[" * 100_000, "config.json: JSON nested too deeply"),
+    ('{"n_layer": 2, "n_layer": 3}', "config.json: key 'n_layer' appears twice"),
+])
+def test_config_json_that_python_would_misread(ckpt, text, match):
+    (ckpt / "config.json").write_text(text)
+    with raises(match):
+        refgpt.load(ckpt)
+
+
+def test_a_huge_integer_from_python_is_shown_short():
+    with raises("an integer of 16,610 bits"):
+        Config(d_model=10**5000, n_layers=1, n_heads=1, d_mlp=1, d_vocab=1, n_ctx=1)
 
 
 def test_unknown_activation(ckpt):
