@@ -9,7 +9,7 @@ TransformerLens's hook names.
     logits, cache = model.run_with_cache(tokens)     # tokens: int array [pos] or [batch, pos]
     cache["ln_final.hook_scale"]                      # [batch, pos, 1]
 
-The package in layers; imports point down only (tests/test_layers.py checks it):
+The package in layers; imports point down only (tests/core/test_layers.py checks it):
 
 - the core, flat in ``refgpt/``: the forward pass and what it needs (config, safetensors reader,
   checkpoint loading and saving, layernorm, attention, mlp, activations, model, hooks, cache and

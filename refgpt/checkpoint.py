@@ -23,26 +23,17 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import Config
 from . import strict_json
+from .config import Config
+from .dtypes import compute_dtype
 from .errors import RefGPTError
+from .model import Model
+from .processing import process as process_weights
 from .safetensors_file import SafetensorsFile
-
-COMPUTE_DTYPES = {"float64": np.dtype(np.float64), "float32": np.dtype(np.float32)}
+from .tokenizer import Tokenizer
 
 # HF's non-parameter buffers: the causal mask and the masked fill value. Never weights.
 _BUFFER = re.compile(r"h\.\d+\.attn\.(bias|masked_bias)")
-
-
-def compute_dtype(dtype) -> np.dtype:
-    """'float64' (the default everywhere) or 'float32', also given as a NumPy dtype."""
-    try:
-        name = np.dtype(dtype).name
-    except TypeError:
-        name = None
-    if name not in COMPUTE_DTYPES:
-        raise RefGPTError(f"dtype must be 'float64' or 'float32', found {dtype!r}")
-    return COMPUTE_DTYPES[name]
 
 
 def expected_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
@@ -208,8 +199,6 @@ def load(path: str | Path, dtype="float64", tokenizer=True, process=None):
     stored), True (TransformerLens's from_pretrained defaults) or processing step names
     (refgpt.processing).
     """
-    from .model import Model  # model imports this module's helpers; import here to avoid a cycle
-
     directory = Path(path)
     if not directory.is_dir():
         raise RefGPTError(f"{directory}: model directory not found")
@@ -223,8 +212,6 @@ def load(path: str | Path, dtype="float64", tokenizer=True, process=None):
     if tokenizer:
         model.tokenizer = _find_tokenizer(directory)
     if process:
-        from .processing import process as process_weights
-
         model = process_weights(model, process)
     return model
 
@@ -233,6 +220,4 @@ def _find_tokenizer(directory: Path):
     pairs = [("vocab.json", "merges.txt"), ("encoder.json", "vocab.bpe")]
     if not any((directory / v).exists() and (directory / m).exists() for v, m in pairs):
         return None
-    from .tokenizer import Tokenizer
-
     return Tokenizer.from_dir(directory)

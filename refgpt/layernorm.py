@@ -93,8 +93,3 @@ def scale(x, eps):
     """σ(x) for an uncentered x: the number LayerNorm divides by."""
     return centered_scale(x - x.mean(-1, keepdims=True), eps)
 
-
-def normalize(x, eps):
-    """x̂ = (x − mean)/σ: LayerNorm without its gain and bias."""
-    centered = x - x.mean(-1, keepdims=True)
-    return centered / centered_scale(centered, eps)

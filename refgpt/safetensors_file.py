@@ -42,6 +42,7 @@ import numpy as np
 import safetensors
 
 from . import strict_json
+from .dtypes import widen_bfloat16
 from .errors import RefGPTError
 
 # safetensors dtype code → (NumPy dtype of the stored bytes, is it a floating-point format)
@@ -49,7 +50,7 @@ DTYPES = {
     "F64": (np.dtype("<f8"), True),
     "F32": (np.dtype("<f4"), True),
     "F16": (np.dtype("<f2"), True),
-    "BF16": (np.dtype("<u2"), True),  # stored as raw 16-bit words; see ``_widen_bf16``
+    "BF16": (np.dtype("<u2"), True),  # stored as raw 16-bit words; see refgpt/dtypes.py
     "I64": (np.dtype("<i8"), False),
     "I32": (np.dtype("<i4"), False),
     "I16": (np.dtype("<i2"), False),
@@ -125,7 +126,7 @@ class SafetensorsFile:
             raise RefGPTError(f"{self.path}: tensor {name!r} is {code}, expected a float tensor")
         stored = self.raw(name)
         if code == "BF16":
-            stored = _widen_bf16(stored)
+            stored = widen_bfloat16(stored)
         with np.errstate(over="ignore"):
             array = stored if stored.dtype == dtype else stored.astype(dtype)
         if not np.isfinite(array).all():
@@ -193,7 +194,3 @@ def _reference_refusal(path: Path) -> str | None:
     except OSError as error:
         return f"cannot read ({error.strerror or error})"
 
-
-def _widen_bf16(words: np.ndarray) -> np.ndarray:
-    """bfloat16 → float32, exactly: a bfloat16 is the top 16 bits of a float32."""
-    return (words.astype(np.uint32) << 16).view(np.float32)

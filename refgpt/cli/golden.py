@@ -9,15 +9,14 @@ integer array [pos] or [batch, pos], or text with whitespace-separated ids, one 
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 import numpy as np
 
-from ..oracle import golden
 from ..errors import RefGPTError
-from ._chosen_model import load_chosen, tokens_of, untrained_note
+from ..oracle import golden
+from ._chosen_model import load_chosen, print_json, tokens_of, untrained_note
 
 
 def add_parser(subparsers, common):
@@ -47,13 +46,11 @@ def run(args) -> int:
     size = path.stat().st_size
     shape = list(np.asarray(g.tensors["tokens"]).shape)
     if args.json:
-        print(json.dumps({"path": str(path), "tensors": len(g.tensors), "bytes": size, "tokens_shape": shape,
-                          "dtype": g.metadata["dtype"],
-                          "untrained": untrained_note(model) is not None}))
-    else:
-        if note := untrained_note(model):
-            print(note)
-        print(f"wrote {path}: {len(g.tensors)} tensors, {size / 2**20:.1f} MiB, tokens {shape}, {g.metadata['dtype']}")
+        return print_json(model, {"path": str(path), "tensors": len(g.tensors), "bytes": size, "tokens_shape": shape,
+                                  "dtype": g.metadata["dtype"]})
+    if note := untrained_note(model):
+        print(note)
+    print(f"wrote {path}: {len(g.tensors)} tensors, {size / 2**20:.1f} MiB, tokens {shape}, {g.metadata['dtype']}")
     return 0
 
 

@@ -37,8 +37,10 @@ from pathlib import Path
 
 import numpy as np
 
-from . import golden as golden_file
+from ..activations import log_softmax
 from ..errors import RefGPTError
+from . import golden as golden_file
+from .llmc import read_activations
 from .name_maps import ModelShape, axes, forward_key, forward_order, layer_of, to_refgpt
 
 #: Unit roundoff of each format: half the distance from 1 to the next representable number.
@@ -200,8 +202,6 @@ def compare(reference, candidate, *, atol=None, rtol=None, profile=None, name_ma
     shape = _model_shape(ref, ref_golden)
     cand, cand_dtypes, _ = load(candidate, name_map, shape)
     if cand is None:  # an llm.c activations dump
-        from .llmc import read_activations
-
         tokens = np.asarray(ref["tokens"]) if "tokens" in ref else None
         if tokens is None or ref_golden is None or ref_golden.config is None:
             raise RefGPTError("an llm.c activations dump needs a refgpt golden file as the reference "
@@ -262,7 +262,7 @@ _DERIVED = ("probs", "loss_mean", "log_probs")
 def _with_derived(ref, cand, conditioning):
     ref = dict(ref)
     if "log_probs" not in ref and "logits" in ref and ("log_probs" in cand or "probs" in cand):
-        ref["log_probs"] = golden_file.log_softmax(np.asarray(ref["logits"], np.float64))
+        ref["log_probs"] = log_softmax(np.asarray(ref["logits"], np.float64))
     if "probs" in cand and "probs" not in ref and "log_probs" in ref:
         ref["probs"] = np.exp(np.asarray(ref["log_probs"], np.float64))  # [batch, pos, d_vocab]
         conditioning.setdefault("probs", conditioning.get("log_probs", 0.0))  # |Δp| = p·|Δlog p| ≤ |Δlog p|
@@ -292,8 +292,8 @@ def _compare_tensor(name, r, c, tol, conditioning, ref) -> TensorResult:
     compared = np.isfinite(r64)  # attention scores: the causal part
     judged_name, jr, jc = name, r64, c64
     if name == "logits":  # shift-invariant: judge log-softmax against log-softmax
-        jc = golden_file.log_softmax(c64)
-        jr = np.asarray(ref["log_probs"], np.float64) if "log_probs" in ref else golden_file.log_softmax(r64)  # [batch, pos, d_vocab]
+        jc = log_softmax(c64)
+        jr = np.asarray(ref["log_probs"], np.float64) if "log_probs" in ref else log_softmax(r64)  # [batch, pos, d_vocab]
         judged_name = "log_probs" if "log_probs" in conditioning else "logits"
         res.notes.append("judged shift-invariantly: log-softmax of the logits")
     scale = max(1.0, float(np.max(np.abs(jr[compared]), initial=0.0)))
@@ -337,7 +337,7 @@ def _element(name, index, r, c, limit):
 def _logits_summary(ref, cand) -> LogitsSummary:
     def logp(t):
         if "logits" in t:
-            return golden_file.log_softmax(np.asarray(t["logits"], np.float64))
+            return log_softmax(np.asarray(t["logits"], np.float64))
         return np.asarray(t["log_probs"], np.float64)
 
     lr, lc = logp(ref), logp(cand)  # [batch, pos, d_vocab]

@@ -37,20 +37,20 @@ from pathlib import Path
 
 import numpy as np
 
-from ..version import __version__
+from ..activations import log_softmax
 from ..checkpoint import weight_files
 from ..config import Config
+from ..dtypes import widen_bfloat16
 from ..errors import RefGPTError
+from ..ln_views import cached_output
 from ..model import Model
-from .name_maps import forward_order
 from ..safetensors_file import SafetensorsFile
+from ..version import __version__
+from .name_maps import forward_order
 
 FORMAT = "refgpt-golden"
 FORMAT_VERSION = "1"
 F32_ROUNDOFF = 2.0**-24
-
-_LN_PREFIXES = ("ln1.", "ln2.")
-
 
 @dataclass
 class Golden:
@@ -109,7 +109,6 @@ def compute(model: Model, tokens, names=None, fwd_hooks=()) -> dict[str, np.ndar
     need = {n for n in wanted if n in hooks}
     need |= {n[: -len("out")] + "hook_normalized" for n in wanted if n.endswith(".out")}
     logits, cache = model.run_with_cache(tokens, names=sorted(need), fwd_hooks=fwd_hooks)  # [batch, pos, d_vocab]
-    p = model.params
     log_probs = log_softmax(logits)  # [batch, pos, d_vocab]
     b_idx, t_idx = np.indices((tokens.shape[0], tokens.shape[1] - 1))  # [batch, pos − 1] each
     out = {}
@@ -125,20 +124,12 @@ def compute(model: Model, tokens, names=None, fwd_hooks=()) -> dict[str, np.ndar
         elif name == "loss":
             out[name] = -log_probs[b_idx, t_idx, tokens[:, 1:]]  # [batch, pos − 1]
         elif name.endswith(".out"):
-            ln = name[: -len("out")]  # "blocks.3.ln1." or "ln_final."
-            w, b = p[ln + "w"], p[ln + "b"]  # [d_model] each
-            out[name] = cache[ln + "hook_normalized"] * w + b  # [batch, pos, d_model]
+            out[name] = cached_output(cache, name[: -len("out")])  # "blocks.3.ln1." or "ln_final."
         elif name in hooks:
             out[name] = np.asarray(cache[name])
         else:
             raise RefGPTError(f"golden: {name!r} is not a tensor of this model's golden file")
     return out
-
-
-def log_softmax(logits):
-    """log softmax over the last axis, in the logits' dtype: x − max − log Σ exp(x − max)."""
-    shifted = logits - logits.max(axis=-1, keepdims=True)  # [..., d_vocab] ≤ 0
-    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))  # [..., d_vocab]
 
 
 def conditioning(model: Model, tokens, names=None) -> dict[str, float]:
@@ -223,6 +214,6 @@ def read(path) -> Golden:
         a = st.raw(name)
         dtypes[name] = st.stored_dtype(name)
         if dtypes[name] == "BF16":
-            a = (a.astype(np.uint32) << 16).view(np.float32)  # a bfloat16 is a float32's top half
+            a = widen_bfloat16(a)
         tensors[name] = a
     return Golden(tensors, dict(st.metadata), dtypes)

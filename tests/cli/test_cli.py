@@ -284,7 +284,7 @@ def test_a_broken_checkpoint_is_one_line_and_status_1(capsys, plain_checkpoint, 
 @pytest.mark.parametrize("argv, status, message", [
     (["predict", TEXT, "--dtype", "float16"], 2, r"--dtype: invalid choice: 'float16'"),
     (["inspect", TEXT, "--dtype", "int8"], 2, r"--dtype: invalid choice: 'int8'"),
-    (["predict", TEXT, "--top-k", "0"], 2, r"--top-k: K must be a positive integer, found '0'"),
+    (["predict", TEXT, "--top-k", "0"], 2, r"--top-k: must be a whole number ≥ 1, found '0'"),
     (["predict"], 2, r"the following arguments are required: TEXT"),
     (["inspect", TEXT, "--unknown"], 2, r"unrecognized arguments: --unknown"),
     (["predict", TEXT, "--model", "/nonexistent/gpt2"], 1, r"/nonexistent/gpt2: model directory not found"),

@@ -75,7 +75,9 @@ def test_lens_tuned_with_zero_translators_equals_the_logit_lens_and_plots(model,
     tuned = refgpt_cli("lens", "Hi there", "--kind", "tuned", "--translators", str(path), "--target", "e", "--json",
                        "--plot", str(tmp_path / "lens.png"))
     plain = refgpt_cli("lens", "Hi there", "--target-id", "101", "--json")
-    assert tuned.returncode == plain.returncode == 0, tuned.stderr + plain.stderr
+    by_hash = refgpt_cli("lens", "Hi there", "--target", "#101", "--json")  # a TOKEN argument takes #ID too
+    assert tuned.returncode == plain.returncode == by_hash.returncode == 0, tuned.stderr + plain.stderr
+    assert by_hash.stdout == plain.stdout
     a, b = json.loads(tuned.stdout), json.loads(plain.stdout)
     assert [[c["target_probability"] for c in row] for row in a["cells"]] == \
            [[c["target_probability"] for c in row] for row in b["cells"]]
@@ -90,6 +92,8 @@ def test_lens_tuned_with_zero_translators_equals_the_logit_lens_and_plots(model,
     (["lens", "Hi", "--kind", "tuned"], 2, "--translators"),
     (["lens", "Hi", "--target", "abc"], 1, "'abc' is 2 tokens"),  # ab, c
     (["lens", "Hi", "--target-id", "8192"], 1, "outside the vocabulary"),
+    (["lens", "Hi", "--target", "#8192"], 1, "outside the vocabulary"),
+    (["lens", "Hi", "--target", "e", "--target-id", "101"], 2, "not both"),
     (["lens", "Hi", "--kind", "tuned", "--translators", "nowhere.safetensors"], 1, "not found"),
 ])
 def test_errors_are_one_line_with_the_right_exit_status(argv, status, message, capsys):
