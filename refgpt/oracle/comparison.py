@@ -32,6 +32,7 @@ largest KL divergence are reported too. Integer tensors (tokens) must be equal.
 from __future__ import annotations
 
 import json
+import zipfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -107,10 +108,11 @@ class Report:
     missing: list[str] = field(default_factory=list)  # in the reference, not in the candidate
     unexpected: list[str] = field(default_factory=list)  # in the candidate, not in the reference
     notes: list[str] = field(default_factory=list)
+    too_little: list[str] = field(default_factory=list)  # why the candidate cannot be judged OK
 
     @property
     def ok(self) -> bool:
-        return all(t.ok for t in self.tensors)
+        return not self.too_little and all(t.ok for t in self.tensors)
 
     @property
     def first_divergence(self) -> TensorResult | None:
@@ -127,7 +129,7 @@ class Report:
         return {"ok": self.ok, "first_divergence": asdict(first) if first else None,
                 "tolerance": self.tolerance, "logits": asdict(self.logits) if self.logits else None,
                 "tensors": [asdict(t) for t in self.tensors], "missing": self.missing,
-                "unexpected": self.unexpected, "notes": self.notes}
+                "unexpected": self.unexpected, "notes": self.notes, "too_little": self.too_little}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=1, default=_json_default)
@@ -164,8 +166,9 @@ def load(source, name_map="refgpt", shape: ModelShape | None = None):
         try:
             with np.load(path, allow_pickle=False) as z:
                 return {k: z[k] for k in z.files}, {}, None
-        except (ValueError, OSError) as error:
-            raise RefGPTError(f"{path}: not a readable .npz file ({error})") from None
+        except (ValueError, OSError, EOFError, KeyError, zipfile.BadZipFile, NotImplementedError) as error:
+            raise RefGPTError(f"{path}: not a readable .npz file ({type(error).__name__}: "
+                              f"{str(error).splitlines()[0] if str(error) else 'truncated'})") from None
     if path.suffix == ".bin":
         if name_map != "llmc" or shape is None:
             raise RefGPTError(f"{path}: a .bin candidate is read as llm.c's activations: pass --map llmc")
@@ -199,6 +202,7 @@ def compare(reference, candidate, *, atol=None, rtol=None, profile=None, name_ma
     ref, _, ref_golden = load(reference)
     if not ref:
         raise RefGPTError("the reference holds no tensors")
+    check_reference_finite(ref)
     shape = _model_shape(ref, ref_golden)
     cand, cand_dtypes, _ = load(candidate, name_map, shape)
     if cand is None:  # an llm.c activations dump
@@ -211,7 +215,7 @@ def compare(reference, candidate, *, atol=None, rtol=None, profile=None, name_ma
     cand, notes = to_refgpt(cand, name_map, shape)
     if conditioning is None:
         conditioning = ref_golden.conditioning if ref_golden is not None else {}
-    conditioning = dict(conditioning)
+    conditioning = golden_file.checked_conditioning(dict(conditioning), "conditioning")
     tol = _tolerance(atol, rtol, profile, cand, cand_dtypes)
     if tol["profile"] and not conditioning:
         notes.append("the reference has no measured conditioning (c_X = 0): ill-conditioned tensors may be "
@@ -225,7 +229,37 @@ def compare(reference, candidate, *, atol=None, rtol=None, profile=None, name_ma
     summary = _logits_summary(ref, cand) if "logits" in common or "log_probs" in common else None
     missing = [n for n in forward_order(ref) if n not in cand and n not in _DERIVED]
     unexpected = sorted(n for n in cand if n not in ref)
-    return Report(results, tol, summary, missing, unexpected, notes)
+    return Report(results, tol, summary, missing, unexpected, notes, too_little(common, ref))
+
+
+# ---- failing closed -------------------------------------------------------------------------------
+
+
+def check_reference_finite(ref) -> None:
+    """A reference value that is NaN or ±∞ cannot judge anything: refuse it, naming the tensor.
+    The one exception is −∞ in attention scores, refgpt's (and TransformerLens's) causal mask."""
+    for name, value in ref.items():
+        a = np.asarray(value)
+        if a.dtype.kind not in "fc":
+            continue
+        bad = ~np.isfinite(a)
+        if name.endswith("hook_attn_scores"):
+            bad &= a != -np.inf
+        if bad.any():
+            i = tuple(int(k) for k in np.argwhere(bad)[0])
+            raise RefGPTError(f"the reference's {name!r} holds {a[i]} at index {list(i)} "
+                              f"({int(bad.sum())} non-finite values): a reference must be finite")
+
+
+def too_little(common, ref) -> list[str]:
+    """Why comparing only ``common`` cannot vouch for the candidate: no logits, or no float tensor."""
+    reasons = []
+    if any(n in ref for n in ("logits", "log_probs")) and not any(n in common for n in ("logits", "log_probs")):
+        reasons.append("the candidate has no logits (or log_probs) to compare")
+    if not any(np.asarray(ref[n]).dtype.kind == "f" for n in common):
+        reasons.append(f"the candidate shares only {', '.join(common)} with the reference: no activation "
+                       "was compared")
+    return reasons
 
 
 def _model_shape(ref, g) -> ModelShape:
@@ -401,7 +435,11 @@ def format_report(report: Report, after_first: int | None = None) -> str:
     if report.unexpected:
         lines.append(f"not in the reference, not compared ({len(report.unexpected)}): {_few(report.unexpected)}")
     n_ok = sum(t.ok for t in report.tensors)
-    if first is None:
+    if report.too_little:
+        lines.append(f"FAIL: compared too little: {'; '.join(report.too_little)}")
+        if first is not None:
+            lines.append(describe_divergence(first))
+    elif first is None:
         lines.append(f"OK: all {len(report.tensors)} tensors within tolerance")
     else:
         lines.append(f"FAIL: {len(report.tensors) - n_ok} of {len(report.tensors)} tensors out of tolerance")

@@ -30,6 +30,7 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import json
+import math
 import platform
 import sys
 from dataclasses import dataclass, field
@@ -41,6 +42,7 @@ from ..activations import log_softmax
 from ..checkpoint import weight_files
 from ..config import Config
 from ..dtypes import widen_bfloat16
+from .. import strict_json
 from ..errors import RefGPTError
 from ..ln_views import cached_output
 from ..model import Model
@@ -63,12 +65,27 @@ class Golden:
     @property
     def config(self) -> Config | None:
         text = self.metadata.get("config")
-        return Config.from_hf(json.loads(text), source="golden config") if text else None
+        if not text:
+            return None
+        return Config.from_hf(strict_json.loads(text, "golden metadata 'config'"), source="golden config")
 
     @property
     def conditioning(self) -> dict[str, float]:
-        """c_X per tensor (see the module docstring); empty if the file has none."""
-        return json.loads(self.metadata.get("conditioning", "{}"))
+        """c_X per tensor (see the module docstring), each a finite number ≥ 0; empty if the file
+        has none."""
+        return checked_conditioning(strict_json.loads(self.metadata.get("conditioning", "{}"),
+                                                      "golden metadata 'conditioning'"))
+
+
+def checked_conditioning(values, where="golden metadata 'conditioning'") -> dict[str, float]:
+    """``values`` as {tensor name: c_X}, refusing anything but finite numbers ≥ 0: a NaN or infinite
+    c_X would pass every tensor, a negative one fail identical files."""
+    if not isinstance(values, dict):
+        raise RefGPTError(f"{where}: expected an object of tensor name → number, found {type(values).__name__}")
+    for name, c in values.items():
+        if isinstance(c, bool) or not isinstance(c, (int, float)) or not 0 <= c < math.inf:
+            raise RefGPTError(f"{where}: c_X of {name!r} must be a finite number ≥ 0, found {c!r:.40}")
+    return {name: float(c) for name, c in values.items()}
 
 
 # ---- computing ----------------------------------------------------------------------------------
@@ -216,4 +233,9 @@ def read(path) -> Golden:
         if dtypes[name] == "BF16":
             a = widen_bfloat16(a)
         tensors[name] = a
-    return Golden(tensors, dict(st.metadata), dtypes)
+    golden = Golden(tensors, dict(st.metadata), dtypes)
+    try:  # the metadata is checked now, not when compare first needs it
+        golden.config, golden.conditioning
+    except RefGPTError as error:
+        raise RefGPTError(f"{path}: {error}") from None
+    return golden
