@@ -13,21 +13,22 @@ from __future__ import annotations
 import numpy as np
 
 from .activations import softmax
-from .errors import RefGPTError
+from .errors import RefGPTError, real_number
 
 
 def generate(model, tokens, max_new_tokens: int, temperature: float = 1.0, top_k=None, seed=None):
     """``tokens`` [pos] or [batch, pos] followed by ``max_new_tokens`` new ones, same leading shape."""
     tokens, batched = model.check_tokens(tokens)
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise RefGPTError(f"generate: max_new_tokens must be a whole number ≥ 0, found {max_new_tokens!r}")
     if tokens.shape[1] + max_new_tokens > model.cfg.n_ctx:
         raise RefGPTError(f"generate: {tokens.shape[1]} prompt tokens + {max_new_tokens} new exceed "
                           f"n_positions={model.cfg.n_ctx}")
-    if not temperature >= 0:
-        raise RefGPTError(f"generate: temperature must be ≥ 0, found {temperature!r}")
-    if top_k is not None and not (isinstance(top_k, int) and top_k >= 1):
-        raise RefGPTError(f"generate: top_k must be a whole number ≥ 1, found {top_k!r}")
+    temperature = real_number(temperature, "generate: temperature", least=0)
+    if top_k is not None and not (isinstance(top_k, int) and not isinstance(top_k, bool) and top_k >= 1):
+        raise RefGPTError(f"generate: top_k must be a whole number ≥ 1, found {top_k!r:.60}")
+    if seed is not None and not (isinstance(seed, int) and not isinstance(seed, bool) and seed >= 0):
+        raise RefGPTError(f"generate: seed must be a whole number ≥ 0 or None, found {seed!r:.60}")
     rng = np.random.default_rng(seed)
     past = model.kv_cache(tokens.shape[0])
     out, step = tokens, tokens
@@ -42,7 +43,11 @@ def choose(logits, temperature, top_k, rng):
     """One token per row of logits [batch, d_vocab]."""
     if temperature == 0:
         return logits.argmax(-1)  # [batch]
-    scaled = logits.astype(np.float64) / temperature  # [batch, d_vocab]
+    with np.errstate(over="ignore"):
+        scaled = logits.astype(np.float64) / temperature  # [batch, d_vocab]
+    if not np.isfinite(scaled).all():
+        raise RefGPTError(f"generate: temperature {temperature!r} is so small that logits / temperature "
+                          "overflows float64; use temperature 0 for greedy decoding")
     if top_k is not None and top_k < scaled.shape[-1]:
         kth = np.sort(scaled, axis=-1)[:, -top_k][:, None]  # [batch, 1] the k-th largest
         scaled = np.where(scaled >= kth, scaled, -np.inf)  # [batch, d_vocab]

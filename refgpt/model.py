@@ -30,7 +30,7 @@ from .backward import loss_and_grads
 from .cache import ActivationCache
 from .config import Config
 from .dtypes import compute_dtype
-from .errors import RefGPTError
+from .errors import RefGPTError, RefGPTTypeError
 from .generation import generate
 from .hooks import HookRun, select_names
 from .kv_cache import KVCache
@@ -160,11 +160,46 @@ class Model:
         tokens, batched = self.check_tokens(tokens, start=past.length if past is not None else 0)
         if past is not None:
             past.check(tokens.shape[0], tokens.shape[1])
+        start = past.length if past is not None else 0
         run = HookRun(self.hook_names, [*self._context_hooks, *fwd_hooks], cache_names)
         logits = self.forward(tokens, run, past, last_only)
+        with np.errstate(over="ignore", invalid="ignore"):
+            finite = np.isfinite(np.add.reduce(logits, axis=None))  # one pass over the logits (benchmarks/bench_guards.py)
+        if not finite:
+            self._raise_at_first_non_finite(tokens, fwd_hooks, past, start, last_only)
         if not batched:
             logits = logits[0]
         return logits, ActivationCache(run.cache, self)
+
+    def _raise_at_first_non_finite(self, tokens, fwd_hooks, past, start, last_only):
+        """The logits hold NaN or ±∞ (or only their sum overflowed): run again, checking every hook
+        point after the hooks, and raise at the first non-finite one. (The −∞ of the causal mask in
+        attention scores is expected.) User hooks run a second time."""
+
+        class NonFinite(Exception):
+            pass
+
+        def check(activation, name):
+            bad = ~np.isfinite(activation)
+            if name.endswith("hook_attn_scores"):
+                bad &= activation != -np.inf
+            if bad.any():
+                raise NonFinite(name, tuple(int(i) for i in np.argwhere(bad)[0]), activation[bad][0])
+
+        if past is not None:
+            past.length = start  # the KV cache is rewritten with the same positions
+        run = HookRun(self.hook_names, [*self._context_hooks, *fwd_hooks, (lambda name: True, check)])
+        try:
+            logits = self.forward(tokens, run, past, last_only)  # [batch, pos, d_vocab]
+        except NonFinite as found:
+            name, index, value = found.args
+            raise RefGPTError(f"the forward pass produced {value} at {name} (index {list(index)}) from finite "
+                              "input: an overflow of the weights, a hook or an intervention; "
+                              f"{self.dtype.name} cannot represent the result") from None
+        bad = np.argwhere(~np.isfinite(logits))
+        if len(bad):
+            raise RefGPTError(f"the forward pass produced {logits[tuple(bad[0])]} in the logits "
+                              f"(index {[int(i) for i in bad[0]]}) from finite input: the unembedding overflowed")
 
     def forward(self, tokens, point, past=None, last_only=False):
         """The forward pass over checked tokens [batch, pos]; ``point`` (a HookRun) is called at
@@ -246,7 +281,10 @@ class Model:
 
     def to_string(self, ids) -> str:
         """Token ids → text."""
-        return self._need_tokenizer().decode([int(i) for i in np.asarray(ids).reshape(-1)])
+        array = np.asarray(ids)
+        if array.dtype == bool or array.dtype.kind not in "iu":
+            raise RefGPTTypeError(f"to_string: token ids must be integers, found dtype {array.dtype}")
+        return self._need_tokenizer().decode([int(i) for i in array.reshape(-1)])
 
     def _need_tokenizer(self):
         if self.tokenizer is None:

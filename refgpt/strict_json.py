@@ -1,14 +1,18 @@
-"""Reading JSON the way an oracle must: every object key once, no NaN/Infinity, bounded nesting.
+"""JSON the way an oracle must read and write it: every object key once, no NaN/Infinity, bounded
+nesting.
 
 Python's ``json`` keeps the last of two equal keys, accepts the non-JSON constants ``NaN`` and
 ``Infinity``, and answers a deeply nested document with ``RecursionError``. Each is a silent guess
 or a traceback; ``loads`` turns all three into a ``RefGPTError`` naming ``where`` (a file, or a
-file and a key) and the place in the text.
+file and a key) and the place in the text. ``dumps`` writes only standard JSON: a non-finite
+float (which ``json.dumps`` would print as the non-JSON ``NaN``/``Infinity``) becomes the string
+``"nan"``, ``"inf"`` or ``"-inf"``.
 """
 
 from __future__ import annotations
 
 import json
+import math
 
 from .errors import RefGPTError
 
@@ -43,3 +47,20 @@ def loads(text: str | bytes, where: str):
         if isinstance(error, RefGPTError):
             raise
         raise RefGPTError(f"{where}: not valid JSON ({error})") from None
+
+
+def dumps(value, **options) -> str:
+    """``json.dumps`` that never prints NaN or Infinity (see the module docstring)."""
+    return json.dumps(_finite(value), allow_nan=False, **options)
+
+
+def _finite(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    if hasattr(value, "item") and hasattr(value, "dtype") and getattr(value, "ndim", 1) == 0:
+        return _finite(value.item())  # a NumPy scalar
+    return value

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import RefGPTError
+from ..errors import RefGPTError, real_number
 from ..hook_points import position_axis
 
 
@@ -113,6 +113,7 @@ def steering_vector(model, plus, minus, layer: int, coeff: float = 1.0, *, prepe
     (default: the space token, which needs a tokenizer).
     """
     name = resid_pre_name(model, layer)
+    coeff = real_number(coeff, "coeff")
     plus_ids, minus_ids = (_prompt_tokens(model, p, prepend_bos, what) for p, what in ((plus, "plus"), (minus, "minus")))
     if len(plus_ids) != len(minus_ids):
         pad = space_token(model) if pad_token is None else int(pad_token)
@@ -121,7 +122,10 @@ def steering_vector(model, plus, minus, layer: int, coeff: float = 1.0, *, prepe
     # Two separate passes of the same shape, not one batch: each row is then computed by exactly
     # the same arithmetic, so equal prompts (or an equal first token) give an exactly zero row.
     resid_plus, resid_minus = (model.run_with_cache(ids[None], names=[name])[1][name][0] for ids in (plus_ids, minus_ids))
-    vector = coeff * (resid_plus - resid_minus)  # [pos, d_model]
+    with np.errstate(over="ignore"):
+        vector = coeff * (resid_plus - resid_minus)  # [pos, d_model]
+    if not np.isfinite(vector).all():
+        raise RefGPTError(f"coeff={coeff:g} overflows {model.dtype.name}: the steering vector would hold ±inf")
     return SteeringVector(model, vector, int(layer) % model.cfg.n_layers, coeff, plus_ids, minus_ids)
 
 
@@ -157,7 +161,12 @@ def add_vector(model, tokens, vector, layer: int, positions="front", coeff: floa
         rows = np.broadcast_to(rows, (len(where), d_model))  # [m, d_model]
     if len(rows) != len(where):
         raise RefGPTError(f"vector has {len(rows)} rows but {len(where)} positions were given")
-    added = coeff * rows  # [m, d_model]
+    coeff = real_number(coeff, "coeff")
+    with np.errstate(over="ignore", invalid="ignore"):
+        added = coeff * rows  # [m, d_model]
+    if not np.isfinite(added).all():
+        raise RefGPTError(f"coeff·vector is not finite in {model.dtype.name} (coeff={coeff:g}): the vector "
+                          "holds NaN/±inf or the product overflows")
     hook = _adder(added, where, f"vector at positions {where.tolist()}", n_pos)
     return Intervention(model, [(name, hook)], f"add {coeff:g}·vector at layer {int(layer) % model.cfg.n_layers}, "
                                                f"positions {where.tolist()}")

@@ -31,7 +31,6 @@ largest KL divergence are reported too. Integer tensors (tokens) must be equal.
 
 from __future__ import annotations
 
-import json
 import zipfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -39,6 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from ..activations import log_softmax
+from .. import strict_json
 from ..errors import RefGPTError
 from . import golden as golden_file
 from .llmc import read_activations
@@ -132,7 +132,7 @@ class Report:
                 "unexpected": self.unexpected, "notes": self.notes, "too_little": self.too_little}
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=1, default=_json_default)
+        return strict_json.dumps(self.to_dict(), indent=1, default=_json_default)
 
     def table(self, after_first: int | None = None) -> str:
         return format_report(self, after_first)
