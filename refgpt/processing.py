@@ -2,7 +2,7 @@
 
 Each step is a pure function ``params → params`` (TransformerLens state-dict names in, new arrays
 out, the input untouched) and each leaves something provably unchanged (docs/decomposition.md §3,
-tests/test_processing.py):
+tests/core/test_processing.py):
 
     fold_ln                   LayerNorm's gain w and bias b move into the weights that read its
                               output:  (w ⊙ x̂ + b)·W + c = x̂·(diag(w)·W) + (b·W + c).  LayerNorm

@@ -39,7 +39,7 @@ from ..decomposition import token_id, token_ids
 from ..errors import RefGPTError, need
 from ..ln_views import cached_output
 
-_NEEDED_BY = ("attribute", "cache everything, or at least refgpt.attribution.required_hooks(model.cfg)")
+_NEEDED_BY = ("attribute", "cache everything, or at least refgpt.analysis.attribution.required_hooks(model.cfg)")
 
 GRANULARITIES = ("layer", "head", "neuron")
 

@@ -2,7 +2,7 @@
 
 Runs the model on TEXT and splits the logit of TOKEN (minus the logit of ``--against TOKEN``) at
 one position (``--pos``, default the last: the next-token prediction) into every component of the
-residual stream, constants included (refgpt.attribution). Prints the ``--top`` components largest
+residual stream, constants included (refgpt.analysis.attribution). Prints the ``--top`` components largest
 in absolute value, each with its contribution and the cumulative share Σ|top i| / Σ|all| of the
 attribution mass; then the sum of *all* components next to the model's own logit, and their
 difference. TOKEN is text that encodes to exactly one token (" Paris"), or ``#ID`` for a token id

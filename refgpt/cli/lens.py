@@ -3,7 +3,7 @@
 Rows are positions of TEXT, columns the streams entering each block and the final stream; each
 cell is the lens's top next token and its probability — or, with ``--target TOKEN`` (or
 ``--target-id ID``), the
-probability of that token. ``--kind`` picks the lens (refgpt.lens): ``logit`` recomputes
+probability of that token. ``--kind`` picks the lens (refgpt.analysis.lens): ``logit`` recomputes
 ln_final from each stream (the correct logit lens), ``final-scale`` divides by the final stream's
 cached scale, ``tuned`` applies translators from ``--translators FILE`` (tuned-lens safetensors
 keys). ``--plot FILE`` saves the heatmap (needs the ``plot`` extra).

@@ -2,7 +2,7 @@
 
 The steering vector is C·(resid_pre_L(P) − resid_pre_L(M)), the shorter prompt padded with the
 space token; it is added to the first positions of TEXT's stream entering block L
-(refgpt.interventions). The command prints, per position of TEXT, the clean and the steered top
+(refgpt.analysis.interventions). The command prints, per position of TEXT, the clean and the steered top
 next token and KL(steered ‖ clean); and, per steered position, ‖v‖ and its ratio to the stream
 at layer L and at the end — the ratio tends to 1 as C grows (docs/steering.md). ``--plot FILE``
 saves the residual-norm figure (needs the ``plot`` extra).

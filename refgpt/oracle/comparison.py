@@ -12,7 +12,7 @@ Tolerance. An element passes when
 With ``atol``/``rtol`` given, that is all (NumPy's ``allclose`` rule). A **profile** derives both
 from a format's unit roundoff u (2⁻²⁴ float32, 2⁻⁸ bfloat16, 2⁻¹¹ float16, 2⁻⁵³ float64) and, per
 tensor X, from X's scale S_X = max(1, max|X_ref|) and its measured condition number c_X (the
-error refgpt's own float32 pass makes at X, in units of 2⁻²⁴; refgpt/golden.py):
+error refgpt's own float32 pass makes at X, in units of 2⁻²⁴; refgpt/oracle/golden.py):
 
     rtol = G·u        atol_X = G·u·(c_X + S_X)        G = 64
 
@@ -153,7 +153,7 @@ def load(source, name_map="refgpt", shape: ModelShape | None = None):
     """(tensors, stored dtype codes, Golden or None) from a path or a mapping of arrays.
 
     Paths: ``.safetensors`` (a golden file or any other), ``.npz``, or with ``name_map="llmc"``
-    a ``.bin`` dump of llm.c's ``acts_memory`` (refgpt/llmc.py, ``read_activations``).
+    a ``.bin`` dump of llm.c's ``acts_memory`` (refgpt/oracle/llmc.py, ``read_activations``).
     """
     if isinstance(source, golden_file.Golden):
         return dict(source.tensors), dict(source.dtypes), source

@@ -1,7 +1,7 @@
 """Golden files: every number of one forward pass, in a file any language can read.
 
 A golden file is a safetensors file (an 8-byte length, a JSON header, raw little-endian arrays)
-holding, under refgpt's names (refgpt/name_maps.py):
+holding, under refgpt's names (refgpt/oracle/name_maps.py):
 
     tokens [batch, pos] int64, targets [batch, pos − 1] int64
     every hook point's activation (or those selected), each LayerNorm's output (``….out``)
@@ -19,7 +19,7 @@ tensor X,
 
     c_X = max |X_float32 − X_float64| / 2⁻²⁴        (in units of float32's roundoff)
 
-a measured condition number of X for this model and these tokens. The oracle (refgpt/oracle.py)
+a measured condition number of X for this model and these tokens. The oracle (refgpt/oracle/comparison.py)
 scales its tolerances by it, for every format: to first order a forward error is proportional to
 the unit roundoff, so c_X·u_bf16 is the error a bfloat16 pass makes where c_X·u_f32 is a float32
 pass's (docs/oracle.md measures how well this holds).

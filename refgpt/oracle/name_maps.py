@@ -1,6 +1,6 @@
 """Names for the same numbers: refgpt's, Hugging Face's, TransformerLens's and llm.c's.
 
-A golden file (refgpt/golden.py) stores every activation under refgpt's hook name, which is
+A golden file (refgpt/oracle/golden.py) stores every activation under refgpt's hook name, which is
 TransformerLens's (``blocks.3.hook_resid_mid``), plus a few tensors that are not hook points:
 
     tokens      [batch, pos]           the input ids

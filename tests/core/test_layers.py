@@ -14,6 +14,7 @@ inside functions alike (an import hidden in a function is still a dependency), a
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -148,3 +149,35 @@ def test_import_refgpt_loads_the_core_only():
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert "refgpt.model" in loaded
     assert [m for m in loaded if layer(m) not in ("core", "package")] == []
+
+
+def test_old_module_paths_still_import_the_moved_modules():
+    code = """
+import importlib, sys, refgpt
+for old, new in refgpt.MOVED.items():
+    assert importlib.import_module(old) is importlib.import_module(new), old
+    assert getattr(refgpt, old.rsplit(".", 1)[1]) is sys.modules[new], old
+import refgpt.commands.predict, refgpt.cli.predict
+assert refgpt.commands.predict is refgpt.cli.predict and refgpt.cli.predict.__name__ == "refgpt.cli.predict"
+from refgpt.oracle import compare, comparison
+assert compare is comparison.compare
+print("ok")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)  # a fresh interpreter
+    assert out.stdout.strip() == "ok", out.stderr
+
+
+def test_the_public_api_is_all_of_import_refgpt():
+    assert {"load", "load_default", "save", "Model", "Config", "Tokenizer", "RefGPTError"} <= set(refgpt.__all__)
+    assert all(hasattr(refgpt, name) for name in refgpt.__all__)
+
+
+def test_every_file_the_docs_and_docstrings_name_exists():
+    """README.md, docs/*.md, weights/README.md and every module's text name files by path; each exists."""
+    repo = PACKAGE.parent
+    texts = [repo / "README.md", repo / "weights" / "README.md", *sorted((repo / "docs").glob("*.md")),
+             *MODULES.values()]
+    path = re.compile(r"(?<![\w/.])((?:refgpt|tests|docs|benchmarks|weights)/[\w/.-]*\w\.(?:py|md|json|txt|png))")
+    missing = [f"{text.relative_to(repo)}: {name}" for text in texts
+               for name in path.findall(text.read_text(encoding="utf-8")) if not (repo / name).exists()]
+    assert not missing, "\n".join(missing)
