@@ -20,8 +20,6 @@ config.json comes last, so a reader never sees a half-written file.
 from __future__ import annotations
 
 import json
-import os
-import uuid
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +27,7 @@ from safetensors.numpy import save_file
 
 from .checkpoint import hf_tensors
 from .dtypes import compute_dtype
+from .atomic_write import write_atomically
 from .errors import RefGPTError
 from .tokenizer import Tokenizer
 
@@ -50,7 +49,7 @@ def save(model, directory, dtype=None, config: dict | None = None) -> Path:
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     tensors = {k: np.ascontiguousarray(v, dtype=storage) for k, v in hf_tensors(cfg, p).items()}
-    _atomically(directory / "model.safetensors",
+    write_atomically(directory / "model.safetensors",
                 lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}))
     hf = {**cfg.to_hf(), **(config or {})}
     if model.tokenizer is not None:
@@ -73,15 +72,4 @@ def save_tokenizer(tokenizer: Tokenizer, directory) -> Path:
 
 
 def _write_text(path: Path, text: str):
-    _atomically(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
-
-
-def _atomically(path: Path, write):
-    """``write(tmp)`` to a temporary file beside ``path``, then rename it to ``path``."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")  # created by write(), umask perms
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    write_atomically(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))

@@ -43,6 +43,7 @@ from ..checkpoint import weight_files
 from ..config import Config
 from ..dtypes import widen_bfloat16
 from .. import strict_json
+from ..atomic_write import write_atomically
 from ..errors import RefGPTError
 from ..ln_views import cached_output
 from ..model import Model
@@ -213,10 +214,8 @@ def write(path, golden: Golden) -> Path:
     """Write ``golden`` as a safetensors file (tensors C-contiguous, metadata as strings)."""
     from safetensors.numpy import save_file
 
-    path = Path(path)
     tensors = {name: np.ascontiguousarray(a) for name, a in golden.tensors.items()}
-    save_file(tensors, str(path), metadata=dict(golden.metadata))
-    return path
+    return write_atomically(path, lambda tmp: save_file(tensors, str(tmp), metadata=dict(golden.metadata)))
 
 
 def read(path) -> Golden:

@@ -41,6 +41,7 @@ import numpy as np
 
 from ..activations import log_softmax
 from ..config import Config
+from ..atomic_write import write_atomically
 from ..dtypes import round_to_bfloat16, widen_bfloat16
 from ..errors import RefGPTError
 from ..model import Model
@@ -165,13 +166,15 @@ def write_model(path, model: Model, dtype: str = "float32", padded_vocab_size: i
     if Vp < V:
         raise RefGPTError(f"padded vocabulary {Vp} is smaller than the vocabulary {V}")
     t["wte"] = np.concatenate([t["wte"], np.zeros((Vp - V, C), t["wte"].dtype)])  # [Vp, C]
-    path = Path(path)
-    with open(path, "wb") as f:
-        f.write(_header(MODEL_MAGIC, versions[dtype], cfg.n_ctx, V, cfg.n_layers, cfg.n_heads, C, Vp))
-        for name in PARAMETERS:
-            a = np.asarray(t[name], dtype=np.float32)
-            f.write((round_to_bfloat16(a) if dtype == "bfloat16" else a).astype("<u2" if dtype == "bfloat16" else "<f4").tobytes())
-    return path
+
+    def write(tmp):
+        with open(tmp, "wb") as f:
+            f.write(_header(MODEL_MAGIC, versions[dtype], cfg.n_ctx, V, cfg.n_layers, cfg.n_heads, C, Vp))
+            for name in PARAMETERS:
+                a = np.asarray(t[name], dtype=np.float32)
+                f.write((round_to_bfloat16(a) if dtype == "bfloat16" else a).astype("<u2" if dtype == "bfloat16" else "<f4").tobytes())
+
+    return write_atomically(path, write)
 
 
 def read_model(path, dtype="float64") -> Model:
@@ -257,9 +260,7 @@ def write_tokenizer(path, tokenizer) -> Path:
         if not 0 < len(b) < 256:
             raise RefGPTError(f"token {i} is {len(b)} bytes; llm.c stores lengths in one byte (1..255)")
         out += bytes([len(b)]) + b
-    path = Path(path)
-    path.write_bytes(bytes(out))
-    return path
+    return write_atomically(path, lambda tmp: tmp.write_bytes(bytes(out)))
 
 
 def read_tokenizer(path) -> LlmcTokenizer:
@@ -315,15 +316,17 @@ def write_debug_state(path, model: Model, tokens, grads: bool = True) -> Path:
     logp = log_softmax(logits)  # [B, T, V]
     loss = -np.take_along_axis(logp, y[..., None], axis=-1).mean()  # scalar: mean over [B, T]
     B, T = x.shape
-    path = Path(path)
-    with open(path, "wb") as f:
-        f.write(_header(STATE_MAGIC, 2, B, T))
-        f.write(x.astype("<i4").tobytes() + y.astype("<i4").tobytes())
-        f.write(np.asarray(logits, "<f4").tobytes() + np.asarray([loss], "<f4").tobytes())
-        if grads:  # ---- the gradients (issue 8) ----
-            for name, g in llmc_gradients(model, x, y).items():
-                f.write(np.asarray(g, "<f4").tobytes())
-    return path
+
+    def write(tmp):
+        with open(tmp, "wb") as f:
+            f.write(_header(STATE_MAGIC, 2, B, T))
+            f.write(x.astype("<i4").tobytes() + y.astype("<i4").tobytes())
+            f.write(np.asarray(logits, "<f4").tobytes() + np.asarray([loss], "<f4").tobytes())
+            if grads:  # ---- the gradients (issue 8) ----
+                for name, g in llmc_gradients(model, x, y).items():
+                    f.write(np.asarray(g, "<f4").tobytes())
+
+    return write_atomically(path, write)
 
 
 def llmc_gradients(model: Model, x, y, padded_vocab_size: int | None = None) -> dict[str, np.ndarray]:
@@ -428,8 +431,10 @@ def write_activations(path, golden_tensors: dict, cfg: Config, Vp: int | None = 
         "lnf_rstd": 1 / np.asarray(g["ln_final.hook_scale"])[..., 0],
         "logits": pad(np.asarray(g["logits"])), "probs": pad(np.exp(np.asarray(g["log_probs"]))), "losses": losses,
     }
-    path = Path(path)
-    with open(path, "wb") as f:
-        for name, shape in activation_shapes(cfg, B, T, Vp).items():
-            f.write(np.asarray(acts[name], "<f4").reshape(shape).tobytes())
-    return path
+
+    def write(tmp):
+        with open(tmp, "wb") as f:
+            for name, shape in activation_shapes(cfg, B, T, Vp).items():
+                f.write(np.asarray(acts[name], "<f4").reshape(shape).tobytes())
+
+    return write_atomically(path, write)
