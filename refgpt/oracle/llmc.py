@@ -34,6 +34,7 @@ the 23 ActivationTensors back to back, which ``refgpt compare --map llmc`` compa
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -193,7 +194,7 @@ def read_model(path, dtype="float64") -> Model:
         raise RefGPTError(f"{path}: header padded_vocab_size = {Vp} is smaller than vocab_size = {V}")
     shapes = parameter_shapes(maxT, Vp, L, C)
     itemsize = 4 if version == 3 else 2
-    n = sum(int(np.prod(s)) for s in shapes.values())
+    n = sum(math.prod(s) for s in shapes.values())
     _check_size(path, body, n * itemsize, f"{L} layers of width {C} (vocab {Vp}, {n:,} parameters)")
     if len(body) > n * itemsize:
         raise RefGPTError(f"{path}: {len(body) - n * itemsize} bytes after the last parameter: not a "
@@ -202,7 +203,7 @@ def read_model(path, dtype="float64") -> Model:
     flat = flat if version == 3 else widen_bfloat16(flat)  # [n] float32
     t, offset = {}, 0
     for name, shape in shapes.items():
-        size = int(np.prod(shape))
+        size = math.prod(shape)
         t[name] = flat[offset: offset + size].reshape(shape)
         offset += size
     if not np.isfinite(flat).all():
@@ -385,7 +386,7 @@ def read_activations(path, cfg: Config, B: int, T: int) -> dict[str, np.ndarray]
     if not path.is_file():
         raise RefGPTError(f"{path}: file not found")
     n_floats, rem = divmod(path.stat().st_size, 4)
-    fixed = sum(int(np.prod(s)) for k, s in activation_shapes(cfg, B, T, 0).items())
+    fixed = sum(math.prod(s) for k, s in activation_shapes(cfg, B, T, 0).items())
     Vp, odd = divmod(n_floats - fixed, 2 * B * T)
     if rem or odd or Vp < cfg.d_vocab:
         raise RefGPTError(f"{path}: {path.stat().st_size} bytes is not llm.c's acts_memory for B={B}, T={T} "
@@ -395,7 +396,7 @@ def read_activations(path, cfg: Config, B: int, T: int) -> dict[str, np.ndarray]
     flat = np.fromfile(path, dtype="<f4")  # [n_floats]
     out, offset = {}, 0
     for name, shape in activation_shapes(cfg, B, T, Vp).items():
-        size = int(np.prod(shape))
+        size = math.prod(shape)
         out[name] = flat[offset: offset + size].reshape(shape)
         offset += size
     return out
