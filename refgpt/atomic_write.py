@@ -22,13 +22,13 @@ import uuid
 from pathlib import Path
 from typing import Callable
 
-from .errors import RefGPTError
+from .errors import RefGPTError, as_path
 
 
 def write_atomically(path, write: Callable[[Path], object]) -> Path:
     """Call ``write(tmp)`` to create a temporary file, then rename it onto ``path`` (see the module
     docstring). Returns ``path``. Problems are a ``RefGPTError`` naming ``path``."""
-    path = Path(path)
+    path = as_path(path, "output path")
     target = Path(os.path.realpath(path))  # through every symbolic link; the links stay
     try:
         mode = stat.S_IMODE(os.stat(target).st_mode) if _existing_regular_file(path, target) else None

@@ -26,7 +26,7 @@ import numpy as np
 from . import strict_json
 from .config import Config
 from .dtypes import compute_dtype
-from .errors import RefGPTError
+from .errors import RefGPTError, as_path
 from .model import Model
 from .processing import process as process_weights
 from .safetensors_file import SafetensorsFile
@@ -223,7 +223,7 @@ def load(path: str | Path, dtype="float64", tokenizer=True, process=None):
     stored), True (TransformerLens's from_pretrained defaults) or processing step names
     (refgpt.processing).
     """
-    directory = Path(path)
+    directory = as_path(path, "load: path")
     if not directory.is_dir():
         raise RefGPTError(f"{directory}: model directory not found")
     dtype = compute_dtype(dtype)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from .activations import ACTIVATIONS
 from . import strict_json
-from .errors import RefGPTError
+from .errors import RefGPTError, as_path
 
 MAX_SIZE = 2**31 - 1  # no dimension of a GPT-2 refgpt computes may exceed a 32-bit index
 
@@ -179,7 +179,7 @@ class Config:
     @classmethod
     def from_json(cls, path: str | Path) -> "Config":
         """Read an HF ``config.json``."""
-        path = Path(path)
+        path = as_path(path, "config path")
         if not path.is_file():
             raise RefGPTError(f"{path}: not found (an HF GPT-2 model directory holds config.json)")
         hf = strict_json.loads(path.read_bytes(), str(path))

@@ -39,6 +39,16 @@ def real_number(value, what: str, *, least: float | None = None, above: float | 
     return number
 
 
+def as_path(value, what: str = "path"):
+    """``value`` (a str or os.PathLike) as a Path, or a RefGPTTypeError naming ``what``."""
+    import os
+    from pathlib import Path
+
+    if isinstance(value, bool) or not isinstance(value, (str, os.PathLike)):
+        raise RefGPTTypeError(f"{what} must be a path (str or os.PathLike), found {value!r:.60}")
+    return Path(value)
+
+
 class MissingActivation(RefGPTError, KeyError):
     """An activation the cache does not hold: a KeyError (the cache is a Mapping) and a RefGPTError
     (the CLI prints it on one line)."""

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
-from .errors import RefGPTError
+from .errors import RefGPTError, RefGPTTypeError
 
 Hook = Callable[[np.ndarray, str], "np.ndarray | None"]
 
@@ -30,6 +30,9 @@ def select_names(selector, known: list[str], what: str) -> list[str]:
         return list(known)
     if callable(selector):
         return [name for name in known if selector(name)]
+    if not isinstance(selector, (str, list, tuple, set, frozenset)):
+        raise RefGPTTypeError(f"{what}: expected a hook name, a list of names, a predicate or None, "
+                              f"found {selector!r:.60}")
     names = [selector] if isinstance(selector, str) else list(selector)
     known_set = set(known)
     for name in names:
@@ -45,6 +48,8 @@ class HookRun:
 
     def __init__(self, known: list[str], fwd_hooks: Iterable = (), cache_names=()):
         self.hooks: dict[str, list[Hook]] = {}
+        if not isinstance(fwd_hooks, (list, tuple)):
+            raise RefGPTTypeError(f"fwd_hooks: expected a list of (name_or_predicate, fn), found {fwd_hooks!r:.60}")
         for entry in fwd_hooks:
             try:
                 selector, fn = entry

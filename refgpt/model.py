@@ -18,6 +18,7 @@ promoted or demoted. Every hook point is named as in TransformerLens.
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
 
@@ -62,6 +63,10 @@ class Model:
     """
 
     def __init__(self, cfg: Config, params: dict[str, np.ndarray], dtype="float64", source=None):
+        if not isinstance(cfg, Config):
+            raise RefGPTTypeError(f"Model: cfg must be a refgpt.Config, found {type(cfg).__name__}")
+        if not isinstance(params, Mapping):
+            raise RefGPTTypeError(f"Model: params must be a mapping of name → array, found {type(params).__name__}")
         self.cfg = cfg
         self.dtype = compute_dtype(dtype)
         cfg.check_fits_in_memory(self.dtype.itemsize)
@@ -146,6 +151,8 @@ class Model:
 
     def kv_cache(self, batch: int = 1) -> KVCache:
         """An empty KVCache for incremental decoding of ``batch`` sequences (refgpt/kv_cache.py)."""
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+            raise RefGPTError(f"kv_cache: batch must be a whole number ≥ 1, found {batch!r:.40}")
         return KVCache(self.cfg, batch, self.dtype)
 
     def generate(self, tokens, max_new_tokens: int, temperature: float = 1.0, top_k=None, seed=None):
@@ -161,6 +168,8 @@ class Model:
         if past is not None:
             past.check(tokens.shape[0], tokens.shape[1])
         start = past.length if past is not None else 0
+        if not isinstance(fwd_hooks, (list, tuple)):
+            raise RefGPTTypeError(f"fwd_hooks: expected a list of (name_or_predicate, fn), found {fwd_hooks!r:.60}")
         run = HookRun(self.hook_names, [*self._context_hooks, *fwd_hooks], cache_names)
         logits = self.forward(tokens, run, past, last_only)
         with np.errstate(over="ignore", invalid="ignore"):
@@ -244,7 +253,10 @@ class Model:
     def check_tokens(self, tokens, start=0):
         """Integer tokens [pos] or [batch, pos] → (int64 array [batch, pos], was it batched).
         ``start``: positions already held in a KV cache before these."""
-        array = np.asarray(tokens)
+        try:
+            array = np.asarray(tokens)
+        except (ValueError, TypeError, OverflowError) as error:  # ragged lists, ids beyond int64
+            raise RefGPTError(f"tokens: not a rectangular integer array ({str(error).splitlines()[0][:80]})") from None
         if array.size == 0:
             raise RefGPTError(f"tokens: empty sequence (shape {list(array.shape)})")
         if array.dtype == bool or array.dtype.kind not in "iu":

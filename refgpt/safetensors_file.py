@@ -43,7 +43,7 @@ import safetensors
 
 from . import strict_json
 from .dtypes import widen_bfloat16
-from .errors import RefGPTError
+from .errors import RefGPTError, as_path
 
 # safetensors dtype code → (NumPy dtype of the stored bytes, is it a floating-point format)
 DTYPES = {
@@ -69,7 +69,7 @@ class SafetensorsFile:
     """One safetensors file, validated and memory-mapped. ``names`` lists its tensors."""
 
     def __init__(self, path: str | Path):
-        self.path = Path(path)
+        self.path = as_path(path, "safetensors path")
         if not self.path.is_file():
             raise RefGPTError(f"{self.path}: weights file not found")
         with open(self.path, "rb") as f:

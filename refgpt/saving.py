@@ -28,7 +28,7 @@ from safetensors.numpy import save_file
 from .checkpoint import hf_tensors
 from .dtypes import compute_dtype
 from .atomic_write import write_atomically
-from .errors import RefGPTError
+from .errors import RefGPTError, as_path
 from .tokenizer import Tokenizer
 
 
@@ -39,6 +39,7 @@ def save(model, directory, dtype=None, config: dict | None = None) -> Path:
     the round trip is exact). ``config``: extra config.json fields (e.g. ``initializer_range``);
     ``bos_token_id``/``eos_token_id`` default to the tokenizer's <|endoftext|> when it has one.
     """
+    directory = as_path(directory, "save: directory")
     cfg, p = model.cfg, model.params
     storage = compute_dtype(model.dtype if dtype is None else dtype)
     if cfg.tie_word_embeddings and not np.array_equal(p["unembed.W_U"], p["embed.W_E"].T):

@@ -184,9 +184,14 @@ class Tokenizer:
     def encode(self, text: str, allowed_special: str | Iterable[str] = ()) -> list[int]:
         """Token ids of ``text``. Special-token text (``<|endoftext|>``) is ordinary text unless
         named in ``allowed_special`` (a set of names, or ``"all"``)."""
+        if not isinstance(text, str):
+            raise RefGPTTypeError(f"encode: text must be a str, found {type(text).__name__}")
         if isinstance(allowed_special, str):
             allowed_special = self.special_tokens if allowed_special == "all" else [allowed_special]
-        allowed = set(allowed_special)
+        try:
+            allowed = set(allowed_special)
+        except TypeError:
+            raise RefGPTTypeError(f"allowed_special must be 'all', a name or names, found {allowed_special!r:.40}") from None
         if unknown := allowed - self.special_tokens.keys():
             raise RefGPTError(f"allowed_special names unknown special tokens {sorted(unknown)}; "
                               f"this vocabulary has {sorted(self.special_tokens)}")

@@ -32,6 +32,7 @@ largest KL divergence are reported too. Integer tensors (tokens) must be equal.
 from __future__ import annotations
 
 import zipfile
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -39,7 +40,7 @@ import numpy as np
 
 from ..activations import log_softmax
 from .. import strict_json
-from ..errors import RefGPTError
+from ..errors import RefGPTError, RefGPTTypeError, real_number
 from . import golden as golden_file
 from .llmc import read_activations
 from .name_maps import ModelShape, axes, forward_key, forward_order, layer_of, to_refgpt
@@ -158,7 +159,7 @@ def load(source, name_map="refgpt", shape: ModelShape | None = None):
     if isinstance(source, golden_file.Golden):
         return dict(source.tensors), dict(source.dtypes), source
     if not isinstance(source, (str, Path)):
-        return {k: np.asarray(v) for k, v in dict(source).items()}, {}, None
+        return numeric_arrays(source), {}, None
     path = Path(source)
     if not path.is_file():
         raise RefGPTError(f"{path}: file not found")
@@ -235,6 +236,21 @@ def compare(reference, candidate, *, atol=None, rtol=None, profile=None, name_ma
 # ---- failing closed -------------------------------------------------------------------------------
 
 
+def numeric_arrays(source) -> dict[str, np.ndarray]:
+    """A mapping of name → array given in Python, checked: numbers only (no strings or objects)."""
+    if not isinstance(source, Mapping):
+        raise RefGPTTypeError(f"expected a path, a Golden or a mapping of name → array, found {type(source).__name__}")
+    arrays = {}
+    for name, value in source.items():
+        try:
+            arrays[name] = np.asarray(value)
+        except (ValueError, TypeError) as error:
+            raise RefGPTError(f"tensor {name!r}: not an array ({str(error).splitlines()[0][:80]})") from None
+        if arrays[name].dtype.kind not in "biuf":
+            raise RefGPTTypeError(f"tensor {name!r}: expected numbers, found dtype {arrays[name].dtype}")
+    return arrays
+
+
 def check_reference_finite(ref) -> None:
     """A reference value that is NaN or ±∞ cannot judge anything: refuse it, naming the tensor.
     The one exception is −∞ in attention scores, refgpt's (and TransformerLens's) causal mask."""
@@ -277,8 +293,8 @@ def _tolerance(atol, rtol, profile, cand, dtypes) -> dict:
         raise RefGPTError("give either a profile or atol/rtol, not both")
     if atol is not None or rtol is not None:
         for what, v in (("atol", atol), ("rtol", rtol)):
-            if v is not None and not (np.isfinite(v) and v >= 0):
-                raise RefGPTError(f"{what} must be a finite number ≥ 0, found {v!r}")
+            if v is not None:
+                real_number(v, what, least=0)
         return {"profile": None, "atol": float(atol or 0.0), "rtol": float(rtol or 0.0)}
     if profile is None:
         profile = default_profile(cand, dtypes)

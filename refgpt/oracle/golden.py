@@ -44,7 +44,7 @@ from ..config import Config
 from ..dtypes import widen_bfloat16
 from .. import strict_json
 from ..atomic_write import write_atomically
-from ..errors import RefGPTError
+from ..errors import RefGPTError, RefGPTTypeError
 from ..ln_views import cached_output
 from ..model import Model
 from ..safetensors_file import SafetensorsFile
@@ -105,6 +105,8 @@ def select(model: Model, patterns) -> list[str]:
     names = golden_names(model)
     if patterns is None:
         return names
+    if not isinstance(patterns, (str, list, tuple)) or not all(isinstance(p, str) for p in ([patterns] if isinstance(patterns, str) else patterns)):
+        raise RefGPTTypeError(f"names: expected glob patterns (str or a list of str), found {patterns!r:.60}")
     patterns = [patterns] if isinstance(patterns, str) else list(patterns)
     keep = {"tokens", "targets", "logits", "log_probs", "loss"}
     chosen = [n for n in names if n in keep or any(fnmatch.fnmatchcase(n, p) for p in patterns)]
@@ -122,6 +124,9 @@ def compute(model: Model, tokens, names=None, fwd_hooks=()) -> dict[str, np.ndar
     how tests build a candidate with an error injected at a known place.
     """
     tokens, _ = model.check_tokens(tokens)  # [batch, pos]
+    if names is not None and (isinstance(names, str) or not isinstance(names, (list, tuple))
+                              or not all(isinstance(n, str) for n in names)):
+        raise RefGPTTypeError(f"names: expected a list of golden tensor names, found {names!r:.60}")
     wanted = golden_names(model) if names is None else list(names)
     hooks = set(model.hook_names)
     need = {n for n in wanted if n in hooks}

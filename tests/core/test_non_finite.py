@@ -111,3 +111,32 @@ def test_token_ids_must_be_integers(model):
     with pytest.raises(RefGPTTypeError, match="dtype bool"):
         model.to_string([True])
     assert model.to_string(np.array([97, 98])) == "ab"
+
+
+# ---- Python-API misuse: RefGPTError (RefGPTTypeError for a wrong type), never a raw exception -----
+
+
+def _misuses(model):
+    from refgpt import Model, load, save
+    from refgpt.oracle import comparison, golden
+
+    T, Z = np.array([1, 2, 3]), {"logits": np.zeros((1, 2, 3))}
+    return {
+        "load(123)": lambda: load(123), "Model(cfg, None)": lambda: Model(CFG, None),
+        "Model(None, {})": lambda: Model(None, {}), "model(ragged)": lambda: model([[1, 2], [3]]),
+        "model([2**70])": lambda: model([2**70]), "names=5": lambda: model.run_with_cache(T, names=5),
+        "fwd_hooks=5": lambda: model.run_with_hooks(T, fwd_hooks=5),
+        "Config.from_json(5)": lambda: Config.from_json(5), "compare(5, 6)": lambda: comparison.compare(5, 6),
+        "compare(strings)": lambda: comparison.compare({"logits": "x"}, {"logits": "y"}),
+        "compare(atol='x')": lambda: comparison.compare(Z, Z, atol="x"),
+        "golden.make(names=5)": lambda: golden.make(model, T, names=5), "golden.read(5)": lambda: golden.read(5),
+        "cache[5]": lambda: model.run_with_cache(T)[1][5], "kv_cache('a')": lambda: model.kv_cache("a"),
+        "save(model, 5)": lambda: save(model, 5),
+    }
+
+
+def test_python_api_misuse_is_a_refgpt_error(model):
+    for name, misuse in _misuses(model).items():
+        with pytest.raises(RefGPTError) as info:
+            misuse()
+        assert "\n" not in str(info.value), name
