@@ -9,7 +9,8 @@ A value of the wrong *type* (``decode([True])``, a string where a number belongs
 ``RefGPTTypeError``, which is both a ``RefGPTError`` and a ``TypeError``: ``except RefGPTError``
 catches every bad input refgpt refuses, and code written for Python's convention (``except
 TypeError``) keeps working. A value of the right type but out of range is a plain ``RefGPTError``
-(a ``ValueError``). ``real_number`` is how the Python API checks a numeric argument.
+(a ``ValueError``). ``real_number`` and ``as_path`` are how the Python API checks a numeric or
+path argument.
 """
 
 import math

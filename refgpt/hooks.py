@@ -48,7 +48,7 @@ class HookRun:
 
     def __init__(self, known: list[str], fwd_hooks: Iterable = (), cache_names=()):
         self.hooks: dict[str, list[Hook]] = {}
-        if not isinstance(fwd_hooks, (list, tuple)):
+        if isinstance(fwd_hooks, (str, bytes)) or not hasattr(fwd_hooks, "__iter__"):
             raise RefGPTTypeError(f"fwd_hooks: expected a list of (name_or_predicate, fn), found {fwd_hooks!r:.60}")
         for entry in fwd_hooks:
             try:

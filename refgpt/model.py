@@ -168,7 +168,7 @@ class Model:
         if past is not None:
             past.check(tokens.shape[0], tokens.shape[1])
         start = past.length if past is not None else 0
-        if not isinstance(fwd_hooks, (list, tuple)):
+        if isinstance(fwd_hooks, (str, bytes)) or not hasattr(fwd_hooks, "__iter__"):
             raise RefGPTTypeError(f"fwd_hooks: expected a list of (name_or_predicate, fn), found {fwd_hooks!r:.60}")
         run = HookRun(self.hook_names, [*self._context_hooks, *fwd_hooks], cache_names)
         logits = self.forward(tokens, run, past, last_only)
