@@ -11,9 +11,10 @@ TransformerLens's hook names.
 
 The package in layers; imports point down only (tests/core/test_layers.py checks it):
 
-- the core, flat in ``refgpt/``: the forward pass and what it needs (config, safetensors reader,
-  checkpoint loading and saving, layernorm, attention, mlp, activations, model, hooks, cache and
-  its decomposition, kv_cache, generation, loss and the exact backward, tokenizer, errors);
+- the core, flat in ``refgpt/``: the forward pass and what it needs (config, dtypes, safetensors
+  reader, checkpoint loading, saving, tokenizer, layernorm and its views, attention, mlp,
+  activations, hook_points, hooks, model, cache and its decomposition, kv_cache, generation, weight
+  processing, loss and the exact backward, errors);
 - ``refgpt.analysis`` (attribution, interventions, measurements, lens, plots),
   ``refgpt.oracle`` (golden files, comparison, name maps, llm.c formats) and
   ``refgpt.train`` (optimizer, BPE trainer), each built on the core only;

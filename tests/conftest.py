@@ -1,5 +1,5 @@
 """Fixtures every group of tests shares (helpers that are not fixtures live beside this file:
-random_models.py, peers.py, ln_bounds.py, doc_pages.py)."""
+random_models.py, peers.py, ln_bounds.py, doc_pages.py, fake_hub.py)."""
 
 from __future__ import annotations
 

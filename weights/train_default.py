@@ -57,6 +57,7 @@ import numpy as np  # noqa: E402
 
 import refgpt  # noqa: E402
 from refgpt import Config, Model, Tokenizer  # noqa: E402
+from refgpt.activations import log_softmax, softmax  # noqa: E402
 from refgpt.backward import loss_and_grads  # noqa: E402
 from refgpt.train.bpe_trainer import train_bpe, write_tokenizer  # noqa: E402
 from refgpt.train.optim import AdamW  # noqa: E402
@@ -172,8 +173,7 @@ def tied_grads(grads) -> dict[str, np.ndarray]:
 def mean_loss(model: Model, batch: np.ndarray) -> float:
     """Mean next-token loss of ``model`` on windows [n, length] (forward only)."""
     logits = model(batch[:, :-1])  # [n, length − 1, d_vocab]
-    shifted = logits - logits.max(-1, keepdims=True)  # [n, length − 1, d_vocab]
-    logp = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))  # [n, length − 1, d_vocab]
+    logp = log_softmax(logits)  # [n, length − 1, d_vocab]
     return float(-np.take_along_axis(logp, batch[:, 1:, None].astype(np.int64), -1).mean())
 
 
@@ -232,8 +232,7 @@ def samples(model: Model, prompts, n_new: int = 24, seed: int = SEED) -> list[di
     for i, prompt in enumerate(prompts):
         ids = model.to_tokens(prompt)
         logits = model(ids, last_only=True)[-1]  # [d_vocab]
-        probs = np.exp(logits - logits.max())
-        probs /= probs.sum()
+        probs = softmax(logits)  # [d_vocab]
         top = np.argsort(-probs, kind="stable")[:5]
         greedy = model.generate(ids, n_new, temperature=0.0)
         sampled = model.generate(ids, n_new, temperature=0.8, top_k=40, seed=seed + i)
