@@ -76,7 +76,7 @@ def _weight_map(directory: Path) -> dict[str, Path]:
         text = index.read_bytes()
     except OSError as error:
         raise RefGPTError(f"{index}: cannot read ({error.strerror})") from None
-    document = strict_json.loads(text, f"{index}")
+    document = strict_json.loads(text, f"{index}: not a valid shard index")
     weight_map = document.get("weight_map") if isinstance(document, dict) else None
     if not isinstance(weight_map, dict) or not weight_map:
         raise RefGPTError(f"{index}: not a valid shard index: 'weight_map' must be a non-empty object "

@@ -23,7 +23,7 @@ def loads(text: str | bytes, where: str):
         try:
             text = text.decode("utf-8")
         except UnicodeDecodeError as error:
-            raise RefGPTError(f"{where}: not UTF-8 text (byte {error.start})") from None
+            raise RefGPTError(f"{where}: not valid JSON (not UTF-8 text at byte {error.start})") from None
 
     def no_duplicates(pairs: list) -> dict:
         seen = {}

@@ -67,3 +67,15 @@ def text_mutation(draw, text: str) -> str:
     if kind == "nan":
         return text.replace("1", "NaN", 1)
     return text.replace("1", "9" * 5000, 1)
+
+
+def socket_file(path):
+    """A non-regular file that is safe to aim writes at: a Unix socket (opening it fails at once,
+    and replacing it harms nothing). Tests never aim at /dev/null: code that replaced it would
+    break the machine, as old refgpt did when run as root."""
+    import socket
+
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(path))
+    server.close()
+    return path

@@ -1,7 +1,8 @@
 """The CLI never prints a traceback: whatever the arguments and files, ``refgpt`` exits 0, or
 exits 1/2 with exactly one stderr line ``refgpt: error: …``. Arguments are drawn per subcommand
 from hostile pools (NaN, ∞, 1e-320, -1, huge integers, a newline in a path, a device as output,
-files that are empty, binary, not UTF-8 or of the wrong kind)."""
+files that are empty, binary, not UTF-8 or of the wrong kind; a socket stands for a device: a test
+never aims a write at /dev/null)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import refgpt
-from fuzzing import fuzz_settings
+from fuzzing import fuzz_settings, socket_file
 from random_models import random_params
 from refgpt import Config, Model
 from refgpt.oracle import golden
@@ -43,7 +44,7 @@ def world(tmp_path_factory):
             (d / name).write_bytes(content)
     np.save(d / "ids.npy", np.array([[1.5, 2.0]]))
     (d / "dir.safetensors").mkdir()
-    (d / "link.safetensors").symlink_to("/dev/null")
+    (d / "link.safetensors").symlink_to(socket_file(d / "socket"))
     return d
 
 
@@ -57,7 +58,7 @@ def argv(draw, d):
     path = lambda: draw(st.sampled_from([str(d / n) for n in ("ids.txt", "empty", "binary", "latin1", "odd.txt", "huge.txt",
                                                                 "neg.txt", "ragged.txt", "nested.json", "ids.npy", "cand.npz",
                                                                 "golden.safetensors", "dir.safetensors", "missing")]
-                                        + [str(d / "new\nline.safetensors"), "/dev/null", str(d / "link.safetensors")]))
+                                        + [str(d / "new\nline.safetensors"), str(d / "socket"), str(d / "link.safetensors")]))
     number = lambda: draw(st.sampled_from(NUMBERS))
     args = [command]
     if command == "compare":
@@ -108,7 +109,8 @@ def test_the_cli_fuzzer_saw_successes_and_errors():
 
 @pytest.mark.parametrize("argv_tail,match", [
     (["golden", "ab", "-o", "{d}/new\nline/x.safetensors"], r"new\\nline"),
-    (["golden", "ab", "-o", "/dev/null"], "will not overwrite it: it is not a regular file"),
+    (["golden", "ab", "-o", "{d}/socket"], "will not overwrite it: it is not a regular file"),
+    (["golden", "ab", "-o", "{d}/link.safetensors"], "a link to .*socket"),
     (["golden", "--tokens", "{d}/latin1", "-o", "{d}/o.safetensors"], "not UTF-8"),
     (["golden", "--tokens", "{d}/empty", "-o", "{d}/o.safetensors"], "no token ids"),
     (["golden", "--tokens", "{d}/odd.txt", "-o", "{d}/o.safetensors"], "is not an integer token id"),

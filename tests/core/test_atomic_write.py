@@ -8,6 +8,7 @@ import stat
 
 import pytest
 
+from fuzzing import socket_file
 from refgpt import RefGPTError
 from refgpt.atomic_write import write_atomically
 
@@ -32,21 +33,22 @@ def test_a_replaced_file_keeps_its_permissions(tmp_path):
 
 
 @pytest.mark.parametrize("target,match", [
-    ("/dev/null", "not a regular file"),
+    ("socket", "not a regular file"),
     ("dir", "it is a directory"),
 ])
 def test_a_non_regular_target_is_refused(tmp_path, target, match):
     (tmp_path / "dir").mkdir()
-    path = tmp_path / target if target == "dir" else target
+    socket_file(tmp_path / "socket")
     with pytest.raises(RefGPTError, match=match):
-        write_atomically(path, lambda tmp: tmp.write_text("x"))
+        write_atomically(tmp_path / target, lambda tmp: tmp.write_text("x"))
+    assert not (tmp_path / target).is_file()
 
 
-def test_a_link_to_a_device_is_refused(tmp_path):
-    (tmp_path / "dev").symlink_to("/dev/null")
-    with pytest.raises(RefGPTError, match="a link to '/dev/null'.*not a regular file"):
+def test_a_link_to_a_non_regular_file_is_refused(tmp_path):
+    (tmp_path / "dev").symlink_to(socket_file(tmp_path / "socket"))
+    with pytest.raises(RefGPTError, match="a link to '.*socket'.*not a regular file"):
         write_atomically(tmp_path / "dev", lambda tmp: tmp.write_text("x"))
-    assert (tmp_path / "dev").is_symlink() and stat.S_ISCHR(os.stat("/dev/null").st_mode)
+    assert (tmp_path / "dev").is_symlink() and stat.S_ISSOCK(os.stat(tmp_path / "socket").st_mode)
 
 
 def test_a_failed_write_keeps_the_old_file(tmp_path):

@@ -348,7 +348,7 @@ def test_shard_index_problems_are_errors(tmp_path, model, mutate, match):
 @pytest.mark.parametrize("text,match", [
     ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
     ('{"weight_map": {"a": "a.safetensors", "a": "b.safetensors"}}', "key 'a' appears twice"),
-    ("\xff", "not UTF-8 text"),
+    ("\xff", "not a valid shard index: not valid JSON \\(not UTF-8 text"),
 ])
 def test_broken_shard_index_json(tmp_path, model, text, match):
     with raises(match):

@@ -1,11 +1,12 @@
 """Every file the oracle (and the lens) writes goes through refgpt.atomic_write: a symlink is
-written through, a device is refused."""
+written through, a non-regular file (here a socket; never /dev/null in a test) is refused."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from fuzzing import socket_file
 from random_models import random_params
 from refgpt import Config, Model, RefGPTError
 from refgpt.analysis.lens import save_translators
@@ -22,7 +23,7 @@ def tied_model():
 
 
 @pytest.mark.parametrize("writer", ["golden", "llmc_model", "llmc_state", "llmc_activations", "translators"])
-def test_every_writer_goes_through_a_link_and_refuses_a_device(tmp_path, writer):
+def test_every_writer_goes_through_a_link_and_refuses_a_non_regular_file(tmp_path, writer):
     model = tied_model()
     write = {
         "golden": lambda p: golden.write(p, golden.make(model, np.array([[1, 2, 3]]))),
@@ -36,4 +37,4 @@ def test_every_writer_goes_through_a_link_and_refuses_a_device(tmp_path, writer)
     write(tmp_path / "link")
     assert (tmp_path / "link").is_symlink() and (tmp_path / "real").read_bytes() != b"old"
     with pytest.raises(RefGPTError, match="not a regular file"):
-        write("/dev/null")
+        write(socket_file(tmp_path / "socket"))
