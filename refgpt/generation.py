@@ -6,6 +6,11 @@ The prompt goes through the model once, filling a KVCache; every later step feed
 just chosen, with the cache supplying the earlier keys and values. Temperature 0 means greedy
 (the arg-max token, ties to the lowest id). Sampling uses ``numpy.random.default_rng(seed)``, so
 the same seed gives the same text.
+
+Hooks active around ``generate`` (``with model.hooks(...)`` or ``with intervention:``) apply to
+every step. A hook marked ``takes_start`` is told which absolute positions each step computes
+(refgpt/hooks.py), so an edit of the prompt's positions — an ActAdd steering vector — is made
+once, in the prompt's pass, and every generated token sees it through the KV cache.
 """
 
 from __future__ import annotations

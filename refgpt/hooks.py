@@ -10,6 +10,12 @@ A hook is ``fn(activation, name)`` returning a replacement array, or None to kee
 (an in-place edit of the array also flows downstream). Hooks are chosen by exact name or by a
 predicate on the name. A replacement must keep the activation's shape and dtype: refgpt never
 casts or broadcasts a hook's output silently.
+
+Absolute positions. In a pass given a KVCache the activations hold only the new positions, so
+row 0 of an activation is position ``run.start`` (the positions already cached), not position 0.
+A hook that edits given positions (a steering vector at the prompt's front positions) must know
+this: mark it with ``fn.takes_start = True`` and it is called ``fn(activation, name, start=s)``,
+s the absolute position of the activation's first row (0 in an ordinary pass).
 """
 
 from __future__ import annotations
@@ -46,7 +52,8 @@ def select_names(selector, known: list[str], what: str) -> list[str]:
 class HookRun:
     """The ``point`` of one forward pass: user hooks, then caching."""
 
-    def __init__(self, known: list[str], fwd_hooks: Iterable = (), cache_names=()):
+    def __init__(self, known: list[str], fwd_hooks: Iterable = (), cache_names=(), start: int = 0):
+        self.start = start  # the absolute position of the activations' first row (> 0 after a KV cache)
         self.hooks: dict[str, list[Hook]] = {}
         if isinstance(fwd_hooks, (str, bytes)) or not hasattr(fwd_hooks, "__iter__"):
             raise RefGPTTypeError(f"fwd_hooks: expected a list of (name_or_predicate, fn), found {fwd_hooks!r:.60}")
@@ -64,7 +71,7 @@ class HookRun:
 
     def __call__(self, name: str, activation: np.ndarray) -> np.ndarray:
         for fn in self.hooks.get(name, ()):
-            result = fn(activation, name)
+            result = fn(activation, name, start=self.start) if getattr(fn, "takes_start", False) else fn(activation, name)
             if result is not None:
                 activation = _checked_replacement(name, activation, result)
         if name in self.cache_names:

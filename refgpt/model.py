@@ -170,7 +170,7 @@ class Model:
         start = past.length if past is not None else 0
         if isinstance(fwd_hooks, (str, bytes)) or not hasattr(fwd_hooks, "__iter__"):
             raise RefGPTTypeError(f"fwd_hooks: expected a list of (name_or_predicate, fn), found {fwd_hooks!r:.60}")
-        run = HookRun(self.hook_names, [*self._context_hooks, *fwd_hooks], cache_names)
+        run = HookRun(self.hook_names, [*self._context_hooks, *fwd_hooks], cache_names, start=start)
         logits = self.forward(tokens, run, past, last_only)
         with np.errstate(over="ignore", invalid="ignore"):
             finite = np.isfinite(np.add.reduce(logits, axis=None))  # one pass over the logits (benchmarks/bench_guards.py)
@@ -197,7 +197,7 @@ class Model:
 
         if past is not None:
             past.length = start  # the KV cache is rewritten with the same positions
-        run = HookRun(self.hook_names, [*self._context_hooks, *fwd_hooks, (lambda name: True, check)])
+        run = HookRun(self.hook_names, [*self._context_hooks, *fwd_hooks, (lambda name: True, check)], start=start)
         try:
             logits = self.forward(tokens, run, past, last_only)  # [batch, pos, d_vocab]
         except NonFinite as found:

@@ -66,3 +66,19 @@ def test_generate_greedy_and_seeded():
         past = model.kv_cache()
         model(prompt, past=past)
         model(np.arange(10), past=past)
+
+
+def test_a_hook_marked_takes_start_is_told_where_its_rows_start():
+    """refgpt/hooks.py: row 0 of a KV-cached step's activation is position ``start``."""
+    model = random_model(Config(d_model=8, n_layers=1, n_heads=2, d_mlp=8, d_vocab=11, n_ctx=10), seed=2)
+    starts = []
+
+    def hook(activation, name, start):
+        starts.append((start, activation.shape[1]))
+
+    hook.takes_start = True
+    past = model.kv_cache(1)
+    for chunk in ([[1, 2, 3]], [[4]], [[5, 6]]):
+        model.run_with_hooks(np.array(chunk), fwd_hooks=[("hook_embed", hook)], past=past)
+    model.run_with_hooks(np.array([[1, 2]]), fwd_hooks=[("hook_embed", hook)])
+    assert starts == [(0, 3), (3, 1), (4, 2), (0, 2)]

@@ -79,8 +79,8 @@ def test_generate_refuses_bad_arguments_up_front(model, kwargs, match):
 
 
 @pytest.mark.parametrize("coeff,match", [
-    (float("nan"), "coeff must be a finite number"), (float("inf"), "coeff must be a finite number"),
-    (1e308, "not finite in float64"), (True, "coeff must be a number"),
+    (float("nan"), "coefficient must be a finite number"), (float("inf"), "coefficient must be a finite number"),
+    (1e308, "overflows float64"), (True, "coefficient must be a finite number"),
 ])
 def test_add_vector_refuses_non_finite_coefficients(model, coeff, match):
     with pytest.raises(RefGPTError, match=match):
