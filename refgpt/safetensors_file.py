@@ -107,11 +107,15 @@ class SafetensorsFile:
         code, shape, begin = self._entries[name]
         if code not in DTYPES:
             raise RefGPTError(f"{self.path}: tensor {name!r} is {code}, which refgpt does not read")
+        too_large = RefGPTError(f"{self.path}: tensor {name!r} has shape {list(shape)}, too large for NumPy")
         if any(d > np.iinfo(np.intp).max for d in shape):
-            raise RefGPTError(f"{self.path}: tensor {name!r} has shape {list(shape)}, too large for NumPy")
+            raise too_large
         count = int(np.prod(shape, dtype=object))
         if count == 0:
-            return np.empty(shape, DTYPES[code][0])
+            try:  # NumPy refuses shapes whose byte count overflows, even with no elements
+                return np.empty(shape, DTYPES[code][0])
+            except ValueError:
+                raise too_large from None
         flat = np.frombuffer(self._map, dtype=DTYPES[code][0], count=count, offset=self._data_start + begin)
         return flat.reshape(shape)
 

@@ -65,7 +65,8 @@ def argv(draw, d):
         args += [str(d / "golden.safetensors") if draw(st.booleans()) else path(), path()]
     elif command == "golden":
         args += draw(st.sampled_from([[draw(st.sampled_from(TEXTS))], ["--tokens", path()]]))
-        args += ["-o", draw(st.sampled_from([str(d / "out.safetensors"), path()]))]
+        args += ["-o", draw(st.sampled_from([str(d / n) for n in ("out.safetensors", "socket", "link.safetensors",
+                                                                  "dir.safetensors", "new\nline.safetensors", "no/x")]))]
     else:
         args.append(draw(st.sampled_from(TEXTS)))
     options = {"predict": [["--top-k", number()], ["--bos"]],
@@ -96,7 +97,8 @@ def test_the_cli_never_prints_a_traceback(world, refgpt_cli, data):
     result = refgpt_cli.in_process(*args)
     OUTCOMES[result.returncode] = OUTCOMES.get(result.returncode, 0) + 1
     assert result.returncode in (0, 1, 2), (args, result.stderr)
-    if result.returncode:
+    failed_comparison = args[0] == "compare" and result.returncode == 1 and result.stderr == ""  # the report says why
+    if result.returncode and not failed_comparison:
         assert re.fullmatch(r"refgpt: error: [^\n]*\n", result.stderr), (args, result.stderr)
     assert "Traceback" not in result.stderr and "nan" not in result.stdout.lower().replace("nanosecond", "")
 

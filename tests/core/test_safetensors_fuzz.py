@@ -157,6 +157,8 @@ def reference(path) -> dict | None:
                     raw = f.get_tensor(name).tobytes()
                 except (TypeError, AttributeError):  # BF16/F8: NumPy has no such dtype
                     raw = None
+                except ValueError:  # a shape NumPy cannot hold ([0, 4, 2⁶³ − 1]): refgpt must refuse it too
+                    raw = ValueError
                 out[name] = (s.get_dtype(), tuple(s.get_shape()), raw)
             return out
     except safetensors.SafetensorError:
@@ -177,7 +179,10 @@ def check_agreement(path) -> str:
     assert sorted(ours.names) == sorted(expected)
     for name, (code, shape, raw) in expected.items():
         assert ours.shape(name) == shape
-        if raw is not None:
+        if raw is ValueError:
+            with pytest.raises(RefGPTError, match="too large for NumPy"):
+                ours.raw(name)
+        elif raw is not None:
             assert ours.raw(name).tobytes() == raw, name
         elif code == "BF16":
             assert ours.raw(name).nbytes == 2 * int(np.prod(shape))
@@ -220,6 +225,16 @@ def test_known_bad_files_are_refused_like_the_reference(tmp_path, name, data):
     with pytest.raises(RefGPTError):
         SafetensorsFile(path)
     assert check_agreement(path) == "both refuse"
+
+
+def test_an_empty_tensor_too_large_for_numpy_is_accepted_but_not_read(tmp_path):
+    """Found by the long fuzz run: [0, 4, 2⁶³ − 1] holds no bytes, so the reference accepts the
+    file, but NumPy cannot make the array; refgpt reads the rest and refuses that tensor."""
+    path = tmp_path / "f.safetensors"
+    path.write_bytes(with_header({"e": {"dtype": "F32", "shape": [0, 4, 2**63 - 1], "data_offsets": [0, 0]}}, b""))
+    assert check_agreement(path) == "both accept"
+    with pytest.raises(RefGPTError, match="too large for NumPy"):
+        SafetensorsFile(path).raw("e")
 
 
 def test_unaligned_and_reordered_files_are_read_like_the_reference(tmp_path):
