@@ -143,7 +143,7 @@ def embedded_components():
     scale σ, naive [component] = (w ⊙ Pc/σ(c))·W_U[:,t], exact [component] = (w ⊙ Pc/σ)·W_U[:,t],
     the bias term ln_final.b·W_U[:,t])."""
     model = refgpt.load_default()
-    tokens = model.to_tokens(EMBEDDED_PROMPT)  # [pos]
+    tokens = model.to_tokens(EMBEDDED_PROMPT, prepend_bos=False)[0]  # [pos]
     logits, cache = model.run_with_cache(tokens)  # [pos, d_vocab]
     target = int(np.argmax(logits[-1]))
     pieces, labels = cache.decompose_resid(return_labels=True)  # [component, batch, pos, d_model]
@@ -182,7 +182,7 @@ def figures():
     from refgpt.analysis.plots import attribution_bars, printable
 
     model = refgpt.load_default()
-    tokens = model.to_tokens(BARS_PROMPT, prepend_bos=True)  # [pos]
+    tokens = model.to_tokens(BARS_PROMPT, prepend_bos=True)[0]  # [pos]
     logits, cache = model.run_with_cache(tokens)
     top = int(np.argmax(logits[-1]))
     result = attribute(cache, top, granularity="head", logits=logits)
@@ -197,7 +197,7 @@ BARS_PROMPT = "The cat sat on the mat."
 def bars_numbers() -> dict[str, tuple[str, str]]:
     """The numbers §6's attribution-bars caption quotes."""
     model = refgpt.load_default()
-    tokens = model.to_tokens(BARS_PROMPT, prepend_bos=True)  # [pos]
+    tokens = model.to_tokens(BARS_PROMPT, prepend_bos=True)[0]  # [pos]
     logits, cache = model.run_with_cache(tokens)
     result = attribute(cache, int(np.argmax(logits[-1])), granularity="head", logits=logits)
     column = result.values[:, 0, -1]  # [component]

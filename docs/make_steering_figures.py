@@ -76,7 +76,7 @@ class Setting:
 
     def __init__(self, dtype="float64"):
         self.model = model = refgpt.load_default(dtype)
-        self.tokens = model.to_tokens(PROMPT, prepend_bos=True)  # [pos]
+        self.tokens = model.to_tokens(PROMPT, prepend_bos=True)[0]  # [pos]
         eot = model.tokenizer.eot_token
         self.decode = lambda i: printable("<eot>" if i == eot else model.to_string([i]), 6)  # noqa: E731
         sv = steering_vector(model, "Love", "Hate", LAYER)
@@ -186,7 +186,7 @@ def propagated_numbers(S: Setting) -> dict:
 
 def actadd_numbers(figures: bool) -> dict:
     model = refgpt.load_default()
-    tokens = model.to_tokens(ACTADD_TEXT, prepend_bos=True)  # [pos]
+    tokens = model.to_tokens(ACTADD_TEXT, prepend_bos=True)[0]  # [pos]
     unit = steering_vector(model, ACTADD_PLUS, ACTADD_MINUS, ACTADD_LAYER, 1.0)  # Δ = act(P) − act(M), c = 1
     delta = np.linalg.norm(unit.vector, axis=-1)  # [m] ‖Δⱼ‖, row 0 (<|endoftext|> in both) is 0
     steered_rows = np.flatnonzero(delta)  # [j] the rows that move anything
@@ -199,7 +199,7 @@ def actadd_numbers(figures: bool) -> dict:
         limit = one if limit is None else limit + one
     limit_logits = model.run_with_hooks(tokens, fwd_hooks=limit)
     with limit:
-        limit_text = model.generate(tokens, ACTADD_NEW, temperature=0)[len(tokens):]
+        limit_text = model.generate(tokens, ACTADD_NEW, temperature=0, stop_at_eos=False)[len(tokens):]
 
     def kls(sv):
         """KL(steered ‖ unsteered) and KL(steered ‖ limit) of the next token after TEXT."""
@@ -209,7 +209,7 @@ def actadd_numbers(figures: bool) -> dict:
     def ratios(c):
         return ", ".join(f"{x:.2g}" if x < 100 else sci(x) for x in c * delta[steered_rows] / stream[steered_rows])
 
-    unsteered = model.generate(tokens, ACTADD_NEW, temperature=0)[len(tokens):]
+    unsteered = model.generate(tokens, ACTADD_NEW, temperature=0, stop_at_eos=False)[len(tokens):]
     shown = lambda ids: f"`{model.to_string(ids)!r}`"  # noqa: E731
     rows = {"S17": ("exact", ", ".join(f"{delta[j]:.1f}" for j in steered_rows)),
             "S18": ("exact", ", ".join(f"{stream[j]:.1f}" for j in steered_rows)),
@@ -221,7 +221,7 @@ def actadd_numbers(figures: bool) -> dict:
         sv = steering_vector(model, ACTADD_PLUS, ACTADD_MINUS, ACTADD_LAYER, c)
         to_clean, to_limit = kls(sv)
         with sv:
-            text = model.generate(tokens, ACTADD_NEW, temperature=0)[len(tokens):]
+            text = model.generate(tokens, ACTADD_NEW, temperature=0, stop_at_eos=False)[len(tokens):]
         near = f"{to_limit:.2e}" if to_limit >= 1e-15 else "< 10⁻¹⁵"  # below that: rounding of the probabilities
         rows[f"table c={c:g}"] = ("line", f"| {power(c) if c >= 100 else f'{c:g}'} | {ratios(c)} | {to_clean:.4f} | "
                                           f"{near} | {shown(text)} |")

@@ -119,6 +119,19 @@ def snapshot_of(folder: Path, revision: str) -> Path | None:
     return folder / "snapshots" / commit
 
 
+def shard_names(index: Path) -> list[str]:
+    """The shard files a ``model.safetensors.index.json`` lists, each a relative name that stays
+    inside its snapshot (it becomes a path there, whether downloaded or read from the cache)."""
+    try:
+        shards = set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values())
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        raise RefGPTError(f"{index}: not a valid shard index ({error!r})") from None
+    for shard in shards:
+        if not isinstance(shard, str) or not RELATIVE_NAME.fullmatch(shard):
+            raise RefGPTError(f"{index}: shard name {shard!r} is not a relative file name")
+    return sorted(shards)
+
+
 def missing_files(snapshot: Path) -> list[str]:
     """What a snapshot lacks to be loaded: config.json, and model.safetensors or the index and its shards."""
     missing = [] if (snapshot / "config.json").is_file() else ["config.json"]
@@ -127,11 +140,7 @@ def missing_files(snapshot: Path) -> list[str]:
         return missing
     if not index.is_file():
         return missing + ["model.safetensors"]
-    try:
-        shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
-    except (ValueError, KeyError, TypeError, AttributeError):
-        return missing  # the checkpoint reader names what is wrong with the index
-    return missing + [str(s) for s in shards if not isinstance(s, str) or not (snapshot / s).is_file()]
+    return missing + [shard for shard in shard_names(index) if not (snapshot / shard).is_file()]
 
 
 def find_snapshot(repo_id: str, revision: str, cache: Path | None = None) -> tuple[Path | None, list[str]]:

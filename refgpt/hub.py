@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import hashlib
 import http.client
-import json
 import os
 import re
 import sys
@@ -63,8 +62,8 @@ from pathlib import Path
 from urllib.parse import quote, urljoin, urlsplit
 
 from .errors import RefGPTError
-from .hf_cache import (COMMIT, RELATIVE_NAME, SHARD_INDEX, cache_dir, check_revision, find_snapshot, is_offline,
-                       link_into_snapshot, missing_files, parse_name, repo_folder, write_ref)
+from .hf_cache import (COMMIT, SHARD_INDEX, cache_dir, check_revision, find_snapshot, is_offline, link_into_snapshot,
+                       missing_files, parse_name, repo_folder, shard_names, write_ref)
 from .version import __version__
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
@@ -129,13 +128,12 @@ def download(repo_id: str, revision: str = "main", *, endpoint: str | None = Non
     cache (:func:`refgpt.hf_cache.cache_dir`). ``progress``: a progress bar on stderr; default
     only when stderr is a terminal. Files already in the cache are hashed, not fetched again.
     """
-    files = download_files(repo_id, revision, endpoint=endpoint, cache=cache, progress=progress)
-    return repo_folder(repo_id, cache or cache_dir()) / "snapshots" / files[0].commit
+    return download_files(repo_id, revision, endpoint=endpoint, cache=cache, progress=progress)[0]
 
 
-def download_files(repo_id: str, revision: str = "main", *, endpoint: str | None = None,
-                   cache: Path | None = None, progress: bool | None = None) -> list[RemoteFile]:
-    """:func:`download`, returning what the hub said of each file fetched (and verified)."""
+def download_files(repo_id: str, revision: str = "main", *, endpoint: str | None = None, cache: Path | None = None,
+                   progress: bool | None = None) -> tuple[Path, list[RemoteFile]]:
+    """:func:`download`, returning the snapshot and what the hub said of each file fetched (and verified)."""
     if not isinstance(repo_id, str) or parse_name(repo_id) != (repo_id, "main"):
         raise RefGPTError(f"{repo_id!r}: not a hub repository id ([owner/]name)")
     check_revision(revision)
@@ -145,6 +143,13 @@ def download_files(repo_id: str, revision: str = "main", *, endpoint: str | None
     hub = _Hub(endpoint or os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT, repo_id,
                _Progress(sys.stderr.isatty() if progress is None else progress))
     folder = repo_folder(repo_id, cache or cache_dir())
+    try:
+        return _download_into(hub, folder, repo_id, revision)
+    except OSError as error:  # the cache's disk: _Hub turns every network OSError into a RefGPTError
+        raise RefGPTError(f"{repo_id}: cannot write the HF cache: {error.filename}: {error.strerror or error}") from None
+
+
+def _download_into(hub: _Hub, folder: Path, repo_id: str, revision: str) -> tuple[Path, list[RemoteFile]]:
     config = hub.head(revision, "config.json")
     commit = config.commit  # every later file comes from this commit, even if the revision moves
     files = []
@@ -161,7 +166,7 @@ def download_files(repo_id: str, revision: str = "main", *, endpoint: str | None
         weights = hub.head(commit, "model.safetensors")
     except _EntryNotFound:  # a sharded checkpoint
         index = fetch(hub.head(commit, SHARD_INDEX))
-        for shard in _shards(index):
+        for shard in shard_names(index):
             fetch(hub.head(commit, shard))
     else:
         fetch(weights)
@@ -171,19 +176,7 @@ def download_files(repo_id: str, revision: str = "main", *, endpoint: str | None
     if missing := missing_files(snapshot):  # e.g. an index that names no shard
         raise RefGPTError(f"{snapshot}: still lacks {', '.join(missing)} after downloading")
     write_ref(folder, revision, commit)
-    return files
-
-
-def _shards(index: Path) -> list[str]:
-    """The shard file names a downloaded ``model.safetensors.index.json`` lists, each checked as a path."""
-    try:
-        shards = set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values())
-    except (ValueError, KeyError, TypeError, AttributeError) as error:
-        raise RefGPTError(f"{index}: not a valid shard index ({error!r})") from None
-    for shard in shards:
-        if not isinstance(shard, str) or not RELATIVE_NAME.fullmatch(shard):
-            raise RefGPTError(f"{index}: shard name {shard!r} is not a relative file name")
-    return sorted(shards)
+    return snapshot, files
 
 
 def content_hash(path: Path, etag: str) -> str:
@@ -210,6 +203,9 @@ class _Hub:
     """HTTP to one hub endpoint for one repository: HEAD for a file's facts, GET for its bytes."""
 
     def __init__(self, endpoint: str, repo_id: str, progress):
+        parts = urlsplit(endpoint)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise RefGPTError(f"hub endpoint {endpoint!r} (HF_ENDPOINT): not an http:// or https:// URL")
         self.endpoint, self.repo_id, self.progress = endpoint.rstrip("/"), repo_id, progress
         self.opener = urllib.request.build_opener(_NoRedirect)
 

@@ -24,10 +24,18 @@ from __future__ import annotations
 import hashlib
 import os
 import secrets
+import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import unquote
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on (bound, then released): a hub that cannot be reached."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def git_sha1(data: bytes) -> str:

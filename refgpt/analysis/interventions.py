@@ -103,7 +103,7 @@ def resid_pre_name(model, layer: int) -> str:
 
 def space_token(model) -> int:
     """The id of the space token ``" "`` in the model's tokenizer (it must be a single token)."""
-    ids = model.to_tokens(" ")
+    ids = model.to_tokens(" ", prepend_bos=False)[0]
     if len(ids) != 1:
         raise RefGPTError(f"the tokenizer encodes ' ' as {len(ids)} tokens {ids.tolist()}; "
                           "padding needs a single space token")
@@ -350,7 +350,7 @@ def _fit_keys(rows, keys, name):
 
 def _prompt_tokens(model, prompt, prepend_bos, what):
     if isinstance(prompt, str):
-        return model.to_tokens(prompt, prepend_bos=prepend_bos)
+        return model.to_tokens(prompt, prepend_bos=prepend_bos)[0]
     ids, batched = model.check_tokens(prompt)
     if batched:
         raise RefGPTError(f"{what}: expected one prompt [pos], found shape {list(np.shape(prompt))}")

@@ -44,7 +44,7 @@ def untrained_note(model) -> str | None:
 
 def tokens_of(model, args) -> np.ndarray:
     """TEXT (after <|endoftext|> with --bos) as token ids [pos], checked against the context length."""
-    tokens = model.to_tokens(args.text, prepend_bos=args.bos)  # [pos]
+    tokens = model.to_tokens(args.text, prepend_bos=args.bos, truncate=False)[0]  # [pos]: the CLI adds no BOS unless --bos
     if len(tokens) == 0:
         raise RefGPTError("TEXT is empty: there is nothing to run (add --bos to start from <|endoftext|>)")
     if len(tokens) > model.cfg.n_ctx:

@@ -11,7 +11,6 @@ import argparse
 
 from ..errors import RefGPTError
 from ..hf_cache import parse_name
-from ..hf_cache import cache_dir, repo_folder
 from ..hub import download_files
 
 DESCRIPTION = """\
@@ -51,8 +50,7 @@ def run(args) -> int:
         if "@" in args.name and args.revision != revision:
             raise RefGPTError(f"two revisions: {args.name!r} and --revision {args.revision!r}")
         revision = args.revision
-    files = download_files(repo_id, revision)
-    snapshot = repo_folder(repo_id, cache_dir()) / "snapshots" / files[0].commit
+    snapshot, files = download_files(repo_id, revision)
     rows = [f"  {f.filename:<36} {f.size:>14,} bytes  {'sha256' if len(f.etag) == 64 else 'git sha1'} "
             f"{f.etag}" for f in files]
     print("\n".join([f"{repo_id}@{revision} = commit {files[0].commit}: every file's hash checked", *rows,

@@ -66,9 +66,9 @@ def run(args) -> int:
     ratio = injection_ratio(cache, sv.vector, np.arange(m))  # [stream, m]
     size = norm(sv.vector)  # [m], in float64
     if args.generate:
-        unsteered = model.generate(tokens, args.generate, temperature=0)[len(tokens):]  # [n]
+        unsteered = model.generate(tokens, args.generate, temperature=0, stop_at_eos=False)[len(tokens):]  # [n]
         with sv:
-            steered = model.generate(tokens, args.generate, temperature=0)[len(tokens):]  # [n]
+            steered = model.generate(tokens, args.generate, temperature=0, stop_at_eos=False)[len(tokens):]  # [n]
     if args.plot:
         from ..analysis.plots import resid_norm_figure, token_labels
 

@@ -55,7 +55,7 @@ def test_steering_vector_adds_at_the_front_as_hooks_and_as_context_manager(model
         inside = model(tokens)
     assert np.array_equal(inside, manual)
     assert np.array_equal(model(tokens), model.run_with_hooks(tokens))  # removed on exit
-    assert not model._context_hooks
+    assert not any(hp.fwd_hooks for hp in model.hook_dict.values())
 
 
 def test_intervention_cannot_be_entered_twice_and_combines_with_another(model):

@@ -95,7 +95,7 @@ def test_kv_cached_steered_greedy_equals_recomputing_the_steered_pass(data):
 
     expected, chosen_from = recomputed_greedy(model, tokens, n_new, intervention)
     with intervention:
-        generated = model.generate(tokens, n_new, temperature=0)
+        generated = model.generate(tokens, n_new, temperature=0, stop_at_eos=False)
     # Every step's cached logits are the recomputation's, to the KV cache's rounding …
     cached = cached_steps(model, expected, n_prompt, intervention)
     for step in range(n_new):
@@ -113,10 +113,10 @@ def test_the_issue_example_generates_and_steers():
     prompt = np.array([3, 7, 1, 9, 2])
     sv = steering_vector(model, [1, 2, 3], [4, 5, 6], layer=1, coeff=50.0, prepend_bos=False)
     with sv:
-        steered = model.generate(prompt, 8, temperature=0)
+        steered = model.generate(prompt, 8, temperature=0, stop_at_eos=False)
     expected, _ = recomputed_greedy(model, prompt[None], 8, sv)
     assert np.array_equal(steered, expected[0])
-    assert not np.array_equal(steered, model.generate(prompt, 8, temperature=0))
+    assert not np.array_equal(steered, model.generate(prompt, 8, temperature=0, stop_at_eos=False))
 
 
 def test_prompt_positions_are_edited_once_in_the_pass_that_computes_them():
@@ -127,7 +127,7 @@ def test_prompt_positions_are_edited_once_in_the_pass_that_computes_them():
     seen = []
     watch = ("blocks.0.hook_resid_pre", lambda a, name: seen.append(a.copy()))
     with v:
-        model.generate(prompt, 3, temperature=0, seed=0)
+        model.generate(prompt, 3, temperature=0, seed=0, stop_at_eos=False)
     _, clean = model.run_with_cache(prompt, names=["blocks.0.hook_resid_pre"])
     model.run_with_hooks(prompt, fwd_hooks=[watch])  # the clean prompt pass, for reference
     with v:
@@ -148,7 +148,7 @@ def test_a_first_pass_shorter_than_the_steered_positions_is_an_error():
     model = random_model(cfg, seed=6)
     sv = steering_vector(model, [1, 2, 3], [4, 5, 6], layer=0, prepend_bos=False)
     with sv, pytest.raises(RefGPTError, match="at least 3 positions, the prompt has 2"):
-        model.generate(np.array([1, 2]), 3, temperature=0)
+        model.generate(np.array([1, 2]), 3, temperature=0, stop_at_eos=False)
 
 
 def test_a_limit_position_counted_from_the_end_is_refused_under_a_kv_cache():
@@ -159,4 +159,4 @@ def test_a_limit_position_counted_from_the_end_is_refused_under_a_kv_cache():
     model = random_model(cfg, seed=7)
     limit = injection_limit(model, np.arange(8.0), 0, -1)
     with limit, pytest.raises(RefGPTError, match="ambiguous once a KV cache"):
-        model.generate(np.array([1, 2, 3]), 2, temperature=0)
+        model.generate(np.array([1, 2, 3]), 2, temperature=0, stop_at_eos=False)

@@ -9,52 +9,29 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import sys
 
 import numpy as np
 import pytest
 
 import refgpt
-from fake_hub import FakeHub, etag_of, fabricate_cache, tiny_gpt2_files
+from fake_hub import etag_of, fabricate_cache, tiny_gpt2_files
 from refgpt.hub import download
 
 TEXT = "To be, or not to"
 
 
-@pytest.fixture(autouse=True)
-def hf_env(tmp_path, monkeypatch):
-    for var in ("HF_HOME", "HUGGINGFACE_HUB_CACHE", "XDG_CACHE_HOME", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
-    with socket.socket() as s:  # a loopback port nothing listens on
-        s.bind(("127.0.0.1", 0))
-        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{s.getsockname()[1]}")
-    return tmp_path / "hub"
+pytestmark = pytest.mark.usefixtures("hf_env")  # conftest.py: an empty HF cache, the hub unreachable
 
 
-@pytest.fixture(scope="module")
-def files():
-    return tiny_gpt2_files(seed=11)
-
-
-@pytest.fixture
-def hub(files, monkeypatch):
-    with FakeHub() as fake:
-        fake.commit = fake.add_commit("openai-community/gpt2", files)
-        fake.renamed["gpt2"] = "openai-community/gpt2"
-        monkeypatch.setenv("HF_ENDPOINT", fake.url)
-        yield fake
-
-
-def test_download_then_predict_by_name(refgpt_cli, hf_env, hub, files, monkeypatch):
+def test_download_then_predict_by_name(refgpt_cli, hf_env, hub, hub_files, monkeypatch):
     status, out, err = refgpt_cli.in_process("download", "gpt2")
     snapshot = hf_env / "models--gpt2" / "snapshots" / hub.commit
     assert status == 0 and err == ""  # no progress bar: stderr is not a terminal
     lines = out.splitlines()
     assert lines[0] == f"gpt2@main = commit {hub.commit}: every file's hash checked"
     assert lines[-1] == f"in {snapshot}"
-    for filename, data in files.items():
+    for filename, data in hub_files.items():
         kind = "sha256" if filename.endswith(".safetensors") else "git sha1"
         assert f"  {filename:<36} {len(data):>14,} bytes  {kind} {etag_of(filename, data)}" in lines
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -91,21 +68,21 @@ def test_download_with_no_network_is_one_line(refgpt_cli):
     assert err.startswith("refgpt: error: gpt2: cannot reach http://127.0.0.1:")
 
 
-def test_download_on_a_hash_mismatch_is_one_line(refgpt_cli, hf_env, hub, files):
+def test_download_on_a_hash_mismatch_is_one_line(refgpt_cli, hf_env, hub, hub_files):
     hub.corrupt.add("model.safetensors")
     status, _, err = refgpt_cli.in_process("download", "gpt2")
     assert status == 1 and err.count("\n") == 1 and "does not match the hub's" in err and "removed" in err
-    assert not any(p.name.startswith(etag_of("model.safetensors", files["model.safetensors"]))
+    assert not any(p.name.startswith(etag_of("model.safetensors", hub_files["model.safetensors"]))
                    for p in (hf_env / "models--gpt2" / "blobs").iterdir())
 
 
-def test_progress_bar_only_on_a_terminal(capsys, hub, files, monkeypatch):
+def test_progress_bar_only_on_a_terminal(capsys, hub, hub_files, monkeypatch):
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
     download("openai-community/gpt2")
     err = capsys.readouterr().err
-    size = len(files["model.safetensors"]) / 1e6
+    size = len(hub_files["model.safetensors"]) / 1e6
     assert f"\rmodel.safetensors" in err and f"/{size:.1f} MB" in err and "[" + "#" * 24 + "]" in err
-    assert err.count("\n") == len(files)  # each file's bar ends its line
+    assert err.count("\n") == len(hub_files)  # each file's bar ends its line
 
 
 def test_an_uncached_name_offline_is_one_line_exit_1(refgpt_cli, hf_env, monkeypatch):
@@ -118,13 +95,13 @@ def test_an_uncached_name_offline_is_one_line_exit_1(refgpt_cli, hf_env, monkeyp
 
 
 @pytest.mark.parametrize("folder", ["models--gpt2", "models--openai-community--gpt2"])
-def test_predict_model_gpt2_offline_gives_hfs_logits(refgpt_cli, hf_env, files, folder, monkeypatch):
+def test_predict_model_gpt2_offline_gives_hfs_logits(refgpt_cli, hf_env, hub_files, folder, monkeypatch):
     """The issue's acceptance test: a fabricated HF cache, HF_HUB_OFFLINE=1, and HF transformers'
     GPT2LMHeadModel.from_pretrained on the same snapshot (float64) as the peer."""
     torch = pytest.importorskip("torch", reason="the peer test needs the 'peers' extra")
     transformers = pytest.importorskip("transformers", reason="the peer test needs the 'peers' extra")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    snapshot = fabricate_cache(hf_env, folder, files)
+    snapshot = fabricate_cache(hf_env, folder, hub_files)
     status, out, _ = refgpt_cli.in_process("predict", TEXT, "--model", "gpt2", "--json", "--top-k", "8192")
     answer = json.loads(out)
     assert status == 0 and answer["model"] == str(snapshot)
@@ -142,7 +119,7 @@ def test_predict_model_gpt2_offline_gives_hfs_logits(refgpt_cli, hf_env, files, 
 
 def test_the_readmes_real_gpt2_commands(refgpt_cli, hf_env, hub):
     """README "Real GPT-2 weights": its command line runs as written (against the fake hub), and the
-    files land where it says, under models--gpt2."""
+    hub_files land where it says, under models--gpt2."""
     import shlex
     from pathlib import Path
 

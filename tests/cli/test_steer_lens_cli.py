@@ -25,7 +25,7 @@ def test_steer_json_is_the_api_result(refgpt_cli, model):
     out = refgpt_cli(*STEER, "--json")
     assert out.returncode == 0, out.stderr
     answer = json.loads(out.stdout)
-    tokens = model.to_tokens("I hate you because", prepend_bos=True)
+    tokens = model.to_tokens("I hate you because", prepend_bos=True)[0]
     sv = steering_vector(model, "Love", "Hate", 2, 5.0)
     kl = kl_divergence(model.run_with_hooks(tokens, fwd_hooks=sv), model(tokens))
     assert [p["kl"] for p in answer["positions"]] == kl.tolist()
@@ -42,11 +42,11 @@ def test_steer_generate_json_is_the_api_result(refgpt_cli, model):
     out = refgpt_cli(*STEER, "--generate", "6", "--json")
     assert out.returncode == 0, out.stderr
     answer = json.loads(out.stdout)["generate"]
-    tokens = model.to_tokens("I hate you because", prepend_bos=True)
+    tokens = model.to_tokens("I hate you because", prepend_bos=True)[0]
     sv = steering_vector(model, "Love", "Hate", 2, 5.0)
     with sv:
-        steered = model.generate(tokens, 6, temperature=0)[len(tokens):]
-    unsteered = model.generate(tokens, 6, temperature=0)[len(tokens):]
+        steered = model.generate(tokens, 6, temperature=0, stop_at_eos=False)[len(tokens):]
+    unsteered = model.generate(tokens, 6, temperature=0, stop_at_eos=False)[len(tokens):]
     assert [t["id"] for t in answer["steered"]["new_tokens"]] == steered.tolist()
     assert [t["id"] for t in answer["unsteered"]["new_tokens"]] == unsteered.tolist()
     assert answer["steered"]["continuation"] == model.to_string(steered) and answer["n"] == 6
@@ -76,7 +76,7 @@ def test_lens_json_final_column_is_the_model_prediction(refgpt_cli, model):
     out = refgpt_cli("lens", "The cat sat", "--bos", "--json")
     assert out.returncode == 0, out.stderr
     answer = json.loads(out.stdout)
-    tokens = model.to_tokens("The cat sat", prepend_bos=True)
+    tokens = model.to_tokens("The cat sat", prepend_bos=True)[0]
     assert answer["streams"] == ["0_pre", "1_pre", "2_pre", "3_pre", "final_post"]
     _, cache = model.run_with_cache(tokens)
     ids, probs = logit_lens(cache).top(1)

@@ -75,7 +75,7 @@ def test_huge_but_finite_sums_do_not_raise(model):
 ])
 def test_generate_refuses_bad_arguments_up_front(model, kwargs, match):
     with pytest.raises(RefGPTError, match=match):
-        model.generate(TOKENS[:2], 2, **kwargs)
+        model.generate(TOKENS[:2], 2, stop_at_eos=False, verbose=False, **kwargs)
 
 
 @pytest.mark.parametrize("coeff,match", [
