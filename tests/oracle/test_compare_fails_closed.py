@@ -53,8 +53,8 @@ def test_the_causal_mask_in_attention_scores_is_allowed(reference):
 @pytest.mark.parametrize("conditioning,match", [
     ({"logits": float("nan")}, "NaN is not a JSON number"),
     ({"logits": float("inf")}, "Infinity is not a JSON number"),
-    ({"logits": -1.0}, "c_X of 'logits' must be a finite number ≥ 0, found -1.0"),
-    ({"logits": "1"}, "c_X of 'logits' must be a finite number ≥ 0"),
+    ({"logits": -1.0}, "the value of 'logits' must be a finite number ≥ 0, found -1.0"),
+    ({"logits": "1"}, "the value of 'logits' must be a finite number ≥ 0"),
     ([1, 2], "expected an object of tensor name → number"),
 ])
 def test_golden_conditioning_is_validated(reference, tmp_path, conditioning, match):
