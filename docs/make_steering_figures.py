@@ -35,7 +35,7 @@ OUT = HERE / "figures"
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))
 from make_decomposition_numbers import bound, check_page  # noqa: E402  (the same row kinds)
-from steering_bounds import propagated_bound  # noqa: E402  (§5's bound, as the tests compute it)
+from steering_bounds import op, propagated_bound  # noqa: E402  (§5's bound, as the tests compute it)
 
 PROMPT = "The cat sat on the mat."
 LAYER, POSITION = 1, 5  # inject into the stream entering block 1, at the 6th token (' the')
@@ -136,7 +136,7 @@ def stream_numbers(S: Setting, figures: bool) -> dict:
 
 def convergence_numbers(S: Setting, figures: bool) -> dict:
     model, p = S.model, S.model.params
-    W_U, w_f, n, eps = np.linalg.norm(p["unembed.W_U"], 2), np.max(np.abs(p["ln_final.w"])), model.cfg.d_model, model.cfg.eps
+    W_U, w_f, n, eps = op(p["unembed.W_U"]), np.max(np.abs(p["ln_final.w"])), model.cfg.d_model, model.cfg.eps
     D = np.linalg.norm(S.d - S.d.mean())
     last = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
     at_p, later, bound3 = [], [], []
