@@ -5,6 +5,7 @@ its figures; every row it prints must be on the page as quoted (tests/doc_pages.
 
 from __future__ import annotations
 
+import json
 import re
 
 import numpy as np
@@ -53,3 +54,17 @@ def test_every_figure_on_a_page_is_drawn_by_its_script(script_name, page_name):
     for name in figures:
         assert (DOCS / "figures" / name).is_file(), name
         assert name in source, f"{name} is not written by docs/{script_name}"
+
+
+def test_the_pages_reproduce_command_prints_its_table_row(refgpt_cli):
+    """The `refgpt steer … --coeff 100 --generate 15` line the page gives prints the continuations
+    of the table's unsteered and c = 10² rows."""
+    page = (DOCS / "steering.md").read_text(encoding="utf-8")
+    command = next(line.strip() for line in page.splitlines() if line.strip().startswith("refgpt steer"))
+    args = re.findall(r'"[^"]*"|\S+', command)[1:]
+    out = refgpt_cli(*[a.strip('"') for a in args], "--json")
+    assert out.returncode == 0, out.stderr
+    generated = json.loads(out.stdout)["generate"]
+    rows = {line.split("|")[1].strip(): line for line in page.splitlines() if line.startswith("| ") and line.endswith("` |")}  # the ActAdd table
+    assert f"`{generated['unsteered']['continuation']!r}`" in rows["0 (unsteered)"]
+    assert f"`{generated['steered']['continuation']!r}`" in rows["10²"]
