@@ -29,9 +29,9 @@ def test_every_number_on_the_steering_page_comes_from_the_script(script_and_page
 
 
 def test_the_whole_model_is_finite_and_at_its_limit_at_the_thresholds(script_and_page):
-    """§7: with the page's unit d, every finite k in float64 (up to the largest, 1.8·10³⁰⁸) and
-    k up to ‖k·d‖₁ = 0.99·max in float32 give finite logits and the limit model's top tokens at
-    and after p; a k whose k·d the dtype cannot hold is refused."""
+    """§7: with the page's unit d, k = 10³⁰⁰, the ‖·‖₁ edge and the largest finite k (1.8·10³⁰⁸) in
+    float64, and k = 10³⁵ and the ‖·‖₁ edge (‖k·d‖₁ = 0.99·max) in float32, give finite logits and
+    the limit model's top tokens at and after p; a k whose k·d the dtype cannot hold is refused."""
     script, _ = script_and_page
     s64, s32 = script.Setting("float64"), script.Setting("float32")
     for k in (1e300, float(np.finfo(np.float64).max), script.l1_edge(s64)):
