@@ -16,7 +16,7 @@ produced ``eos_token_id`` gets only ``eos_token_id`` after it, and generation en
 has. ``return_type="input"`` returns what came in: text for text, tokens for tokens.
 
 Hooks active around ``generate`` (``with model.hooks(...)`` or ``with intervention:``) apply to
-every step. A hook marked ``takes_start`` is told which absolute positions each step computes
+every step. A hook reads which absolute positions each step computes from ``hook.start``
 (refgpt/hooks.py), so an edit of the prompt's positions — an ActAdd steering vector — is made
 once, in the prompt's pass, and every generated token sees it through the KV cache.
 """
