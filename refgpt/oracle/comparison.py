@@ -524,10 +524,22 @@ def bias_bound(u, r_X, r) -> float:
     """The most a correct port's mean signed error at a tensor with reference values ``r`` may be
     (``_check_systematic``); 0 when the tensor is too small or only rounding noise to judge."""
     n = r.size
-    ref_rms = float(np.sqrt(np.mean(np.square(r)))) if n else 0.0
+    ref_rms = _rms(r) if n else 0.0
     if n < BIAS_MIN_ELEMENTS or ref_rms <= r_X * 2.0**-24:  # only rounding noise: no bias to see
         return 0.0
     return BIAS_GROWTH * u * (r_X + ref_rms) * max(1.0, np.sqrt(BIAS_FULL_ELEMENTS / n))
+
+
+def _rms(x) -> float:
+    """√mean(x²) of finite values without overflow: the squares of values beyond ~1.3e154 overflow
+    float64, so then the RMS is computed as max|x|·√mean((x/max|x|)²) (the same number, scaled);
+    otherwise the plain formula, bit for bit."""
+    with np.errstate(over="ignore"):
+        plain = float(np.sqrt(np.mean(np.square(x))))
+    if np.isfinite(plain):
+        return plain
+    top = float(np.max(np.abs(x)))
+    return top * float(np.sqrt(np.mean(np.square(x / top))))
 
 
 def _check_systematic(res, r, c, err, u, r_X) -> None:
@@ -553,7 +565,7 @@ def _check_systematic(res, r, c, err, u, r_X) -> None:
     indistinguishable from rounding.
     """
     finite = np.isfinite(c).all()
-    res.rms = float(np.sqrt(np.mean(np.square(err)))) if finite else float("inf")
+    res.rms = _rms(err) if finite else float("inf")
     res.mean_error = float(np.mean(c - r)) if finite else float("nan")
     res.bias_tolerance = bias_bound(u, r_X, r) if finite and not is_zero_in_exact_arithmetic(res.name) else 0.0
     if res.bias_tolerance and abs(res.mean_error) > res.bias_tolerance and res.ok:
