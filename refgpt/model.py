@@ -246,7 +246,7 @@ class Model(TextMethods, HookRegistry, CircuitMethods):
         else:
             resid, batched, tokens, padding = inputs.residual_input(self, input, tokens, attention_mask, past)
         start = past.length if past is not None else 0
-        run = HookRun(self.hook_dict, cache_names, start=start)
+        run = HookRun(self.hook_dict, cache_names, start=start, positions=_hook_positions(padding))
         logits = self.forward_pass(tokens, run, past, last_only, padding, start_at_layer, stop_at_layer, resid)
         if start_at_layer is None and stop_at_layer is None:
             with np.errstate(over="ignore", invalid="ignore"):
@@ -272,7 +272,7 @@ class Model(TextMethods, HookRegistry, CircuitMethods):
         attention scores is expected). The hooks run a second time; a KV cache is rewound first."""
         if past is not None:
             past.length = start  # the cache is rewritten with the same positions
-        run = _FirstNonFinite(self.hook_dict, start=start)
+        run = _FirstNonFinite(self.hook_dict, start=start, positions=_hook_positions(padding))
         try:
             logits = self.forward_pass(tokens, run, past, last_only, padding)  # [batch, pos, d_vocab]
         except _NonFinite as found:
@@ -415,6 +415,10 @@ class Model(TextMethods, HookRegistry, CircuitMethods):
         n = sum(a.size for a in self.params.values()) - (c.d_vocab * c.d_model if c.tie_word_embeddings else 0)
         return (f"Model(d_model={c.d_model}, n_layers={c.n_layers}, n_heads={c.n_heads}, d_vocab={c.d_vocab}, "
                 f"n_ctx={c.n_ctx}, act_fn={c.act_fn!r}, dtype={self.dtype.name}, params={n:,})")
+
+
+def _hook_positions(padding):
+    return None if padding is None else padding.hook_positions()
 
 
 class _NonFinite(Exception):
