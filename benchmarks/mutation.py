@@ -69,9 +69,10 @@ _OLD_FAST = ["tests/core/test_model_invariants.py", "tests/core/test_kv_cache.py
              "tests/core/test_bad_input.py"]
 _OLD_PEERS = ["tests/core/test_peers_hf.py", "tests/core/test_peers_tl.py"]
 _NEW_PEERS = ["tests/core/test_peers_boundaries.py"]
-NEW = {"tests/core/test_forward_paths.py", "tests/core/test_activations.py", "tests/core/test_config.py",
+NEW = {"tests/core/test_forward_paths.py", "tests/core/test_forward_reference.py", "tests/core/test_activations.py",
+       "tests/core/test_config.py",
        "tests/core/test_checkpoint.py", *_NEW_PEERS}
-_PATHS = ["tests/core/test_forward_paths.py"]
+_PATHS = ["tests/core/test_forward_reference.py", "tests/core/test_forward_paths.py"]
 _BACKWARD_TESTS = [["tests/core/test_backward.py"]]
 MODULES = {
     "layernorm": [_OLD_FAST + ["tests/core/test_ln_views.py"], _PATHS, _OLD_PEERS + ["tests/core/test_mission.py"], _NEW_PEERS],
@@ -93,18 +94,24 @@ MODULES = {
 
 
 def before(m: "Mutant", stages) -> str:
-    """The outcome under the tests from before issue 13, from the stage that killed the mutant:
-    killed if a stage of older tests did; survived if it survived or only the last stage (new
-    peer tests, run after every older test passed) killed it; if a new stage killed it before an
-    older stage ran, the older stage is run again alone (``resolve_before``)."""
+    """The outcome under the tests from before issue 13, from the test that killed the mutant
+    (older tests run first within a stage): killed if an older test did; survived if it survived,
+    or if a new test killed it when no older test was left to run; "unknown" if older tests of a
+    later stage did not run — ``resolve_before`` then runs them alone."""
     if m.before_outcome:
         return m.before_outcome
     if m.outcome not in ("killed", "timeout"):
         return "survived"
-    if not set(stages[m.stage]) <= NEW:
+    if m.killer.split("::")[0] not in NEW:
         return "killed"
     later_old = [t for stage in stages[m.stage + 1:] for t in stage if t not in NEW]
     return "unknown" if later_old else "survived"
+
+
+def fast_first(stages):
+    """Two stages instead of four: every NumPy-only test, then every peer test (older tests first
+    in each). Kills sooner, but leaves "before" unknown for mutants only new tests kill."""
+    return [stages[0] + stages[1], stages[2] + stages[3]] if len(stages) == 4 else stages
 
 
 #: functions named *_backward inside a forward module are measured against the backward's tests.
@@ -140,6 +147,7 @@ class Mutant:
     before_outcome: str = ""  # set by resolve_before
     source: str = ""  # the mutated line, as written
     occurrence: int = 1  # the n-th mutant with this module, function, line text and edit
+    fast_first: bool = False  # run with --fast-first (two stages)
 
     @property
     def key(self) -> str:
@@ -418,7 +426,8 @@ def _baseline(tree, stages) -> list[float]:
 
 
 def run(modules, jobs, workdir: Path, only: dict[str, str] | None, timeout_factor: float, rev: str | None = None,
-        skip_backward: bool = False, resolve_before: bool = True, sample: int = 1, progress=None):
+        skip_backward: bool = False, resolve_before: bool = True, sample: int = 1, progress=None,
+        two_stages: bool = False):
     trees = [_copy_tree(workdir / f"tree{j}", rev) for j in range(jobs)]
     results: list[Mutant] = []
     for module in modules:
@@ -435,6 +444,8 @@ def run(modules, jobs, workdir: Path, only: dict[str, str] | None, timeout_facto
             mutants = mutants[::sample]
         stages = {unit: (_BACKWARD_TESTS if unit == BACKWARD_UNIT else MODULES[module])
                   for unit in {m.unit for m, _ in mutants}}
+        if two_stages:
+            stages = {unit: fast_first(st) for unit, st in stages.items()}
         timeouts = {unit: [timeout_factor * t + 30 for t in _baseline(trees[0], st)] for unit, st in stages.items()}
         print(f"{module}: {len(mutants)} mutants; unmutated tests {timeouts}", flush=True)
         free = list(trees)
@@ -444,6 +455,7 @@ def run(modules, jobs, workdir: Path, only: dict[str, str] | None, timeout_facto
             tree = free.pop()
             try:
                 (tree / path).write_text(new_source)
+                mutant.fast_first = two_stages
                 mutant.outcome, mutant.seconds, mutant.killer, mutant.stage = _pytest(
                     tree, stages[mutant.unit], timeouts[mutant.unit])
                 if resolve_before and not mutant.before_outcome and before(mutant, stages[mutant.unit]) == "unknown":
@@ -477,7 +489,8 @@ EQUIVALENT: dict[str, str] = {}
 
 
 def _stages_of(m):
-    return _BACKWARD_TESTS if m.unit == BACKWARD_UNIT else MODULES[m.module]
+    stages = _BACKWARD_TESTS if m.unit == BACKWARD_UNIT else MODULES[m.module]
+    return fast_first(stages) if m.fast_first else stages
 
 
 def score(results):
@@ -538,18 +551,23 @@ def write_report(results, md: Path, js: Path, note: str = ""):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("modules", nargs="*", default=list(MODULES))
+    ap.add_argument("modules", nargs="*", default=None)
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--workdir", type=Path, default=None)
     ap.add_argument("--only-survivors", type=Path, default=None,
                     help="a previous mutation.json: rerun only its survivors, keep its killed mutants")
     ap.add_argument("--timeout-factor", type=float, default=3.0)
+    ap.add_argument("--fast-first", action="store_true",
+                    help="all NumPy-only tests, then all peer tests; no rerun of older tests for the 'before' score")
+    ap.add_argument("--merge", type=Path, nargs="*", default=[], help="earlier mutation.json files to report with this run")
     ap.add_argument("--sample", type=int, default=1, help="only every n-th mutant (a quicker estimate)")
     ap.add_argument("--skip-backward", action="store_true", help="leave out the *_backward functions of forward modules")
     ap.add_argument("--rev", default=None, help="test the tree of this commit (e.g. the tests before a change)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "MUTATION.md")
     ap.add_argument("--list", action="store_true", help="only list the mutants")
     args = ap.parse_args(argv)
+    if args.modules is None or (not args.modules and not args.merge):
+        args.modules = list(MODULES)
     if args.list:
         for module in args.modules:
             for m, _ in make_mutants(module, (ROOT / module_path(module)).read_text()):
@@ -566,8 +584,13 @@ def main(argv=None):
     def save(results):
         write_report(kept + results, args.out, args.out.with_suffix(".json"), note)
 
+    for path in args.merge:
+        kept += [Mutant(**{k: v for k, v in m.items() if k != "key"}) for m in json.loads(path.read_text())["mutants"]]
+    if not args.modules:
+        save([])
+        return
     run(args.modules, args.jobs, workdir, only, args.timeout_factor, args.rev, args.skip_backward,
-        sample=args.sample, progress=save)
+        sample=args.sample, progress=save, resolve_before=not args.fast_first, two_stages=args.fast_first)
 
 
 if __name__ == "__main__":
