@@ -512,6 +512,11 @@ def score(results):
     return table
 
 
+def _describe(m):
+    edit = "delete" if m.operator == "delete" else f"{m.operator} `{m.before}` → `{m.after}`"
+    return f"`{m.module}.py:{m.line}` `{m.source}`: {edit}"
+
+
 def _pct(a, b):
     return f"{100 * a / b:.1f} %" if b else "–"
 
@@ -538,15 +543,23 @@ def write_report(results, md: Path, js: Path, note: str = ""):
         if m.outcome in ("killed", "timeout"):
             continue
         verdict = f"equivalent: {EQUIVALENT[m.key]}" if m.key in EQUIVALENT else f"**not equivalent** ({m.outcome})"
-        lines.append(f"- `{m.module}.py:{m.line}` `{m.source}`: {m.operator} `{m.before}` → `{m.after}` — {verdict}")
+        lines.append(f"- {_describe(m)} — {verdict}")
     lines += ["", "## Killed only by the tests issue 13 added", ""]
     for m in results:
         if m.outcome in ("killed", "timeout") and before(m, _stages_of(m)) != "killed":
-            lines.append(f"- `{m.module}.py:{m.line}` `{m.source}`: {m.operator} `{m.before}` → `{m.after}` "
-                         f"— by `{m.killer}`")
+            lines.append(f"- {_describe(m)} — by `{m.killer}`")
     md.write_text("\n".join(lines) + "\n")
     js.write_text(json.dumps({"score": table, "mutants": [asdict(m) | {"key": m.key} for m in results]},
                              indent=1, ensure_ascii=False) + "\n")
+
+
+def _load(path: Path) -> list[Mutant]:
+    """A mutation.json's mutants (a missing ``source`` filled in from the checkout's line)."""
+    mutants = [Mutant(**{k: v for k, v in m.items() if k != "key"}) for m in json.loads(path.read_text())["mutants"]]
+    for m in mutants:
+        if not m.source and m.line:
+            m.source = (ROOT / module_path(m.module)).read_text().splitlines()[m.line - 1].split("  #")[0].strip()
+    return mutants
 
 
 def main(argv=None):
@@ -575,7 +588,7 @@ def main(argv=None):
         return
     only, kept = None, []
     if args.only_survivors:
-        old = [Mutant(**{k: v for k, v in m.items() if k != "key"}) for m in json.loads(args.only_survivors.read_text())["mutants"]]
+        old = _load(args.only_survivors)
         only = {m.key: before(m, _stages_of(m)) for m in old if m.outcome not in ("killed", "timeout")}
         kept = [m for m in old if m.outcome in ("killed", "timeout") or m.module not in args.modules]
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="refgpt-mutation-"))
@@ -585,7 +598,7 @@ def main(argv=None):
         write_report(kept + results, args.out, args.out.with_suffix(".json"), note)
 
     for path in args.merge:
-        kept += [Mutant(**{k: v for k, v in m.items() if k != "key"}) for m in json.loads(path.read_text())["mutants"]]
+        kept += _load(path)
     if not args.modules:
         save([])
         return
