@@ -485,7 +485,41 @@ def run(modules, jobs, workdir: Path, only: dict[str, str] | None, timeout_facto
 # ---- the report -------------------------------------------------------------------------------
 
 #: Reviewed survivors that compute the same numbers, key (Mutant.key) → reason.
-EQUIVALENT: dict[str, str] = {}
+_SCALE = "layernorm:centered_scale: e = np.clip(e, 0, np.finfo(dtype).maxexp - 2) :: "
+_PEAK = ("layernorm:centered_scale: peak = np.maximum(centered.max(axis=-1, keepdims=True), "
+         "-centered.min(axis=-1, keepdims=True)) :: ")
+_SEEN = "attention:attend_in_blocks: seen = start + min(i + rows, pos) :: "
+_POWERS = ("σ is computed as √(mean (c·2⁻ᵉ)² + ε·2⁻²ᵉ) · 2ᵉ, and scaling by a power of two commutes with "
+           "rounding (no overflow, no underflow of what matters): any e that keeps (c·2⁻ᵉ)² finite gives "
+           "the same bits")
+EQUIVALENT: dict[str, str] = {
+    "attention:causal_bias: @functools.lru_cache(maxsize=8) :: 8 → 9":
+        "the size of the cache of masks: which masks are remembered, not their values",
+    "attention:causal_bias: @functools.lru_cache(maxsize=8) :: 8 → 7":
+        "the size of the cache of masks: which masks are remembered, not their values",
+    _SEEN + "min(i + rows, pos) → max(i + rows, pos)":
+        "every block then reads all keys and the causal mask zeroes the extra ones exactly (exp(−∞) = 0): "
+        "the same function with more work, sums over more exact zeros (rounding only)",
+    _SEEN + "min(i + rows, pos) → min(pos, i + rows)": "min is symmetric",
+    "attention:attend_in_blocks: zh[:, :, i:i + rows] = softmax(scores, in_place=True) @ vh[:, :, :seen] :: True → False":
+        "softmax into a new array instead of the block's own scores buffer: the same numbers",
+    _PEAK + "np.maximum(centered.max(axis=-1, keepdims=True), -centered.min(axis=-1, keepdims=True)) → "
+            "np.maximum(-centered.min(axis=-1, keepdims=True), centered.max(axis=-1, keepdims=True))":
+        "np.maximum is symmetric",
+    _PEAK + "-centered.min(axis=-1, keepdims=True) → centered.min(axis=-1, keepdims=True)":
+        "peak becomes max c instead of max |c|; a centered row has max c ≥ |min c|/(n − 1), so the "
+        "power of two is at most ~n too small, (c·2⁻ᵉ)² < n² stays finite, and " + _POWERS,
+    _SCALE + "0 → 1":
+        "an extra factor 2 of scaling down for small rows: " + _POWERS + "; only (c/2)² below 2⁻¹⁰²² "
+        "could differ, and there ε·2⁻² dominates it unless ε = 0 (where the original loses σ to underflow too)",
+    _SCALE + "0 → -1":
+        "scaling up by at most 2 for small rows: " + _POWERS,
+    _SCALE + "np.finfo(dtype).maxexp - 2 → np.finfo(dtype).maxexp + 2":
+        "matters only for max|c| ≥ 2^(maxexp − 3); 2⁻ᵉ is then subnormal but exact, c·2⁻ᵉ is normal, "
+        "ε·2⁻²ᵉ underflows to 0 where ε ≪ var anyway, and σ·2ᵉ is representable: the same bits",
+    _SCALE + "2 → 3": "the same clip one power of two lower (see maxexp − 2 → maxexp + 2): " + _POWERS,
+    _SCALE + "2 → 1": "the same clip one power of two higher (see maxexp − 2 → maxexp + 2)",
+}
 
 
 def _stages_of(m):
