@@ -587,12 +587,19 @@ def write_report(results, md: Path, js: Path, note: str = ""):
                              indent=1, ensure_ascii=False) + "\n")
 
 
-def _load(path: Path) -> list[Mutant]:
-    """A mutation.json's mutants (a missing ``source`` filled in from the checkout's line)."""
+def _load(path: Path, rev: str | None = None) -> list[Mutant]:
+    """A mutation.json's mutants; a missing ``source`` is filled in from the module as of commit
+    ``rev`` (the one the run mutated), or as checked out."""
     mutants = [Mutant(**{k: v for k, v in m.items() if k != "key"}) for m in json.loads(path.read_text())["mutants"]]
     for m in mutants:
         if not m.source and m.line:
-            m.source = (ROOT / module_path(m.module)).read_text().splitlines()[m.line - 1].split("  #")[0].strip()
+            text = (subprocess.run(["git", "show", f"{rev}:{module_path(m.module)}"], cwd=ROOT, capture_output=True,
+                                   text=True, check=True).stdout if rev else (ROOT / module_path(m.module)).read_text())
+            m.source = text.splitlines()[m.line - 1].split("  #")[0].strip()
+    keys = {}
+    for m in mutants:  # occurrences, as make_mutants numbers them
+        m.occurrence = 1
+        m.occurrence = keys[m.key] = keys.get(m.key, 0) + 1
     return mutants
 
 
@@ -622,7 +629,7 @@ def main(argv=None):
         return
     only, kept = None, []
     if args.only_survivors:
-        old = _load(args.only_survivors)
+        old = _load(args.only_survivors, args.rev)
         only = {m.key: before(m, _stages_of(m)) for m in old if m.outcome not in ("killed", "timeout")}
         kept = [m for m in old if m.outcome in ("killed", "timeout") or m.module not in args.modules]
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="refgpt-mutation-"))
@@ -632,7 +639,7 @@ def main(argv=None):
         write_report(kept + results, args.out, args.out.with_suffix(".json"), note)
 
     for path in args.merge:
-        kept += _load(path)
+        kept += _load(path, args.rev)
     if not args.modules:
         save([])
         return
