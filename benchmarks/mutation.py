@@ -614,6 +614,7 @@ def main(argv=None):
     ap.add_argument("--fast-first", action="store_true",
                     help="all NumPy-only tests, then all peer tests; no rerun of older tests for the 'before' score")
     ap.add_argument("--merge", type=Path, nargs="*", default=[], help="earlier mutation.json files to report with this run")
+    ap.add_argument("--note", default="", help="a paragraph for the report (what was measured, where)")
     ap.add_argument("--sample", type=int, default=1, help="only every n-th mutant (a quicker estimate)")
     ap.add_argument("--skip-backward", action="store_true", help="leave out the *_backward functions of forward modules")
     ap.add_argument("--rev", default=None, help="test the tree of this commit (e.g. the tests before a change)")
@@ -633,7 +634,7 @@ def main(argv=None):
         only = {m.key: before(m, _stages_of(m)) for m in old if m.outcome not in ("killed", "timeout")}
         kept = [m for m in old if m.outcome in ("killed", "timeout") or m.module not in args.modules]
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="refgpt-mutation-"))
-    note = f"Every {args.sample}-th mutant only (--sample {args.sample})." if args.sample > 1 else ""
+    note = args.note + (f" Every {args.sample}-th mutant only (--sample {args.sample})." if args.sample > 1 else "")
 
     def save(results):
         write_report(kept + results, args.out, args.out.with_suffix(".json"), note)
