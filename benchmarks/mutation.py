@@ -2,7 +2,8 @@
 
     python benchmarks/mutation.py                         # every module in MODULES
     python benchmarks/mutation.py attention layernorm     # some modules
-    python benchmarks/mutation.py --only-survivors benchmarks/mutation.json   # rerun old survivors
+    python benchmarks/mutation.py --only-survivors benchmarks/MUTATION.json   # rerun old survivors
+    python benchmarks/mutation.py --merge a.json b.json --rev COMMIT             # one report of several runs
 
 For each module it makes every mutant (one small edit of the source), runs that module's tests
 (``MODULES`` maps each module to the test files that should notice) with ``pytest -x`` and a
@@ -10,7 +11,8 @@ timeout, and records whether the tests failed (killed), timed out (killed: an en
 noticed) or passed (survived). Each survivor is looked up in ``EQUIVALENT``, the reviewed table
 of mutants that compute the same numbers (dead code, a speed path with identical results, …),
 each with its reason; the rest are real gaps. It writes benchmarks/MUTATION.md and
-benchmarks/mutation.json. Not part of CI: it takes about an hour on two cores.
+benchmarks/MUTATION.json. Not part of CI: on two busy shared cores the five modules of the last report took about 70
+minutes with three jobs; every module, several hours.
 
 Mutants run in a copy of the tree (``--workdir``, default a temporary directory), never in the
 checkout, under ``nice``, ``--jobs`` at a time (default 1).
