@@ -17,7 +17,7 @@ minutes with three jobs; every module, several hours.
 Mutants run in a copy of the tree (``--workdir``, default a temporary directory), never in the
 checkout, under ``nice``, ``--jobs`` at a time (default 1).
 
-Why a mutator of our own, ~300 lines, rather than mutmut or cosmic-ray: mutmut 3 rewrites every
+Why a mutator of our own (this file), rather than mutmut or cosmic-ray: mutmut 3 rewrites every
 function of the package into trampolines in a ``mutants/`` copy and picks tests from its own
 coverage run of the whole suite, and cosmic-ray needs a session database and a config per
 module; neither has the NumPy-specific operators this issue asks for (``keepdims``/``axis``
