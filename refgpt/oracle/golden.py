@@ -7,9 +7,13 @@ holding, under refgpt's names (refgpt/oracle/name_maps.py):
     every hook point's activation (or those selected), each LayerNorm's output (``….out``)
     logits, log_probs [batch, pos, d_vocab], loss [batch, pos − 1]
 
-and, in the header's ``__metadata__`` (strings; JSON where structured): the refgpt version, the
-model's config, the sha256 of each weight file, the dtype, the NumPy and BLAS versions, the
-command line, and the **conditioning** of every tensor.
+— targets and loss are [batch, pos] when the tokens come with their own targets (llm.c's y) —
+and with ``backward`` the mean loss ``loss_mean`` and every gradient ``grad.*``
+(refgpt/oracle/gradients.py); in the header's ``__metadata__`` (strings; JSON where structured):
+the refgpt version, the model's config, the sha256 of each weight file, the dtype, the NumPy and
+BLAS versions, the command line, whether the targets were given, the **conditioning** c_X and the
+RMS error r_X of every tensor, and with ``--certify`` the golden's own error
+(refgpt/oracle/certify.py).
 
 Conditioning. How far a correct float32 implementation may land from the float64 truth depends
 on the tensor, not only on float32: an attention pattern computed from scores of size 100 inherits
@@ -18,11 +22,13 @@ at most 1. So the golden writer runs the forward pass a second time in float32 a
 tensor X,
 
     c_X = max |X_float32 − X_float64| / 2⁻²⁴        (in units of float32's roundoff)
+    r_X = RMS(X_float32 − X_float64) / 2⁻²⁴         (the same error's root mean square)
 
 a measured condition number of X for this model and these tokens. The oracle (refgpt/oracle/comparison.py)
 scales its tolerances by it, for every format: to first order a forward error is proportional to
 the unit roundoff, so c_X·u_bf16 is the error a bfloat16 pass makes where c_X·u_f32 is a float32
-pass's (docs/oracle.md measures how well this holds).
+pass's (docs/oracle.md measures how well this holds). c_X bounds each element's error, r_X the
+bias of a whole tensor (comparison.py, the bias bound).
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ from ..dtypes import widen_bfloat16
 from ..errors import RefGPTError
 from ..ln_views import cached_output
 from ..model import Model
+from .gradients import compute_gradients
 from ..safetensors_file import SafetensorsFile
 from ..version import __version__
 from .name_maps import forward_order
@@ -69,6 +76,17 @@ class Golden:
     def conditioning(self) -> dict[str, float]:
         """c_X per tensor (see the module docstring); empty if the file has none."""
         return json.loads(self.metadata.get("conditioning", "{}"))
+
+    @property
+    def golden_error(self) -> dict[str, float]:
+        """This file's own measured error per tensor, relative to its scale (``--certify``,
+        refgpt/oracle/certify.py); empty if the file has none."""
+        return json.loads(self.metadata.get("golden_error", "{}"))
+
+    @property
+    def error_rms(self) -> dict[str, float]:
+        """r_X per tensor: the RMS error of refgpt's float32 pass, in units of 2⁻²⁴; empty if none."""
+        return json.loads(self.metadata.get("error_rms", "{}"))
 
 
 # ---- computing ----------------------------------------------------------------------------------
@@ -97,48 +115,83 @@ def select(model: Model, patterns) -> list[str]:
     return chosen
 
 
-def compute(model: Model, tokens, names=None, fwd_hooks=()) -> dict[str, np.ndarray]:
-    """The golden tensors (``names`` from :func:`golden_names`; None: all) of one forward pass.
+def compute(model: Model, tokens, names=None, fwd_hooks=(), targets=None, backward=False) -> dict[str, np.ndarray]:
+    """The golden tensors (``names`` from :func:`golden_names`; None: all) of one forward pass,
+    and with ``backward`` the loss and every gradient (refgpt/oracle/gradients.py).
 
     ``fwd_hooks`` run as in ``model.run_with_hooks``: the golden values are what flowed, which is
-    how tests build a candidate with an error injected at a known place.
+    how tests build a candidate with an error injected at a known place (the backward pass ignores
+    them). ``targets`` [batch, pos]: one target per input position, as llm.c's y (default: the
+    next token inside ``tokens``, [batch, pos − 1]).
     """
     tokens, _ = model.check_tokens(tokens)  # [batch, pos]
+    targets = check_golden_targets(model, tokens, targets)  # [batch, pos − 1] or [batch, pos]
     wanted = golden_names(model) if names is None else list(names)
     hooks = set(model.hook_names)
     need = {n for n in wanted if n in hooks}
     need |= {n[: -len("out")] + "hook_normalized" for n in wanted if n.endswith(".out")}
     logits, cache = model.run_with_cache(tokens, names=sorted(need), fwd_hooks=fwd_hooks)  # [batch, pos, d_vocab]
     log_probs = log_softmax(logits)  # [batch, pos, d_vocab]
-    b_idx, t_idx = np.indices((tokens.shape[0], tokens.shape[1] - 1))  # [batch, pos − 1] each
+    b_idx, t_idx = np.indices(targets.shape)  # [batch, pos − 1] (or [batch, pos]) each
     out = {}
     for name in forward_order(wanted):
         if name == "tokens":
             out[name] = tokens
         elif name == "targets":
-            out[name] = tokens[:, 1:]  # [batch, pos − 1]
+            out[name] = targets  # [batch, pos − 1] (or [batch, pos])
         elif name == "logits":
             out[name] = logits
         elif name == "log_probs":
             out[name] = log_probs
         elif name == "loss":
-            out[name] = -log_probs[b_idx, t_idx, tokens[:, 1:]]  # [batch, pos − 1]
+            out[name] = -log_probs[b_idx, t_idx, targets]  # [batch, pos − 1] (or [batch, pos])
         elif name.endswith(".out"):
             out[name] = cached_output(cache, name[: -len("out")])  # "blocks.3.ln1." or "ln_final."
         elif name in hooks:
             out[name] = np.asarray(cache[name])
         else:
             raise RefGPTError(f"golden: {name!r} is not a tensor of this model's golden file")
+    if backward:
+        out.update(compute_gradients(model, tokens, targets))
     return out
 
 
-def conditioning(model: Model, tokens, names=None) -> dict[str, float]:
+def check_golden_targets(model: Model, tokens, targets) -> np.ndarray:
+    """``targets`` as int64 [batch, pos] (one per input, llm.c's y), or the next tokens
+    [batch, pos − 1] when None."""
+    if targets is None:
+        return tokens[:, 1:]  # [batch, pos − 1]
+    t = np.asarray(targets)
+    if t.ndim == 1 and tokens.shape[0] == 1:
+        t = t[None]  # [1, pos]
+    if t.dtype == bool or t.dtype.kind not in "iu":
+        raise RefGPTError(f"targets: must be integer token ids, found dtype {t.dtype}")
+    if t.shape != tokens.shape:
+        raise RefGPTError(f"targets: shape {list(t.shape)}, expected {list(tokens.shape)} (one per input token, "
+                          f"as llm.c's y), or none for next-token targets inside the tokens")
+    if t.size and (t.min() < 0 or t.max() >= model.cfg.d_vocab):
+        raise RefGPTError(f"targets: ids must be in [0, {model.cfg.d_vocab}), found {int(t.min())}..{int(t.max())}")
+    return t.astype(np.int64)
+
+
+def conditioning(model: Model, tokens, names=None, targets=None, backward=False) -> dict[str, float]:
     """c_X = max|X_float32 − X_float64| / 2⁻²⁴ for every float golden tensor X."""
+    return float32_errors(model, tokens, names, targets, backward)[0]
+
+
+def float32_errors(model: Model, tokens, names=None, targets=None, backward=False, reference=None):
+    """(c_X, r_X) per float golden tensor X: the largest and the root-mean-square error of
+    refgpt's own float32 pass against float64, both in units of 2⁻²⁴ (refgpt/oracle/comparison.py
+    bounds a candidate's error elementwise by the first and its bias by the second).
+    ``reference``: the float64 tensors, when already computed."""
     params = dict(model.params)
-    exact = Model(model.cfg, params, dtype="float64")
     rounded = Model(model.cfg, params, dtype="float32")  # the same weights, rounded as a float32 port rounds them
-    ref, f32 = compute(exact, tokens, names), compute(rounded, tokens, names)
-    c = {}
+    if reference is None or model.dtype != np.float64:
+        exact = Model(model.cfg, params, dtype="float64")
+        reference = compute(exact, tokens, names, targets=targets, backward=backward)
+    ref = reference
+    f32 = compute(rounded, tokens, names, targets=targets, backward=backward)
+    c, rms = {}, {}
     for name, r in ref.items():
         if r.dtype.kind != "f":
             continue
@@ -146,12 +199,15 @@ def conditioning(model: Model, tokens, names=None) -> dict[str, float]:
         finite = np.isfinite(r)  # attention scores: compare the causal part only
         err = np.abs(x[finite] - r[finite])  # [n_compared]
         c[name] = float(err.max() / F32_ROUNDOFF) if err.size else 0.0
-    return c
+        rms[name] = float(np.sqrt(np.mean(err**2)) / F32_ROUNDOFF) if err.size else 0.0
+    return c, rms
 
 
-def make(model: Model, tokens, names=None, command=None) -> Golden:
-    """The golden file's contents for ``model`` on ``tokens``, with its metadata."""
-    tensors = compute(model, tokens, names)
+def make(model: Model, tokens, names=None, command=None, targets=None, backward=False) -> Golden:
+    """The golden file's contents for ``model`` on ``tokens``, with its metadata; with ``backward``
+    also the mean loss and every gradient (refgpt/oracle/gradients.py)."""
+    tensors = compute(model, tokens, names, targets=targets, backward=backward)
+    cond, rms = float32_errors(model, tokens, names, targets, backward, reference=tensors)
     metadata = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -163,7 +219,9 @@ def make(model: Model, tokens, names=None, command=None) -> Golden:
         "blas": json.dumps(_blas()),
         "python_version": platform.python_version(),
         "command": json.dumps(list(sys.argv) if command is None else list(command)),
-        "conditioning": json.dumps(conditioning(model, tokens, names)),
+        "conditioning": json.dumps(cond),
+        "error_rms": json.dumps(rms),
+        "targets": "given" if targets is not None else "next token",
     }
     return Golden(tensors, metadata)
 
@@ -172,7 +230,7 @@ def _weight_hashes(model: Model) -> dict[str, str]:
     if model.source is None:
         return {}
     hashes = {}
-    for path in weight_files(model.source):
+    for path in [model.source] if model.source.is_file() else weight_files(model.source):  # an llm.c .bin, or HF's
         h = hashlib.sha256()
         with open(path, "rb") as f:
             for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -197,7 +255,7 @@ def write(path, golden: Golden) -> Path:
     from safetensors.numpy import save_file
 
     path = Path(path)
-    tensors = {name: np.ascontiguousarray(a) for name, a in golden.tensors.items()}
+    tensors = {name: np.require(a, requirements=["C"]) for name, a in golden.tensors.items()}  # 0-d stays 0-d
     save_file(tensors, str(path), metadata=dict(golden.metadata))
     return path
 
