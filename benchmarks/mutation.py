@@ -521,6 +521,8 @@ EQUIVALENT: dict[str, str] = {
         "ε·2⁻²ᵉ underflows to 0 where ε ≪ var anyway, and σ·2ᵉ is representable: the same bits",
     _SCALE + "2 → 3": "the same clip one power of two lower (see maxexp − 2 → maxexp + 2): " + _POWERS,
     _SCALE + "2 → 1": "the same clip one power of two higher (see maxexp − 2 → maxexp + 2)",
+    'config:from_hf: raise RefGPTError(str(error).replace("config:", f"{source}:", 1)) from None :: 1 → 2':
+        "an error text: every Config message starts with the one 'config:' that is replaced",
 }
 
 
