@@ -20,6 +20,7 @@ sys.path.insert(0, str(HERE))
 
 import bench_attribution  # noqa: E402
 import bench_forward  # noqa: E402
+import bench_guards  # noqa: E402
 import bench_tokenizer  # noqa: E402
 
 TARGETS = {  # issue 7's targets, as (what, test on the results)
@@ -31,6 +32,7 @@ TARGETS = {  # issue 7's targets, as (what, test on the results)
     "KV step at 512 ≥ 20× cheaper": lambda r: r["extras"]["kv_speedup_at_512"] >= 20,
     "tokenizer ≥ 1 MB/s": lambda r: r["tokenizer"]["refgpt_cold_mb_s"] >= 1.0,
     "head attribution of one target ≤ 2× forward": lambda r: r["attribution"]["head, one token: (cached forward + attribution) / forward"] <= 2.0,
+    "non-finite guard ≤ 2% of a forward (issue 12)": lambda r: max(r["guards"].values()) <= 0.02,
 }
 
 
@@ -61,7 +63,8 @@ def markdown(results) -> str:
                      f"{r['ratio_to_torch']:.2f} | {r['naive_ratio_to_torch']:.2f} | {r['gflops']:.1f} | {100 * r['share_of_peak']:.0f}% |")
     lines += ["", "| measurement | value |", "|---|---|"]
     for k, v in {**results["forward"]["extras"], **{f"tokenizer {k}": v for k, v in results["tokenizer"].items()},
-                 **{f"attribution {k}": v for k, v in results["attribution"].items()}}.items():
+                 **{f"attribution {k}": v for k, v in results["attribution"].items()},
+                 **{f"non-finite guard {k}": v for k, v in results.get("guards", {}).items()}}.items():
         lines.append(f"| {k} | {v:.4g} |" if isinstance(v, float) else f"| {k} | {v} |")
     lines += ["", "| target (issue 7) | met |", "|---|---|"]
     for name, ok in results["targets"].items():
@@ -77,7 +80,11 @@ def main():
     results["attribution"] = {f"{row['granularity']}, {row['target']}: (cached forward + attribution) / forward":
                               row["end_to_end_over_forward"] for row in bench_attribution.run()["attribute"]}
     print("attribution:", results["attribution"], flush=True)
-    flat = {**results["forward"], "tokenizer": results["tokenizer"], "attribution": results["attribution"]}
+    results["guards"] = {f"{row['dtype']}, T={row['T']}: guard / forward": row["guard_over_forward"]
+                         for row in bench_guards.run()}
+    print("non-finite guard:", results["guards"], flush=True)
+    flat = {**results["forward"], "tokenizer": results["tokenizer"], "attribution": results["attribution"],
+            "guards": results["guards"]}
     results["targets"] = {name: test(flat) for name, test in TARGETS.items()}
     (HERE / "results.json").write_text(json.dumps(results, indent=2, default=str))
     (HERE / "RESULTS.md").write_text(markdown(results))

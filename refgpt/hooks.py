@@ -9,7 +9,7 @@ edits included.
 A hook is ``fn(activation, hook)`` returning a replacement array, or None to keep the activation
 (an in-place edit of the array also flows downstream). ``hook`` is the model's ``HookPoint`` for
 that name: it has ``hook.name``, ``hook.layer()`` and ``hook.ctx`` (a dict that lives as long as
-the model, cleared by ``reset_hooks``), as in TransformerLens. A HookPoint *is* also its name (a
+the model, cleared by ``reset_hooks``), as in TransformerLens, and ``hook.start`` (below). A HookPoint *is* also its name (a
 ``str`` subclass), so hooks written ``fn(activation, name)`` for refgpt < 0.2 keep working:
 ``name == "blocks.0.hook_resid_pre"``, ``name.startswith(...)``. The hook is passed positionally.
 
@@ -19,8 +19,10 @@ hook's output silently.
 Absolute positions. In a pass given a KVCache the activations hold only the new positions, so
 row 0 of an activation is position ``run.start`` (the positions already cached), not position 0.
 A hook that edits given positions (a steering vector at the prompt's front positions) must know
-this: mark it with ``fn.takes_start = True`` and it is called ``fn(activation, hook, start=s)``,
-s the absolute position of the activation's first row (0 in an ordinary pass).
+this: it reads ``hook.start``, the absolute position of the activation's first row in the pass
+now running (0 in an ordinary pass). It is refgpt's addition to TransformerLens's HookPoint (TL's
+KV-cached hooks cannot tell), set by the pass before it calls the hooks on that point; a plain
+``fn(activation, hook)`` reads it like ``hook.name``.
 
 Hooks live on the model's hook points (``model.hook_dict``), as in TransformerLens:
 ``add_hook(name_or_filter, fn, dir="fwd"|"bwd", is_permanent=False, prepend=False)``,
@@ -41,7 +43,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import hook_points
-from .errors import RefGPTError
+from .errors import RefGPTError, RefGPTTypeError
 
 Hook = Callable[[np.ndarray, "HookPoint"], "np.ndarray | None"]
 DIRECTIONS = ("fwd", "bwd")
@@ -63,6 +65,7 @@ class HookPoint(str):
     def __new__(cls, name: str):
         point = super().__new__(cls, name)
         point.ctx, point.fwd_hooks, point.bwd_hooks = {}, [], []
+        point.start = 0  # the absolute position of row 0 of the activation the hooks see now
         return point
 
     @property
@@ -118,6 +121,9 @@ def select_names(selector, known: list[str], what: str) -> list[str]:
         return list(known)
     if callable(selector):
         return [name for name in known if selector(name)]
+    if not isinstance(selector, (str, list, tuple, set, frozenset)):
+        raise RefGPTTypeError(f"{what}: expected a hook name, a list of names, a predicate or None, "
+                              f"found {selector!r:.60}")
     names = [selector] if isinstance(selector, str) else list(selector)
     known_set = set(known)
     for name in names:
@@ -130,6 +136,8 @@ def select_names(selector, known: list[str], what: str) -> list[str]:
 
 def hook_entries(entries, what="fwd_hooks"):
     """[(name or predicate, fn), …] checked: each a pair with a callable fn."""
+    if isinstance(entries, (str, bytes)) or not hasattr(entries, "__iter__"):
+        raise RefGPTTypeError(f"{what}: expected a list of (name_or_predicate, fn), found {entries!r:.60}")
     checked = []
     for entry in entries:
         try:
@@ -155,7 +163,8 @@ class HookRun:
     def __call__(self, name: str, activation: np.ndarray) -> np.ndarray:
         for fn in self.hooks.get(name, ()):
             hook = self.points[name]
-            result = fn(activation, hook, start=self.start) if getattr(fn, "takes_start", False) else fn(activation, hook)
+            hook.start = self.start  # set before each hook: a hook may run a pass of its own
+            result = fn(activation, hook)
             if result is not None:
                 activation = _checked_replacement(name, activation, result)
         if name in self.cache_names:

@@ -22,8 +22,6 @@ config.json comes last, so a reader never sees a half-written file.
 from __future__ import annotations
 
 import json
-import os
-import uuid
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +29,8 @@ from safetensors.numpy import save_file
 
 from .checkpoint import hf_tensors
 from .dtypes import compute_dtype
-from .errors import RefGPTError
+from .atomic_write import write_atomically
+from .errors import RefGPTError, as_path
 from .tokenizer import Tokenizer
 
 
@@ -43,6 +42,7 @@ def save(model, directory, dtype=None, config: dict | None = None) -> Path:
     not one of the model's own, such as ``n_embd``, with another value);
     ``bos_token_id``/``eos_token_id`` default to the tokenizer's <|endoftext|> when it has one.
     """
+    directory = as_path(directory, "save: directory")
     cfg, p = model.cfg, model.params
     storage = compute_dtype(model.dtype if dtype is None else dtype)
     if cfg.tie_word_embeddings and not np.array_equal(p["unembed.W_U"], p["embed.W_E"].T):
@@ -57,7 +57,7 @@ def save(model, directory, dtype=None, config: dict | None = None) -> Path:
     hf.update(config or {})
     directory = _make_directory(directory)
     tensors = {k: np.ascontiguousarray(v, dtype=storage) for k, v in hf_tensors(cfg, p).items()}
-    _atomically(directory / "model.safetensors",
+    write_atomically(directory / "model.safetensors",
                 lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}))
     if model.tokenizer is not None:
         save_tokenizer(model.tokenizer, directory)
@@ -91,15 +91,4 @@ def _make_directory(directory) -> Path:
 
 
 def _write_text(path: Path, text: str):
-    _atomically(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
-
-
-def _atomically(path: Path, write):
-    """``write(tmp)`` to a temporary file beside ``path``, then rename it to ``path``."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")  # created by write(), umask perms
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    write_atomically(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))

@@ -17,9 +17,11 @@ Agg renderer), returned, and written to ``path`` when one is given.
 from __future__ import annotations
 
 import unicodedata
+from pathlib import Path
 
 import numpy as np
 
+from ..atomic_write import write_atomically
 from ..errors import RefGPTError
 from .measurements import norm, stream_labels, streams
 
@@ -33,8 +35,9 @@ def _figure(width, height):
 
 
 def _finish(fig, path):
-    if path is not None:
-        fig.savefig(str(path))
+    if path is not None:  # the format from the target's suffix, as savefig(path) would choose it
+        fmt = Path(path).suffix[1:].lower() or "png"
+        write_atomically(path, lambda tmp: fig.savefig(str(tmp), format=fmt))
     return fig
 
 
@@ -166,7 +169,7 @@ def convergence_figure(ks, errors: dict, path=None, title=None, ylabel="error",
         first = int(np.argmax(np.all(np.isfinite(table), axis=0)))  # the first k every line has
         anchor = 0.3 * float(np.min(table[:, first]))
         guide = anchor * (ks[first] / ks) ** guide_power  # [k]
-        power = "" if guide_power == 1 else f"^{guide_power:g}"
+        power = "" if guide_power == 1 else f"$^{{{guide_power:g}}}$"  # a superscript, as 1/c² on the pages
         ax.loglog(ks[first:], guide[first:], ls=":", color="0.3", lw=1.4,
                   label=f"guide ∝ 1/{symbol}{power} (slope −{guide_power:g})")
     ax.set_xlabel(xlabel)

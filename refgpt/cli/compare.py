@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from ..oracle import comparison as oracle
 from ..oracle.name_maps import MAPS
+from ._arguments import non_negative_float
 
 
 def add_parser(subparsers, common):
@@ -25,8 +26,8 @@ def add_parser(subparsers, common):
     p.add_argument("reference", metavar="REFERENCE", help="golden file written by `refgpt golden`")
     p.add_argument("candidate", metavar="CANDIDATE", help=".safetensors or .npz (or an llm.c .bin with --map llmc: "
                    "acts_memory, refgpt's llm.c dump, or a debug state)")
-    p.add_argument("--atol", type=float, help="absolute tolerance (with --rtol: |c − r| ≤ atol + rtol·|r|)")
-    p.add_argument("--rtol", type=float, help="relative tolerance")
+    p.add_argument("--atol", type=non_negative_float, help="absolute tolerance (with --rtol: |c − r| ≤ atol + rtol·|r|)")
+    p.add_argument("--rtol", type=non_negative_float, help="relative tolerance")
     p.add_argument("--profile", choices=sorted(oracle.UNIT_ROUNDOFF),
                    help="tolerances from a format's unit roundoff (default: the candidate's precision)")
     p.add_argument("--map", dest="name_map", choices=MAPS, default="refgpt",

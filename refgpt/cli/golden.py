@@ -16,6 +16,7 @@ debug state or refgpt llm.c dump (x and its targets y); an llm.c data shard (the
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -197,13 +198,14 @@ def _raw_tokens(path, dtype, shape):
 
 
 def _text_or_npy_tokens(path) -> np.ndarray:
-    """Token ids from a .npy file or from text (whitespace-separated, one sequence per line)."""
+    """Token ids from a .npy file or from text: whitespace-separated whole numbers in ASCII digits
+    (not "١", "²" or "1_000", which Python's int() would take), one sequence per line."""
     if path.suffix == ".npy":
         try:
             tokens = np.load(path, allow_pickle=False)
-        except (ValueError, OSError) as error:
-            raise RefGPTError(f"{path}: not a readable .npy file ({error})") from None
-        if tokens.dtype.kind not in "iu":
+        except (ValueError, OSError, EOFError) as error:
+            raise RefGPTError(f"{path}: not a readable .npy file ({str(error).splitlines()[0] if str(error) else 'truncated'})") from None
+        if tokens.dtype == bool or tokens.dtype.kind not in "iu":
             raise RefGPTError(f"{path}: token ids must be integers, found {tokens.dtype}")
         return tokens
     try:
@@ -215,13 +217,13 @@ def _text_or_npy_tokens(path) -> np.ndarray:
                           f"or an llm.c debug state, data shard or dump, or a .npy array") from None
     rows = []
     for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
+        words = line.split()
+        if not words:
             continue
-        try:
-            rows.append([int(word) for word in line.split()])
-        except ValueError:
-            bad = next(w for w in line.split() if not w.lstrip("-").isdigit())
-            raise RefGPTError(f"{path}, line {n}: {bad!r} is not an integer token id") from None
+        bad = next((w for w in words if not re.fullmatch(r"[0-9]{1,18}", w)), None)
+        if bad is not None:
+            raise RefGPTError(f"{path}, line {n}: {bad!r:.40} is not an integer token id")
+        rows.append([int(word) for word in words])
     if not rows:
         raise RefGPTError(f"{path}: no token ids")
     if len({len(r) for r in rows}) != 1:

@@ -35,14 +35,16 @@ largest KL divergence are reported too. Integer tensors (tokens) must be equal.
 
 from __future__ import annotations
 
-import json
+import zipfile
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from ..activations import log_softmax
-from ..errors import RefGPTError
+from .. import strict_json
+from ..errors import RefGPTError, RefGPTTypeError, real_number
 from . import golden as golden_file
 from . import llmc, llmc_dump
 from .name_maps import GRAD, ModelShape, axes, backward_op, forward_key, forward_order, is_gradient, layer_of, to_refgpt
@@ -116,10 +118,11 @@ class Report:
     missing: list[str] = field(default_factory=list)  # in the reference, not in the candidate
     unexpected: list[str] = field(default_factory=list)  # in the candidate, not in the reference
     notes: list[str] = field(default_factory=list)
+    too_little: list[str] = field(default_factory=list)  # why the candidate cannot be judged OK
 
     @property
     def ok(self) -> bool:
-        return all(t.ok for t in self.tensors)
+        return not self.too_little and all(t.ok for t in self.tensors)
 
     @property
     def first_divergence(self) -> TensorResult | None:
@@ -136,10 +139,10 @@ class Report:
         return {"ok": self.ok, "first_divergence": asdict(first) if first else None,
                 "tolerance": self.tolerance, "logits": asdict(self.logits) if self.logits else None,
                 "tensors": [asdict(t) for t in self.tensors], "missing": self.missing,
-                "unexpected": self.unexpected, "notes": self.notes}
+                "unexpected": self.unexpected, "notes": self.notes, "too_little": self.too_little}
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=1, default=_json_default)
+        return strict_json.dumps(self.to_dict(), indent=1, default=_json_default)
 
     def table(self, after_first: int | None = None) -> str:
         return format_report(self, after_first)
@@ -165,7 +168,7 @@ def load(source, name_map="refgpt", shape: ModelShape | None = None):
     if isinstance(source, golden_file.Golden):
         return dict(source.tensors), dict(source.dtypes), source
     if not isinstance(source, (str, Path)):
-        return {k: np.asarray(v) for k, v in dict(source).items()}, {}, None
+        return numeric_arrays(source), {}, None
     path = Path(source)
     if not path.is_file():
         raise RefGPTError(f"{path}: file not found")
@@ -173,8 +176,9 @@ def load(source, name_map="refgpt", shape: ModelShape | None = None):
         try:
             with np.load(path, allow_pickle=False) as z:
                 return {k: z[k] for k in z.files}, {}, None
-        except (ValueError, OSError) as error:
-            raise RefGPTError(f"{path}: not a readable .npz file ({error})") from None
+        except (ValueError, OSError, EOFError, KeyError, zipfile.BadZipFile, NotImplementedError) as error:
+            raise RefGPTError(f"{path}: not a readable .npz file ({type(error).__name__}: "
+                              f"{str(error).splitlines()[0] if str(error) else 'truncated'})") from None
     if path.suffix == ".bin":
         if name_map != "llmc" or shape is None:
             raise RefGPTError(f"{path}: a .bin candidate is read as llm.c's (a raw acts_memory dump, refgpt's llm.c "
@@ -210,6 +214,7 @@ def compare(reference, candidate, *, atol=None, rtol=None, profile=None, name_ma
     ref, _, ref_golden = load(reference)
     if not ref:
         raise RefGPTError("the reference holds no tensors")
+    check_reference_finite(ref)
     shape = _model_shape(ref, ref_golden)
     cand, cand_dtypes, cand_golden = load(candidate, name_map, shape)
     if cand_golden is not None and ref_golden is not None and _is_golden(cand_golden) and not _is_golden(ref_golden):
@@ -232,7 +237,7 @@ def compare(reference, candidate, *, atol=None, rtol=None, profile=None, name_ma
     notes += target_notes
     if conditioning is None:
         conditioning = ref_golden.conditioning if ref_golden is not None else {}
-    conditioning = dict(conditioning)
+    conditioning = golden_file.checked_conditioning(dict(conditioning), "conditioning")
     tol = _tolerance(atol, rtol, profile, cand, cand_dtypes)
     if tol["profile"] and not conditioning:
         notes.append("the reference has no measured conditioning (c_X = 0): ill-conditioned tensors may be "
@@ -259,7 +264,55 @@ def compare(reference, candidate, *, atol=None, rtol=None, profile=None, name_ma
     summary = _logits_summary(ref, cand) if "logits" in common or "log_probs" in common else None
     missing = [n for n in forward_order(ref) if n not in cand and n not in _DERIVED]
     unexpected = sorted(n for n in cand if n not in ref)
-    return Report(results, tol, summary, missing, unexpected, notes)
+    return Report(results, tol, summary, missing, unexpected, notes, too_little(common, ref))
+
+
+# ---- failing closed -------------------------------------------------------------------------------
+
+
+def numeric_arrays(source) -> dict[str, np.ndarray]:
+    """A mapping of name → array given in Python, checked: numbers only (no strings or objects)."""
+    if not isinstance(source, Mapping):
+        raise RefGPTTypeError(f"expected a path, a Golden or a mapping of name → array, found {type(source).__name__}")
+    arrays = {}
+    for name, value in source.items():
+        try:
+            arrays[name] = np.asarray(value)
+        except (ValueError, TypeError) as error:
+            raise RefGPTError(f"tensor {name!r}: not an array ({str(error).splitlines()[0][:80]})") from None
+        if arrays[name].dtype.kind not in "biuf":
+            raise RefGPTTypeError(f"tensor {name!r}: expected numbers, found dtype {arrays[name].dtype}")
+    return arrays
+
+
+def check_reference_finite(ref) -> None:
+    """A reference value that is NaN or ±∞ cannot judge anything: refuse it, naming the tensor.
+    The one exception is −∞ in attention scores, refgpt's (and TransformerLens's) causal mask."""
+    for name, value in ref.items():
+        a = np.asarray(value)
+        if a.dtype.kind not in "fc":
+            continue
+        bad = ~np.isfinite(a)
+        if name.endswith("hook_attn_scores"):
+            bad &= a != -np.inf
+        if bad.any():
+            i = tuple(int(k) for k in np.argwhere(bad)[0])
+            raise RefGPTError(f"the reference's {name!r} holds {a[i]} at index {list(i)} "
+                              f"({int(bad.sum())} non-finite values): a reference must be finite")
+
+
+def too_little(common, ref) -> list[str]:
+    """Why comparing only ``common`` cannot vouch for the candidate: no logits (unless it is a
+    gradient candidate: its ``grad.*`` tensors end in the loss), or no float tensor at all."""
+    reasons = []
+    gradients = any(n.startswith("grad.") for n in common)
+    if (any(n in ref for n in ("logits", "log_probs")) and not gradients
+            and not any(n in common for n in ("logits", "log_probs"))):
+        reasons.append("the candidate has no logits (or log_probs) to compare")
+    if not any(np.asarray(ref[n]).dtype.kind == "f" for n in common):
+        reasons.append(f"the candidate shares only {', '.join(common)} with the reference: no activation "
+                       "was compared")
+    return reasons
 
 
 def _is_golden(g) -> bool:
@@ -344,8 +397,8 @@ def _tolerance(atol, rtol, profile, cand, dtypes) -> dict:
         raise RefGPTError("give either a profile or atol/rtol, not both")
     if atol is not None or rtol is not None:
         for what, v in (("atol", atol), ("rtol", rtol)):
-            if v is not None and not (np.isfinite(v) and v >= 0):
-                raise RefGPTError(f"{what} must be a finite number ≥ 0, found {v!r}")
+            if v is not None:
+                real_number(v, what, least=0)
         return {"profile": None, "atol": float(atol or 0.0), "rtol": float(rtol or 0.0)}
     if profile is None:
         profile = default_profile(cand, dtypes)
@@ -595,7 +648,11 @@ def format_report(report: Report, after_first: int | None = None) -> str:
     if report.unexpected:
         lines.append(f"not in the reference, not compared ({len(report.unexpected)}): {_few(report.unexpected)}")
     n_ok = sum(t.ok for t in report.tensors)
-    if first is None:
+    if report.too_little:
+        lines.append(f"FAIL: compared too little: {'; '.join(report.too_little)}")
+        if first is not None:
+            lines.append(describe_divergence(first))
+    elif first is None:
         lines.append(f"OK: all {len(report.tensors)} tensors within tolerance")
     else:
         lines.append(f"FAIL: {len(report.tensors) - n_ok} of {len(report.tensors)} tensors out of tolerance")

@@ -36,6 +36,7 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import json
+import math
 import platform
 import sys
 from dataclasses import dataclass, field
@@ -47,7 +48,9 @@ from ..activations import log_softmax
 from ..checkpoint import weight_files
 from ..config import Config
 from ..dtypes import widen_bfloat16
-from ..errors import RefGPTError
+from .. import strict_json
+from ..atomic_write import write_atomically
+from ..errors import RefGPTError, RefGPTTypeError
 from ..ln_views import cached_output
 from ..model import Model
 from .gradients import compute_gradients
@@ -70,23 +73,41 @@ class Golden:
     @property
     def config(self) -> Config | None:
         text = self.metadata.get("config")
-        return Config.from_hf(json.loads(text), source="golden config") if text else None
+        if not text:
+            return None
+        return Config.from_hf(strict_json.loads(text, "golden metadata 'config'"), source="golden config")
 
     @property
     def conditioning(self) -> dict[str, float]:
-        """c_X per tensor (see the module docstring); empty if the file has none."""
-        return json.loads(self.metadata.get("conditioning", "{}"))
+        """c_X per tensor (see the module docstring), each a finite number ≥ 0; empty if the file
+        has none."""
+        return checked_conditioning(strict_json.loads(self.metadata.get("conditioning", "{}"),
+                                                      "golden metadata 'conditioning'"))
 
     @property
     def golden_error(self) -> dict[str, float]:
         """This file's own measured error per tensor, relative to its scale (``--certify``,
         refgpt/oracle/certify.py); empty if the file has none."""
-        return json.loads(self.metadata.get("golden_error", "{}"))
+        return checked_conditioning(strict_json.loads(self.metadata.get("golden_error", "{}"),
+                                                      "golden metadata 'golden_error'"), "golden metadata 'golden_error'")
 
     @property
     def error_rms(self) -> dict[str, float]:
         """r_X per tensor: the RMS error of refgpt's float32 pass, in units of 2⁻²⁴; empty if none."""
-        return json.loads(self.metadata.get("error_rms", "{}"))
+        return checked_conditioning(strict_json.loads(self.metadata.get("error_rms", "{}"),
+                                                      "golden metadata 'error_rms'"), "golden metadata 'error_rms'")
+
+
+def checked_conditioning(values, where="golden metadata 'conditioning'") -> dict[str, float]:
+    """``values`` as {tensor name: number} (c_X, r_X or a golden error), refusing anything but
+    finite numbers ≥ 0: a NaN or infinite c_X would pass every tensor, a negative one fail identical
+    files."""
+    if not isinstance(values, dict):
+        raise RefGPTError(f"{where}: expected an object of tensor name → number, found {type(values).__name__}")
+    for name, c in values.items():
+        if isinstance(c, bool) or not isinstance(c, (int, float)) or not 0 <= c < math.inf:
+            raise RefGPTError(f"{where}: the value of {name!r} must be a finite number ≥ 0, found {c!r:.40}")
+    return {name: float(c) for name, c in values.items()}
 
 
 # ---- computing ----------------------------------------------------------------------------------
@@ -105,6 +126,8 @@ def select(model: Model, patterns) -> list[str]:
     names = golden_names(model)
     if patterns is None:
         return names
+    if not isinstance(patterns, (str, list, tuple)) or not all(isinstance(p, str) for p in ([patterns] if isinstance(patterns, str) else patterns)):
+        raise RefGPTTypeError(f"names: expected glob patterns (str or a list of str), found {patterns!r:.60}")
     patterns = [patterns] if isinstance(patterns, str) else list(patterns)
     keep = {"tokens", "targets", "logits", "log_probs", "loss"}
     chosen = [n for n in names if n in keep or any(fnmatch.fnmatchcase(n, p) for p in patterns)]
@@ -125,6 +148,9 @@ def compute(model: Model, tokens, names=None, fwd_hooks=(), targets=None, backwa
     next token inside ``tokens``, [batch, pos − 1]).
     """
     tokens, _ = model.check_tokens(tokens)  # [batch, pos]
+    if names is not None and (isinstance(names, str) or not isinstance(names, (list, tuple))
+                              or not all(isinstance(n, str) for n in names)):
+        raise RefGPTTypeError(f"names: expected a list of golden tensor names, found {names!r:.60}")
     targets = check_golden_targets(model, tokens, targets)  # [batch, pos − 1] or [batch, pos]
     wanted = golden_names(model) if names is None else list(names)
     hooks = set(model.hook_names)
@@ -254,10 +280,8 @@ def write(path, golden: Golden) -> Path:
     """Write ``golden`` as a safetensors file (tensors C-contiguous, metadata as strings)."""
     from safetensors.numpy import save_file
 
-    path = Path(path)
     tensors = {name: np.require(a, requirements=["C"]) for name, a in golden.tensors.items()}  # 0-d stays 0-d
-    save_file(tensors, str(path), metadata=dict(golden.metadata))
-    return path
+    return write_atomically(path, lambda tmp: save_file(tensors, str(tmp), metadata=dict(golden.metadata)))
 
 
 def read(path) -> Golden:
@@ -274,4 +298,9 @@ def read(path) -> Golden:
         if dtypes[name] == "BF16":
             a = widen_bfloat16(a)
         tensors[name] = a
-    return Golden(tensors, dict(st.metadata), dtypes)
+    golden = Golden(tensors, dict(st.metadata), dtypes)
+    try:  # the metadata is checked now, not when compare first needs it
+        golden.config, golden.conditioning, golden.error_rms, golden.golden_error
+    except RefGPTError as error:
+        raise RefGPTError(f"{path}: {error}") from None
+    return golden

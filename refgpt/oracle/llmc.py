@@ -34,6 +34,7 @@ the 23 ActivationTensors back to back, which ``refgpt compare --map llmc`` compa
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +42,7 @@ import numpy as np
 
 from ..activations import log_softmax
 from ..config import Config
+from ..atomic_write import write_atomically
 from ..dtypes import round_to_bfloat16, widen_bfloat16
 from ..errors import RefGPTError
 from ..model import Model
@@ -165,13 +167,15 @@ def write_model(path, model: Model, dtype: str = "float32", padded_vocab_size: i
     if Vp < V:
         raise RefGPTError(f"padded vocabulary {Vp} is smaller than the vocabulary {V}")
     t["wte"] = np.concatenate([t["wte"], np.zeros((Vp - V, C), t["wte"].dtype)])  # [Vp, C]
-    path = Path(path)
-    with open(path, "wb") as f:
-        f.write(_header(MODEL_MAGIC, versions[dtype], cfg.n_ctx, V, cfg.n_layers, cfg.n_heads, C, Vp))
-        for name in PARAMETERS:
-            a = np.asarray(t[name], dtype=np.float32)
-            f.write((round_to_bfloat16(a) if dtype == "bfloat16" else a).astype("<u2" if dtype == "bfloat16" else "<f4").tobytes())
-    return path
+
+    def write(tmp):
+        with open(tmp, "wb") as f:
+            f.write(_header(MODEL_MAGIC, versions[dtype], cfg.n_ctx, V, cfg.n_layers, cfg.n_heads, C, Vp))
+            for name in PARAMETERS:
+                a = np.asarray(t[name], dtype=np.float32)
+                f.write((round_to_bfloat16(a) if dtype == "bfloat16" else a).astype("<u2" if dtype == "bfloat16" else "<f4").tobytes())
+
+    return write_atomically(path, write)
 
 
 def read_model(path, dtype="float64") -> Model:
@@ -190,7 +194,7 @@ def read_model(path, dtype="float64") -> Model:
         raise RefGPTError(f"{path}: header padded_vocab_size = {Vp} is smaller than vocab_size = {V}")
     shapes = parameter_shapes(maxT, Vp, L, C)
     itemsize = 4 if version == 3 else 2
-    n = sum(int(np.prod(s)) for s in shapes.values())
+    n = sum(math.prod(s) for s in shapes.values())
     _check_size(path, body, n * itemsize, f"{L} layers of width {C} (vocab {Vp}, {n:,} parameters)")
     if len(body) > n * itemsize:
         raise RefGPTError(f"{path}: {len(body) - n * itemsize} bytes after the last parameter: not a "
@@ -199,7 +203,7 @@ def read_model(path, dtype="float64") -> Model:
     flat = flat if version == 3 else widen_bfloat16(flat)  # [n] float32
     t, offset = {}, 0
     for name, shape in shapes.items():
-        size = int(np.prod(shape))
+        size = math.prod(shape)
         t[name] = flat[offset: offset + size].reshape(shape)
         offset += size
     if not np.isfinite(flat).all():
@@ -263,9 +267,7 @@ def write_tokenizer(path, tokenizer) -> Path:
         if not 0 < len(b) < 256:
             raise RefGPTError(f"token {i} is {len(b)} bytes; llm.c stores lengths in one byte (1..255)")
         out += bytes([len(b)]) + b
-    path = Path(path)
-    path.write_bytes(bytes(out))
-    return path
+    return write_atomically(path, lambda tmp: tmp.write_bytes(bytes(out)))
 
 
 def read_tokenizer(path) -> LlmcTokenizer:
@@ -321,15 +323,17 @@ def write_debug_state(path, model: Model, tokens, grads: bool = True, targets=No
     logp = log_softmax(logits)  # [B, T, V]
     loss = -np.take_along_axis(logp, y[..., None], axis=-1).mean()  # scalar: mean over [B, T]
     B, T = x.shape
-    path = Path(path)
-    with open(path, "wb") as f:
-        f.write(_header(STATE_MAGIC, 2, B, T))
-        f.write(x.astype("<i4").tobytes() + y.astype("<i4").tobytes())
-        f.write(np.asarray(logits, "<f4").tobytes() + np.asarray([loss], "<f4").tobytes())
-        if grads:  # ---- the gradients (issue 8) ----
-            for name, g in llmc_gradients(model, x, y).items():
-                f.write(np.asarray(g, "<f4").tobytes())
-    return path
+
+    def write(tmp):
+        with open(tmp, "wb") as f:
+            f.write(_header(STATE_MAGIC, 2, B, T))
+            f.write(x.astype("<i4").tobytes() + y.astype("<i4").tobytes())
+            f.write(np.asarray(logits, "<f4").tobytes() + np.asarray([loss], "<f4").tobytes())
+            if grads:  # ---- the gradients (issue 8) ----
+                for name, g in llmc_gradients(model, x, y).items():
+                    f.write(np.asarray(g, "<f4").tobytes())
+
+    return write_atomically(path, write)
 
 
 def llmc_gradients(model: Model, x, y, padded_vocab_size: int | None = None) -> dict[str, np.ndarray]:
@@ -436,7 +440,7 @@ def read_activations(path, cfg: Config, B: int, T: int) -> dict[str, np.ndarray]
     if not path.is_file():
         raise RefGPTError(f"{path}: file not found")
     n_floats, rem = divmod(path.stat().st_size, 4)
-    fixed = sum(int(np.prod(s)) for k, s in activation_shapes(cfg, B, T, 0).items())
+    fixed = sum(math.prod(s) for k, s in activation_shapes(cfg, B, T, 0).items())
     Vp, odd = divmod(n_floats - fixed, 2 * B * T)
     if rem or odd or Vp < cfg.d_vocab:
         raise RefGPTError(f"{path}: {path.stat().st_size} bytes is not llm.c's acts_memory for B={B}, T={T} "
@@ -446,7 +450,7 @@ def read_activations(path, cfg: Config, B: int, T: int) -> dict[str, np.ndarray]
     flat = np.fromfile(path, dtype="<f4")  # [n_floats]
     out, offset = {}, 0
     for name, shape in activation_shapes(cfg, B, T, Vp).items():
-        size = int(np.prod(shape))
+        size = math.prod(shape)
         out[name] = flat[offset: offset + size].reshape(shape)
         offset += size
     return out
@@ -483,8 +487,10 @@ def write_activations(path, golden_tensors: dict, cfg: Config, Vp: int | None = 
         "lnf_rstd": 1 / np.asarray(g["ln_final.hook_scale"])[..., 0],
         "logits": pad(np.asarray(g["logits"])), "probs": pad(np.exp(np.asarray(g["log_probs"]))), "losses": losses,
     }
-    path = Path(path)
-    with open(path, "wb") as f:
-        for name, shape in activation_shapes(cfg, B, T, Vp).items():
-            f.write(np.asarray(acts[name], "<f4").reshape(shape).tobytes())
-    return path
+
+    def write(tmp):
+        with open(tmp, "wb") as f:
+            for name, shape in activation_shapes(cfg, B, T, Vp).items():
+                f.write(np.asarray(acts[name], "<f4").reshape(shape).tobytes())
+
+    return write_atomically(path, write)

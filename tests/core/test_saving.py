@@ -102,7 +102,7 @@ def test_a_failed_write_leaves_no_file_and_no_temporary(tmp_path, monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setattr(saving, "save_file", broken)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(refgpt.RefGPTError, match=r"model.safetensors': cannot write \(disk full\)"):
         refgpt.save(random_model(CFG), tmp_path / "m")
     assert list((tmp_path / "m").iterdir()) == []
 
