@@ -170,25 +170,40 @@ class Model:
         tokens, batched = self.check_tokens(tokens, start=past.length if past is not None else 0)
         if past is not None:
             past.check(tokens.shape[0], tokens.shape[1])
-        run = HookRun(self.hook_names, [*self._context_hooks, *fwd_hooks], cache_names)
+        run = self.hook_run(fwd_hooks, cache_names)
         logits = self.forward(tokens, run, past, last_only)
         if not batched:
             logits = logits[0]
         return logits, ActivationCache(run.cache, self)
 
+    def hook_run(self, fwd_hooks=(), cache_names=()) -> HookRun:
+        """The ``point`` of one forward pass: ``fwd_hooks`` after any ``with model.hooks(…)``
+        context's, caching ``cache_names``. For driving ``embed``/``block``/``unembed`` by hand."""
+        return HookRun(self.hook_names, [*self._context_hooks, *fwd_hooks], cache_names)
+
     def forward(self, tokens, point, past=None, last_only=False):
         """The forward pass over checked tokens [batch, pos]; ``point`` (a HookRun) is called at
-        each hook point; ``past`` a KVCache holding the positions before these, or None."""
-        p = self.params
-        batch, pos = tokens.shape
-        start = past.length if past is not None else 0
-        embed = point("hook_embed", p["embed.W_E"][tokens])  # [batch, pos, d_model]
-        pos_embed = point("hook_pos_embed", np.broadcast_to(p["pos_embed.W_pos"][start:start + pos], embed.shape).copy())  # [batch, pos, d_model]
-        resid = embed + pos_embed  # [batch, pos, d_model]
+        each hook point; ``past`` a KVCache holding the positions before these, or None.
+        Three stages, each a method: ``embed``, ``block`` L for each layer, ``unembed``."""
+        resid = self.embed(tokens, point, past.length if past is not None else 0)  # [batch, pos, d_model]
         for L in range(self.cfg.n_layers):
             resid = self.block(L, resid, point, past)  # [batch, pos, d_model]
         if past is not None:
-            past.advance(pos)
+            past.advance(tokens.shape[1])
+        return self.unembed(resid, point, last_only)  # [batch, pos, d_vocab]
+
+    def embed(self, tokens, point, start=0):
+        """The residual stream entering block 0: W_E[tokens] + W_pos[positions]; ``start`` is the
+        position of the first token (> 0 after a KV cache's positions)."""
+        p = self.params
+        embed = point("hook_embed", p["embed.W_E"][tokens])  # [batch, pos, d_model]
+        positions = p["pos_embed.W_pos"][start:start + tokens.shape[1]]  # [pos, d_model]
+        pos_embed = point("hook_pos_embed", np.broadcast_to(positions, embed.shape).copy())  # [batch, pos, d_model]
+        return embed + pos_embed  # [batch, pos, d_model]
+
+    def unembed(self, resid, point, last_only=False):
+        """Logits from the final residual stream: ln_final(resid)·W_U (+ b_U if the model has one)."""
+        p = self.params
         final = layer_norm(resid, p["ln_final.w"], p["ln_final.b"], self.cfg.eps, point.scope("ln_final."))  # [batch, pos, d_model]
         if last_only:
             final = final[:, -1:]  # [batch, 1, d_model]

@@ -42,18 +42,19 @@ def run(args) -> int:
     model = load_chosen(args)
     tokens = read_tokens(args.tokens) if args.tokens else tokens_of(model, args)
     names = golden.select(model, args.names) if args.names else None
-    g = golden.make(model, tokens, names, command=["refgpt", *sys.argv[1:]])
-    path = golden.write(args.output, g)
+    tokens, _ = model.check_tokens(tokens)  # [batch, pos]
+    # Streamed: each tensor goes to the file as the forward pass makes it (GPT-2 XL's golden at
+    # full context is larger than the machine's memory).
+    path = golden.write_streamed(args.output, model, tokens, names, command=["refgpt", *sys.argv[1:]])
     size = path.stat().st_size
-    shape = list(np.asarray(g.tensors["tokens"]).shape)
+    count, shape, dtype = len(golden.layout(model, tokens.shape, names)), list(tokens.shape), model.dtype.name
     if args.json:
-        print(json.dumps({"path": str(path), "tensors": len(g.tensors), "bytes": size, "tokens_shape": shape,
-                          "dtype": g.metadata["dtype"],
-                          "untrained": untrained_note(model) is not None}))
+        print(json.dumps({"path": str(path), "tensors": count, "bytes": size, "tokens_shape": shape,
+                          "dtype": dtype, "untrained": untrained_note(model) is not None}))
     else:
         if note := untrained_note(model):
             print(note)
-        print(f"wrote {path}: {len(g.tensors)} tensors, {size / 2**20:.1f} MiB, tokens {shape}, {g.metadata['dtype']}")
+        print(f"wrote {path}: {count} tensors, {size / 2**20:.1f} MiB, tokens {shape}, {dtype}")
     return 0
 
 

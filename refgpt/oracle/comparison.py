@@ -198,7 +198,7 @@ def compare(reference, candidate, *, atol=None, rtol=None, profile=None, name_ma
     if not ref:
         raise RefGPTError("the reference holds no tensors")
     shape = _model_shape(ref, ref_golden)
-    cand, cand_dtypes, _ = load(candidate, name_map, shape)
+    cand, cand_dtypes, cand_golden = load(candidate, name_map, shape)
     if cand is None:  # an llm.c activations dump
         from .llmc import read_activations
 
@@ -221,11 +221,23 @@ def compare(reference, candidate, *, atol=None, rtol=None, profile=None, name_ma
     if not common:
         raise RefGPTError(f"no tensor names in common: the reference has e.g. {list(ref)[:3]}, the candidate "
                           f"{list(cand)[:3]}; is --map right (refgpt, hf, tl, llmc)?")
-    results = [_compare_tensor(n, np.asarray(ref[n]), np.asarray(cand[n]), tol, conditioning, ref) for n in common]
+    results = []
+    for n in common:  # one tensor pair in memory at a time: files are mapped, pages dropped after use
+        results.append(_compare_tensor(n, np.asarray(ref[n]), np.asarray(cand[n]), tol, conditioning, ref))
+        _release(n, ref_golden, cand_golden)
     summary = _logits_summary(ref, cand) if "logits" in common or "log_probs" in common else None
+    _release("logits", ref_golden, cand_golden)
+    _release("log_probs", ref_golden, cand_golden)
     missing = [n for n in forward_order(ref) if n not in cand and n not in _DERIVED]
     unexpected = sorted(n for n in cand if n not in ref)
     return Report(results, tol, summary, missing, unexpected, notes)
+
+
+def _release(name, *goldens):
+    """Let go of the memory a compared tensor of a mapped file occupies (see Golden.release)."""
+    for g in goldens:
+        if g is not None:
+            g.release(name)
 
 
 def _model_shape(ref, g) -> ModelShape:
@@ -288,73 +300,121 @@ def _compare_tensor(name, r, c, tol, conditioning, ref) -> TensorResult:
             res.frac_out = float(len(differ) / r.size)
             res.first_bad = res.worst = Element(i, _where(name, i), float(r[i]), float(c[i]), 0.0)
         return res
-    r64, c64 = r.astype(np.float64), c.astype(np.float64)  # [...]
-    compared = np.isfinite(r64)  # attention scores: the causal part
-    judged_name, jr, jc = name, r64, c64
+    judged_name = name
     if name == "logits":  # shift-invariant: judge log-softmax against log-softmax
-        jc = golden_file.log_softmax(c64)
-        jr = np.asarray(ref["log_probs"], np.float64) if "log_probs" in ref else golden_file.log_softmax(r64)  # [batch, pos, d_vocab]
         judged_name = "log_probs" if "log_probs" in conditioning else "logits"
         res.notes.append("judged shift-invariantly: log-softmax of the logits")
-    scale = max(1.0, float(np.max(np.abs(jr[compared]), initial=0.0)))
+    log_probs = ref.get("log_probs") if name == "logits" else None
+    chunks = list(_row_chunks(r, c, log_probs))
+    ref_peak, judged_peak = 0.0, 0.0  # max |ref| and max |judged ref| over the compared part
+    for r64, _, jr, _ in _judged(name, chunks):
+        compared = np.isfinite(r64)  # attention scores: the causal part
+        ref_peak = max(ref_peak, float(np.max(np.abs(r64[compared]), initial=0.0)))
+        judged_peak = max(judged_peak, float(np.max(np.abs(jr[compared]), initial=0.0)))
+    scale = max(1.0, judged_peak)
     if tol["profile"]:
         u = tol["unit_roundoff"]
         res.rtol = GROWTH * u
         res.atol = GROWTH * u * (conditioning.get(judged_name, 0.0) + scale)
     else:
         res.rtol, res.atol = tol["rtol"], tol["atol"]
-    with np.errstate(invalid="ignore"):  # −∞ − −∞ in the masked part, which is not compared
-        diff = np.where(compared, np.abs(c64 - r64), 0.0)  # [...] raw error, reported
-        jdiff = np.where(compared, np.abs(jc - jr), 0.0)  # [...] judged error
-    diff = np.where(np.isnan(diff), np.inf, diff)  # [...] a NaN candidate is infinitely wrong
-    jdiff = np.where(np.isnan(jdiff), np.inf, jdiff)  # [...]
-    limit = res.atol + res.rtol * np.abs(np.where(compared, jr, 0.0))  # [...]
-    bad = jdiff > limit  # [...]
-    res.max_abs = float(diff.max(initial=0.0))
-    res.max_rel = res.max_abs / max(1.0, float(np.max(np.abs(r64[compared]), initial=0.0)))
-    ulp = np.spacing(np.maximum(np.abs(r64), _F32_TINY).astype(np.float32)).astype(np.float64)  # [...]
-    res.max_ulp = float(np.max(np.where(compared, diff / ulp, 0.0), initial=0.0))
-    n = int(compared.sum())
-    res.frac_out = float(bad.sum() / n) if n else 0.0
-    if bad.any():
+    n_compared, n_bad, worst_ratio, start = 0, 0, -1.0, 0
+    for r64, c64, jr, jc in _judged(name, chunks):
+        compared = np.isfinite(r64)  # [rows, last]
+        with np.errstate(invalid="ignore"):  # −∞ − −∞ in the masked part, which is not compared
+            diff = np.where(compared, np.abs(c64 - r64), 0.0)  # [rows, last] raw error, reported
+            jdiff = np.where(compared, np.abs(jc - jr), 0.0)  # [rows, last] judged error
+        diff = np.where(np.isnan(diff), np.inf, diff)  # a NaN candidate is infinitely wrong
+        jdiff = np.where(np.isnan(jdiff), np.inf, jdiff)
+        limit = res.atol + res.rtol * np.abs(np.where(compared, jr, 0.0))  # [rows, last]
+        bad = jdiff > limit  # [rows, last]
+        res.max_abs = max(res.max_abs, float(diff.max(initial=0.0)))
+        ulp = np.spacing(np.maximum(np.abs(r64), _F32_TINY).astype(np.float32)).astype(np.float64)  # [rows, last]
+        res.max_ulp = max(res.max_ulp, float(np.max(np.where(compared, diff / ulp, 0.0), initial=0.0)))
+        n_compared += int(compared.sum())
+        if bad.any():
+            n_bad += int(bad.sum())
+            ratio = np.where(bad, jdiff / np.maximum(limit, _F32_TINY), -1.0)  # [rows, last]
+            at = int(np.argmax(ratio))
+            if res.first_bad is None:
+                res.first_bad = _element(name, r.shape, start, int(np.argmax(bad)), jr, jc, limit)
+            if ratio.flat[at] > worst_ratio:
+                worst_ratio = float(ratio.flat[at])
+                res.worst = _element(name, r.shape, start, at, jr, jc, limit)
+        start += r64.size
+    res.max_rel = res.max_abs / max(1.0, ref_peak)
+    res.frac_out = float(n_bad / n_compared) if n_compared else 0.0
+    if n_bad:
         res.status = "out of tolerance"
-        first = np.unravel_index(int(np.argmax(bad)), bad.shape)
-        worst = np.unravel_index(int(np.argmax(np.where(bad, jdiff / np.maximum(limit, _F32_TINY), -1.0))), bad.shape)
-        res.first_bad = _element(name, first, jr, jc, limit)
-        res.worst = _element(name, worst, jr, jc, limit)
     return res
+
+
+#: Elements per block of rows a tensor is compared in: the temporaries of the comparison stay
+#: this size, whatever the tensor's (GPT-2 XL's attention pattern is 25·1024² elements a layer).
+_CHUNK = 1 << 20
+
+
+def _row_chunks(r, c, log_probs=None):
+    """Slices of rows of ``r`` and ``c`` (and the reference's ``log_probs``), viewed as 2-D
+    [rows, last axis], about ``_CHUNK`` elements each."""
+    r2, c2 = golden_file.as_rows(r), golden_file.as_rows(c)  # [rows, last]
+    lp = golden_file.as_rows(np.asarray(log_probs)) if log_probs is not None and np.shape(log_probs) == r.shape else None
+    step = max(1, _CHUNK // max(1, r2.shape[1]))
+    for i in range(0, max(1, len(r2)), step):
+        yield r2[i:i + step], c2[i:i + step], None if lp is None else lp[i:i + step]
+
+
+def _judged(name, chunks):
+    """(reference, candidate, judged reference, judged candidate) in float64, a chunk at a time.
+    Logits are judged by their log-softmax against the reference's log_probs."""
+    for r, c, log_probs in chunks:
+        r64, c64 = r.astype(np.float64), c.astype(np.float64)  # [rows, last]
+        if name != "logits":
+            yield r64, c64, r64, c64
+        else:
+            jr = np.asarray(log_probs, np.float64) if log_probs is not None else golden_file.log_softmax(r64)
+            yield r64, c64, jr, golden_file.log_softmax(c64)
 
 
 def _where(name, index):
     return dict(zip(axes(name, len(index)), (int(i) for i in index)))
 
 
-def _element(name, index, r, c, limit):
-    i = tuple(int(k) for k in index)
-    return Element(i, _where(name, i), float(r[i]), float(c[i]), float(limit[i]))
+def _element(name, shape, start, k, r, c, limit):
+    """The element k of a chunk of rows (``r``, ``c``, ``limit``) that starts at C-order index
+    ``start`` of a tensor of ``shape``."""
+    i = tuple(int(j) for j in np.unravel_index(start + k, shape))
+    return Element(i, _where(name, i), float(r.flat[k]), float(c.flat[k]), float(limit.flat[k]))
 
 
 def _logits_summary(ref, cand) -> LogitsSummary:
-    def logp(t):
-        if "logits" in t:
-            return golden_file.log_softmax(np.asarray(t["logits"], np.float64))
-        return np.asarray(t["log_probs"], np.float64)
+    """Top-1/top-5 agreement, the largest KL and the largest per-position shift, a block of
+    positions at a time (GPT-2 XL's logits at T = 1024 are 400 MB in float64)."""
+    def source(t):
+        return golden_file.as_rows(np.asarray(t["logits"] if "logits" in t else t["log_probs"]))  # [positions, d_vocab]
 
-    lr, lc = logp(ref), logp(cand)  # [batch, pos, d_vocab]
-    if lr.shape != lc.shape:
+    sr, sc = source(ref), source(cand)
+    if sr.shape != sc.shape:
         return None
-    k = min(5, lr.shape[-1])
-    top_r = np.argsort(-lr, axis=-1, kind="stable")[..., :k]  # [batch, pos, k]
-    top_c = np.argsort(-lc, axis=-1, kind="stable")[..., :k]  # [batch, pos, k]
-    overlap = (top_r[..., :, None] == top_c[..., None, :]).any(-1).mean(-1)  # [batch, pos]
-    with np.errstate(invalid="ignore"):
-        kl = np.sum(np.exp(lr) * (lr - lc), axis=-1)  # [batch, pos]
-    shift = 0.0
-    if "logits" in ref and "logits" in cand:
-        d = np.asarray(cand["logits"], np.float64) - np.asarray(ref["logits"], np.float64)  # [batch, pos, d_vocab]
-        shift = float(np.max(np.abs(d.mean(-1))))
-    return LogitsSummary(float(np.mean(top_r[..., 0] == top_c[..., 0])), float(overlap.mean()),
-                         float(np.nan_to_num(kl, nan=np.inf).max()), shift)
+    both_logits = "logits" in ref and "logits" in cand
+    k = min(5, sr.shape[-1])
+    top1, top5, max_kl, shift = 0.0, 0.0, -np.inf, 0.0
+    step = max(1, _CHUNK // max(1, sr.shape[1]))
+    for i in range(0, len(sr), step):
+        r, c = sr[i:i + step].astype(np.float64), sc[i:i + step].astype(np.float64)  # [rows, d_vocab]
+        lr = golden_file.log_softmax(r) if "logits" in ref else r  # [rows, d_vocab]
+        lc = golden_file.log_softmax(c) if "logits" in cand else c  # [rows, d_vocab]
+        top_r = np.argsort(-lr, axis=-1, kind="stable")[..., :k]  # [rows, k]
+        top_c = np.argsort(-lc, axis=-1, kind="stable")[..., :k]  # [rows, k]
+        top1 += float(np.sum(top_r[:, 0] == top_c[:, 0]))
+        top5 += float((top_r[..., :, None] == top_c[..., None, :]).any(-1).mean(-1).sum())
+        with np.errstate(invalid="ignore"):
+            kl = np.sum(np.exp(lr) * (lr - lc), axis=-1)  # [rows]
+        max_kl = max(max_kl, float(np.nan_to_num(kl, nan=np.inf).max(initial=-np.inf)))
+        if both_logits:
+            shift = max(shift, float(np.max(np.abs((c - r).mean(-1)), initial=0.0)))  # per-position constant
+    n = max(1, len(sr))
+    return LogitsSummary(top1 / n, top5 / n, max_kl, shift)
 
 
 # ---- the report as text ---------------------------------------------------------------------------

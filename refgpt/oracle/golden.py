@@ -43,7 +43,7 @@ from ..config import Config
 from ..errors import RefGPTError
 from ..model import Model
 from .name_maps import forward_order
-from ..safetensors_file import SafetensorsFile
+from ..safetensors_file import SafetensorsFile, SafetensorsWriter
 
 FORMAT = "refgpt-golden"
 FORMAT_VERSION = "1"
@@ -59,6 +59,13 @@ class Golden:
     tensors: dict[str, np.ndarray]
     metadata: dict[str, str] = field(default_factory=dict)
     dtypes: dict[str, str] = field(default_factory=dict)  # stored safetensors dtype codes, when read
+    file: SafetensorsFile | None = field(default=None, repr=False, compare=False)  # the mapped file, when read
+
+    def release(self, name: str) -> None:
+        """Drop the pages of a read tensor from memory (they are read again if touched): a walk
+        over a file larger than memory then holds about one tensor at a time."""
+        if self.file is not None and name in self.tensors and name in self.dtypes:
+            self.file.release(name)
 
     @property
     def config(self) -> Config | None:
@@ -98,40 +105,92 @@ def select(model: Model, patterns) -> list[str]:
 
 
 def compute(model: Model, tokens, names=None, fwd_hooks=()) -> dict[str, np.ndarray]:
-    """The golden tensors (``names`` from :func:`golden_names`; None: all) of one forward pass.
+    """The golden tensors (``names`` from :func:`golden_names`; None: all) of one forward pass,
+    in forward order.
 
     ``fwd_hooks`` run as in ``model.run_with_hooks``: the golden values are what flowed, which is
     how tests build a candidate with an error injected at a known place.
     """
+    out = dict(stream(model, tokens, names, fwd_hooks))
+    return {name: out[name] for name in forward_order(out)}
+
+
+def stream(model: Model, tokens, names=None, fwd_hooks=()):
+    """Yield (name, tensor) for the golden tensors of one forward pass as it makes them, one stage
+    at a time (the embedding, each block, the unembedding): only one stage's activations are ever
+    held, which is what lets ``write_streamed`` write GPT-2 XL's 32 GB golden on a 24 GB machine.
+    ``compute`` is ``dict(stream(…))``, so streamed and in-memory goldens are the same numbers.
+    """
     tokens, _ = model.check_tokens(tokens)  # [batch, pos]
-    wanted = golden_names(model) if names is None else list(names)
+    wanted = set(_checked_names(model, names))
     hooks = set(model.hook_names)
     need = {n for n in wanted if n in hooks}
     need |= {n[: -len("out")] + "hook_normalized" for n in wanted if n.endswith(".out")}
-    logits, cache = model.run_with_cache(tokens, names=sorted(need), fwd_hooks=fwd_hooks)  # [batch, pos, d_vocab]
-    p = model.params
-    log_probs = log_softmax(logits)  # [batch, pos, d_vocab]
-    b_idx, t_idx = np.indices((tokens.shape[0], tokens.shape[1] - 1))  # [batch, pos − 1] each
+    run = model.hook_run(fwd_hooks, sorted(need))
+    if "tokens" in wanted:
+        yield "tokens", tokens
+    resid = model.embed(tokens, run)  # [batch, pos, d_model]
+    yield from _stage_tensors(model, run, wanted)
+    for L in range(model.cfg.n_layers):
+        resid = model.block(L, resid, run)  # [batch, pos, d_model]
+        yield from _stage_tensors(model, run, wanted)
+    logits = model.unembed(resid, run)  # [batch, pos, d_vocab]
+    yield from _stage_tensors(model, run, wanted)
+    del resid
+    if wanted & {"logits", "log_probs", "loss"}:
+        log_probs = log_softmax(logits)  # [batch, pos, d_vocab]
+        if "logits" in wanted:
+            yield "logits", logits
+        del logits
+        if "log_probs" in wanted:
+            yield "log_probs", log_probs
+        if "loss" in wanted:
+            b_idx, t_idx = np.indices((tokens.shape[0], tokens.shape[1] - 1))  # [batch, pos − 1] each
+            yield "loss", -log_probs[b_idx, t_idx, tokens[:, 1:]]  # [batch, pos − 1]
+    if "targets" in wanted:
+        yield "targets", tokens[:, 1:]  # [batch, pos − 1]
+
+
+def _stage_tensors(model, run, wanted):
+    """The golden tensors among the activations ``run`` cached in the stage just run (each
+    LayerNorm's output made from its cached x̂: w ⊙ x̂ + b), in forward order; then forget them."""
+    made = {name: np.asarray(a) for name, a in run.cache.items() if name in wanted}
+    for name, a in run.cache.items():
+        ln = name[: -len("hook_normalized")]  # "blocks.3.ln1." or "ln_final."
+        if name.endswith("hook_normalized") and ln + "out" in wanted:
+            made[ln + "out"] = a * model.params[ln + "w"] + model.params[ln + "b"]  # [batch, pos, d_model]
+    run.cache.clear()
+    for name in forward_order(made):
+        yield name, made.pop(name)
+
+
+def _checked_names(model, names):
+    known = golden_names(model)
+    if names is None:
+        return known
+    unknown = set(names) - set(known)
+    if unknown:
+        raise RefGPTError(f"golden: {sorted(unknown)[0]!r} is not a tensor of this model's golden file")
+    return list(names)
+
+
+def layout(model: Model, tokens_shape, names=None) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
+    """name → (dtype, shape) of every golden tensor, in file (forward) order, from the config and
+    the tokens' shape [batch, pos] alone: what lets the header be written before the pass."""
+    cfg, dtype = model.cfg, model.dtype
+    batch, pos = tokens_shape
+    heads = (batch, pos, cfg.n_heads, cfg.d_head)
+    by_suffix = {"hook_mean": (batch, pos, 1), "hook_scale": (batch, pos, 1),
+                 "hook_q": heads, "hook_k": heads, "hook_v": heads, "hook_z": heads,
+                 "hook_attn_scores": (batch, cfg.n_heads, pos, pos), "hook_pattern": (batch, cfg.n_heads, pos, pos),
+                 "hook_pre": (batch, pos, cfg.d_mlp), "hook_post": (batch, pos, cfg.d_mlp)}
+    whole = {"tokens": (np.dtype(np.int64), (batch, pos)), "targets": (np.dtype(np.int64), (batch, pos - 1)),
+             "logits": (dtype, (batch, pos, cfg.d_vocab)), "log_probs": (dtype, (batch, pos, cfg.d_vocab)),
+             "loss": (dtype, (batch, pos - 1))}
     out = {}
-    for name in forward_order(wanted):
-        if name == "tokens":
-            out[name] = tokens
-        elif name == "targets":
-            out[name] = tokens[:, 1:]  # [batch, pos − 1]
-        elif name == "logits":
-            out[name] = logits
-        elif name == "log_probs":
-            out[name] = log_probs
-        elif name == "loss":
-            out[name] = -log_probs[b_idx, t_idx, tokens[:, 1:]]  # [batch, pos − 1]
-        elif name.endswith(".out"):
-            ln = name[: -len("out")]  # "blocks.3.ln1." or "ln_final."
-            w, b = p[ln + "w"], p[ln + "b"]  # [d_model] each
-            out[name] = cache[ln + "hook_normalized"] * w + b  # [batch, pos, d_model]
-        elif name in hooks:
-            out[name] = np.asarray(cache[name])
-        else:
-            raise RefGPTError(f"golden: {name!r} is not a tensor of this model's golden file")
+    for name in forward_order(_checked_names(model, names)):
+        suffix = name.rsplit(".", 1)[-1]
+        out[name] = whole.get(name) or (dtype, by_suffix.get(suffix, (batch, pos, cfg.d_model)))
     return out
 
 
@@ -142,26 +201,49 @@ def log_softmax(logits):
 
 
 def conditioning(model: Model, tokens, names=None) -> dict[str, float]:
-    """c_X = max|X_float32 − X_float64| / 2⁻²⁴ for every float golden tensor X."""
+    """c_X = max|X_float32 − X_float64| / 2⁻²⁴ for every float golden tensor X.
+
+    The float64 and float32 passes run side by side, a stage at a time (``stream``), so only a
+    stage's activations of each are held."""
     params = dict(model.params)
     exact = Model(model.cfg, params, dtype="float64")
     rounded = Model(model.cfg, params, dtype="float32")  # the same weights, rounded as a float32 port rounds them
-    ref, f32 = compute(exact, tokens, names), compute(rounded, tokens, names)
     c = {}
-    for name, r in ref.items():
-        if r.dtype.kind != "f":
-            continue
-        x = f32[name].astype(np.float64)  # [...]
-        finite = np.isfinite(r)  # attention scores: compare the causal part only
-        err = np.abs(x[finite] - r[finite])  # [n_compared]
-        c[name] = float(err.max() / F32_ROUNDOFF) if err.size else 0.0
-    return c
+    for (name, r), (same, x) in zip(stream(exact, tokens, names), stream(rounded, tokens, names), strict=True):
+        assert name == same, (name, same)  # the two passes make the same tensors in the same order
+        if r.dtype.kind == "f":
+            c[name] = _max_error_in_f32_roundoffs(r, x)
+    return {name: c[name] for name in forward_order(c)}
+
+
+def _max_error_in_f32_roundoffs(r, x, rows=1 << 16):
+    """max |x − r| / 2⁻²⁴ over the finite entries of r (attention scores: the causal part), a
+    block of rows at a time so that no float64 copy of a whole tensor is made."""
+    r2, x2 = as_rows(r), as_rows(x)  # [rows, last]
+    step = max(1, rows // max(1, r2.shape[1]))
+    worst = [0.0]
+    for i in range(0, len(r2), step):
+        ri, xi = r2[i:i + step], x2[i:i + step].astype(np.float64)  # [rows, last]
+        finite = np.isfinite(ri)  # [rows, last]
+        if finite.any():
+            worst.append(np.abs(xi[finite] - ri[finite]).max())  # NaN, if any, propagates
+    return float(np.max(worst)) / F32_ROUNDOFF
+
+
+def as_rows(a: np.ndarray) -> np.ndarray:
+    """``a`` as a 2-D [rows, last axis] array (a view when ``a`` is contiguous; a scalar is [1, 1])."""
+    return a.reshape(int(np.prod(a.shape[:-1], dtype=np.int64)), a.shape[-1]) if a.ndim else a.reshape(1, 1)
 
 
 def make(model: Model, tokens, names=None, command=None) -> Golden:
     """The golden file's contents for ``model`` on ``tokens``, with its metadata."""
-    tensors = compute(model, tokens, names)
-    metadata = {
+    return Golden(compute(model, tokens, names), metadata(model, tokens, names, command))
+
+
+def metadata(model: Model, tokens, names=None, command=None) -> dict[str, str]:
+    """A golden file's ``__metadata__``: provenance, and the conditioning (a float32 pass beside a
+    float64 one)."""
+    return {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
         "refgpt_version": __version__,
@@ -174,7 +256,6 @@ def make(model: Model, tokens, names=None, command=None) -> Golden:
         "command": json.dumps(list(sys.argv) if command is None else list(command)),
         "conditioning": json.dumps(conditioning(model, tokens, names)),
     }
-    return Golden(tensors, metadata)
 
 
 def _weight_hashes(model: Model) -> dict[str, str]:
@@ -202,13 +283,27 @@ def _blas() -> dict:
 
 
 def write(path, golden: Golden) -> Path:
-    """Write ``golden`` as a safetensors file (tensors C-contiguous, metadata as strings)."""
-    from safetensors.numpy import save_file
+    """Write ``golden`` as a safetensors file: tensors in forward order, C-contiguous, metadata as
+    strings. The same bytes as ``write_streamed`` writes for the same pass."""
+    shapes = {name: (np.asarray(a).dtype, np.shape(a)) for name, a in golden.tensors.items()}
+    with SafetensorsWriter(path, shapes, golden.metadata) as out:
+        for name, a in golden.tensors.items():
+            out.write(name, a)
+    return Path(path)
 
-    path = Path(path)
-    tensors = {name: np.ascontiguousarray(a) for name, a in golden.tensors.items()}
-    save_file(tensors, str(path), metadata=dict(golden.metadata))
-    return path
+
+def write_streamed(path, model: Model, tokens, names=None, command=None) -> Path:
+    """Make and write a golden file without ever holding it: the header (every tensor's name,
+    dtype and shape, from the config; the metadata, from a conditioning pass) goes first, then each
+    tensor as the forward pass makes it. Memory: the weights (and a float32 copy for the
+    conditioning pass) plus one stage's activations."""
+    tokens, _ = model.check_tokens(tokens)  # [batch, pos]
+    names = _checked_names(model, names)
+    meta = metadata(model, tokens, names, command)
+    with SafetensorsWriter(path, layout(model, tokens.shape, names), meta) as out:
+        for name, a in stream(model, tokens, names):
+            out.write(name, a)
+    return Path(path)
 
 
 def read(path) -> Golden:
@@ -225,4 +320,4 @@ def read(path) -> Golden:
         if dtypes[name] == "BF16":
             a = (a.astype(np.uint32) << 16).view(np.float32)  # a bfloat16 is a float32's top half
         tensors[name] = a
-    return Golden(tensors, dict(st.metadata), dtypes)
+    return Golden(tensors, dict(st.metadata), dtypes, st)

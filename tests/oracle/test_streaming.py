@@ -1,0 +1,122 @@
+"""Streaming goldens and comparisons (issue 17): ``write_streamed`` writes the same bytes as the
+in-memory ``write(make(…))``, one forward stage at a time; the reference ``safetensors`` package
+reads the files; ``compare`` walking a tensor a block of rows at a time gives the same report as
+one block per tensor."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from safetensors import safe_open
+from safetensors.numpy import load_file
+
+from random_models import model_and_tokens, random_model
+from refgpt import Config, RefGPTError
+from refgpt.oracle import comparison, golden
+from refgpt.safetensors_file import SafetensorsFile, SafetensorsWriter
+
+CFG = Config(d_model=16, n_layers=3, n_heads=2, d_mlp=32, d_vocab=20, n_ctx=8)
+TOKENS = np.array([[3, 1, 4, 1, 5, 9, 2, 6], [5, 3, 5, 8, 9, 7, 9, 3]])
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=model_and_tokens(), dtype=st.sampled_from(["float64", "float32"]),
+       names=st.sampled_from([None, ["blocks.*.hook_resid_post"], ["*ln1*", "blocks.0.*"], ["*attn_scores"]]))
+def test_streamed_golden_is_the_in_memory_golden_byte_for_byte(tmp_path, case, dtype, names):
+    model, tokens = case
+    if dtype == "float32":
+        model = type(model)(model.cfg, dict(model.params), dtype="float32")
+    chosen = golden.select(model, names) if names else None
+    in_memory = golden.write(tmp_path / "a.safetensors", golden.make(model, tokens, chosen, command=["t"]))
+    streamed = golden.write_streamed(tmp_path / "b.safetensors", model, tokens, chosen, command=["t"])
+    assert in_memory.read_bytes() == streamed.read_bytes()
+    assert not list(tmp_path.glob("*.partial"))
+
+
+def test_the_reference_safetensors_package_reads_a_streamed_golden(tmp_path):
+    model = random_model(CFG, seed=5)
+    path = golden.write_streamed(tmp_path / "g.safetensors", model, TOKENS, command=["t"])
+    expected = golden.compute(model, TOKENS)
+    tensors = load_file(str(path))
+    assert set(tensors) == set(expected)
+    for name, value in expected.items():
+        assert tensors[name].dtype == value.dtype and np.array_equal(tensors[name], value), name
+    with safe_open(str(path), "np") as f:
+        meta = f.metadata()
+    assert meta["format"] == "refgpt-golden" and json.loads(meta["command"]) == ["t"]
+    assert set(json.loads(meta["conditioning"])) == {n for n, a in expected.items() if a.dtype.kind == "f"}
+    assert list(golden.read(path).tensors) == list(expected)  # stored in forward order
+
+
+def test_layout_from_the_config_matches_the_tensors_made():
+    model = random_model(CFG, seed=1)
+    made = golden.compute(model, TOKENS[:, :5])
+    assert {n: (a.dtype, a.shape) for n, a in made.items()} == golden.layout(model, (2, 5))
+    assert list(golden.layout(model, (2, 5))) == list(made)
+
+
+def test_stream_holds_one_stage_at_a_time():
+    """Block L's tensors come out before block L + 1 starts: nothing waits for the whole pass."""
+    model = random_model(CFG, seed=2)
+    started = []
+    hook = ("blocks.{}.hook_resid_pre", lambda a, name: started.append(name))
+    hooks = [(hook[0].format(L), hook[1]) for L in range(CFG.n_layers)]
+    for name, _ in golden.stream(model, TOKENS, fwd_hooks=hooks):
+        if name.startswith("blocks."):
+            assert len(started) == int(name.split(".")[1]) + 1, name
+
+
+def test_writer_fails_closed_and_leaves_no_file(tmp_path):
+    layout = {"a": (np.float64, (2, 3)), "b": (np.int64, (4,))}
+    path = tmp_path / "x.safetensors"
+    with pytest.raises(RefGPTError, match="never written.*'b'"):
+        with SafetensorsWriter(path, layout) as w:
+            w.write("a", np.zeros((2, 3)))
+    with pytest.raises(RefGPTError, match="'a' is float32 \\[2, 3\\], the header says float64"):
+        with SafetensorsWriter(path, layout) as w:
+            w.write("a", np.zeros((2, 3), np.float32))
+    with pytest.raises(RefGPTError, match="'c' is not in the header"):
+        with SafetensorsWriter(path, layout) as w:
+            w.write("c", np.zeros(1))
+    assert list(tmp_path.iterdir()) == []
+    with SafetensorsWriter(path, layout, {"k": "v"}) as w:  # any order, strided input
+        w.write("b", np.arange(8)[::2])
+        w.write("a", np.arange(6.0).reshape(3, 2).T)
+    got = load_file(str(path))
+    assert np.array_equal(got["a"], np.arange(6.0).reshape(3, 2).T) and np.array_equal(got["b"], [0, 2, 4, 6])
+
+
+def test_release_drops_pages_but_not_values(tmp_path):
+    model = random_model(CFG, seed=3)
+    path = golden.write_streamed(tmp_path / "g.safetensors", model, TOKENS, command=["t"])
+    g = golden.read(path)
+    before = np.array(g.tensors["blocks.1.attn.hook_pattern"])
+    g.release("blocks.1.attn.hook_pattern")
+    assert np.array_equal(g.tensors["blocks.1.attn.hook_pattern"], before)
+    assert isinstance(g.file, SafetensorsFile)
+
+
+def test_compare_in_small_chunks_gives_the_same_report(tmp_path, monkeypatch):
+    """The oracle compares a block of rows at a time; its verdict, first and worst elements must
+    not depend on the block size."""
+    model = random_model(CFG, seed=4)
+    ref = golden.write_streamed(tmp_path / "ref.safetensors", model, TOKENS, command=["t"])
+    m32 = random_model(CFG, seed=4, dtype="float32")
+
+    def inject(a, name):
+        a = a.copy()
+        a[1, 5, 3] += 0.05
+        a[0, 2, 1] += 0.01
+        return a
+
+    cand = golden.compute(m32, TOKENS, fwd_hooks=[("blocks.1.hook_resid_mid", inject)])
+    whole = comparison.compare(ref, cand).to_dict()
+    monkeypatch.setattr(comparison, "_CHUNK", 7)
+    chunked = comparison.compare(ref, cand).to_dict()
+    assert chunked == whole
+    assert whole["first_divergence"]["name"] == "blocks.1.hook_resid_mid"
+    assert whole["first_divergence"]["first_bad"]["index"] == (0, 2, 1)
