@@ -14,8 +14,9 @@ from hypothesis import strategies as st
 from safetensors import safe_open
 from safetensors.numpy import load_file
 
-from random_models import model_and_tokens, random_model
-from refgpt import Config, RefGPTError
+import refgpt
+from random_models import model_and_tokens, random_model, save_checkpoint
+from refgpt import Config, Model, RefGPTError
 from refgpt.oracle import comparison, golden
 from refgpt.safetensors_file import SafetensorsFile, SafetensorsWriter
 
@@ -120,3 +121,19 @@ def test_compare_in_small_chunks_gives_the_same_report(tmp_path, monkeypatch):
     assert chunked == whole
     assert whole["first_divergence"]["name"] == "blocks.1.hook_resid_mid"
     assert whole["first_divergence"]["first_bad"]["index"] == (0, 2, 1)
+
+
+def test_float32_twin_of_a_float32_checkpoint_is_the_mapped_file(tmp_path):
+    """The conditioning pass's float32 weights: mapped from a float32 checkpoint (no copy) when the
+    model holds that file's weights unchanged; rounded copies otherwise. The same numbers either way."""
+    ckpt = save_checkpoint(random_model(CFG, seed=6), tmp_path / "m")  # float32 on disk
+    model = refgpt.load(ckpt)  # float64
+    twin = golden.float32_twin(model)
+    rounded = Model(model.cfg, dict(model.params), dtype="float32")
+    for name, value in rounded.params.items():
+        assert twin.params[name].dtype == np.float32 and np.array_equal(twin.params[name], value), name
+    assert not twin.params["blocks.0.mlp.W_in"].flags.owndata  # a view of the mapped file
+    changed = dict(model.params)
+    changed["blocks.0.mlp.b_in"] = changed["blocks.0.mlp.b_in"] + 2.0**-40  # not a float32 number any more
+    edited = Model(model.cfg, changed, source=ckpt)
+    assert golden.float32_twin(edited).params["blocks.0.mlp.W_in"].flags.owndata
