@@ -306,11 +306,17 @@ def _compare_tensor(name, r, c, tol, conditioning, ref) -> TensorResult:
         res.notes.append("judged shift-invariantly: log-softmax of the logits")
     log_probs = ref.get("log_probs") if name == "logits" else None
     chunks = list(_row_chunks(r, c, log_probs))
-    ref_peak, judged_peak = 0.0, 0.0  # max |ref| and max |judged ref| over the compared part
-    for r64, _, jr, _ in _judged(name, chunks):
-        compared = np.isfinite(r64)  # attention scores: the causal part
-        ref_peak = max(ref_peak, float(np.max(np.abs(r64[compared]), initial=0.0)))
-        judged_peak = max(judged_peak, float(np.max(np.abs(jr[compared]), initial=0.0)))
+    # First pass: the scale of the reference, and which blocks differ at all. A block equal to the
+    # reference has no element out of tolerance and 0 error: the second pass skips it.
+    ref_peak, judged_peak, n_compared, differ = 0.0, 0.0, 0, []
+    for r64, c64, jr, jc in _judged(name, chunks):
+        compared = np.isfinite(r64)  # [rows, last] attention scores: the causal part
+        n_compared += int(compared.sum())
+        ref_peak = max(ref_peak, float(np.max(np.abs(r64), where=compared, initial=0.0)))
+        judged_peak = ref_peak if jr is r64 else max(judged_peak, float(np.max(np.abs(jr), where=compared, initial=0.0)))
+        with np.errstate(invalid="ignore"):  # −∞ − −∞ in the masked part, which is not compared
+            same = _equal_where(c64, r64, compared) and (jc is c64 or _equal_where(jc, jr, compared))
+        differ.append(not same)
     scale = max(1.0, judged_peak)
     if tol["profile"]:
         u = tol["unit_roundoff"]
@@ -318,35 +324,47 @@ def _compare_tensor(name, r, c, tol, conditioning, ref) -> TensorResult:
         res.atol = GROWTH * u * (conditioning.get(judged_name, 0.0) + scale)
     else:
         res.rtol, res.atol = tol["rtol"], tol["atol"]
-    n_compared, n_bad, worst_ratio, start = 0, 0, -1.0, 0
-    for r64, c64, jr, jc in _judged(name, chunks):
-        compared = np.isfinite(r64)  # [rows, last]
-        with np.errstate(invalid="ignore"):  # −∞ − −∞ in the masked part, which is not compared
-            diff = np.where(compared, np.abs(c64 - r64), 0.0)  # [rows, last] raw error, reported
-            jdiff = np.where(compared, np.abs(jc - jr), 0.0)  # [rows, last] judged error
-        diff = np.where(np.isnan(diff), np.inf, diff)  # a NaN candidate is infinitely wrong
-        jdiff = np.where(np.isnan(jdiff), np.inf, jdiff)
-        limit = res.atol + res.rtol * np.abs(np.where(compared, jr, 0.0))  # [rows, last]
-        bad = jdiff > limit  # [rows, last]
-        res.max_abs = max(res.max_abs, float(diff.max(initial=0.0)))
-        ulp = np.spacing(np.maximum(np.abs(r64), _F32_TINY).astype(np.float32)).astype(np.float64)  # [rows, last]
-        res.max_ulp = max(res.max_ulp, float(np.max(np.where(compared, diff / ulp, 0.0), initial=0.0)))
-        n_compared += int(compared.sum())
-        if bad.any():
-            n_bad += int(bad.sum())
-            ratio = np.where(bad, jdiff / np.maximum(limit, _F32_TINY), -1.0)  # [rows, last]
-            at = int(np.argmax(ratio))
-            if res.first_bad is None:
-                res.first_bad = _element(name, r.shape, start, int(np.argmax(bad)), jr, jc, limit)
-            if ratio.flat[at] > worst_ratio:
-                worst_ratio = float(ratio.flat[at])
-                res.worst = _element(name, r.shape, start, at, jr, jc, limit)
+    n_bad, worst_ratio, start = 0, -1.0, 0
+    for (r64, c64, jr, jc), block_differs in zip(_judged(name, chunks, differ), differ):
+        if block_differs:
+            n_bad, worst_ratio = _compare_block(res, name, r.shape, start, r64, c64, jr, jc, n_bad, worst_ratio)
         start += r64.size
     res.max_rel = res.max_abs / max(1.0, ref_peak)
     res.frac_out = float(n_bad / n_compared) if n_compared else 0.0
     if n_bad:
         res.status = "out of tolerance"
     return res
+
+
+def _equal_where(a, b, where) -> bool:
+    """Are a and b equal wherever ``where`` holds? (A NaN is never equal.)"""
+    return bool(np.all(a == b, where=where))
+
+
+def _compare_block(res, name, shape, start, r64, c64, jr, jc, n_bad, worst_ratio):
+    """One block of rows (starting at C-order index ``start`` of the tensor) into ``res``: the
+    raw error (reported), the judged error against atol + rtol·|ref|, first and worst elements."""
+    compared = np.isfinite(r64)  # [rows, last]
+    with np.errstate(invalid="ignore"):  # −∞ − −∞ in the masked part, which is not compared
+        diff = np.where(compared, np.abs(c64 - r64), 0.0)  # [rows, last] raw error, reported
+        jdiff = diff if jc is c64 else np.where(compared, np.abs(jc - jr), 0.0)  # [rows, last] judged error
+    diff = np.where(np.isnan(diff), np.inf, diff)  # a NaN candidate is infinitely wrong
+    jdiff = np.where(np.isnan(jdiff), np.inf, jdiff)
+    limit = res.atol + res.rtol * np.abs(np.where(compared, jr, 0.0))  # [rows, last]
+    bad = jdiff > limit  # [rows, last]
+    res.max_abs = max(res.max_abs, float(diff.max(initial=0.0)))
+    ulp = np.spacing(np.maximum(np.abs(r64), _F32_TINY).astype(np.float32)).astype(np.float64)  # [rows, last]
+    res.max_ulp = max(res.max_ulp, float(np.max(np.where(compared, diff / ulp, 0.0), initial=0.0)))
+    if bad.any():
+        n_bad += int(bad.sum())
+        ratio = np.where(bad, jdiff / np.maximum(limit, _F32_TINY), -1.0)  # [rows, last]
+        at = int(np.argmax(ratio))
+        if res.first_bad is None:
+            res.first_bad = _element(name, shape, start, int(np.argmax(bad)), jr, jc, limit)
+        if ratio.flat[at] > worst_ratio:
+            worst_ratio = float(ratio.flat[at])
+            res.worst = _element(name, shape, start, at, jr, jc, limit)
+    return n_bad, worst_ratio
 
 
 #: Elements per block of rows a tensor is compared in: the temporaries of the comparison stay
@@ -364,11 +382,15 @@ def _row_chunks(r, c, log_probs=None):
         yield r2[i:i + step], c2[i:i + step], None if lp is None else lp[i:i + step]
 
 
-def _judged(name, chunks):
-    """(reference, candidate, judged reference, judged candidate) in float64, a chunk at a time.
-    Logits are judged by their log-softmax against the reference's log_probs."""
-    for r, c, log_probs in chunks:
-        r64, c64 = r.astype(np.float64), c.astype(np.float64)  # [rows, last]
+def _judged(name, chunks, wanted=None):
+    """(reference, candidate, judged reference, judged candidate) in float64, a chunk at a time
+    (None for the chunks ``wanted`` says are not). Logits are judged by their log-softmax against
+    the reference's log_probs; every other tensor as it is (the judged arrays are the same)."""
+    for i, (r, c, log_probs) in enumerate(chunks):
+        if wanted is not None and not wanted[i]:
+            yield r, None, None, None
+            continue
+        r64, c64 = r.astype(np.float64, copy=False), c.astype(np.float64, copy=False)  # [rows, last]
         if name != "logits":
             yield r64, c64, r64, c64
         else:
@@ -404,8 +426,7 @@ def _logits_summary(ref, cand) -> LogitsSummary:
         r, c = sr[i:i + step].astype(np.float64), sc[i:i + step].astype(np.float64)  # [rows, d_vocab]
         lr = golden_file.log_softmax(r) if "logits" in ref else r  # [rows, d_vocab]
         lc = golden_file.log_softmax(c) if "logits" in cand else c  # [rows, d_vocab]
-        top_r = np.argsort(-lr, axis=-1, kind="stable")[..., :k]  # [rows, k]
-        top_c = np.argsort(-lc, axis=-1, kind="stable")[..., :k]  # [rows, k]
+        top_r, top_c = _top_k(lr, k), _top_k(lc, k)  # [rows, k] each
         top1 += float(np.sum(top_r[:, 0] == top_c[:, 0]))
         top5 += float((top_r[..., :, None] == top_c[..., None, :]).any(-1).mean(-1).sum())
         with np.errstate(invalid="ignore"):
@@ -415,6 +436,24 @@ def _logits_summary(ref, cand) -> LogitsSummary:
             shift = max(shift, float(np.max(np.abs((c - r).mean(-1)), initial=0.0)))  # per-position constant
     n = max(1, len(sr))
     return LogitsSummary(top1 / n, top5 / n, max_kl, shift)
+
+
+def _top_k(x, k):
+    """The indices of the k largest entries of each row, largest first, ties to the lower index:
+    ``np.argsort(-x, kind="stable")[:, :k]``, without sorting all of a 50,257-entry row. Rows
+    where the k-th value is tied or NaNs appear are sorted in full."""
+    if x.shape[-1] <= k:
+        return np.argsort(-x, axis=-1, kind="stable")[:, :k]
+    part = np.argpartition(-x, k - 1, axis=-1)[:, :k]  # [rows, k] the k largest, in no order
+    kth = np.take_along_axis(x, part, -1).min(-1, keepdims=True)  # [rows, 1] the k-th largest value
+    plain = ((x >= kth).sum(-1) == k) & ~np.isnan(x).any(-1)  # [rows] no tie at the k-th, no NaN
+    top = np.empty((len(x), k), dtype=np.intp)  # [rows, k]
+    part = np.sort(part, axis=-1)  # [rows, k] by index, so a stable sort by value breaks ties by index
+    order = np.argsort(-np.take_along_axis(x, part, -1), axis=-1, kind="stable")  # [rows, k]
+    top[plain] = np.take_along_axis(part, order, -1)[plain]
+    if not plain.all():
+        top[~plain] = np.argsort(-x[~plain], axis=-1, kind="stable")[:, :k]
+    return top
 
 
 # ---- the report as text ---------------------------------------------------------------------------

@@ -137,3 +137,14 @@ def test_float32_twin_of_a_float32_checkpoint_is_the_mapped_file(tmp_path):
     changed["blocks.0.mlp.b_in"] = changed["blocks.0.mlp.b_in"] + 2.0**-40  # not a float32 number any more
     edited = Model(model.cfg, changed, source=ckpt)
     assert golden.float32_twin(edited).params["blocks.0.mlp.W_in"].flags.owndata
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), width=st.integers(1, 30), ties=st.booleans(), nan=st.booleans())
+def test_top_k_is_the_first_k_of_a_stable_argsort(seed, width, ties, nan):
+    rng = np.random.default_rng(seed)
+    x = rng.integers(0, 4, (6, width)).astype(float) if ties else rng.standard_normal((6, width))
+    if nan:
+        x[2, rng.integers(0, width)] = np.nan
+    k = min(5, width)
+    assert np.array_equal(comparison._top_k(x, k), np.argsort(-x, axis=-1, kind="stable")[:, :k])
