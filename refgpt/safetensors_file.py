@@ -159,10 +159,11 @@ def _widen_bf16(words: np.ndarray) -> np.ndarray:
 _CODE_OF_DTYPE = {dtype.newbyteorder("<"): code for code, (dtype, _) in DTYPES.items() if code != "BF16"}
 
 
-def header_bytes(layout: dict[str, tuple[np.dtype, tuple[int, ...]]], metadata: dict[str, str]) -> bytes:
+def header_bytes(layout: dict[str, tuple[np.dtype, tuple[int, ...]]], metadata: dict[str, str], length=0) -> bytes:
     """The 8-byte length and JSON header of a file holding ``layout`` (name → (dtype, shape)),
     the tensors laid out one after another in the layout's order. The JSON is padded with spaces
-    to a multiple of 8 bytes, as the reference writer pads it, so every tensor starts aligned."""
+    to a multiple of 8 bytes, as the reference writer pads it, so every tensor starts aligned, and
+    to at least ``length`` bytes in all (room for metadata known only later)."""
     header: dict = {"__metadata__": dict(metadata)} if metadata else {}
     offset = 0
     for name, (dtype, shape) in layout.items():
@@ -174,6 +175,7 @@ def header_bytes(layout: dict[str, tuple[np.dtype, tuple[int, ...]]], metadata: 
                         "data_offsets": [offset, offset + nbytes]}
         offset += nbytes
     text = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    text += b" " * max(0, length - 8 - len(text))
     text += b" " * (-len(text) % 8)
     return len(text).to_bytes(8, "little") + text
 
@@ -183,17 +185,21 @@ class SafetensorsWriter:
 
     Every tensor's name, dtype and shape is given up front (``layout``, in file order), so the
     header goes first; ``write(name, array)`` then puts each tensor's bytes at its place, in any
-    order. The file appears under its name only when every tensor has been written (``close``,
-    or the end of a ``with`` block); until then it is ``NAME.partial``, removed on any error::
+    order. ``header_length`` leaves room in the header: ``metadata`` may then be replaced until
+    ``close``, which rewrites the header (it must still fit). The file appears under its name only
+    when every tensor has been written (``close``, or the end of a ``with`` block); until then it
+    is ``NAME.partial``, removed on any error::
 
         with SafetensorsWriter(path, {"x": (np.float64, (2, 3))}, {"note": "…"}) as w:
             w.write("x", x)
     """
 
-    def __init__(self, path, layout: dict, metadata: dict | None = None):
+    def __init__(self, path, layout: dict, metadata: dict | None = None, header_length: int = 0):
         self.path = Path(path)
         self._layout = {name: (np.dtype(dtype), tuple(shape)) for name, (dtype, shape) in layout.items()}
-        header = header_bytes(self._layout, metadata or {})
+        self.metadata = self._written_metadata = dict(metadata or {})
+        header = header_bytes(self._layout, self.metadata, header_length)
+        self._header_length = len(header)
         self._offsets, offset = {}, len(header)
         for name, (dtype, shape) in self._layout.items():
             self._offsets[name] = offset
@@ -223,6 +229,14 @@ class SafetensorsWriter:
 
     def close(self) -> Path:
         """Finish the file: every tensor must have been written."""
+        if self.metadata != self._written_metadata and not self._pending:
+            header = header_bytes(self._layout, self.metadata, self._header_length)
+            if len(header) != self._header_length:
+                self.abort()
+                raise RefGPTError(f"{self.path}: the metadata outgrew the room left for it in the header "
+                                  f"({len(header)} > {self._header_length} bytes)")
+            self._file.seek(0)
+            self._file.write(header)
         self._file.close()
         if self._pending:
             self._partial.unlink(missing_ok=True)

@@ -43,7 +43,7 @@ from ..config import Config
 from ..errors import RefGPTError
 from ..model import Model
 from .name_maps import forward_order
-from ..safetensors_file import SafetensorsFile, SafetensorsWriter
+from ..safetensors_file import SafetensorsFile, SafetensorsWriter, header_bytes
 
 FORMAT = "refgpt-golden"
 FORMAT_VERSION = "1"
@@ -201,18 +201,28 @@ def log_softmax(logits):
 
 
 def conditioning(model: Model, tokens, names=None) -> dict[str, float]:
-    """c_X = max|X_float32 − X_float64| / 2⁻²⁴ for every float golden tensor X.
-
-    The float64 and float32 passes run side by side, a stage at a time (``stream``), so only a
-    stage's activations of each are held."""
-    exact = Model(model.cfg, dict(model.params), dtype="float64")
-    rounded = float32_twin(model)  # the same weights, rounded as a float32 port rounds them
+    """c_X = max|X_float32 − X_float64| / 2⁻²⁴ for every float golden tensor X."""
     c = {}
-    for (name, r), (same, x) in zip(stream(exact, tokens, names), stream(rounded, tokens, names), strict=True):
-        assert name == same, (name, same)  # the two passes make the same tensors in the same order
+    for name, _, r, x in _side_by_side(model, tokens, names):
         if r.dtype.kind == "f":
             c[name] = _max_error_in_f32_roundoffs(r, x)
     return {name: c[name] for name in forward_order(c)}
+
+
+def _side_by_side(model: Model, tokens, names):
+    """Yield (name, the golden tensor, its float64 value, its float32 value): the model's pass, a
+    float64 pass and a float32 pass of the same weights, run a stage at a time side by side
+    (``stream``), so only a stage's activations of each are held. A pass that would repeat another
+    (the model's own pass is the float64 one when it is float64 and unhooked) is run once."""
+    hooked = bool(model.hook_run().hooks)  # hooks of a ``with model.hooks(…)`` context
+    exact = model if model.dtype == np.float64 and not hooked else Model(model.cfg, dict(model.params), dtype="float64")
+    rounded = model if model.dtype == np.float32 and not hooked else float32_twin(model)  # weights rounded as a float32 port rounds them
+    passes = list(dict.fromkeys([model, exact, rounded]))  # the distinct models
+    for tensors in zip(*(stream(m, tokens, names) for m in passes), strict=True):
+        made = dict(zip(passes, tensors))
+        name = tensors[0][0]
+        assert all(t[0] == name for t in tensors), tensors  # every pass makes the same tensors in the same order
+        yield name, made[model][1], made[exact][1], made[rounded][1]
 
 
 def float32_twin(model: Model) -> Model:
@@ -261,6 +271,11 @@ def make(model: Model, tokens, names=None, command=None) -> Golden:
 def metadata(model: Model, tokens, names=None, command=None) -> dict[str, str]:
     """A golden file's ``__metadata__``: provenance, and the conditioning (a float32 pass beside a
     float64 one)."""
+    return {**provenance(model, command), "conditioning": json.dumps(conditioning(model, tokens, names))}
+
+
+def provenance(model: Model, command=None) -> dict[str, str]:
+    """Who made a golden file, from what, with what: every metadata entry but the conditioning."""
     return {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -272,7 +287,6 @@ def metadata(model: Model, tokens, names=None, command=None) -> dict[str, str]:
         "blas": json.dumps(_blas()),
         "python_version": platform.python_version(),
         "command": json.dumps(list(sys.argv) if command is None else list(command)),
-        "conditioning": json.dumps(conditioning(model, tokens, names)),
     }
 
 
@@ -304,24 +318,43 @@ def write(path, golden: Golden) -> Path:
     """Write ``golden`` as a safetensors file: tensors in forward order, C-contiguous, metadata as
     strings. The same bytes as ``write_streamed`` writes for the same pass."""
     shapes = {name: (np.asarray(a).dtype, np.shape(a)) for name, a in golden.tensors.items()}
-    with SafetensorsWriter(path, shapes, golden.metadata) as out:
+    with SafetensorsWriter(path, shapes, golden.metadata, _header_length(shapes, golden.metadata)) as out:
         for name, a in golden.tensors.items():
             out.write(name, a)
     return Path(path)
 
 
 def write_streamed(path, model: Model, tokens, names=None, command=None) -> Path:
-    """Make and write a golden file without ever holding it: the header (every tensor's name,
-    dtype and shape, from the config; the metadata, from a conditioning pass) goes first, then each
-    tensor as the forward pass makes it. Memory: the weights (and a float32 copy for the
-    conditioning pass) plus one stage's activations."""
+    """Make and write a golden file without ever holding it, in one pass.
+
+    The header (every tensor's name, dtype and shape, known from the config) goes first, with room
+    left for the conditioning; each tensor is written as the forward pass makes it, while a float32
+    pass beside it measures the conditioning, which fills the header at the end. Memory: the
+    weights (a float32 checkpoint's are mapped, not copied, for the float32 pass) and one stage's
+    activations of each pass."""
     tokens, _ = model.check_tokens(tokens)  # [batch, pos]
     names = _checked_names(model, names)
-    meta = metadata(model, tokens, names, command)
-    with SafetensorsWriter(path, layout(model, tokens.shape, names), meta) as out:
-        for name, a in stream(model, tokens, names):
-            out.write(name, a)
+    shapes = layout(model, tokens.shape, names)
+    meta = {**provenance(model, command), "conditioning": "{}"}
+    c = {}
+    with SafetensorsWriter(path, shapes, meta, _header_length(shapes, meta)) as out:
+        for name, tensor, r, x in _side_by_side(model, tokens, names):
+            out.write(name, tensor)
+            if r.dtype.kind == "f":
+                c[name] = _max_error_in_f32_roundoffs(r, x)
+        out.metadata = {**meta, "conditioning": json.dumps({name: c[name] for name in forward_order(c)})}
     return Path(path)
+
+
+def _header_length(shapes, meta) -> int:
+    """The header's length in a golden file: as long as the longest conditioning could make it
+    (every c_X written in 24 characters, the longest a float's repr takes), so that the streamed
+    writer can leave room for the conditioning before it is measured, and both writers agree."""
+    if "conditioning" not in meta:
+        return 0
+    floats = [name for name, (dtype, _) in shapes.items() if np.dtype(dtype).kind == "f"]
+    longest = "{" + ", ".join(f"{json.dumps(name)}: {'9' * 24}" for name in floats) + "}"
+    return len(header_bytes(shapes, {**meta, "conditioning": longest}))
 
 
 def read(path) -> Golden:

@@ -91,6 +91,21 @@ def test_writer_fails_closed_and_leaves_no_file(tmp_path):
     assert np.array_equal(got["a"], np.arange(6.0).reshape(3, 2).T) and np.array_equal(got["b"], [0, 2, 4, 6])
 
 
+def test_writer_metadata_filled_in_at_the_end_must_fit_its_room(tmp_path):
+    layout = {"a": (np.float64, (2,))}
+    path = tmp_path / "x.safetensors"
+    with SafetensorsWriter(path, layout, {"c": ""}, header_length=200) as w:
+        w.write("a", np.ones(2))
+        w.metadata = {"c": "x" * 50}
+    with safe_open(str(path), "np") as f:
+        assert f.metadata() == {"c": "x" * 50} and np.array_equal(f.get_tensor("a"), np.ones(2))
+    with pytest.raises(RefGPTError, match="outgrew the room"):
+        with SafetensorsWriter(tmp_path / "y.safetensors", layout, {"c": ""}, header_length=80) as w:
+            w.write("a", np.ones(2))
+            w.metadata = {"c": "x" * 500}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.safetensors"]
+
+
 def test_release_drops_pages_but_not_values(tmp_path):
     model = random_model(CFG, seed=3)
     path = golden.write_streamed(tmp_path / "g.safetensors", model, TOKENS, command=["t"])
