@@ -2,12 +2,12 @@
 
     python benchmarks/oracle_tolerance.py [--models 500] [--seed 0]
 
-refgpt's profiles (refgpt/oracle.py) accept a candidate element when
+refgpt's profiles (refgpt/oracle/comparison.py) accept a candidate element when
 
     |candidate − reference| ≤ G·u·(c_X + S_X + |reference|)
 
 with u the format's unit roundoff, S_X = max(1, max|X_ref|) and c_X the error of refgpt's own
-float32 forward pass at tensor X in units of 2⁻²⁴ (refgpt/golden.py). This script measures, over
+float32 forward pass at tensor X in units of 2⁻²⁴ (refgpt/oracle/golden.py). This script measures, over
 random models, the smallest G that would have accepted an *independent* implementation:
 
 * float32 and float64: refgpt in that dtype with every activation additionally multiplied by

@@ -6,8 +6,8 @@
 Prints one row per number, under the name the page uses (N1, N2, …). A row is either *exact*
 (text, printed to the digits the page quotes; the page must quote exactly that) or a *bound* (a
 measured float error, which moves with the BLAS: the page states a power of ten and the
-measurement must stay below it). tests/test_attribution.py checks the N rows against the page;
-the TransformerLens rows (T1, T2) need the 'peers' extra and tests/test_decomposition_tl.py
+measurement must stay below it). tests/analysis/test_attribution.py checks the N rows against the page;
+the TransformerLens rows (T1, T2) need the 'peers' extra and tests/core/test_decomposition_tl.py
 checks them. Benchmark numbers come from benchmarks/bench_attribution.py instead.
 """
 

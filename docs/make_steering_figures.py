@@ -96,7 +96,7 @@ def main():
     ratio = np.array(at_p) / np.array(bound)
     print(f"at p / §3 bound, over the k where the bound applies (k‖Pd‖ > ‖Ps‖): {np.nanmin(ratio):.3f}..{np.nanmax(ratio):.3f}")
 
-    # §5's propagated bound on the positions after p (tests/test_steering_limit.py), against the
+    # §5's propagated bound on the positions after p (tests/analysis/test_steering_limit.py), against the
     # measured error, both times k: the bound's rate is right, its size is not.
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
     from test_steering_limit import propagated_bound

@@ -10,7 +10,7 @@ stands in for a checkpoint. The reference is refgpt's float64 golden file; each 
 2. LayerNorm's ε outside the square root, σ = √var + ε instead of √(var + ε), in float64
    (in float32 this bug is smaller than float32's own error; docs/oracle.md says why).
 
-tests/test_oracle.py runs these functions and checks what docs/oracle.md claims about them.
+tests/oracle/test_oracle.py runs these functions and checks what docs/oracle.md claims about them.
 """
 
 from __future__ import annotations

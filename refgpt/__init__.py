@@ -9,7 +9,7 @@ TransformerLens's hook names.
     logits, cache = model.run_with_cache(tokens)     # tokens: int array [pos] or [batch, pos]
     cache["ln_final.hook_scale"]                      # [batch, pos, 1]
 
-The package in layers; imports point down only (tests/test_layers.py checks it):
+The package in layers; imports point down only (tests/core/test_layers.py checks it):
 
 - the core, flat in ``refgpt/``: the forward pass and what it needs (config, safetensors reader,
   checkpoint loading and saving, layernorm, attention, mlp, activations, model, hooks, cache and
@@ -34,6 +34,7 @@ from .config import Config
 from .default_model import default_model_path, load_default
 from .errors import RefGPTError
 from .model import Model
+from .saving import save
 from .tokenizer import Tokenizer
 from .version import __version__
 
@@ -60,7 +61,8 @@ MOVED = {
 }
 
 __all__ = ["ActivationCache", "Attribution", "Config", "Model", "RefGPTError", "Tokenizer", "__version__",
-           "act_name", "analysis", "attribute", "default_model_path", "load", "load_default", "oracle", "train"]
+           "act_name", "analysis", "attribute", "default_model_path", "load", "load_default", "oracle", "save",
+           "train"]
 
 
 def __getattr__(name):
@@ -75,19 +77,29 @@ def __dir__():
     return sorted(set(globals()) | set(_LAZY) | {m.rsplit(".", 1)[-1] for m in MOVED})
 
 
+def _new_name(fullname):
+    """The module's name now (``refgpt.commands.predict`` → ``refgpt.cli.predict``), or None."""
+    for old, new in MOVED.items():
+        if fullname == old or fullname.startswith(old + "."):
+            return new + fullname[len(old):]
+    return None
+
+
 class _MovedModuleFinder(_abc.MetaPathFinder, _abc.Loader):
-    """``import refgpt.golden`` → the module ``refgpt.oracle.golden``, under both names."""
+    """``import refgpt.golden`` → the module ``refgpt.oracle.golden``, under both names (and the
+    modules under a moved package: ``refgpt.commands.predict`` is ``refgpt.cli.predict``)."""
 
     def find_spec(self, fullname, path=None, target=None):
-        if fullname in MOVED:
+        if _new_name(fullname) is not None:
             return _util.spec_from_loader(fullname, self)
         return None
 
     def create_module(self, spec):
-        return _importlib.import_module(MOVED[spec.name])
+        return _importlib.import_module(_new_name(spec.name))
 
     def exec_module(self, module):
         pass
 
 
-_sys.meta_path.append(_MovedModuleFinder())
+# First, so that a module under a moved package is never loaded a second time under its old name.
+_sys.meta_path.insert(0, _MovedModuleFinder())

@@ -1,4 +1,4 @@
-"""The MLP's nonlinearities, each written as the formula HF's ``ACT2FN`` computes.
+"""The MLP's nonlinearities, each written as the formula HF's ``ACT2FN`` computes, and softmax.
 
 GPT-2 uses ``gelu_new``, the tanh approximation of GELU(x) = x·Φ(x) (Φ the standard normal CDF):
 
@@ -138,6 +138,27 @@ def sigmoid(x):
     # For x ≥ 0, e^(−x) ≤ 1; for x < 0 use σ(x) = e^x / (1 + e^x) with e^x < 1.
     e = np.exp(-np.abs(x))  # [...] in (0, 1]
     return np.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+
+
+# ---- softmax: attention's pattern, the next-token distribution ----------------------------------
+
+
+def softmax(x, in_place=False):
+    """exp(x − max x) / Σ exp(x − max x) over the last axis; exp(−∞) = 0 exactly.
+
+    ``in_place``: overwrite ``x`` (when nobody else holds it) instead of allocating the result.
+    """
+    out = x if in_place else np.empty_like(x)  # [..., n]
+    np.subtract(x, x.max(axis=-1, keepdims=True), out=out)  # [..., n] ≤ 0
+    np.exp(out, out=out)  # [..., n]
+    out /= out.sum(axis=-1, keepdims=True)  # [..., n]
+    return out
+
+
+def log_softmax(x):
+    """log softmax over the last axis, in x's dtype, stable: x − max − log Σ exp(x − max)."""
+    shifted = x - x.max(axis=-1, keepdims=True)  # [..., n] ≤ 0
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))  # [..., n]
 
 
 ACTIVATIONS = {

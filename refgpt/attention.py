@@ -23,6 +23,7 @@ import functools
 
 import numpy as np
 
+from .activations import softmax
 from .linear import affine
 
 
@@ -85,15 +86,6 @@ def causal_bias(pos, start, dtype):
     bias = np.triu(np.full((pos, start + pos), -np.inf, dtype=dtype), k=start + 1)  # [query, key]
     bias.flags.writeable = False
     return bias
-
-
-def softmax(scores, in_place=False):
-    """exp(s − max s) / Σ exp(s − max s) over the last axis; exp(−∞) = 0 exactly."""
-    out = scores if in_place else np.empty_like(scores)  # [..., key]
-    np.subtract(scores, scores.max(axis=-1, keepdims=True), out=out)  # [..., key] ≤ 0
-    np.exp(out, out=out)  # [..., key]
-    out /= out.sum(axis=-1, keepdims=True)  # [..., key]
-    return out
 
 
 def attention_backward(grad, x, w, q, k, v, pattern, z, scale):

@@ -42,7 +42,9 @@ import numpy as np
 from .activations import BACKWARDS
 from .attention import attention_backward
 from .errors import RefGPTError
+from .hook_points import ATTN_HOOKS, LN_HOOKS
 from .layernorm import layer_norm_backward
+from .ln_views import cached_output
 from .loss import check_targets, next_token_targets, softmax_cross_entropy
 from .mlp import mlp_backward
 
@@ -89,7 +91,7 @@ def backward(model, tokens, cache, logits, targets) -> Gradients:
     g_acts: dict[str, np.ndarray] = {}
 
     # logits = final·W_U + b_U, final = ln_final(resid)
-    final = ln_out(cache, "ln_final.", p)  # [batch, pos, d_model]
+    final = cached_output(cache, "ln_final.")  # [batch, pos, d_model]
     g_params["unembed.W_U"] = rows(final).T @ rows(grad_logits)  # [d_model, d_vocab]
     if "unembed.b_U" in p:
         g_params["unembed.b_U"] = grad_logits.sum(axis=(0, 1))  # [d_vocab]
@@ -117,12 +119,12 @@ def backward(model, tokens, cache, logits, targets) -> Gradients:
 def block_backward(model, L, grad, cache, act_backward, g_params, g_acts):
     """Block L in reverse: ∂resid_post → ∂resid_pre, filling in the block's gradients."""
     cfg, p, b = model.cfg, model.params, f"blocks.{L}."
-    weights = flat_block_weights(model, L)
+    _, attn_w, mlp_w = model.block_weights(L)  # the flat layout the forward multiplies with
 
     # resid_post = resid_mid + mlp(ln2(resid_mid))
     g_acts[b + "hook_resid_post"] = g_acts[b + "hook_mlp_out"] = grad
-    m = mlp_backward(grad, ln_out(cache, b + "ln2.", p), cache[b + "mlp.hook_pre"],
-                     cache[b + "mlp.hook_post"], weights["mlp"], act_backward)
+    m = mlp_backward(grad, cached_output(cache, b + "ln2."), cache[b + "mlp.hook_pre"],
+                     cache[b + "mlp.hook_post"], mlp_w, act_backward)
     for key in ("W_in", "b_in", "W_out", "b_out"):
         g_params[b + "mlp." + key] = m[key]
     g_acts[b + "mlp.hook_pre"], g_acts[b + "mlp.hook_post"] = m["hook_pre"], m["hook_post"]
@@ -130,7 +132,7 @@ def block_backward(model, L, grad, cache, act_backward, g_params, g_acts):
 
     # resid_mid = resid_pre + attn(ln1(resid_pre))
     g_acts[b + "hook_resid_mid"] = g_acts[b + "hook_attn_out"] = grad
-    a = attention_backward(grad, ln_out(cache, b + "ln1.", p), weights["attn"],
+    a = attention_backward(grad, cached_output(cache, b + "ln1."), attn_w,
                            cache[b + "attn.hook_q"], cache[b + "attn.hook_k"], cache[b + "attn.hook_v"],
                            cache[b + "attn.hook_pattern"], cache[b + "attn.hook_z"], cfg.attn_scale(L))
     h, dh, d = cfg.n_heads, cfg.d_head, cfg.d_model
@@ -139,8 +141,8 @@ def block_backward(model, L, grad, cache, act_backward, g_params, g_acts):
         g_params[b + f"attn.b_{x}"] = a[f"b_{x}"].reshape(h, dh)
     g_params[b + "attn.W_O"] = a["W_O"].reshape(h, dh, d)  # [head, d_head, d_model]
     g_params[b + "attn.b_O"] = a["b_O"]
-    for name in ("q", "k", "v", "attn_scores", "pattern", "z"):
-        g_acts[b + "attn.hook_" + name] = a["hook_" + name]
+    for name in ATTN_HOOKS:
+        g_acts[b + "attn." + name] = a[name]
     grad = grad + layer_norm_step(b + "ln1.", a["x"], cache, p, g_params, g_acts)  # [batch, pos, d_model]
     g_acts[b + "hook_resid_pre"] = grad
     return grad
@@ -151,24 +153,9 @@ def layer_norm_step(prefix, grad, cache, p, g_params, g_acts):
     ∂loss/∂input returned."""
     g = layer_norm_backward(grad, cache[prefix + "hook_normalized"], cache[prefix + "hook_scale"], p[prefix + "w"])
     g_params[prefix + "w"], g_params[prefix + "b"] = g["w"], g["b"]
-    for name in ("hook_mean", "hook_scale", "hook_normalized"):
+    for name in LN_HOOKS:
         g_acts[prefix + name] = g[name]
     return g["x"]
-
-
-def ln_out(cache, prefix, p):
-    """A LayerNorm's output, recomputed from its cached x̂ exactly as the forward computes it."""
-    return cache[prefix + "hook_normalized"] * p[prefix + "w"] + p[prefix + "b"]  # [batch, pos, d_model]
-
-
-def flat_block_weights(model, L):
-    """Block L's attention and MLP weights in the layout the forward multiplies with (model.py's
-    ``_block_params``): W_Q, W_K, W_V [d_model, head·d_head], W_O [head·d_head, d_model]."""
-    p, b, d = model.params, f"blocks.{L}.", model.cfg.d_model
-    attn = {f"W_{x}": p[b + f"attn.W_{x}"].transpose(1, 0, 2).reshape(d, -1) for x in "QKV"}  # [d_model, head·d_head]
-    attn["W_O"] = p[b + "attn.W_O"].reshape(-1, d)  # [head·d_head, d_model]
-    mlp = {k: p[b + "mlp." + k] for k in ("W_in", "W_out")}
-    return {"attn": attn, "mlp": mlp}
 
 
 def rows(a):

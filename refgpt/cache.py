@@ -17,11 +17,15 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from . import decomposition
+from .errors import MissingActivation
+from .hook_points import ATTN_HOOKS, LN_HOOKS, MLP_HOOKS
+
 _ALIASES = {"attn": "pattern", "attn_logits": "attn_scores", "key": "k", "query": "q",
             "value": "v", "mlp_pre": "pre", "mlp_post": "post"}
-_ATTN = {"q", "k", "v", "z", "pattern", "attn_scores"}
-_MLP = {"pre", "post"}
-_LN = {"mean", "scale", "normalized"}
+_ATTN = {h.removeprefix("hook_") for h in ATTN_HOOKS}  # q, k, v, attn_scores, pattern, z
+_MLP = {h.removeprefix("hook_") for h in MLP_HOOKS}  # pre, post
+_LN = {h.removeprefix("hook_") for h in LN_HOOKS}  # mean, scale, normalized
 _LAYER_TYPES = {"a": "attn", "attention": "attn", "m": "mlp", "b": "", "block": "", "blocks": ""}
 
 
@@ -69,8 +73,8 @@ class ActivationCache(Mapping):
             return self._store[name]
         except KeyError:
             where = "" if name == key else f" (= {name!r})"
-            raise KeyError(f"{key!r}{where} is not in this cache; it holds {len(self._store)} "
-                           f"activations, e.g. {list(self._store)[:4]}") from None
+            raise MissingActivation(f"{key!r}{where} is not in this cache; it holds {len(self._store)} "
+                                    f"activations, e.g. {list(self._store)[:4]}") from None
 
     def _resolve(self, key) -> str:
         if isinstance(key, str):
@@ -104,35 +108,28 @@ class ActivationCache(Mapping):
 
     def accumulated_resid(self, *args, **kwargs):
         """The stream at each layer ("0_pre", …, "final_post"); see refgpt.decomposition."""
-        from . import decomposition
         return decomposition.accumulated_resid(self, *args, **kwargs)
 
     def decompose_resid(self, *args, **kwargs):
         """embed, pos_embed, each attn_out and mlp_out; see refgpt.decomposition."""
-        from . import decomposition
         return decomposition.decompose_resid(self, *args, **kwargs)
 
     def stack_head_results(self, *args, **kwargs):
         """Every head's z·W_O ("L0H3"); see refgpt.decomposition."""
-        from . import decomposition
         return decomposition.stack_head_results(self, *args, **kwargs)
 
     def stack_neuron_results(self, *args, **kwargs):
         """Every neuron's post·W_out ("L2N17"); see refgpt.decomposition."""
-        from . import decomposition
         return decomposition.stack_neuron_results(self, *args, **kwargs)
 
     def get_full_resid_decomposition(self, *args, **kwargs):
         """Heads, neurons, embeddings and "bias", summing to the stream; see refgpt.decomposition."""
-        from . import decomposition
         return decomposition.get_full_resid_decomposition(self, *args, **kwargs)
 
     def apply_ln_to_stack(self, *args, **kwargs):
         """A stack through a LayerNorm's cached scale (or recomputed); see refgpt.decomposition."""
-        from . import decomposition
         return decomposition.apply_ln_to_stack(self, *args, **kwargs)
 
     def logit_attrs(self, *args, **kwargs):
         """A stack through ln_final's cached scale, dotted with W_U[:, tokens]; see refgpt.decomposition."""
-        from . import decomposition
         return decomposition.logit_attrs(self, *args, **kwargs)

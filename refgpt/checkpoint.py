@@ -25,24 +25,15 @@ from pathlib import Path
 import numpy as np
 
 from .config import Config
+from .dtypes import compute_dtype
 from .errors import RefGPTError
+from .model import Model
+from .processing import process as process_weights
 from .safetensors_file import SafetensorsFile
-
-COMPUTE_DTYPES = {"float64": np.dtype(np.float64), "float32": np.dtype(np.float32)}
+from .tokenizer import Tokenizer
 
 # HF's non-parameter buffers: the causal mask and the masked fill value. Never weights.
 _BUFFER = re.compile(r"h\.\d+\.attn\.(bias|masked_bias)")
-
-
-def compute_dtype(dtype) -> np.dtype:
-    """'float64' (the default everywhere) or 'float32', also given as a NumPy dtype."""
-    try:
-        name = np.dtype(dtype).name
-    except TypeError:
-        name = None
-    if name not in COMPUTE_DTYPES:
-        raise RefGPTError(f"dtype must be 'float64' or 'float32', found {dtype!r}")
-    return COMPUTE_DTYPES[name]
 
 
 def expected_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
@@ -156,6 +147,30 @@ def to_circuits(t: dict[str, np.ndarray], cfg: Config) -> dict[str, np.ndarray]:
     return params
 
 
+def hf_tensors(cfg: Config, params, prefix: str = "transformer.") -> dict[str, np.ndarray]:
+    """TransformerLens state-dict names → HF GPT2LMHeadModel keys and layouts: the inverse of
+    ``to_circuits``, bit for bit. ``lm_head.weight`` only when the embeddings are not tied (HF's
+    save_pretrained stores a tied lm_head once, as wte)."""
+    d, p = cfg.d_model, params
+    t = {"wte.weight": p["embed.W_E"], "wpe.weight": p["pos_embed.W_pos"]}
+    for L in range(cfg.n_layers):
+        tl, hf = f"blocks.{L}.", f"h.{L}."
+        for n in (1, 2):
+            t[hf + f"ln_{n}.weight"], t[hf + f"ln_{n}.bias"] = p[tl + f"ln{n}.w"], p[tl + f"ln{n}.b"]  # [d_model]
+        t[hf + "attn.c_attn.weight"] = np.concatenate(
+            [p[tl + f"attn.W_{x}"].transpose(1, 0, 2).reshape(d, d) for x in "QKV"], axis=1)  # [d_model, 3·d_model]
+        t[hf + "attn.c_attn.bias"] = np.concatenate([p[tl + f"attn.b_{x}"].reshape(d) for x in "QKV"])  # [3·d_model]
+        t[hf + "attn.c_proj.weight"] = p[tl + "attn.W_O"].reshape(d, d)  # [head·d_head, d_model]
+        t[hf + "attn.c_proj.bias"] = p[tl + "attn.b_O"]  # [d_model]
+        t[hf + "mlp.c_fc.weight"], t[hf + "mlp.c_fc.bias"] = p[tl + "mlp.W_in"], p[tl + "mlp.b_in"]
+        t[hf + "mlp.c_proj.weight"], t[hf + "mlp.c_proj.bias"] = p[tl + "mlp.W_out"], p[tl + "mlp.b_out"]
+    t["ln_f.weight"], t["ln_f.bias"] = p["ln_final.w"], p["ln_final.b"]
+    tensors = {prefix + k: v for k, v in t.items()}
+    if not cfg.tie_word_embeddings:
+        tensors["lm_head.weight"] = p["unembed.W_U"].T  # [d_vocab, d_model]
+    return tensors
+
+
 def load(path: str | Path, dtype="float64", tokenizer=True, process=None):
     """Load an HF GPT-2 checkpoint directory (``config.json`` + ``model.safetensors``).
 
@@ -166,8 +181,6 @@ def load(path: str | Path, dtype="float64", tokenizer=True, process=None):
     stored), True (TransformerLens's from_pretrained defaults) or processing step names
     (refgpt.processing).
     """
-    from .model import Model  # model imports this module's helpers; import here to avoid a cycle
-
     directory = Path(path)
     if not directory.is_dir():
         raise RefGPTError(f"{directory}: model directory not found")
@@ -178,8 +191,6 @@ def load(path: str | Path, dtype="float64", tokenizer=True, process=None):
     if tokenizer:
         model.tokenizer = _find_tokenizer(directory)
     if process:
-        from .processing import process as process_weights
-
         model = process_weights(model, process)
     return model
 
@@ -188,6 +199,4 @@ def _find_tokenizer(directory: Path):
     pairs = [("vocab.json", "merges.txt"), ("encoder.json", "vocab.bpe")]
     if not any((directory / v).exists() and (directory / m).exists() for v, m in pairs):
         return None
-    from .tokenizer import Tokenizer
-
     return Tokenizer.from_dir(directory)

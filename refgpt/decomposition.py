@@ -47,7 +47,9 @@ from __future__ import annotations
 import numpy as np
 
 from . import ln_views
-from .errors import RefGPTError
+from .errors import RefGPTError, need
+
+DECOMPOSITION = "decomposition"  # who needs an activation, in the missing-activation error
 
 
 class _Slice:
@@ -99,23 +101,15 @@ def _layer(cache, layer, what):
     return int(layer)
 
 
-def _get(cache, name):
-    try:
-        return cache[name]
-    except KeyError:
-        raise RefGPTError(f"the cache has no {name!r}: run_with_cache without names= caches every "
-                          "activation the decomposition needs") from None
-
-
 def _stream_into(cache, layer):
     """The residual stream entering ``layer`` (the unembedding for layer = n_layers)."""
     n = _n_layers(cache)
-    return _get(cache, f"blocks.{n - 1}.hook_resid_post" if layer == n else f"blocks.{layer}.hook_resid_pre")
+    return need(cache, f"blocks.{n - 1}.hook_resid_post" if layer == n else f"blocks.{layer}.hook_resid_pre", DECOMPOSITION)
 
 
 def head_results(cache, layer):
     """Each head's write to the residual stream, z[h]·W_O[h]: [batch, pos, head, d_model]."""
-    z = _get(cache, f"blocks.{layer}.attn.hook_z")  # [batch, pos, head, d_head]
+    z = need(cache, f"blocks.{layer}.attn.hook_z", DECOMPOSITION)  # [batch, pos, head, d_head]
     W_O = cache.model.params[f"blocks.{layer}.attn.W_O"]  # [head, d_head, d_model]
     return (z[..., None, :] @ W_O)[..., 0, :]  # [batch, pos, head, d_model]
 
@@ -154,7 +148,7 @@ def _cached_scale(cache, layer, mlp_input, pos, batch=None):
         name = "ln_final.hook_scale"
     else:
         name = f"blocks.{layer}.ln{2 if mlp_input else 1}.hook_scale"
-    scale = pos.apply(_get(cache, name), -2)  # [batch, pos, 1] (or [batch, 1])
+    scale = pos.apply(need(cache, name, DECOMPOSITION), -2)  # [batch, pos, 1] (or [batch, 1])
     return scale if batch is None else batch.apply(scale, 0)
 
 
@@ -199,13 +193,13 @@ def accumulated_resid(cache, layer=None, incl_mid=False, apply_ln=False, pos_sli
     parts, labels = [], []
     for l in range(layer + 1):
         if l == n:
-            parts.append(_get(cache, f"blocks.{n - 1}.hook_resid_post"))
+            parts.append(need(cache, f"blocks.{n - 1}.hook_resid_post", DECOMPOSITION))
             labels.append("final_post")
             continue
-        parts.append(_get(cache, f"blocks.{l}.hook_resid_pre"))
+        parts.append(need(cache, f"blocks.{l}.hook_resid_pre", DECOMPOSITION))
         labels.append(f"{l}_pre")
         if (incl_mid and l < layer) or (mlp_input and l == layer):
-            parts.append(_get(cache, f"blocks.{l}.hook_resid_mid"))
+            parts.append(need(cache, f"blocks.{l}.hook_resid_mid", DECOMPOSITION))
             labels.append(f"{l}_mid")
     stack = np.stack([pos.apply(part, -2) for part in parts])  # [component, batch, pos, d_model]
     if apply_ln:
@@ -234,15 +228,15 @@ def decompose_resid(cache, layer=None, mlp_input=False, mode="all", apply_ln=Fal
                 labels.append(label)
     for l in range(layer):
         if incl_attn:
-            parts.append(_get(cache, f"blocks.{l}.hook_attn_out"))
+            parts.append(need(cache, f"blocks.{l}.hook_attn_out", DECOMPOSITION))
             labels.append(f"{l}_attn_out")
         if incl_mlp:
-            parts.append(_get(cache, f"blocks.{l}.hook_mlp_out"))
+            parts.append(need(cache, f"blocks.{l}.hook_mlp_out", DECOMPOSITION))
             labels.append(f"{l}_mlp_out")
     if mlp_input and incl_attn:
         if layer == _n_layers(cache):
             raise RefGPTError("decompose_resid: mlp_input=True needs a layer below n_layers: the unembedding has no MLP")
-        parts.append(_get(cache, f"blocks.{layer}.hook_attn_out"))
+        parts.append(need(cache, f"blocks.{layer}.hook_attn_out", DECOMPOSITION))
         labels.append(f"{layer}_attn_out")
     if parts:
         stack = np.stack([pos.apply(part, -2) for part in parts])  # [component, batch, pos, d_model]
@@ -255,7 +249,7 @@ def decompose_resid(cache, layer=None, mlp_input=False, mode="all", apply_ln=Fal
 
 def _empty(cache, pos, width):
     """A stack with no components: [0, batch, pos, width] (pos as ``pos`` slices it)."""
-    like = pos.apply(_get(cache, "ln_final.hook_scale"), -2)  # [batch, pos, 1]
+    like = pos.apply(need(cache, "ln_final.hook_scale", DECOMPOSITION), -2)  # [batch, pos, 1]
     return np.zeros((0, *like.shape[:-1], width), cache.model.dtype)
 
 
@@ -299,7 +293,7 @@ def _neuron_stack(cache, layer, pos, neurons, project, ln_mlp_input=None):
     scale = None if ln_mlp_input is None else _cached_scale(cache, layer, ln_mlp_input, pos)  # [batch, pos, 1]
     per_layer = []
     for l in range(layer):
-        post = neurons.apply(pos.apply(_get(cache, f"blocks.{l}.mlp.hook_post"), -2), -1)  # [batch, pos, neuron]
+        post = neurons.apply(pos.apply(need(cache, f"blocks.{l}.mlp.hook_post", DECOMPOSITION), -2), -1)  # [batch, pos, neuron]
         W_out = neurons.apply(p[f"blocks.{l}.mlp.W_out"], 0)  # [neuron, d_model]
         if scale is not None:
             W_out = W_out - W_out.mean(-1, keepdims=True)  # [neuron, d_model], P applied to each row

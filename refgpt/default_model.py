@@ -2,8 +2,10 @@
 
 It lives in the repository's ``weights/default/`` and installs with the package as
 ``refgpt.weights`` (setup.cfg maps one to the other), so ``importlib.resources`` finds it after
-``pip install .`` and ``pip install -e .`` alike. It is an ordinary HF GPT-2 directory:
-``config.json``, ``model.safetensors``, ``vocab.json``, ``merges.txt``.
+``pip install .`` and ``pip install -e .`` alike. Python started in the repository imports the
+source ``refgpt/`` instead of the installed copy, and that has no ``refgpt.weights``: then the
+model is the repository's ``weights/default/``, beside the source package. It is an ordinary HF
+GPT-2 directory: ``config.json``, ``model.safetensors``, ``vocab.json``, ``merges.txt``.
 
 It is a small GPT-2 (4 layers, d_model 144, n_ctx 128, an 8,192-token BPE vocabulary) trained
 on Shakespeare by ``weights/train_default.py``; ``weights/README.md`` records how, and its files'
@@ -25,11 +27,32 @@ UNTRAINED_MARKER = "UNTRAINED"
 
 
 def default_model_path() -> Path:
-    """The directory of the embedded default model."""
-    path = resources.files("refgpt.weights") / "default"
-    if not isinstance(path, Path) or not path.is_dir():  # e.g. installed inside a zip file
-        raise RefGPTError(f"the embedded default model is not installed as a directory ({path})")
-    return path
+    """The directory of the embedded default model: the installed ``refgpt.weights/default``, else
+    (refgpt imported from a source checkout) the repository's ``weights/default``."""
+    return find_default_model([installed_weights(), SOURCE_CHECKOUT_WEIGHTS])
+
+
+#: Where the default model is in a source checkout: ``weights/default`` beside the ``refgpt/`` package.
+SOURCE_CHECKOUT_WEIGHTS = Path(__file__).resolve().parent.parent / "weights" / "default"
+
+
+def installed_weights():
+    """``refgpt.weights/default`` as installed (a Path), or None when there is no such package."""
+    try:
+        return resources.files("refgpt.weights") / "default"
+    except ModuleNotFoundError:  # refgpt imported from the source tree: its weights/ is not a subpackage
+        return None
+
+
+def find_default_model(candidates) -> Path:
+    """The first candidate that is a model directory (holds config.json); a RefGPTError naming
+    every place looked at when none is."""
+    for place in candidates:
+        if isinstance(place, Path) and (place / "config.json").is_file():
+            return place
+    looked = ", ".join(str(p) for p in candidates if p is not None) or "nowhere"
+    raise RefGPTError(f"the embedded default model is not installed as a directory (looked in {looked}); "
+                      "pass a model directory instead")
 
 
 def load_default(dtype="float64"):

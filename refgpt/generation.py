@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .activations import softmax
 from .errors import RefGPTError
 
 
@@ -45,6 +46,5 @@ def choose(logits, temperature, top_k, rng):
     if top_k is not None and top_k < scaled.shape[-1]:
         kth = np.sort(scaled, axis=-1)[:, -top_k][:, None]  # [batch, 1] the k-th largest
         scaled = np.where(scaled >= kth, scaled, -np.inf)  # [batch, d_vocab]
-    probs = np.exp(scaled - scaled.max(-1, keepdims=True))  # [batch, d_vocab]
-    probs /= probs.sum(-1, keepdims=True)
+    probs = softmax(scaled, in_place=True)  # [batch, d_vocab]
     return np.array([rng.choice(len(p), p=p) for p in probs])  # [batch]

@@ -3,7 +3,7 @@
 A new token's attention needs the keys and values of every earlier position, and those never
 change (a position sees only its past), so they are computed once and kept. With a KVCache, a
 forward pass over the *new* tokens only is exactly the full forward pass's last rows: the same
-q·kᵀ products, the same softmax over the same keys (tests/test_kv_cache.py).
+q·kᵀ products, the same softmax over the same keys (tests/core/test_kv_cache.py).
 
 Mutable on purpose, unlike the activation cache: each forward pass given a KVCache appends its
 positions. Buffers are allocated for n_ctx positions up front, so an append copies only the new

@@ -11,7 +11,7 @@ For one position's residual vector x ∈ ℝⁿ (n = d_model):
 Everything non-linear about LayerNorm is the division by σ. Hold σ fixed (take it from the cache)
 and LN is an affine map of x: this is why a residual stream that is a sum of components can be
 pushed through the final LayerNorm piece by piece and the pieces still add up to the logits
-(docs/layernorm.md, tests/test_mission.py). And σ grows with x: LN(k·x) = LN_{ε/k²}(x), so as k
+(docs/layernorm.md, tests/core/test_mission.py). And σ grows with x: LN(k·x) = LN_{ε/k²}(x), so as k
 grows LayerNorm forgets scale and keeps only the direction of Px.
 
 Numerics. ‖Px‖² overflows long before x does (float32: ‖Px‖² > 3.4e38 once |xᵢ| ≳ 7e17 at
@@ -93,8 +93,3 @@ def scale(x, eps):
     """σ(x) for an uncentered x: the number LayerNorm divides by."""
     return centered_scale(x - x.mean(-1, keepdims=True), eps)
 
-
-def normalize(x, eps):
-    """x̂ = (x − mean)/σ: LayerNorm without its gain and bias."""
-    centered = x - x.mean(-1, keepdims=True)
-    return centered / centered_scale(centered, eps)

@@ -22,11 +22,16 @@ decomposition (docs/layernorm.md §3). TransformerLens's ``apply_ln_to_stack(rec
 at the unembedding computes this view.
 
 On the whole final stream the two agree up to w and b: recomputed(x) = w ⊙ cached_scale(x) + b,
-because then σ(c) = σ(x). Anywhere else they answer different questions (tests/test_ln_views.py).
+because then σ(c) = σ(x). Anywhere else they answer different questions (tests/core/test_ln_views.py).
+
+**The output itself** (``cached_output``): LN(x) = w ⊙ x̂ + b for the stream the model really saw,
+rebuilt from the cached x̂ exactly as the forward pass computed it (bit for bit), for readers of a
+cache that need what the LayerNorm handed on (the backward pass, attribution, golden files).
 """
 
 from __future__ import annotations
 
+from .errors import need
 from .layernorm import layer_norm
 
 
@@ -39,3 +44,10 @@ def cached_scale(stack, scale):
 def recomputed(stack, w, b, eps):
     """LN(c) = w ⊙ Pc/σ(c) + b for every c in ``stack`` [..., d_model], each with its own σ(c)."""
     return layer_norm(stack, w, b, eps)  # [..., d_model]
+
+
+def cached_output(cache, prefix, user=None, hint=None):
+    """LN(x) = w ⊙ x̂ + b of LayerNorm ``prefix`` ("blocks.3.ln1.", "ln_final.") from the cached x̂
+    (``user``, ``hint``: for the error if x̂ is not cached, see refgpt.cache.need)."""
+    p = cache.model.params
+    return need(cache, prefix + "hook_normalized", user, hint) * p[prefix + "w"] + p[prefix + "b"]  # [batch, pos, d_model]

@@ -23,19 +23,19 @@ from types import MappingProxyType
 
 import numpy as np
 
+from . import hook_points
 from .activations import ACTIVATIONS
 from .attention import attention
+from .backward import loss_and_grads
 from .cache import ActivationCache
-from .checkpoint import compute_dtype
 from .config import Config
+from .dtypes import compute_dtype
 from .errors import RefGPTError
+from .generation import generate
 from .hooks import HookRun, select_names
 from .kv_cache import KVCache
 from .layernorm import layer_norm
 from .mlp import mlp
-
-_LN_HOOKS = ("hook_mean", "hook_scale", "hook_normalized")
-
 
 def param_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
     """Every parameter's TransformerLens name and shape."""
@@ -54,21 +54,6 @@ def param_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def hook_names(cfg: Config) -> list[str]:
-    """Every hook point of a model with this config, in the order the forward pass reaches them."""
-    names = ["hook_embed", "hook_pos_embed"]
-    for L in range(cfg.n_layers):
-        b = f"blocks.{L}."
-        names.append(b + "hook_resid_pre")
-        names += [b + "ln1." + h for h in _LN_HOOKS]
-        names += [b + "attn.hook_" + h for h in ("q", "k", "v", "attn_scores", "pattern", "z")]
-        names += [b + "hook_attn_out", b + "hook_resid_mid"]
-        names += [b + "ln2." + h for h in _LN_HOOKS]
-        names += [b + "mlp.hook_pre", b + "mlp.hook_post", b + "hook_mlp_out", b + "hook_resid_post"]
-    names += ["ln_final." + h for h in _LN_HOOKS]
-    return names
-
-
 class Model:
     """A GPT-2: its Config, its parameters in circuits notation, and a hookable forward pass.
 
@@ -82,8 +67,8 @@ class Model:
         self.source = Path(source) if source is not None else None
         self.tokenizer = None
         self.params = MappingProxyType(self._checked(params))  # read-only: a new model for new weights
-        self._blocks = [self._block_params(L) for L in range(cfg.n_layers)]
-        self.hook_names = hook_names(cfg)
+        self._blocks = [self._flatten_block(L) for L in range(cfg.n_layers)]
+        self.hook_names = hook_points.hook_names(cfg.n_layers)
         self._context_hooks: list = []
         self._act = ACTIVATIONS[cfg.act_fn]
 
@@ -107,8 +92,16 @@ class Model:
             checked[name] = array.astype(self.dtype, copy=False)
         return checked
 
-    def _block_params(self, L):
-        """Block L's weights as the forward pass multiplies with them: (ln, attn, mlp) dicts.
+    def block_weights(self, L):
+        """Block L's weights as the forward (and backward) pass multiplies with them: (ln, attn,
+        mlp) dicts, ln: ln1.w, ln1.b, ln2.w, ln2.b; attn: W_Q, W_K, W_V [d_model, head·d_head],
+        b_Q, b_K, b_V [head·d_head], W_O [head·d_head, d_model], b_O; mlp: W_in, b_in, W_out, b_out.
+        Built once, when the model is made: views of ``params`` where the layout allows.
+        """
+        return self._blocks[L]
+
+    def _flatten_block(self, L):
+        """Block L's weights in the layout of ``block_weights``.
 
         Attention weights are flattened over heads, W_Q [head, d_model, d_head] → [d_model,
         head·d_head] and W_O → [head·d_head, d_model]. For weights read from an HF checkpoint
@@ -148,8 +141,6 @@ class Model:
     def loss_and_grads(self, tokens, targets=None):
         """Mean next-token cross-entropy and its gradient for every parameter and every hook point
         (a ``refgpt.backward.Gradients``); ``targets`` default to the next tokens (docs/backward.md)."""
-        from .backward import loss_and_grads
-
         return loss_and_grads(self, tokens, targets)
 
     def kv_cache(self, batch: int = 1) -> KVCache:
@@ -158,8 +149,6 @@ class Model:
 
     def generate(self, tokens, max_new_tokens: int, temperature: float = 1.0, top_k=None, seed=None):
         """Extend ``tokens`` by sampling (greedy when temperature is 0); see refgpt/generation.py."""
-        from .generation import generate
-
         return generate(self, tokens, max_new_tokens, temperature, top_k, seed)
 
     def hooks(self, fwd_hooks):
@@ -215,7 +204,7 @@ class Model:
     def block(self, L, resid, point, past=None):
         """Block L: resid_pre → + attn(ln1(resid)) → resid_mid → + mlp(ln2(resid)) → resid_post."""
         b = f"blocks.{L}."
-        ln, attn_w, mlp_w = self._blocks[L]
+        ln, attn_w, mlp_w = self.block_weights(L)
         cfg = self.cfg
         past_kv = None if past is None else functools.partial(past.extend, L)
 

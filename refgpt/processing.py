@@ -2,7 +2,7 @@
 
 Each step is a pure function ``params → params`` (TransformerLens state-dict names in, new arrays
 out, the input untouched) and each leaves something provably unchanged (docs/decomposition.md §3,
-tests/test_processing.py):
+tests/core/test_processing.py):
 
     fold_ln                   LayerNorm's gain w and bias b move into the weights that read its
                               output:  (w ⊙ x̂ + b)·W + c = x̂·(diag(w)·W) + (b·W + c).  LayerNorm
@@ -43,6 +43,7 @@ import numpy as np
 
 from .config import Config
 from .errors import RefGPTError
+from .model import Model
 
 #: Every step, in the order ``process`` applies them (TransformerLens's order).
 STEPS = ("fold_ln", "center_writing_weights", "center_unembed", "fold_value_biases",
@@ -197,8 +198,6 @@ def process_params(params: Mapping[str, np.ndarray], cfg: Config, steps=True) ->
 
 def process(model, steps=True):
     """A new Model with ``steps`` applied to ``model``'s weights (the model itself is untouched)."""
-    from .model import Model  # model.py does not import this module; import here to stay light
-
     chosen = resolve_steps(steps)
     params = process_params(model.params, model.cfg, chosen)
     cfg = model.cfg

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .dtypes import widen_bfloat16
 from .errors import RefGPTError
 
 # safetensors dtype code → (NumPy dtype of the stored bytes, is it a floating-point format)
@@ -28,7 +29,7 @@ DTYPES = {
     "F64": (np.dtype("<f8"), True),
     "F32": (np.dtype("<f4"), True),
     "F16": (np.dtype("<f2"), True),
-    "BF16": (np.dtype("<u2"), True),  # stored as raw 16-bit words; see ``_widen_bf16``
+    "BF16": (np.dtype("<u2"), True),  # stored as raw 16-bit words; see refgpt/dtypes.py
     "I64": (np.dtype("<i8"), False),
     "I32": (np.dtype("<i4"), False),
     "I16": (np.dtype("<i2"), False),
@@ -140,18 +141,13 @@ class SafetensorsFile:
             raise RefGPTError(f"{self.path}: tensor {name!r} is {code}, expected a float tensor")
         stored = self.raw(name)
         if code == "BF16":
-            stored = _widen_bf16(stored)
+            stored = widen_bfloat16(stored)
         array = stored if stored.dtype == dtype else stored.astype(dtype)
         if not np.isfinite(array).all():
             bad = np.argwhere(~np.isfinite(array))[0]
             value = array[tuple(bad)]
             raise RefGPTError(f"{self.path}: tensor {name!r} holds {value} at index {tuple(int(i) for i in bad)}")
         return array
-
-
-def _widen_bf16(words: np.ndarray) -> np.ndarray:
-    """bfloat16 → float32, exactly: a bfloat16 is the top 16 bits of a float32."""
-    return (words.astype(np.uint32) << 16).view(np.float32)
 
 
 # ---- writing, one tensor at a time ------------------------------------------------------------

@@ -235,6 +235,11 @@ class Tokenizer:
             symbols = merge_pair(symbols, self._merges[best])
         return symbols
 
+    @property
+    def merges(self) -> list[tuple[str, str]]:
+        """The merges in rank order (what ``merges.txt`` lists)."""
+        return list(self._merges)
+
     def clear_cache(self) -> None:
         """Forget the per-word cache (e.g. to time encoding from cold)."""
         self._cache.clear()

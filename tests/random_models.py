@@ -13,7 +13,8 @@ import numpy as np
 from hypothesis import strategies as st
 from safetensors.numpy import save_file
 
-from refgpt import Config, Model
+import refgpt
+from refgpt import Config, Model, checkpoint
 from refgpt.activations import ACTIVATIONS
 from refgpt.model import param_shapes
 
@@ -61,35 +62,25 @@ def model_and_tokens(draw, batch=None, **config_kwargs):
 
 
 def hf_tensors(model: Model, prefix: str = "transformer.") -> dict[str, np.ndarray]:
-    """The model's weights under HF GPT-2 keys and layouts (inverse of refgpt.checkpoint.to_circuits)."""
-    cfg, p = model.cfg, model.params
-    d = cfg.d_model
-    t = {"wte.weight": p["embed.W_E"], "wpe.weight": p["pos_embed.W_pos"],
-         "ln_f.weight": p["ln_final.w"], "ln_f.bias": p["ln_final.b"]}
-    for L in range(cfg.n_layers):
-        b, h = f"blocks.{L}.", f"h.{L}."
-        t[h + "attn.c_attn.weight"] = np.concatenate(
-            [p[b + f"attn.W_{x}"].transpose(1, 0, 2).reshape(d, d) for x in "QKV"], axis=1)
-        t[h + "attn.c_attn.bias"] = np.concatenate([p[b + f"attn.b_{x}"].reshape(d) for x in "QKV"])
-        t[h + "attn.c_proj.weight"] = p[b + "attn.W_O"].reshape(d, d)
-        t[h + "attn.c_proj.bias"] = p[b + "attn.b_O"]
-        for n in (1, 2):
-            t[h + f"ln_{n}.weight"], t[h + f"ln_{n}.bias"] = p[b + f"ln{n}.w"], p[b + f"ln{n}.b"]
-        t[h + "mlp.c_fc.weight"], t[h + "mlp.c_fc.bias"] = p[b + "mlp.W_in"], p[b + "mlp.b_in"]
-        t[h + "mlp.c_proj.weight"], t[h + "mlp.c_proj.bias"] = p[b + "mlp.W_out"], p[b + "mlp.b_out"]
-    tensors = {prefix + k: np.ascontiguousarray(v) for k, v in t.items()}
-    if not cfg.tie_word_embeddings:
-        tensors["lm_head.weight"] = np.ascontiguousarray(p["unembed.W_U"].T)
-    return tensors
+    """The model's weights under HF GPT-2 keys and layouts (refgpt.checkpoint.hf_tensors, contiguous)."""
+    return {k: np.ascontiguousarray(v) for k, v in checkpoint.hf_tensors(model.cfg, model.params, prefix).items()}
 
 
-def save_checkpoint(model: Model, directory: Path, dtype=np.float32, prefix="transformer.",
-                    tensors: dict | None = None, config: dict | None = None) -> Path:
-    """Write ``config.json`` + ``model.safetensors`` as HF's save_pretrained lays them out."""
+def save_checkpoint(model: Model, directory: Path, dtype=np.float32, tensors: dict | None = None,
+                    config: dict | None = None) -> Path:
+    """Write ``config.json`` + ``model.safetensors`` with ``refgpt.save`` (weights stored in ``dtype``).
+
+    A tied config's W_U is saved as W_Eᵀ, as HF stores it (a random model draws W_U on its own).
+    ``tensors`` / ``config``: write these instead, as they are (for tests of broken checkpoints).
+    """
     directory = Path(directory)
+    if tensors is None and config is None:
+        if model.cfg.tie_word_embeddings:
+            model = Model(model.cfg, {**model.params, "unembed.W_U": model.params["embed.W_E"].T}, dtype=model.dtype)
+        return refgpt.save(model, directory, dtype=dtype)
     directory.mkdir(parents=True, exist_ok=True)
     if tensors is None:
-        tensors = {k: v.astype(dtype) for k, v in hf_tensors(model, prefix).items()}
+        tensors = {k: v.astype(dtype) for k, v in hf_tensors(model).items()}
     save_file(tensors, str(directory / "model.safetensors"))
     (directory / "config.json").write_text(json.dumps(config if config is not None else model.cfg.to_hf()))
     return directory

@@ -6,8 +6,8 @@
 With no ``--out`` it overwrites ``weights/default/``, the model refgpt ships and loads when no
 ``--model`` is given; ``weights/README.md`` records what the committed run produced.
 
-Everything here is refgpt: the BPE trainer (refgpt/bpe_trainer.py), the forward pass, the
-backward pass (refgpt/backward.py) and AdamW (refgpt/optim.py), in float32 NumPy. The run is
+Everything here is refgpt: the BPE trainer (refgpt/train/bpe_trainer.py), the forward pass, the
+backward pass (refgpt/backward.py) and AdamW (refgpt/train/optim.py), in float32 NumPy. The run is
 seeded; the record it writes (TRAINING.md, training_log.json, loss_curve.png) holds the sha256
 of its input and of every file it wrote.
 
@@ -34,7 +34,7 @@ import os
 
 # One BLAS thread for a run: it is then bit-for-bit reproducible on a machine (a multi-threaded BLAS
 # may split sums differently), and on a shared 2-core machine it is also faster. Set before NumPy
-# loads, and only when run as a script: importing this module (tests/test_training_smoke.py does)
+# loads, and only when run as a script: importing this module (tests/train/test_training_smoke.py does)
 # must not change the BLAS threads of the importer's subprocesses, whose results would then differ
 # in the last bit from the importer's own.
 if __name__ == "__main__":
@@ -54,8 +54,8 @@ import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
-from safetensors.numpy import save_file  # noqa: E402
 
+import refgpt  # noqa: E402
 from refgpt import Config, Model, Tokenizer  # noqa: E402
 from refgpt.backward import loss_and_grads  # noqa: E402
 from refgpt.train.bpe_trainer import train_bpe, write_tokenizer  # noqa: E402
@@ -222,23 +222,6 @@ def train(cfg: Config, train_ids: np.ndarray, val_ids: np.ndarray, hyper: dict, 
 # ---- writing the model and its record -----------------------------------------------------------
 
 
-def hf_tensors(cfg: Config, p: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Circuits-notation params → HF GPT-2 tensors (``transformer.`` keys, tied lm_head not stored)."""
-    d = cfg.d_model
-    t = {"wte.weight": p["embed.W_E"], "wpe.weight": p["pos_embed.W_pos"]}
-    for L in range(cfg.n_layers):
-        b, h = f"blocks.{L}.", f"h.{L}."
-        t[h + "ln_1.weight"], t[h + "ln_1.bias"] = p[b + "ln1.w"], p[b + "ln1.b"]
-        t[h + "attn.c_attn.weight"] = np.concatenate([p[b + f"attn.W_{x}"].transpose(1, 0, 2).reshape(d, d) for x in "QKV"], 1)
-        t[h + "attn.c_attn.bias"] = np.concatenate([p[b + f"attn.b_{x}"].reshape(d) for x in "QKV"])
-        t[h + "attn.c_proj.weight"], t[h + "attn.c_proj.bias"] = p[b + "attn.W_O"].reshape(d, d), p[b + "attn.b_O"]
-        t[h + "ln_2.weight"], t[h + "ln_2.bias"] = p[b + "ln2.w"], p[b + "ln2.b"]
-        t[h + "mlp.c_fc.weight"], t[h + "mlp.c_fc.bias"] = p[b + "mlp.W_in"], p[b + "mlp.b_in"]
-        t[h + "mlp.c_proj.weight"], t[h + "mlp.c_proj.bias"] = p[b + "mlp.W_out"], p[b + "mlp.b_out"]
-    t["ln_f.weight"], t["ln_f.bias"] = p["ln_final.w"], p["ln_final.b"]
-    return {"transformer." + k: np.ascontiguousarray(v, dtype=np.float32) for k, v in t.items()}
-
-
 def hf_config(cfg: Config, eot: int) -> dict:
     return {**cfg.to_hf(), "initializer_range": INITIALIZER_RANGE, "bos_token_id": eot, "eos_token_id": eot}
 
@@ -319,10 +302,9 @@ def main(argv=None) -> int:
     deadline = time.time() + 60 * args.minutes if args.minutes else None
     params, record = train(cfg, train_ids, val_ids, hyper, SEED, deadline)
 
-    save_file(hf_tensors(cfg, params), str(out / "model.safetensors"), metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(hf_config(cfg, tok.eot_token), indent=2) + "\n", encoding="utf-8")
     model = tied_model(cfg, params, "float64")
     model.tokenizer = tok
+    refgpt.save(model, out, dtype="float32", config={"initializer_range": INITIALIZER_RANGE})  # bos/eos: <|endoftext|>
     record.update(samples=samples(model, PROMPTS), baseline=baseline, hyper=hyper, seed=SEED,
                   config=hf_config(cfg, tok.eot_token), bpe_seconds=bpe_seconds,
                   n_train_tokens=int(len(train_ids)), n_val_tokens=int(len(val_ids)),

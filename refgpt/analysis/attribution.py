@@ -36,7 +36,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..decomposition import token_id, token_ids
-from ..errors import RefGPTError
+from ..errors import RefGPTError, need
+from ..ln_views import cached_output
+
+_NEEDED_BY = ("attribute", "cache everything, or at least refgpt.analysis.attribution.required_hooks(model.cfg)")
 
 GRANULARITIES = ("layer", "head", "neuron")
 
@@ -127,14 +130,6 @@ def _ids(model, tokens, shape, what):
                           f"cache's [batch, pos] = {list(shape)}") from None
 
 
-def _cached(cache, name):
-    try:
-        return cache[name]
-    except KeyError:
-        raise RefGPTError(f"attribute: the cache has no {name!r}; cache everything, or at least "
-                          "refgpt.attribution.required_hooks(model.cfg)") from None
-
-
 def attribute(cache, target, against=None, granularity="layer", logits=None) -> Attribution:
     """Split the logit for ``target`` (minus ``against``) into labelled parts that sum to it.
 
@@ -147,7 +142,7 @@ def attribute(cache, target, against=None, granularity="layer", logits=None) -> 
         raise RefGPTError(f"attribute: granularity must be one of {list(GRANULARITIES)}, found {granularity!r}")
     model = cache.model
     p = model.params
-    scale = _cached(cache, "ln_final.hook_scale")[..., 0]  # [batch, pos]
+    scale = need(cache, "ln_final.hook_scale", *_NEEDED_BY)[..., 0]  # [batch, pos]
     shape = scale.shape
     t = _ids(model, target, shape, "target")
     a = None if against is None else _ids(model, against, shape, "against")
@@ -166,11 +161,11 @@ def attribute(cache, target, against=None, granularity="layer", logits=None) -> 
     def const(b, v):  # a constant vector b [d_model]·v → [batch, pos]
         return v @ b if v.ndim == 3 else np.full(shape, b @ v, model.dtype)
 
-    labels, parts = ["embed", "pos_embed"], [onto(_cached(cache, "hook_embed"), u)[None],
-                                             onto(_cached(cache, "hook_pos_embed"), u)[None]]
+    labels, parts = ["embed", "pos_embed"], [onto(need(cache, "hook_embed", *_NEEDED_BY), u)[None],
+                                             onto(need(cache, "hook_pos_embed", *_NEEDED_BY), u)[None]]
     for L in range(model.cfg.n_layers):
         blk = f"blocks.{L}."
-        z = _cached(cache, blk + "attn.hook_z")  # [batch, pos, head, d_head]
+        z = need(cache, blk + "attn.hook_z", *_NEEDED_BY)  # [batch, pos, head, d_head]
         W_O = p[blk + "attn.W_O"]  # [head, d_head, d_model]
         b_V = value_bias(p, L)  # [head, d_head]
         if per_pos:  # one direction per position: BLAS matrix products, [batch, pos, ·]
@@ -180,7 +175,7 @@ def attribute(cache, target, against=None, granularity="layer", logits=None) -> 
             g = W_O @ u  # [head, d_head]
             shares = np.broadcast_to((b_V * g).sum(-1)[:, None, None], (len(g), *shape))  # [head, batch, pos]
         heads = np.moveaxis((z * g).sum(-1), -1, 0) - shares  # (z − b_V)·W_O·u: [head, batch, pos]
-        post = _cached(cache, blk + "mlp.hook_post")  # [batch, pos, d_mlp]
+        post = need(cache, blk + "mlp.hook_post", *_NEEDED_BY)  # [batch, pos, d_mlp]
         W_out = p[blk + "mlp.W_out"]  # [d_mlp, d_model]
         k = u @ W_out.T  # W_out[n]·u: [batch, pos, d_mlp] or [d_mlp]
         neurons = post * k  # [batch, pos, d_mlp]
@@ -225,8 +220,7 @@ def _true_logit(cache, logits, t, a, direction, b_U, shape):
                               f"[batch, pos] = {list(shape)}")
         pick = lambda ids: np.take_along_axis(logits, np.broadcast_to(ids, shape)[..., None], -1)[..., 0]  # noqa: E731
         return pick(t) if a is None else pick(t) - pick(a)
-    p = cache.model.params
-    final = _cached(cache, "ln_final.hook_normalized") * p["ln_final.w"] + p["ln_final.b"]  # [batch, pos, d_model]
+    final = cached_output(cache, "ln_final.", *_NEEDED_BY)  # [batch, pos, d_model]
     logit = np.einsum("bpd,bpd->bp", final, direction) if direction.ndim == 3 else final @ direction  # [batch, pos]
     if b_U is not None:
         logit = logit + (b_U[t] if a is None else b_U[t] - b_U[a])

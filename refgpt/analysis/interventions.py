@@ -34,6 +34,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import RefGPTError
+from ..hook_points import position_axis
 
 
 class Intervention:
@@ -215,12 +216,6 @@ def patch(model, tokens, source_cache, names, positions=None) -> Intervention:
         hooks.append((name, _patcher(np.asarray(source_cache[name]), positions, name)))
     where = "every position" if positions is None else f"positions {list(positions)}"
     return Intervention(model, hooks, f"patch {len(names)} hook point(s) at {where}")
-
-
-def position_axis(name: str) -> int:
-    """The axis of an activation that indexes (query) positions: 2 for attention scores and
-    patterns [batch, head, query, key], 1 for everything else [batch, pos, …]."""
-    return 2 if name.endswith(("hook_attn_scores", "hook_pattern")) else 1
 
 
 # ---- the hook functions ----------------------------------------------------------------------

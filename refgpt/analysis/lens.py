@@ -37,9 +37,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import RefGPTError
+from ..activations import log_softmax
+from ..errors import RefGPTError, need
 from .. import ln_views
-from .measurements import log_softmax, stream_labels, streams
+from .measurements import stream_labels, streams
 
 
 class LensResult:
@@ -101,8 +102,7 @@ def logit_lens(cache) -> LensResult:
 def logit_lens_final_scale(cache) -> LensResult:
     """The lens with every stream divided by the *final* stream's cached scale (see module doc)."""
     model, p = cache.model, cache.model.params
-    if "ln_final.hook_scale" not in cache:
-        raise RefGPTError("the cache has no 'ln_final.hook_scale'; run_with_cache with it included")
+    need(cache, "ln_final.hook_scale", "logit_lens_final_scale")
     x = streams(cache)  # [stream, batch, pos, d_model]
     normed = ln_views.cached_scale(x, cache["ln_final.hook_scale"]) * p["ln_final.w"] + p["ln_final.b"]  # [stream, batch, pos, d_model]
     return LensResult(_unembed(model, normed), stream_labels(model.cfg.n_layers), "logit lens, final scale")

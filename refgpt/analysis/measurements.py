@@ -18,21 +18,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import RefGPTError
+from ..activations import log_softmax
+from ..errors import RefGPTError, need
 
 RESID_KINDS = ("resid_pre", "resid_mid", "resid_post")
-
-
-def _need(cache, name):
-    if name not in cache:
-        raise RefGPTError(f"the cache has no {name!r}; run_with_cache with names=None or including it")
-    return cache[name]
 
 
 def resid_norms(cache, batch: int = 0) -> dict[str, np.ndarray]:
     """{"resid_pre" | "resid_mid" | "resid_post": [layer, pos]} 2-norms of one batch row's stream."""
     n_layers = cache.model.cfg.n_layers
-    return {kind: np.stack([np.linalg.norm(_need(cache, f"blocks.{L}.hook_{kind}")[batch], axis=-1)  # [pos]
+    return {kind: np.stack([np.linalg.norm(need(cache, f"blocks.{L}.hook_{kind}")[batch], axis=-1)  # [pos]
                             for L in range(n_layers)])  # [layer, pos]
             for kind in RESID_KINDS}
 
@@ -41,7 +36,7 @@ def streams(cache) -> np.ndarray:
     """The streams entering each block and the final stream: [n_layers + 1, batch, pos, d_model]."""
     n_layers = cache.model.cfg.n_layers
     names = [f"blocks.{L}.hook_resid_pre" for L in range(n_layers)] + [f"blocks.{n_layers - 1}.hook_resid_post"]
-    return np.stack([_need(cache, name) for name in names])  # [stream, batch, pos, d_model]
+    return np.stack([need(cache, name) for name in names])  # [stream, batch, pos, d_model]
 
 
 def stream_labels(n_layers: int) -> list[str]:
@@ -61,12 +56,6 @@ def injection_ratio(cache, vector, positions, batch: int = 0) -> np.ndarray:
         raise RefGPTError(f"vector has {len(rows)} rows but {len(where)} positions were given")
     stream = streams(cache)[:, batch][:, where]  # [stream, m, d_model]
     return np.linalg.norm(rows, axis=-1) / np.linalg.norm(stream, axis=-1)  # [stream, m]
-
-
-def log_softmax(logits) -> np.ndarray:
-    """log p over the last axis, stable: logits − max − log Σ exp(logits − max)."""
-    shifted = logits - logits.max(axis=-1, keepdims=True)  # [..., d_vocab] ≤ 0
-    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))  # [..., d_vocab]
 
 
 def kl_divergence(logits_p, logits_q) -> np.ndarray:

@@ -3,14 +3,18 @@
 Every subcommand takes ``--model DIR`` (default: the embedded model, ``refgpt.default_model_path()``)
 and ``--dtype float64|float32``. A model directory carrying an ``UNTRAINED`` marker (a random
 initialisation, as the embedded default was before it was trained) gets a warning in everything a
-command prints: :func:`untrained_note` for tables, ``"untrained": true`` in JSON.
+command prints: :func:`untrained_note` for tables, ``"untrained": true`` in JSON. Every answer
+starts the same way: :func:`header` for tables, :func:`print_json` for ``--json``.
 """
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 
-from ..checkpoint import COMPUTE_DTYPES, load
+from ..checkpoint import load
+from ..dtypes import COMPUTE_DTYPES
 from ..default_model import default_model_path, is_untrained
 from ..errors import RefGPTError
 
@@ -74,3 +78,16 @@ def token_json(model, token_id) -> dict:
 def model_json(model) -> dict:
     """Which model produced a --json answer, and whether it is UNTRAINED."""
     return {"model": str(model.source), "untrained": is_untrained(model.source), "dtype": model.dtype.name}
+
+
+def header(model, args=None, tokens=None, detail="") -> list[str]:
+    """The lines a table answer starts with: the UNTRAINED warning (if any), the model, TEXT."""
+    note = untrained_note(model)
+    return [*([note, ""] if note else []), f"model: {model.source} ({model.dtype.name}{detail})",
+            *([text_line(args, tokens)] if tokens is not None else [])]
+
+
+def print_json(model, answer: dict) -> int:
+    """Print a --json answer: which model (``model_json``), then ``answer``; exit status 0."""
+    print(json.dumps({**model_json(model), **answer}, indent=2))
+    return 0

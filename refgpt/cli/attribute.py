@@ -2,7 +2,7 @@
 
 Runs the model on TEXT and splits the logit of TOKEN (minus the logit of ``--against TOKEN``) at
 one position (``--pos``, default the last: the next-token prediction) into every component of the
-residual stream, constants included (refgpt.attribution). Prints the ``--top`` components largest
+residual stream, constants included (refgpt.analysis.attribution). Prints the ``--top`` components largest
 in absolute value, each with its contribution and the cumulative share Σ|top i| / Σ|all| of the
 attribution mass; then the sum of *all* components next to the model's own logit, and their
 difference. TOKEN is text that encodes to exactly one token (" Paris"), or ``#ID`` for a token id
@@ -12,16 +12,14 @@ difference. TOKEN is text that encodes to exactly one token (" Paris"), or ``#ID
 from __future__ import annotations
 
 import argparse
-import json
 
 import numpy as np
 
 from ..analysis.attribution import GRANULARITIES, attribute, required_hooks
-from ..decomposition import token_id
 from ..errors import RefGPTError
 from ..processing import process
-from ._chosen_model import (add_text_arguments, load_chosen, model_json, text_line, token_json, token_text,
-                            tokens_of, untrained_note)
+from ._arguments import add_token_argument, positive_int, token_argument
+from ._chosen_model import add_text_arguments, header, load_chosen, print_json, token_json, token_text, tokens_of
 from ._table import table
 
 DESCRIPTION = """\
@@ -44,43 +42,22 @@ def add_parser(subparsers, common):
                               description=DESCRIPTION, epilog=EXAMPLES,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     add_text_arguments(p)
-    p.add_argument("--target", metavar="TOKEN", help="the token whose logit to split: text that is one token, or #ID")
-    p.add_argument("--target-id", type=int, metavar="ID", help="the same, by token id")
-    p.add_argument("--against", metavar="TOKEN", help="split the logit difference target − against instead")
-    p.add_argument("--against-id", type=int, metavar="ID", help="the same, by token id")
+    add_token_argument(p, "target", "the token whose logit to split")
+    add_token_argument(p, "against", "split the logit difference target − against instead")
     p.add_argument("--granularity", choices=GRANULARITIES, default="layer",
                    help="components: per layer (default), per head, or per head and neuron")
-    p.add_argument("--top", type=int, default=20, metavar="K", help="show the K largest components (default 20)")
+    p.add_argument("--top", type=positive_int, default=20, metavar="K", help="show the K largest components (default 20)")
     p.add_argument("--pos", type=int, default=-1, help="the position of TEXT to attribute (default -1, the last)")
     p.add_argument("--process", action="store_true",
                    help="process the weights as TransformerLens's from_pretrained does first (refgpt.processing)")
     p.set_defaults(run=run, usage_error=p.error)
 
 
-def _token(model, args, name):
-    """--NAME TOKEN (text or #ID) or --NAME-id ID; None when neither is given."""
-    text, number = getattr(args, name), getattr(args, f"{name}_id")
-    if text is not None and number is not None:
-        args.usage_error(f"give --{name} or --{name}-id, not both")
-    if text is not None and text.startswith("#"):
-        try:
-            number = int(text[1:])
-        except ValueError:
-            raise RefGPTError(f"--{name}: {text!r} is not #ID with an integer ID") from None
-    elif text is not None:
-        return token_id(model, text, f"--{name}")
-    if number is not None and not 0 <= number < model.cfg.d_vocab:
-        raise RefGPTError(f"--{name}: id {number} is outside the vocabulary [0, {model.cfg.d_vocab})")
-    return number
-
-
 def run(args) -> int:
-    if args.top < 1:
-        args.usage_error(f"argument --top: must be at least 1, found {args.top}")
     model = load_chosen(args)
     if args.process:
         model = process(model, True)
-    target, against = _token(model, args, "target"), _token(model, args, "against")
+    target, against = token_argument(model, args, "target"), token_argument(model, args, "against")
     if target is None:
         args.usage_error("the following arguments are required: --target (or --target-id)")
     tokens = tokens_of(model, args)  # [pos]
@@ -98,24 +75,20 @@ def run(args) -> int:
     relative = error / max(1.0, abs(logit))
 
     if args.json:
-        answer = {**model_json(model), "text": args.text, "tokens": [token_json(model, t) for t in tokens],
-                  "position": pos, "target": token_json(model, target),
-                  "against": None if against is None else token_json(model, against),
-                  "granularity": args.granularity, "processed": args.process, "n_components": len(values),
-                  "top": [{"component": result.labels[i], "contribution": float(values[i]),
-                           "cumulative_share": float(shares[k])} for k, i in enumerate(shown)],
-                  "sum": total, "logit": logit, "abs_error": error, "rel_error": relative}
-        print(json.dumps(answer, indent=2))
-        return 0
-    note = untrained_note(model)
+        return print_json(model, {
+            "text": args.text, "tokens": [token_json(model, t) for t in tokens],
+            "position": pos, "target": token_json(model, target),
+            "against": None if against is None else token_json(model, against),
+            "granularity": args.granularity, "processed": args.process, "n_components": len(values),
+            "top": [{"component": result.labels[i], "contribution": float(values[i]),
+                     "cumulative_share": float(shares[k])} for k, i in enumerate(shown)],
+            "sum": total, "logit": logit, "abs_error": error, "rel_error": relative})
     what = f"logit of {token_text(model, target)} (id {target})"
     if against is not None:
         what = f"logit of {token_text(model, target)} (id {target}) − logit of {token_text(model, against)} (id {against})"
     rows = [[result.labels[i], f"{values[i]:+.6f}", f"{100 * shares[k]:.1f}%"] for k, i in enumerate(shown)]
     print("\n".join([
-        *([note, ""] if note else []),
-        f"model: {model.source} ({model.dtype.name}{', processed as TransformerLens does' if args.process else ''})",
-        text_line(args, tokens),
+        *header(model, args, tokens, ", processed as TransformerLens does" if args.process else ""),
         f"{what} at position {pos} ({token_text(model, tokens[pos])}), by {args.granularity}: "
         f"the {len(shown)} largest of {len(values)} components",
         "",

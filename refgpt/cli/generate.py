@@ -9,9 +9,9 @@ logits / temperature, restricted to the top K with --top-k, reproducibly for a g
 from __future__ import annotations
 
 import argparse
-import json
 
-from ._chosen_model import add_text_arguments, load_chosen, model_json, token_json, tokens_of, untrained_note
+from ._arguments import count, non_negative_float, positive_int
+from ._chosen_model import add_text_arguments, load_chosen, print_json, token_json, tokens_of, untrained_note
 
 EXAMPLES = """\
 examples:
@@ -19,28 +19,6 @@ examples:
   refgpt generate "Now is the winter of" -n 50 --top-k 40 --seed 1
   refgpt generate "The king" -n 5 --json
 """
-
-
-def non_negative_float(text):
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be a number ≥ 0, found {text!r}")
-    return value
-
-
-def count(text):
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"must be a whole number ≥ 0, found {text!r}")
-    return int(text)
-
-
-def positive(text):
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"must be a whole number ≥ 1, found {text!r}")
-    return int(text)
 
 
 def add_parser(subparsers, common):
@@ -53,7 +31,7 @@ def add_parser(subparsers, common):
     p.add_argument("-n", "--max-new-tokens", type=count, default=20, metavar="N",
                    help="how many tokens to add (default 20)")
     p.add_argument("--temperature", type=non_negative_float, default=1.0, help="0 = greedy (default 1)")
-    p.add_argument("--top-k", type=positive, default=None, metavar="K", help="sample only from the K most likely")
+    p.add_argument("--top-k", type=positive_int, default=None, metavar="K", help="sample only from the K most likely")
     p.add_argument("--seed", type=int, default=0, help="seed of the sampler (default 0)")
     p.set_defaults(run=run, usage_error=p.error)
 
@@ -65,10 +43,9 @@ def run(args) -> int:
                          top_k=args.top_k, seed=args.seed)  # [pos + n]
     new = out[len(prompt):]  # [n]
     if args.json:
-        print(json.dumps({**model_json(model), "text": args.text, "continuation": model.to_string(new),
-                          "new_tokens": [token_json(model, t) for t in new],
-                          "temperature": args.temperature, "top_k": args.top_k, "seed": args.seed}, indent=2))
-        return 0
+        return print_json(model, {"text": args.text, "continuation": model.to_string(new),
+                                  "new_tokens": [token_json(model, t) for t in new],
+                                  "temperature": args.temperature, "top_k": args.top_k, "seed": args.seed})
     note = untrained_note(model)
     print("\n".join([*([note, ""] if note else []), model.to_string(out)]))
     return 0

@@ -9,15 +9,14 @@ integer array [pos] or [batch, pos], or text with whitespace-separated ids, one 
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 import numpy as np
 
-from ..oracle import golden
 from ..errors import RefGPTError
-from ._chosen_model import load_chosen, tokens_of, untrained_note
+from ..oracle import golden
+from ._chosen_model import load_chosen, print_json, tokens_of, untrained_note
 
 
 def add_parser(subparsers, common):
@@ -49,12 +48,11 @@ def run(args) -> int:
     size = path.stat().st_size
     count, shape, dtype = len(golden.layout(model, tokens.shape, names)), list(tokens.shape), model.dtype.name
     if args.json:
-        print(json.dumps({"path": str(path), "tensors": count, "bytes": size, "tokens_shape": shape,
-                          "dtype": dtype, "untrained": untrained_note(model) is not None}))
-    else:
-        if note := untrained_note(model):
-            print(note)
-        print(f"wrote {path}: {count} tensors, {size / 2**20:.1f} MiB, tokens {shape}, {dtype}")
+        return print_json(model, {"path": str(path), "tensors": count, "bytes": size, "tokens_shape": shape,
+                                  "dtype": dtype})
+    if note := untrained_note(model):
+        print(note)
+    print(f"wrote {path}: {count} tensors, {size / 2**20:.1f} MiB, tokens {shape}, {dtype}")
     return 0
 
 

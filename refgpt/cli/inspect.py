@@ -15,14 +15,12 @@ position and token.
 from __future__ import annotations
 
 import argparse
-import json
 
 import numpy as np
 
+from .. import ln_views
 from ..decomposition import decompose_resid
-from ..layernorm import scale
-from ._chosen_model import (add_text_arguments, load_chosen, model_json, text_line, token_json,
-                            token_text, tokens_of, untrained_note)
+from ._chosen_model import add_text_arguments, header, load_chosen, print_json, token_json, token_text, tokens_of
 from ._table import table
 
 DESCRIPTION = """\
@@ -53,17 +51,18 @@ def add_parser(subparsers, common):
 
 
 def decomposition_errors(model, logits, cache) -> dict:
-    """max |Σ pieces − logits| with ln_final's cached scale, and with each piece's own scale."""
+    """max |Σ pieces − logits| through ln_final's two views (refgpt/ln_views.py): the cached-scale
+    view (exact), and the recomputed view, each piece with its own scale (the naive mistake)."""
     p, eps = model.params, model.cfg.eps
     w, W_U = p["ln_final.w"], p["unembed.W_U"]  # [d_model], [d_model, d_vocab]
+    no_b = np.zeros_like(p["ln_final.b"])  # [d_model]: b is counted once, in bias
     sigma = cache["ln_final.hook_scale"]  # [batch, pos, 1]
     bias = p["ln_final.b"] @ W_U + model.b_U  # [d_vocab]: counted once
     exact = naive = bias  # [d_vocab], broadcast up to [batch, pos, d_vocab] by the first piece
     pieces = decompose_resid(cache)  # [piece, batch, pos, d_model]: embed, pos_embed, each attn_out, mlp_out
     for piece in pieces:  # [batch, pos, d_model]
-        centered = piece - piece.mean(-1, keepdims=True)  # [batch, pos, d_model]
-        exact = exact + (w * (centered / sigma)) @ W_U  # [batch, pos, d_vocab]
-        naive = naive + (w * (centered / scale(piece, eps))) @ W_U  # [batch, pos, d_vocab]
+        exact = exact + (w * ln_views.cached_scale(piece, sigma)) @ W_U  # [batch, pos, d_vocab]
+        naive = naive + ln_views.recomputed(piece, w, no_b, eps) @ W_U  # [batch, pos, d_vocab]
     return {"pieces": len(pieces), "max_abs_logit": float(np.max(np.abs(logits))),
             "cached_scale_error": float(np.max(np.abs(exact - logits))),
             "naive_error": float(np.max(np.abs(naive - logits)))}
@@ -103,12 +102,8 @@ def run(args) -> int:
     blocks, final = layer_norm_rows(model, cache, tokens)
     errors = decomposition_errors(model, logits, cache)
     if args.json:
-        answer = {**model_json(model), "text": args.text,
-                  "tokens": [token_json(model, t) for t in tokens],
-                  "blocks": blocks, "ln_final": final, "decomposition": errors}
-        print(json.dumps(answer, indent=2))
-        return 0
-    note = untrained_note(model)
+        return print_json(model, {"text": args.text, "tokens": [token_json(model, t) for t in tokens],
+                                  "blocks": blocks, "ln_final": final, "decomposition": errors})
     shown = {pos: token_text(model, t) for pos, t in enumerate(tokens)}
     number = "{:.6g}".format
     block_table = table(
@@ -120,9 +115,7 @@ def run(args) -> int:
         [[r["pos"], shown[r["pos"]], *(number(r[k]) for k in FINAL_COLUMNS)] for r in final],
         align="><>>>")
     print("\n".join([
-        *([note, ""] if note else []),
-        f"model: {model.source} ({model.dtype.name})",
-        text_line(args, tokens),
+        *header(model, args, tokens),
         "",
         "The residual stream each LayerNorm reads (its 2-norm), and the LayerNorm's mean and scale:",
         "",

@@ -3,7 +3,7 @@
 Rows are positions of TEXT, columns the streams entering each block and the final stream; each
 cell is the lens's top next token and its probability — or, with ``--target TOKEN`` (or
 ``--target-id ID``), the
-probability of that token. ``--kind`` picks the lens (refgpt.lens): ``logit`` recomputes
+probability of that token. ``--kind`` picks the lens (refgpt.analysis.lens): ``logit`` recomputes
 ln_final from each stream (the correct logit lens), ``final-scale`` divides by the final stream's
 cached scale, ``tuned`` applies translators from ``--translators FILE`` (tuned-lens safetensors
 keys). ``--plot FILE`` saves the heatmap (needs the ``plot`` extra).
@@ -12,13 +12,10 @@ keys). ``--plot FILE`` saves the heatmap (needs the ``plot`` extra).
 from __future__ import annotations
 
 import argparse
-import json
 
-from ..decomposition import token_id
-from ..errors import RefGPTError
 from ..analysis.lens import logit_lens, logit_lens_final_scale, tuned_lens
-from ._chosen_model import (add_text_arguments, load_chosen, model_json, text_line, token_json, token_text,
-                            tokens_of, untrained_note)
+from ._arguments import add_token_argument, token_argument
+from ._chosen_model import add_text_arguments, header, load_chosen, print_json, token_json, token_text, tokens_of
 from ._table import table
 
 KINDS = ("logit", "final-scale", "tuned")
@@ -45,8 +42,7 @@ def add_parser(subparsers, common):
     add_text_arguments(p)
     p.add_argument("--kind", choices=KINDS, default="logit", help="which lens (default: logit)")
     p.add_argument("--translators", metavar="FILE", help="tuned-lens translators (safetensors), for --kind tuned")
-    p.add_argument("--target", metavar="TOKEN", help="show the probability of this token (text that is one token)")
-    p.add_argument("--target-id", type=int, metavar="ID", help="the same, by token id")
+    add_token_argument(p, "target", "show the probability of this token")
     p.add_argument("--plot", metavar="FILE", help="save the heatmap (PNG) to FILE")
     p.set_defaults(run=run, usage_error=p.error)
 
@@ -63,7 +59,7 @@ def run(args) -> int:
         lens = logit_lens_final_scale(cache)
     else:
         lens = tuned_lens(cache, args.translators)
-    target = _target(model, args)
+    target = token_argument(model, args, "target")
     ids, top_p = (a[:, 0, :, 0] for a in lens.top(1))  # [stream, pos] each
     target_p = None if target is None else lens.prob(target)[:, 0]  # [stream, pos]
     if args.plot:
@@ -77,12 +73,10 @@ def run(args) -> int:
         cells = [[{"top": token_json(model, ids[M, j]), "probability": float(top_p[M, j]),
                    **({"target_probability": float(target_p[M, j])} if target is not None else {})}
                   for M in range(len(lens.labels))] for j in range(len(tokens))]
-        answer = {**model_json(model), "text": args.text, "kind": lens.kind, "streams": lens.labels,
-                  "tokens": [token_json(model, t) for t in tokens], "cells": cells,
-                  "target": None if target is None else token_json(model, target), "plot": args.plot}
-        print(json.dumps(answer, indent=2))
-        return 0
-    note = untrained_note(model)
+        return print_json(model, {
+            "text": args.text, "kind": lens.kind, "streams": lens.labels,
+            "tokens": [token_json(model, t) for t in tokens], "cells": cells,
+            "target": None if target is None else token_json(model, target), "plot": args.plot})
     rows = []
     for j in range(len(tokens)):
         if target is None:
@@ -92,23 +86,10 @@ def run(args) -> int:
         rows.append([j, token_text(model, tokens[j]), *cells])
     what = "top next token and its probability" if target is None else f"p({token_text(model, target)})"
     print("\n".join([
-        *([note, ""] if note else []),
-        f"model: {model.source} ({model.dtype.name})",
-        text_line(args, tokens),
+        *header(model, args, tokens),
         f"{lens.kind}: {what}, per position (rows) and stream (columns)",
         "",
         table(["pos", "token", *lens.labels], rows, align="><" + ">" * len(lens.labels)),
         *([f"\nfigure: {args.plot}"] if args.plot else []),
     ]))
     return 0
-
-
-def _target(model, args):
-    """--target TEXT (exactly one token) or --target-id ID; None when neither is given."""
-    if args.target is not None and args.target_id is not None:
-        args.usage_error("give --target or --target-id, not both")
-    if args.target_id is not None:
-        if not 0 <= args.target_id < model.cfg.d_vocab:
-            raise RefGPTError(f"--target-id: {args.target_id} is outside the vocabulary [0, {model.cfg.d_vocab})")
-        return args.target_id
-    return None if args.target is None else token_id(model, args.target, "--target")

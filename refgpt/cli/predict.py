@@ -9,12 +9,12 @@ Ties in the logits are ranked by token id.
 from __future__ import annotations
 
 import argparse
-import json
 
 import numpy as np
 
-from ._chosen_model import (add_text_arguments, load_chosen, model_json, text_line, token_json,
-                            token_text, tokens_of, untrained_note)
+from ..activations import softmax
+from ._arguments import positive_int
+from ._chosen_model import add_text_arguments, header, load_chosen, print_json, token_json, token_text, tokens_of
 from ._table import table
 
 DESCRIPTION = """\
@@ -31,16 +31,6 @@ examples:
 """
 
 
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"K must be a positive integer, found {text!r}")
-    return value
-
-
 def add_parser(subparsers, common):
     p = subparsers.add_parser(
         "predict", parents=[common], help="the next-token distribution after TEXT",
@@ -55,8 +45,7 @@ def add_parser(subparsers, common):
 def next_token_distribution(model, tokens):
     """(logits, probabilities) for the token after ``tokens`` [pos], each [d_vocab], in the model's dtype."""
     logits = model(tokens, last_only=True)[-1]  # [d_vocab]: only the last position is unembedded
-    shifted = np.exp(logits - logits.max())  # [d_vocab], largest term exactly 1
-    return logits, shifted / shifted.sum()  # [d_vocab], [d_vocab]
+    return logits, softmax(logits)  # [d_vocab], [d_vocab]
 
 
 def run(args) -> int:
@@ -65,18 +54,14 @@ def run(args) -> int:
     logits, probs = next_token_distribution(model, tokens)  # [d_vocab], [d_vocab]
     top = np.argsort(-logits, kind="stable")[:args.top_k]  # [k] token ids, most likely first
     if args.json:
-        answer = {**model_json(model), "text": args.text, "tokens": [token_json(model, t) for t in tokens],
-                  "top_k": [{"rank": rank, **token_json(model, i), "probability": float(probs[i]),
-                             "logit": float(logits[i])} for rank, i in enumerate(top, start=1)]}
-        print(json.dumps(answer, indent=2))
-        return 0
-    note = untrained_note(model)
+        return print_json(model, {
+            "text": args.text, "tokens": [token_json(model, t) for t in tokens],
+            "top_k": [{"rank": rank, **token_json(model, i), "probability": float(probs[i]),
+                       "logit": float(logits[i])} for rank, i in enumerate(top, start=1)]})
     rows = [[rank, int(i), token_text(model, i), f"{probs[i]:.8f}", f"{logits[i]:.6f}"]
             for rank, i in enumerate(top, start=1)]
     print("\n".join([
-        *([note, ""] if note else []),
-        f"model: {model.source} ({model.dtype.name})",
-        text_line(args, tokens),
+        *header(model, args, tokens),
         f"next token: top {len(top)} of {model.cfg.d_vocab}",
         "",
         table(["rank", "id", "token", "probability", "logit"], rows, align=">><>>"),

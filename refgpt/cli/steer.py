@@ -2,7 +2,7 @@
 
 The steering vector is C·(resid_pre_L(P) − resid_pre_L(M)), the shorter prompt padded with the
 space token; it is added to the first positions of TEXT's stream entering block L
-(refgpt.interventions). The command prints, per position of TEXT, the clean and the steered top
+(refgpt.analysis.interventions). The command prints, per position of TEXT, the clean and the steered top
 next token and KL(steered ‖ clean); and, per steered position, ‖v‖ and its ratio to the stream
 at layer L and at the end — the ratio tends to 1 as C grows (docs/steering.md). ``--plot FILE``
 saves the residual-norm figure (needs the ``plot`` extra).
@@ -11,14 +11,13 @@ saves the residual-norm figure (needs the ``plot`` extra).
 from __future__ import annotations
 
 import argparse
-import json
 
 import numpy as np
 
+from ..activations import softmax
 from ..analysis.interventions import steering_vector
 from ..analysis.measurements import injection_ratio, kl_divergence
-from ._chosen_model import (add_text_arguments, load_chosen, model_json, text_line, token_json, token_text,
-                            tokens_of, untrained_note)
+from ._chosen_model import add_text_arguments, header, load_chosen, print_json, token_json, token_text, tokens_of
 from ._table import table
 
 DESCRIPTION = """\
@@ -66,20 +65,18 @@ def run(args) -> int:
         resid_norm_figure(cache, position=list(range(m)), labels=token_labels(model, tokens), clean_cache=clean,
                           path=args.plot, title=f"‖resid‖ with ActAdd at layer {sv.layer}, coeff {args.coeff:g}")
     if args.json:
-        answer = {**model_json(model), "text": args.text, "layer": sv.layer, "coeff": args.coeff,
-                  "plus": [token_json(model, t) for t in sv.plus_tokens],
-                  "minus": [token_json(model, t) for t in sv.minus_tokens],
-                  "positions": [{"position": j, "token": token_json(model, tokens[j]),
-                                 "clean_top": token_json(model, int(np.argmax(clean_logits[j]))),
-                                 "steered_top": token_json(model, int(np.argmax(logits[j]))),
-                                 "kl": float(kl[j])} for j in range(len(tokens))],
-                  "vector_norm": size.tolist(), "ratio_to_stream": ratio.T.tolist(),
-                  "plot": args.plot}
-        print(json.dumps(answer, indent=2))
-        return 0
-    note = untrained_note(model)
-    p_clean = _softmax(clean_logits)
-    p_steer = _softmax(logits)
+        return print_json(model, {
+            "text": args.text, "layer": sv.layer, "coeff": args.coeff,
+            "plus": [token_json(model, t) for t in sv.plus_tokens],
+            "minus": [token_json(model, t) for t in sv.minus_tokens],
+            "positions": [{"position": j, "token": token_json(model, tokens[j]),
+                           "clean_top": token_json(model, int(np.argmax(clean_logits[j]))),
+                           "steered_top": token_json(model, int(np.argmax(logits[j]))),
+                           "kl": float(kl[j])} for j in range(len(tokens))],
+            "vector_norm": size.tolist(), "ratio_to_stream": ratio.T.tolist(),
+            "plot": args.plot})
+    p_clean = softmax(clean_logits)  # [pos, d_vocab]
+    p_steer = softmax(logits)  # [pos, d_vocab]
     rows = []
     for j in range(len(tokens)):
         a, b = int(np.argmax(clean_logits[j])), int(np.argmax(logits[j]))
@@ -88,9 +85,7 @@ def run(args) -> int:
     size_rows = [[j, token_text(model, sv.plus_tokens[j]), token_text(model, sv.minus_tokens[j]), f"{size[j]:.4g}",
                   f"{ratio[sv.layer, j]:.6g}", f"{ratio[-1, j]:.6g}"] for j in range(m)]
     print("\n".join([
-        *([note, ""] if note else []),
-        f"model: {model.source} ({model.dtype.name})",
-        text_line(args, tokens),
+        *header(model, args, tokens),
         f"steering: {args.coeff:g}·(resid({args.plus!r}) − resid({args.minus!r})) into blocks.{sv.layer}.hook_resid_pre, "
         f"positions 0..{m - 1}",
         "",
@@ -101,8 +96,3 @@ def run(args) -> int:
         *([f"\nfigure: {args.plot}"] if args.plot else []),
     ]))
     return 0
-
-
-def _softmax(logits):
-    e = np.exp(logits - logits.max(-1, keepdims=True))  # [pos, d_vocab]
-    return e / e.sum(-1, keepdims=True)  # [pos, d_vocab]

@@ -12,7 +12,7 @@ Tolerance. An element passes when
 With ``atol``/``rtol`` given, that is all (NumPy's ``allclose`` rule). A **profile** derives both
 from a format's unit roundoff u (2⁻²⁴ float32, 2⁻⁸ bfloat16, 2⁻¹¹ float16, 2⁻⁵³ float64) and, per
 tensor X, from X's scale S_X = max(1, max|X_ref|) and its measured condition number c_X (the
-error refgpt's own float32 pass makes at X, in units of 2⁻²⁴; refgpt/golden.py):
+error refgpt's own float32 pass makes at X, in units of 2⁻²⁴; refgpt/oracle/golden.py):
 
     rtol = G·u        atol_X = G·u·(c_X + S_X)        G = 64
 
@@ -37,8 +37,10 @@ from pathlib import Path
 
 import numpy as np
 
-from . import golden as golden_file
+from ..activations import log_softmax
 from ..errors import RefGPTError
+from . import golden as golden_file
+from .llmc import read_activations
 from .name_maps import ModelShape, axes, forward_key, forward_order, layer_of, to_refgpt
 
 #: Unit roundoff of each format: half the distance from 1 to the next representable number.
@@ -149,7 +151,7 @@ def load(source, name_map="refgpt", shape: ModelShape | None = None):
     """(tensors, stored dtype codes, Golden or None) from a path or a mapping of arrays.
 
     Paths: ``.safetensors`` (a golden file or any other), ``.npz``, or with ``name_map="llmc"``
-    a ``.bin`` dump of llm.c's ``acts_memory`` (refgpt/llmc.py, ``read_activations``).
+    a ``.bin`` dump of llm.c's ``acts_memory`` (refgpt/oracle/llmc.py, ``read_activations``).
     """
     if isinstance(source, golden_file.Golden):
         return dict(source.tensors), dict(source.dtypes), source
@@ -200,8 +202,6 @@ def compare(reference, candidate, *, atol=None, rtol=None, profile=None, name_ma
     shape = _model_shape(ref, ref_golden)
     cand, cand_dtypes, cand_golden = load(candidate, name_map, shape)
     if cand is None:  # an llm.c activations dump
-        from .llmc import read_activations
-
         tokens = np.asarray(ref["tokens"]) if "tokens" in ref else None
         if tokens is None or ref_golden is None or ref_golden.config is None:
             raise RefGPTError("an llm.c activations dump needs a refgpt golden file as the reference "
@@ -274,7 +274,7 @@ _DERIVED = ("probs", "loss_mean", "log_probs")
 def _with_derived(ref, cand, conditioning):
     ref = dict(ref)
     if "log_probs" not in ref and "logits" in ref and ("log_probs" in cand or "probs" in cand):
-        ref["log_probs"] = golden_file.log_softmax(np.asarray(ref["logits"], np.float64))
+        ref["log_probs"] = log_softmax(np.asarray(ref["logits"], np.float64))
     if "probs" in cand and "probs" not in ref and "log_probs" in ref:
         ref["probs"] = np.exp(np.asarray(ref["log_probs"], np.float64))  # [batch, pos, d_vocab]
         conditioning.setdefault("probs", conditioning.get("log_probs", 0.0))  # |Δp| = p·|Δlog p| ≤ |Δlog p|
@@ -394,8 +394,8 @@ def _judged(name, chunks, wanted=None):
         if name != "logits":
             yield r64, c64, r64, c64
         else:
-            jr = np.asarray(log_probs, np.float64) if log_probs is not None else golden_file.log_softmax(r64)
-            yield r64, c64, jr, golden_file.log_softmax(c64)
+            jr = np.asarray(log_probs, np.float64) if log_probs is not None else log_softmax(r64)
+            yield r64, c64, jr, log_softmax(c64)
 
 
 def _where(name, index):
@@ -424,8 +424,8 @@ def _logits_summary(ref, cand) -> LogitsSummary:
     step = max(1, _CHUNK // max(1, sr.shape[1]))
     for i in range(0, len(sr), step):
         r, c = sr[i:i + step].astype(np.float64), sc[i:i + step].astype(np.float64)  # [rows, d_vocab]
-        lr = golden_file.log_softmax(r) if "logits" in ref else r  # [rows, d_vocab]
-        lc = golden_file.log_softmax(c) if "logits" in cand else c  # [rows, d_vocab]
+        lr = log_softmax(r) if "logits" in ref else r  # [rows, d_vocab]
+        lc = log_softmax(c) if "logits" in cand else c  # [rows, d_vocab]
         top_r, top_c = _top_k(lr, k), _top_k(lc, k)  # [rows, k] each
         top1 += float(np.sum(top_r[:, 0] == top_c[:, 0]))
         top5 += float((top_r[..., :, None] == top_c[..., None, :]).any(-1).mean(-1).sum())

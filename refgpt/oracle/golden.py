@@ -1,7 +1,7 @@
 """Golden files: every number of one forward pass, in a file any language can read.
 
 A golden file is a safetensors file (an 8-byte length, a JSON header, raw little-endian arrays)
-holding, under refgpt's names (refgpt/name_maps.py):
+holding, under refgpt's names (refgpt/oracle/name_maps.py):
 
     tokens [batch, pos] int64, targets [batch, pos − 1] int64
     every hook point's activation (or those selected), each LayerNorm's output (``….out``)
@@ -19,7 +19,7 @@ tensor X,
 
     c_X = max |X_float32 − X_float64| / 2⁻²⁴        (in units of float32's roundoff)
 
-a measured condition number of X for this model and these tokens. The oracle (refgpt/oracle.py)
+a measured condition number of X for this model and these tokens. The oracle (refgpt/oracle/comparison.py)
 scales its tolerances by it, for every format: to first order a forward error is proportional to
 the unit roundoff, so c_X·u_bf16 is the error a bfloat16 pass makes where c_X·u_f32 is a float32
 pass's (docs/oracle.md measures how well this holds).
@@ -37,19 +37,21 @@ from pathlib import Path
 
 import numpy as np
 
-from ..version import __version__
+from ..activations import log_softmax
+from ..cache import ActivationCache
 from ..checkpoint import load as load_checkpoint, weight_files
 from ..config import Config
+from ..dtypes import widen_bfloat16
 from ..errors import RefGPTError
+from ..ln_views import cached_output
 from ..model import Model
-from .name_maps import forward_order
 from ..safetensors_file import SafetensorsFile, SafetensorsWriter, header_bytes
+from ..version import __version__
+from .name_maps import forward_order
 
 FORMAT = "refgpt-golden"
 FORMAT_VERSION = "1"
 F32_ROUNDOFF = 2.0**-24
-
-_LN_PREFIXES = ("ln1.", "ln2.")
 
 
 @dataclass
@@ -155,10 +157,11 @@ def _stage_tensors(model, run, wanted):
     """The golden tensors among the activations ``run`` cached in the stage just run (each
     LayerNorm's output made from its cached x̂: w ⊙ x̂ + b), in forward order; then forget them."""
     made = {name: np.asarray(a) for name, a in run.cache.items() if name in wanted}
-    for name, a in run.cache.items():
+    cache = ActivationCache(run.cache, model)
+    for name in run.cache:
         ln = name[: -len("hook_normalized")]  # "blocks.3.ln1." or "ln_final."
         if name.endswith("hook_normalized") and ln + "out" in wanted:
-            made[ln + "out"] = a * model.params[ln + "w"] + model.params[ln + "b"]  # [batch, pos, d_model]
+            made[ln + "out"] = cached_output(cache, ln)  # [batch, pos, d_model]
     run.cache.clear()
     for name in forward_order(made):
         yield name, made.pop(name)
@@ -192,12 +195,6 @@ def layout(model: Model, tokens_shape, names=None) -> dict[str, tuple[np.dtype, 
         suffix = name.rsplit(".", 1)[-1]
         out[name] = whole.get(name) or (dtype, by_suffix.get(suffix, (batch, pos, cfg.d_model)))
     return out
-
-
-def log_softmax(logits):
-    """log softmax over the last axis, in the logits' dtype: x − max − log Σ exp(x − max)."""
-    shifted = logits - logits.max(axis=-1, keepdims=True)  # [..., d_vocab] ≤ 0
-    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))  # [..., d_vocab]
 
 
 def conditioning(model: Model, tokens, names=None) -> dict[str, float]:
@@ -369,6 +366,6 @@ def read(path) -> Golden:
         a = st.raw(name)
         dtypes[name] = st.stored_dtype(name)
         if dtypes[name] == "BF16":
-            a = (a.astype(np.uint32) << 16).view(np.float32)  # a bfloat16 is a float32's top half
+            a = widen_bfloat16(a)
         tensors[name] = a
     return Golden(tensors, dict(st.metadata), dtypes, st)

@@ -39,7 +39,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ..activations import log_softmax
 from ..config import Config
+from ..dtypes import round_to_bfloat16, widen_bfloat16
 from ..errors import RefGPTError
 from ..model import Model
 
@@ -95,21 +97,6 @@ def _check_size(path, body, expected, what):
     if len(body) < expected:
         raise RefGPTError(f"{path}: truncated: the header describes {what} of {expected} bytes after the "
                           f"header, but the file has only {len(body)}")
-
-
-# ---- bfloat16 -----------------------------------------------------------------------------------
-
-
-def to_bf16(x) -> np.ndarray:
-    """float32 → bfloat16 bits (uint16), rounding to nearest, ties to even, as torch does."""
-    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)  # [...]
-    rounded = bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))  # [...]
-    return (rounded >> np.uint32(16)).astype(np.uint16)  # [...]
-
-
-def from_bf16(bits) -> np.ndarray:
-    """bfloat16 bits (uint16) → float32, exactly: a bfloat16 is a float32's top half."""
-    return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << np.uint32(16)).view(np.float32)
 
 
 # ---- checkpoints -------------------------------------------------------------------------------
@@ -183,7 +170,7 @@ def write_model(path, model: Model, dtype: str = "float32", padded_vocab_size: i
         f.write(_header(MODEL_MAGIC, versions[dtype], cfg.n_ctx, V, cfg.n_layers, cfg.n_heads, C, Vp))
         for name in PARAMETERS:
             a = np.asarray(t[name], dtype=np.float32)
-            f.write((to_bf16(a) if dtype == "bfloat16" else a).astype("<u2" if dtype == "bfloat16" else "<f4").tobytes())
+            f.write((round_to_bfloat16(a) if dtype == "bfloat16" else a).astype("<u2" if dtype == "bfloat16" else "<f4").tobytes())
     return path
 
 
@@ -209,7 +196,7 @@ def read_model(path, dtype="float64") -> Model:
         raise RefGPTError(f"{path}: {len(body) - n * itemsize} bytes after the last parameter: not a "
                           f"version-{version} checkpoint of the shape its header describes")
     flat = np.frombuffer(body, dtype="<f4" if version == 3 else "<u2")  # [n]
-    flat = flat if version == 3 else from_bf16(flat)  # [n] float32
+    flat = flat if version == 3 else widen_bfloat16(flat)  # [n] float32
     t, offset = {}, 0
     for name, shape in shapes.items():
         size = int(np.prod(shape))
@@ -320,8 +307,6 @@ def write_debug_state(path, model: Model, tokens, grads: bool = True) -> Path:
     """Write llm.c's debug state for ``tokens`` [B, T + 1]: x = tokens[:, :-1], y = tokens[:, 1:],
     refgpt's logits and mean loss on x, and (unless ``grads=False``) every parameter's gradient
     (``llmc_gradients``), in float32."""
-    from .golden import log_softmax
-
     tokens, _ = model.check_tokens(tokens)  # [B, T + 1]
     if tokens.shape[1] < 2:
         raise RefGPTError("debug state: tokens need at least 2 positions (inputs x and next-token targets y)")
@@ -345,13 +330,9 @@ def llmc_gradients(model: Model, x, y, padded_vocab_size: int | None = None) -> 
     """∂(mean loss of ``model`` on inputs x, targets y [B, T])/∂ each of llm.c's 16 parameter
     tensors, in file order and llm.c's layouts; wte's is the tied gradient (embedding + unembedding
     use), padded with zero rows to ``padded_vocab_size`` (default: the next multiple of 128)."""
-    from types import SimpleNamespace
-
-    from ..backward import loss_and_grads
-
-    g = loss_and_grads(model, x, y)
+    g = model.loss_and_grads(x, y)
     wte = g.tied_W_E  # [V, C]
-    t = llmc_parameters(SimpleNamespace(cfg=model.cfg, params={**g.params, "embed.W_E": wte, "unembed.W_U": wte.T}))
+    t = llmc_parameters(Model(model.cfg, {**g.params, "embed.W_E": wte, "unembed.W_U": wte.T}, dtype=model.dtype))
     V, C = wte.shape
     Vp = padded_vocab(V) if padded_vocab_size is None else int(padded_vocab_size)
     t["wte"] = np.concatenate([wte, np.zeros((Vp - V, C), wte.dtype)])  # [Vp, C]

@@ -1,6 +1,6 @@
 """Names for the same numbers: refgpt's, Hugging Face's, TransformerLens's and llm.c's.
 
-A golden file (refgpt/golden.py) stores every activation under refgpt's hook name, which is
+A golden file (refgpt/oracle/golden.py) stores every activation under refgpt's hook name, which is
 TransformerLens's (``blocks.3.hook_resid_mid``), plus a few tensors that are not hook points:
 
     tokens      [batch, pos]           the input ids
@@ -45,33 +45,32 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import hook_points
 from ..errors import RefGPTError
 
 MAPS = ("refgpt", "hf", "tl", "llmc")
 
-_LN = ("hook_mean", "hook_scale", "hook_normalized", "out")
+
+
+def _with_ln_outputs(names):
+    """Hook names in forward order, each LayerNorm's output (``ln1.out``) after its x̂."""
+    return tuple(x for name in names for x in
+                 ((name, name.replace("hook_normalized", "out")) if name.endswith("hook_normalized") else (name,)))
+
 
 #: A block's tensors in the order its forward pass computes them.
-BLOCK_ORDER = (
-    ["hook_resid_pre"]
-    + ["ln1." + h for h in _LN]
-    + ["attn.hook_" + h for h in ("q", "k", "v", "attn_scores", "pattern", "z")]
-    + ["hook_attn_out", "hook_resid_mid"]
-    + ["ln2." + h for h in _LN]
-    + ["mlp.hook_pre", "mlp.hook_post", "hook_mlp_out", "hook_resid_post"]
-)
-_BEFORE = ("tokens", "hook_embed", "hook_pos_embed")
-_AFTER = tuple("ln_final." + h for h in _LN) + ("logits", "log_probs", "probs", "targets", "loss", "loss_mean")
-_BLOCK = re.compile(r"blocks\.(\d+)\.(.+)")
+BLOCK_ORDER = _with_ln_outputs(hook_points.BLOCK)
+_BEFORE = ("tokens", *hook_points.EMBED)
+_AFTER = _with_ln_outputs(hook_points.FINAL) + ("logits", "log_probs", "probs", "targets", "loss", "loss_mean")
 
 
 def forward_key(name: str) -> tuple:
     """Sort key: the order in which the forward pass computes ``name``; unknown names last."""
     if name in _BEFORE:
         return (0, _BEFORE.index(name))
-    m = _BLOCK.fullmatch(name)
-    if m and m.group(2) in BLOCK_ORDER:
-        return (1, int(m.group(1)), BLOCK_ORDER.index(m.group(2)))
+    layer, rest = hook_points.split(name)
+    if layer is not None and rest in BLOCK_ORDER:
+        return (1, layer, BLOCK_ORDER.index(rest))
     if name in _AFTER:
         return (2, _AFTER.index(name))
     return (3, name)
@@ -82,26 +81,19 @@ def forward_order(names) -> list[str]:
 
 
 def layer_of(name: str) -> int | None:
-    m = _BLOCK.fullmatch(name)
-    return int(m.group(1)) if m else None
+    return hook_points.split(name)[0]
 
 
 def axes(name: str, ndim: int) -> tuple[str, ...]:
     """What each axis of a tensor means, for naming the place an error was found."""
-    if name.endswith(("hook_attn_scores", "hook_pattern")):
-        labels = ("batch", "head", "pos", "key_pos")  # pos = the query position
-    elif name.endswith(("hook_q", "hook_k", "hook_v", "hook_z")):
-        labels = ("batch", "pos", "head", "d_head")
-    elif name.endswith(("hook_mean", "hook_scale")):
-        labels = ("batch", "pos", "1")
-    elif name.startswith("mlp.") or ".mlp." in name:
-        labels = ("batch", "pos", "d_mlp")
-    elif name in ("logits", "log_probs", "probs"):
-        labels = ("batch", "pos", "d_vocab")
-    elif name in ("tokens", "targets", "loss"):
-        labels = ("batch", "pos")
-    else:
-        labels = ("batch", "pos", "d_model")
+    labels = hook_points.axes(name)  # a hook point's; pos of scores and pattern = the query position
+    if labels is None:
+        if name in ("logits", "log_probs", "probs"):
+            labels = ("batch", "pos", "d_vocab")
+        elif name in ("tokens", "targets", "loss"):
+            labels = ("batch", "pos")
+        else:
+            labels = ("batch", "pos", "d_model")  # hidden states, LayerNorm outputs
     return labels if len(labels) == ndim else tuple(f"axis{i}" for i in range(ndim))
 
 

@@ -34,14 +34,13 @@ tests check that both learn the same merges.
 from __future__ import annotations
 
 import heapq
-import json
 from collections import Counter, defaultdict
 from collections.abc import Iterable
-from pathlib import Path
 
 import regex
 
 from ..errors import RefGPTError
+from ..saving import save_tokenizer
 from ..tokenizer import BYTE_TO_CHAR, ENDOFTEXT, GPT2_PATTERN, Tokenizer, merge_pair  # merge_pair: the same merge the tokenizer applies
 
 Pair = tuple[str, str]
@@ -148,10 +147,6 @@ def build_vocab(merges: list[Pair], special_tokens=(ENDOFTEXT,)) -> dict[str, in
 
 
 def write_tokenizer(directory, vocab: dict[str, int], merges: list[Pair]) -> Tokenizer:
-    """Write ``vocab.json`` and ``merges.txt`` as Hugging Face lays them out; return them read back."""
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False) + "\n", encoding="utf-8")
-    lines = ["#version: 0.2"] + [f"{a} {b}" for a, b in merges]
-    (directory / "merges.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return Tokenizer.from_dir(directory)
+    """Write ``vocab.json`` and ``merges.txt`` as Hugging Face lays them out (refgpt.saving); return
+    them read back."""
+    return Tokenizer.from_dir(save_tokenizer(Tokenizer(vocab, merges), directory))

@@ -4,10 +4,7 @@ printed, and bad input is one line with exit status 2 (usage) or 1."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -31,14 +28,8 @@ def checkpoint(tmp_path_factory):
     return directory
 
 
-def attribute_cli(*argv):
-    env = {**os.environ, "PYTHONIOENCODING": "utf-8"}
-    return subprocess.run([sys.executable, "-m", "refgpt", "attribute", *argv], capture_output=True, text=True,
-                          env=env, timeout=120)
-
-
-def test_json_matches_the_python_api(checkpoint):
-    done = attribute_cli(TEXT, "--target", " ", "--against", "#100", "--granularity", "head", "--top", "5",
+def test_json_matches_the_python_api(refgpt_cli, checkpoint):
+    done = refgpt_cli("attribute", TEXT, "--target", " ", "--against", "#100", "--granularity", "head", "--top", "5",
                          "--model", str(checkpoint), "--json")
     assert done.returncode == 0, done.stderr
     answer = json.loads(done.stdout)
@@ -56,8 +47,8 @@ def test_json_matches_the_python_api(checkpoint):
     assert answer["untrained"] is False and answer["position"] == len(TEXT) - 1
 
 
-def test_table_prints_components_and_the_sum_check(checkpoint):
-    done = attribute_cli(TEXT, "--target", "o", "--granularity", "neuron", "--top", "7", "--pos", "3",
+def test_table_prints_components_and_the_sum_check(refgpt_cli, checkpoint):
+    done = refgpt_cli("attribute", TEXT, "--target", "o", "--granularity", "neuron", "--top", "7", "--pos", "3",
                          "--model", str(checkpoint))
     assert done.returncode == 0, done.stderr
     out = done.stdout
@@ -79,7 +70,7 @@ def test_table_prints_components_and_the_sum_check(checkpoint):
     ([TEXT, "--target", "a", "--granularity", "heads"], 2, "invalid choice"),
     ([TEXT, "--target", "a", "--pos", "40"], 1, "--pos"),
 ])
-def test_bad_input_is_one_line(checkpoint, argv, status, message):
-    done = attribute_cli(*argv, "--model", str(checkpoint))
+def test_bad_input_is_one_line(refgpt_cli, checkpoint, argv, status, message):
+    done = refgpt_cli("attribute", *argv, "--model", str(checkpoint))
     assert done.returncode == status
     assert done.stderr.count("\n") == 1 and done.stderr.startswith("refgpt: error:") and message in done.stderr

@@ -5,11 +5,8 @@ line with exit status 2 (usage) or 1."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +15,6 @@ import pytest
 import refgpt
 from random_models import random_model, save_checkpoint
 from refgpt import Config
-from refgpt.cli import main
 from refgpt.default_model import UNTRAINED_MARKER
 from refgpt.tokenizer import bytes_to_unicode
 
@@ -29,23 +25,6 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 @pytest.fixture(scope="module")
 def model():
     return refgpt.load_default()
-
-
-def run(capsys, *argv):
-    """(exit status, stdout, stderr) of ``refgpt argv`` run in this process."""
-    try:
-        status = main(list(argv))
-    except SystemExit as exit_:  # argparse's usage errors and --help
-        status = exit_.code
-    out, err = capsys.readouterr()
-    return status, out, err
-
-
-def run_subprocess(*argv, module=True):
-    """``python -m refgpt argv`` (or the ``refgpt`` console script) as a user runs it."""
-    command = [sys.executable, "-m", "refgpt"] if module else [shutil.which("refgpt")]
-    env = {**os.environ, "PYTHONIOENCODING": "utf-8"}
-    return subprocess.run(command + list(argv), capture_output=True, text=True, env=env, timeout=120)
 
 
 def expected_token_text(token_id: int) -> str:
@@ -95,8 +74,8 @@ def plain_checkpoint(tmp_path):
 # ---- predict --------------------------------------------------------------------------------
 
 
-def test_predict_table_is_the_models_top_k_next_tokens(capsys, model):
-    status, out, err = run(capsys, "predict", TEXT, "--top-k", "7")
+def test_predict_table_is_the_models_top_k_next_tokens(refgpt_cli, model):
+    status, out, err = refgpt_cli.in_process("predict", TEXT, "--top-k", "7")
     assert status == 0 and err == ""
     logits = model(model.to_tokens(TEXT), last_only=True)[-1]  # [d_vocab], as predict computes it
     probs = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()  # [d_vocab]
@@ -109,9 +88,9 @@ def test_predict_table_is_the_models_top_k_next_tokens(capsys, model):
         assert p == f"{probs[t]:.8f}" and logit == f"{logits[t]:.6f}"
 
 
-def test_predict_json_is_exactly_what_the_api_computes(capsys, model):
+def test_predict_json_is_exactly_what_the_api_computes(refgpt_cli, model):
     n = model.cfg.d_vocab
-    status, out, _ = run(capsys, "predict", TEXT, "--json", "--top-k", str(n))
+    status, out, _ = refgpt_cli.in_process("predict", TEXT, "--json", "--top-k", str(n))
     answer = json.loads(out)
     logits = model(model.to_tokens(TEXT), last_only=True)[-1]  # [d_vocab], as predict computes it
     assert status == 0 and answer["untrained"] is False and answer["dtype"] == "float64"
@@ -123,45 +102,45 @@ def test_predict_json_is_exactly_what_the_api_computes(capsys, model):
     assert abs(sum(t["probability"] for t in answer["top_k"]) - 1) <= n * np.finfo(np.float64).eps
 
 
-def test_predict_shows_token_text_with_repr(capsys, plain_checkpoint):
+def test_predict_shows_token_text_with_repr(refgpt_cli, plain_checkpoint):
     """Every token of a byte-level vocabulary, so every kind of byte shows (the default's BPE tokens
     are whole words and pieces of them: test_predict_table_is_the_models_top_k_next_tokens)."""
     model = ["--model", str(plain_checkpoint)]
-    _, out, _ = run(capsys, "predict", "a b", *model, "--json", "--top-k", "257")
+    _, out, _ = refgpt_cli.in_process("predict", "a b", *model, "--json", "--top-k", "257")
     by_id = {t["id"]: t for t in json.loads(out)["top_k"]}
     assert by_id[32]["text"] == " " and by_id[10]["text"] == "\n" and by_id[0xE2]["bytes"] == "e2"
-    _, out, _ = run(capsys, "predict", "a b", *model, "--top-k", "257")
+    _, out, _ = refgpt_cli.in_process("predict", "a b", *model, "--top-k", "257")
     shown = {int(r[1]): r[2] for r in table_rows(out, "rank")}
     assert shown[32] == "' '" and shown[10] == "'\\n'" and shown[0xE2] == "b'\\xe2'"
     assert shown == {i: expected_token_text(i) for i in range(257)}
 
 
-def test_predict_ranks_tied_logits_by_token_id(capsys, plain_checkpoint):
-    status, out, _ = run(capsys, "predict", "abc", "--model", str(plain_checkpoint), "--json", "--top-k", "5")
+def test_predict_ranks_tied_logits_by_token_id(refgpt_cli, plain_checkpoint):
+    status, out, _ = refgpt_cli.in_process("predict", "abc", "--model", str(plain_checkpoint), "--json", "--top-k", "5")
     top = json.loads(out)["top_k"]
     assert status == 0 and [t["id"] for t in top] == [0, 1, 2, 3, 4]
     assert all(t["logit"] == 0.0 and t["probability"] == 1 / 257 for t in top)  # exp(0)/257, exactly
 
 
-def test_predict_in_float32_computes_in_float32(capsys):
+def test_predict_in_float32_computes_in_float32(refgpt_cli):
     model32 = refgpt.load_default(dtype="float32")
-    _, out, _ = run(capsys, "predict", TEXT, "--dtype", "float32", "--json")
+    _, out, _ = refgpt_cli.in_process("predict", TEXT, "--dtype", "float32", "--json")
     answer = json.loads(out)
     logits = model32(model32.to_tokens(TEXT), last_only=True)[-1]  # [d_vocab], float32
     assert answer["dtype"] == "float32"
     assert [t["logit"] for t in answer["top_k"]] == [float(logits[t["id"]]) for t in answer["top_k"]]
 
 
-def test_predict_with_bos_starts_from_endoftext(capsys, model):
-    _, out, _ = run(capsys, "predict", "", "--bos", "--json")
+def test_predict_with_bos_starts_from_endoftext(refgpt_cli, model):
+    _, out, _ = refgpt_cli.in_process("predict", "", "--bos", "--json")
     assert [t["id"] for t in json.loads(out)["tokens"]] == [model.tokenizer.eot_token] == [8191]
 
 
 # ---- inspect --------------------------------------------------------------------------------
 
 
-def test_inspect_json_is_every_layernorm_statistic_from_the_cache(capsys, model):
-    status, out, _ = run(capsys, "inspect", TEXT, "--json")
+def test_inspect_json_is_every_layernorm_statistic_from_the_cache(refgpt_cli, model):
+    status, out, _ = refgpt_cli.in_process("inspect", TEXT, "--json")
     answer = json.loads(out)
     tokens = model.to_tokens(TEXT)
     _, cache = model.run_with_cache(tokens)
@@ -185,33 +164,33 @@ def test_inspect_json_is_every_layernorm_statistic_from_the_cache(capsys, model)
         assert row["ln_final_scale"] == float(cache["ln_final.hook_scale"][0, pos, 0])
 
 
-def test_inspect_checks_the_cached_scale_decomposition_live(capsys, model):
+def test_inspect_checks_the_cached_scale_decomposition_live(refgpt_cli, model):
     """docs/layernorm.md §2-3 on the default model: exact to 1e-12 relative, the naive way off by far more."""
-    _, out, _ = run(capsys, "inspect", TEXT, "--json")
+    _, out, _ = refgpt_cli.in_process("inspect", TEXT, "--json")
     errors = json.loads(out)["decomposition"]
     assert errors["pieces"] == 2 + 2 * model.cfg.n_layers
     assert errors["max_abs_logit"] == float(np.max(np.abs(model(model.to_tokens(TEXT)))))
-    tolerance = 1e-12 * max(1.0, errors["max_abs_logit"])  # tests/test_mission.py's float64 bound
+    tolerance = 1e-12 * max(1.0, errors["max_abs_logit"])  # tests/core/test_mission.py's float64 bound
     assert errors["cached_scale_error"] <= tolerance
     assert errors["naive_error"] > 1e6 * max(errors["cached_scale_error"], tolerance)
 
 
-def test_inspect_table_has_a_row_per_layer_and_position(capsys, model):
-    status, out, _ = run(capsys, "inspect", TEXT)
+def test_inspect_table_has_a_row_per_layer_and_position(refgpt_cli, model):
+    status, out, _ = refgpt_cli.in_process("inspect", TEXT)
     n_pos = len(model.to_tokens(TEXT))
     blocks, final = table_rows(out, "layer"), table_rows(out, "pos")
     assert status == 0 and len(blocks) == model.cfg.n_layers * n_pos and len(final) == n_pos
     assert [r[1] for r in final] == ["'H'", "'ell'", "'o'", "','", "' world'", "'\\n'"]  # the default's BPE tokens
     assert all(len(r) == 9 for r in blocks) and all(len(r) == 5 for r in final)
-    _, as_json, _ = run(capsys, "inspect", TEXT, "--json")
+    _, as_json, _ = refgpt_cli.in_process("inspect", TEXT, "--json")
     errors = json.loads(as_json)["decomposition"]
     assert f"from the cache (exact):  {errors['cached_scale_error']:.3e}\n" in out
     assert f"on its own (naive): {errors['naive_error']:.3e}\n" in out
 
 
-def test_inspect_in_float32_reports_float32_statistics(capsys):
+def test_inspect_in_float32_reports_float32_statistics(refgpt_cli):
     model32 = refgpt.load_default(dtype="float32")
-    _, out, _ = run(capsys, "inspect", TEXT, "--dtype", "float32", "--json")
+    _, out, _ = refgpt_cli.in_process("inspect", TEXT, "--dtype", "float32", "--json")
     answer = json.loads(out)
     _, cache = model32.run_with_cache(model32.to_tokens(TEXT))
     assert answer["dtype"] == "float32"
@@ -222,27 +201,27 @@ def test_inspect_in_float32_reports_float32_statistics(capsys):
 
 
 @pytest.mark.parametrize("command", ["predict", "inspect"])
-def test_everything_printed_from_a_marked_model_says_untrained(capsys, command, plain_checkpoint):
+def test_everything_printed_from_a_marked_model_says_untrained(refgpt_cli, command, plain_checkpoint):
     (plain_checkpoint / UNTRAINED_MARKER).write_text("UNTRAINED: a random initialisation\n")
-    _, out, _ = run(capsys, command, "ab", "--model", str(plain_checkpoint))
+    _, out, _ = refgpt_cli.in_process(command, "ab", "--model", str(plain_checkpoint))
     assert out.startswith("UNTRAINED MODEL: ")
-    _, out, _ = run(capsys, command, "ab", "--model", str(plain_checkpoint), "--json")
+    _, out, _ = refgpt_cli.in_process(command, "ab", "--model", str(plain_checkpoint), "--json")
     assert json.loads(out)["untrained"] is True
 
 
 @pytest.mark.parametrize("command", ["predict", "inspect"])
-def test_the_trained_default_is_not_called_untrained(capsys, command):
-    _, out, _ = run(capsys, command, TEXT)
+def test_the_trained_default_is_not_called_untrained(refgpt_cli, command):
+    _, out, _ = refgpt_cli.in_process(command, TEXT)
     assert "UNTRAINED" not in out and out.startswith(f"model: {refgpt.default_model_path()}")
-    _, out, _ = run(capsys, command, TEXT, "--json")
+    _, out, _ = refgpt_cli.in_process(command, TEXT, "--json")
     assert json.loads(out)["untrained"] is False
 
 
 @pytest.mark.parametrize("command", ["predict", "inspect"])
-def test_a_model_without_the_marker_is_not_called_untrained(capsys, command, plain_checkpoint):
-    _, out, _ = run(capsys, command, "ab", "--model", str(plain_checkpoint))
+def test_a_model_without_the_marker_is_not_called_untrained(refgpt_cli, command, plain_checkpoint):
+    _, out, _ = refgpt_cli.in_process(command, "ab", "--model", str(plain_checkpoint))
     assert "UNTRAINED" not in out and out.startswith(f"model: {plain_checkpoint}")
-    _, out, _ = run(capsys, command, "ab", "--model", str(plain_checkpoint), "--json")
+    _, out, _ = refgpt_cli.in_process(command, "ab", "--model", str(plain_checkpoint), "--json")
     assert json.loads(out)["untrained"] is False
 
 
@@ -274,9 +253,9 @@ def broken_vocab(d):
     (broken_vocab, r"vocab\.json, line 1"),
 ])
 @pytest.mark.parametrize("command", ["predict", "inspect"])
-def test_a_broken_checkpoint_is_one_line_and_status_1(capsys, plain_checkpoint, breakage, message, command):
+def test_a_broken_checkpoint_is_one_line_and_status_1(refgpt_cli, plain_checkpoint, breakage, message, command):
     breakage(plain_checkpoint)
-    status, out, err = run(capsys, command, "ab", "--model", str(plain_checkpoint))
+    status, out, err = refgpt_cli.in_process(command, "ab", "--model", str(plain_checkpoint))
     assert status == 1 and out == ""
     assert re.fullmatch(rf"refgpt: error: [^\n]*{message}[^\n]*\n", err)
 
@@ -284,7 +263,7 @@ def test_a_broken_checkpoint_is_one_line_and_status_1(capsys, plain_checkpoint, 
 @pytest.mark.parametrize("argv, status, message", [
     (["predict", TEXT, "--dtype", "float16"], 2, r"--dtype: invalid choice: 'float16'"),
     (["inspect", TEXT, "--dtype", "int8"], 2, r"--dtype: invalid choice: 'int8'"),
-    (["predict", TEXT, "--top-k", "0"], 2, r"--top-k: K must be a positive integer, found '0'"),
+    (["predict", TEXT, "--top-k", "0"], 2, r"--top-k: must be a whole number ≥ 1, found '0'"),
     (["predict"], 2, r"the following arguments are required: TEXT"),
     (["inspect", TEXT, "--unknown"], 2, r"unrecognized arguments: --unknown"),
     (["predict", TEXT, "--model", "/nonexistent/gpt2"], 1, r"/nonexistent/gpt2: model directory not found"),
@@ -293,26 +272,26 @@ def test_a_broken_checkpoint_is_one_line_and_status_1(capsys, plain_checkpoint, 
     (["predict", "x" * 128, "--bos"], 1, r"TEXT is 129 tokens long"),
     (["predict", ""], 1, r"TEXT is empty"),
 ])
-def test_bad_input_is_one_line_with_the_right_status(capsys, argv, status, message):
-    got, out, err = run(capsys, *argv)
+def test_bad_input_is_one_line_with_the_right_status(refgpt_cli, argv, status, message):
+    got, out, err = refgpt_cli.in_process(*argv)
     assert got == status and out == ""
     assert re.fullmatch(rf"refgpt: error: [^\n]*{message}[^\n]*\n", err)
 
 
-def test_text_as_long_as_the_context_runs(capsys):
-    status, out, _ = run(capsys, "predict", "x" * 128, "--json")
+def test_text_as_long_as_the_context_runs(refgpt_cli):
+    status, out, _ = refgpt_cli.in_process("predict", "x" * 128, "--json")
     assert status == 0 and len(json.loads(out)["tokens"]) == 128
 
 
 # ---- as a user runs it: a subprocess ---------------------------------------------------------
 
 
-def test_module_and_console_script_print_the_same_json():
-    by_module = run_subprocess("predict", TEXT, "--json")
+def test_module_and_console_script_print_the_same_json(refgpt_cli):
+    by_module = refgpt_cli("predict", TEXT, "--json")
     assert by_module.returncode == 0 and by_module.stderr == ""
     if shutil.which("refgpt") is None:
         pytest.skip("the refgpt console script is not on PATH (package not pip-installed)")
-    by_script = run_subprocess("predict", TEXT, "--json", module=False)
+    by_script = refgpt_cli("predict", TEXT, "--json", console_script=True)
     assert by_script.returncode == 0 and json.loads(by_script.stdout) == json.loads(by_module.stdout)
 
 
@@ -321,23 +300,23 @@ def test_module_and_console_script_print_the_same_json():
     (["predict", TEXT, "--model", "/nonexistent/gpt2"], 1, "model directory not found"),
     (["predict", "x" * 600], 1, "TEXT is 600 tokens long"),
 ])
-def test_errors_in_a_subprocess_are_one_line_without_traceback(argv, status, message):
-    result = run_subprocess(*argv)
+def test_errors_in_a_subprocess_are_one_line_without_traceback(refgpt_cli, argv, status, message):
+    result = refgpt_cli(*argv)
     assert result.returncode == status and result.stdout == ""
     assert result.stderr.startswith("refgpt: error: ") and message in result.stderr
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
 
 
-def test_inspect_json_in_a_subprocess_parses():
-    result = run_subprocess("inspect", TEXT, "--json")
+def test_inspect_json_in_a_subprocess_parses(refgpt_cli):
+    result = refgpt_cli("inspect", TEXT, "--json")
     assert result.returncode == 0
     assert set(json.loads(result.stdout)) >= {"model", "untrained", "dtype", "tokens", "blocks", "ln_final",
                                               "decomposition"}
 
 
 @pytest.mark.parametrize("command", ["predict", "inspect"])
-def test_help_explains_each_subcommand_with_an_example(capsys, command):
-    status, out, _ = run(capsys, command, "--help")
+def test_help_explains_each_subcommand_with_an_example(refgpt_cli, command):
+    status, out, _ = refgpt_cli.in_process(command, "--help")
     assert status == 0 and "--model DIR" in out and "--dtype" in out and "--json" in out
     assert re.search(rf"examples:\n  refgpt {command} \"", out)
 
@@ -345,13 +324,13 @@ def test_help_explains_each_subcommand_with_an_example(capsys, command):
 # ---- the README ------------------------------------------------------------------------------
 
 
-def test_readme_quick_start_output_is_what_the_command_prints(capsys):
+def test_readme_quick_start_output_is_what_the_command_prints(refgpt_cli):
     """The output pasted under the quick start is what its refgpt command prints today."""
     quick_start = README.read_text(encoding="utf-8").split("## Quick start", 1)[1].split("\n## ", 1)[0]
     command = re.search(r"&& (refgpt .*?)\s*(#.*)?\n", quick_start).group(1)
     pasted = re.search(r"```text\n(.*?)```", quick_start, re.S).group(1)
     argv = [a.strip('"') for a in re.findall(r'"[^"]*"|\S+', command)][1:]
-    status, out, _ = run(capsys, *argv)
+    status, out, _ = refgpt_cli.in_process(*argv)
     default = str(refgpt.default_model_path())
     assert status == 0
     assert re.sub(r"\S*/weights/default", "DEFAULT", pasted) == out.replace(default, "DEFAULT")

@@ -3,17 +3,11 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import refgpt
 
 
-def refgpt_cli(*args):
-    return subprocess.run([sys.executable, "-m", "refgpt", *args], capture_output=True, text=True)
-
-
-def test_generate_json_equals_python_api():
+def test_generate_json_equals_python_api(refgpt_cli):
     done = refgpt_cli("generate", "Hello", "-n", "6", "--temperature", "0", "--json")
     assert done.returncode == 0, done.stderr
     answer = json.loads(done.stdout)
@@ -24,13 +18,13 @@ def test_generate_json_equals_python_api():
     assert answer["continuation"] == model.to_string(expected)
 
 
-def test_generate_sampling_is_seeded():
+def test_generate_sampling_is_seeded(refgpt_cli):
     a = refgpt_cli("generate", "Hi", "-n", "8", "--top-k", "5", "--seed", "3", "--json")
     b = refgpt_cli("generate", "Hi", "-n", "8", "--top-k", "5", "--seed", "3", "--json")
     assert a.returncode == 0 and json.loads(a.stdout)["new_tokens"] == json.loads(b.stdout)["new_tokens"]
 
 
-def test_generate_errors_are_one_line():
+def test_generate_errors_are_one_line(refgpt_cli):
     too_long = refgpt_cli("generate", "Hello", "-n", "100000")
     assert too_long.returncode == 1
     # "Hello" is 3 tokens in the default vocabulary (H, ell, o); its context is 128 positions.

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -20,12 +18,8 @@ from refgpt.oracle import golden
 CFG = Config(d_model=16, n_layers=2, n_heads=2, d_mlp=32, d_vocab=30, n_ctx=10)
 
 
-def refgpt_cli(*args):
-    return subprocess.run([sys.executable, "-m", "refgpt", *map(str, args)], capture_output=True, text=True)
-
-
 @pytest.fixture(scope="module")
-def files(tmp_path_factory):
+def files(refgpt_cli, tmp_path_factory):
     """A random checkpoint, a token file, and float64 and float32 golden files made by the CLI."""
     tmp = tmp_path_factory.mktemp("golden")
     model = random_model(CFG, seed=4)
@@ -59,14 +53,14 @@ def test_golden_file_holds_every_activation_and_its_metadata(files):
     assert set(g.conditioning) == {n for n, a in g.tensors.items() if a.dtype.kind == "f"}
 
 
-def test_compare_float32_golden_with_float64_golden_exits_0(files):
+def test_compare_float32_golden_with_float64_golden_exits_0(refgpt_cli, files):
     tmp = files[0]
     result = refgpt_cli("compare", tmp / "g64.safetensors", tmp / "g32.safetensors")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "profile float32" in result.stdout and result.stdout.rstrip().endswith("tensors within tolerance")
 
 
-def test_compare_names_the_first_divergence_and_exits_1(files):
+def test_compare_names_the_first_divergence_and_exits_1(refgpt_cli, files):
     tmp, ckpt = files[0], files[1]
     model = refgpt.load(ckpt, dtype="float32")
 
@@ -90,7 +84,7 @@ def test_compare_names_the_first_divergence_and_exits_1(files):
     assert loose.returncode == 0 and json.loads(loose.stdout)["ok"] is True
 
 
-def test_golden_text_uses_the_model_tokenizer_and_names_select_tensors(tmp_path):
+def test_golden_text_uses_the_model_tokenizer_and_names_select_tensors(refgpt_cli, tmp_path):
     out = tmp_path / "g.safetensors"
     result = refgpt_cli("golden", "Hello", "-o", out, "--names", "blocks.*.hook_resid_post", "--names", "ln_final.*")
     assert result.returncode == 0, result.stderr
@@ -103,7 +97,7 @@ def test_golden_text_uses_the_model_tokenizer_and_names_select_tensors(tmp_path)
                                   "ln_final.out", "logits", "log_probs", "targets", "loss"])
 
 
-def test_usage_errors_exit_2_and_bad_files_exit_1_with_one_line(files, tmp_path):
+def test_usage_errors_exit_2_and_bad_files_exit_1_with_one_line(refgpt_cli, files, tmp_path):
     tmp = files[0]
     both = refgpt_cli("compare", tmp / "g64.safetensors", tmp / "g32.safetensors", "--profile", "float32", "--atol", "1")
     assert both.returncode == 2 and both.stderr == "refgpt: error: give either --profile or --atol/--rtol, not both\n"
@@ -119,7 +113,7 @@ def test_usage_errors_exit_2_and_bad_files_exit_1_with_one_line(files, tmp_path)
     assert pattern.returncode == 1 and "'blocks.9.*' matches no tensor" in pattern.stderr
 
 
-def test_compare_reads_hf_named_safetensors_with_map(files):
+def test_compare_reads_hf_named_safetensors_with_map(refgpt_cli, files):
     tmp, ckpt = files[0], files[1]
     model = refgpt.load(ckpt, dtype="float32")
     g = golden.compute(model, np.array([[1, 2, 3, 4, 5, 6], [7, 8, 9, 10, 11, 12]]))

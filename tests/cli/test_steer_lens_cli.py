@@ -4,9 +4,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -19,17 +16,12 @@ from refgpt.analysis.measurements import kl_divergence
 STEER = ["steer", "I hate you because", "--plus", "Love", "--minus", "Hate", "--layer", "2", "--coeff", "5", "--bos"]
 
 
-def refgpt_cli(*argv):
-    env = {**os.environ, "PYTHONIOENCODING": "utf-8"}
-    return subprocess.run([sys.executable, "-m", "refgpt", *argv], capture_output=True, text=True, env=env, timeout=120)
-
-
 @pytest.fixture(scope="module")
 def model():
     return refgpt.load_default()
 
 
-def test_steer_json_is_the_api_result(model):
+def test_steer_json_is_the_api_result(refgpt_cli, model):
     out = refgpt_cli(*STEER, "--json")
     assert out.returncode == 0, out.stderr
     answer = json.loads(out.stdout)
@@ -45,7 +37,7 @@ def test_steer_json_is_the_api_result(model):
     assert [t["text"] for t in answer["minus"]] == ["<|endoftext|>", "H", "ate"]
 
 
-def test_steer_table_and_plot(tmp_path):
+def test_steer_table_and_plot(refgpt_cli, tmp_path):
     pytest.importorskip("matplotlib", reason="--plot needs the optional 'plot' extra (matplotlib)")
     out = refgpt_cli(*STEER, "--plot", str(tmp_path / "steer.png"))
     assert out.returncode == 0, out.stderr
@@ -54,7 +46,7 @@ def test_steer_table_and_plot(tmp_path):
     assert (tmp_path / "steer.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_lens_json_final_column_is_the_model_prediction(model):
+def test_lens_json_final_column_is_the_model_prediction(refgpt_cli, model):
     out = refgpt_cli("lens", "The cat sat", "--bos", "--json")
     assert out.returncode == 0, out.stderr
     answer = json.loads(out.stdout)
@@ -68,14 +60,16 @@ def test_lens_json_final_column_is_the_model_prediction(model):
     assert ids[-1, 0, :, 0].tolist() == np.argmax(model(tokens), -1).tolist()
 
 
-def test_lens_tuned_with_zero_translators_equals_the_logit_lens_and_plots(model, tmp_path):
+def test_lens_tuned_with_zero_translators_equals_the_logit_lens_and_plots(refgpt_cli, model, tmp_path):
     pytest.importorskip("matplotlib", reason="--plot needs the optional 'plot' extra (matplotlib)")
     d = model.cfg.d_model
     path = save_translators(tmp_path / "zero.safetensors", {L: (np.zeros((d, d)), np.zeros(d)) for L in range(model.cfg.n_layers)})
     tuned = refgpt_cli("lens", "Hi there", "--kind", "tuned", "--translators", str(path), "--target", "e", "--json",
                        "--plot", str(tmp_path / "lens.png"))
     plain = refgpt_cli("lens", "Hi there", "--target-id", "101", "--json")
-    assert tuned.returncode == plain.returncode == 0, tuned.stderr + plain.stderr
+    by_hash = refgpt_cli("lens", "Hi there", "--target", "#101", "--json")  # a TOKEN argument takes #ID too
+    assert tuned.returncode == plain.returncode == by_hash.returncode == 0, tuned.stderr + plain.stderr
+    assert by_hash.stdout == plain.stdout
     a, b = json.loads(tuned.stdout), json.loads(plain.stdout)
     assert [[c["target_probability"] for c in row] for row in a["cells"]] == \
            [[c["target_probability"] for c in row] for row in b["cells"]]
@@ -90,15 +84,11 @@ def test_lens_tuned_with_zero_translators_equals_the_logit_lens_and_plots(model,
     (["lens", "Hi", "--kind", "tuned"], 2, "--translators"),
     (["lens", "Hi", "--target", "abc"], 1, "'abc' is 2 tokens"),  # ab, c
     (["lens", "Hi", "--target-id", "8192"], 1, "outside the vocabulary"),
+    (["lens", "Hi", "--target", "#8192"], 1, "outside the vocabulary"),
+    (["lens", "Hi", "--target", "e", "--target-id", "101"], 2, "not both"),
     (["lens", "Hi", "--kind", "tuned", "--translators", "nowhere.safetensors"], 1, "not found"),
 ])
-def test_errors_are_one_line_with_the_right_exit_status(argv, status, message, capsys):
-    from refgpt.cli import main
-
-    try:
-        code = main(argv)
-    except SystemExit as exit_:
-        code = exit_.code
-    err = capsys.readouterr().err
+def test_errors_are_one_line_with_the_right_exit_status(argv, status, message, refgpt_cli):
+    code, _, err = refgpt_cli.in_process(*argv)
     assert code == status
     assert err.startswith("refgpt: error: ") and err.count("\n") == 1 and message in err, err

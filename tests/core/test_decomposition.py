@@ -1,6 +1,6 @@
 """refgpt's TransformerLens-named decomposition API: what holds without TransformerLens.
 
-tests/test_decomposition_tl.py checks the values against TL 3.9 itself; here: the stacks add up
+tests/core/test_decomposition_tl.py checks the values against TL 3.9 itself; here: the stacks add up
 to the stream they decompose (to ≤ 1e-12 relative, where TL's "bias" row is summed in float32),
 what they sum to through W_U (docs/decomposition.md §5), and where refgpt departs from TL on
 purpose.

@@ -3,7 +3,7 @@ its training record, small enough to commit, read alike by refgpt and HF, and tr
 the unigram baseline and puts ' be' after "To be, or not to".
 
 Training it takes about 20 minutes, too slow for the suite, so nothing here re-makes it
-(tests/test_training_smoke.py runs the training loop on a few kilobytes instead). What is checked
+(tests/train/test_training_smoke.py runs the training loop on a few kilobytes instead). What is checked
 is that the committed files are the ones the README and the run's record describe, and that they
 still produce the record's samples bit for bit."""
 
@@ -13,7 +13,11 @@ import configparser
 import functools
 import hashlib
 import json
+import os
 import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +28,6 @@ from hypothesis import strategies as st
 import refgpt
 from random_models import random_model, rel_err, save_checkpoint
 from refgpt import Config
-from refgpt.cli import main
 from refgpt.default_model import UNTRAINED_MARKER, is_untrained
 from refgpt.safetensors_file import SafetensorsFile
 
@@ -80,6 +83,56 @@ def test_default_model_path_is_the_shipped_directory():
     assert sorted(p.name for p in DEFAULT.iterdir()) == sorted(SHIPPED)
 
 
+def test_the_lookup_takes_the_installed_model_else_the_source_checkout_s(tmp_path, monkeypatch):
+    from refgpt import default_model as D
+
+    assert D.SOURCE_CHECKOUT_WEIGHTS == REPO / "weights" / "default"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert D.find_default_model([DEFAULT, tmp_path]) == DEFAULT
+    assert D.find_default_model([None, empty, DEFAULT]) == DEFAULT  # None: no refgpt.weights package
+    with pytest.raises(refgpt.RefGPTError, match=f"looked in {empty}, {tmp_path / 'nowhere'}"):
+        D.find_default_model([None, empty, tmp_path / "nowhere"])
+    monkeypatch.setattr(D, "installed_weights", lambda: None)  # refgpt imported from a source checkout
+    assert refgpt.default_model_path() == REPO / "weights" / "default"
+
+
+def _without_site(cwd, *paths, code):
+    """Run ``code`` with ``python -S`` (no site: no editable-install finder) and only ``paths``
+    (plus numpy's site-packages) on PYTHONPATH, in ``cwd``."""
+    site = Path(np.__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([*map(str, paths), str(site)])}
+    out = subprocess.run([sys.executable, "-S", "-c", code], cwd=cwd, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.split()
+
+
+def test_python_started_in_the_repository_finds_the_default_model():
+    """The source refgpt/ has no refgpt.weights subpackage: the model is the repository's weights/default."""
+    where, path = _without_site(REPO, code="import refgpt; print(refgpt.__file__, refgpt.default_model_path())")
+    assert Path(where) == REPO / "refgpt" / "__init__.py" and Path(path) == REPO / "weights" / "default"
+
+
+@pytest.mark.skipif(not os.environ.get("REFGPT_INSTALL_TESTS"), reason="builds and installs the package "
+                    "(pip install ., ~30 s); set REFGPT_INSTALL_TESTS=1")
+def test_after_a_real_pip_install_the_default_model_is_found_inside_and_outside_the_repository(tmp_path):
+    source, target = tmp_path / "source", tmp_path / "site"  # a copy, so the build leaves the checkout alone
+    source.mkdir()
+    for name in ("setup.cfg", "pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, source / name)
+    for name in ("refgpt", "weights"):
+        shutil.copytree(REPO / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+                    "--target", str(target), str(source)], check=True, capture_output=True, timeout=600)
+    code = "import refgpt; print(refgpt.__file__, refgpt.default_model_path(), refgpt.load_default().cfg.d_model)"
+    where, path, width = _without_site(tmp_path, target, code=code)  # the installed copy
+    assert Path(where).is_relative_to(target) and Path(path) == target / "refgpt" / "weights" / "default"
+    where, path, width = _without_site(REPO, target, code=code)  # in the repository: the source copy
+    assert Path(where) == REPO / "refgpt" / "__init__.py" and Path(path) == REPO / "weights" / "default"
+    assert width == "144"
+
+
 def test_weights_readme_records_every_file_size_and_sha256():
     recorded = {name.removeprefix("default/"): (int(size), sha) for name, size, sha in readme_table("sha256")}
     assert recorded == {name: ((DEFAULT / name).stat().st_size, sha256(DEFAULT / name)) for name in SHIPPED}
@@ -127,7 +180,7 @@ def test_weights_readme_quotes_the_training_run_truly(log):
     quoted = [
         f"sha256 `{log['sdist_sha256']}`",
         f"({log['n_train_tokens']:,} tokens)", f"validation ({log['n_val_tokens']:,} tokens)",
-        f"`refgpt/bpe_trainer.py`, {log['bpe_seconds']:.1f} s",
+        f"`refgpt/train/bpe_trainer.py`, {log['bpe_seconds']:.1f} s",
         f"{len(log['steps'])} steps of {log['hyper']['batch']} windows × {log['config']['n_positions']} tokens",
         f"AdamW (lr {log['hyper']['lr']}, {log['hyper']['warmup']} warm-up steps, cosine decay to "
         f"{log['hyper']['min_lr']}, betas {tuple(log['hyper']['betas'])}, weight decay {log['hyper']['weight_decay']}",
@@ -214,9 +267,9 @@ def test_to_be_or_not_to_puts_be_on_top(model):
     assert [round(float(p[t]), 3) for t in top] == [0.098, 0.05, 0.026]
 
 
-def test_refgpt_predict_prints_be_first(capsys):
-    assert main(["predict", "To be, or not to", "--top-k", "3"]) == 0
-    out = capsys.readouterr().out
+def test_refgpt_predict_prints_be_first(refgpt_cli):
+    status, out, _ = refgpt_cli.in_process("predict", "To be, or not to", "--top-k", "3")
+    assert status == 0
     assert "UNTRAINED" not in out
     rows = out.split("rank", 1)[1].splitlines()[1:4]
     assert [re.split(r"\s{2,}", row.strip())[2] for row in rows] == ["' be'", "' the'", "' say'"]

@@ -10,6 +10,7 @@ import pytest
 import refgpt
 from random_models import hf_tensors, random_params
 from refgpt import Config, Model, RefGPTError
+from refgpt.dtypes import round_to_bfloat16, widen_bfloat16
 from refgpt.oracle import golden, llmc, comparison as oracle
 
 CFG = Config(d_model=16, n_layers=2, n_heads=4, d_mlp=64, d_vocab=50, n_ctx=12)
@@ -73,7 +74,7 @@ def test_bfloat16_checkpoint_rounds_to_nearest_even_and_round_trips(tmp_path):
     assert np.fromfile(path, dtype="<i4", count=2)[1] == 5
     back = llmc.read_model(path)
     for name, value in model.params.items():
-        expected = llmc.from_bf16(llmc.to_bf16(value.astype(np.float32)))
+        expected = widen_bfloat16(round_to_bfloat16(value.astype(np.float32)))
         assert np.array_equal(back.params[name], expected), name
     assert llmc.write_model(tmp_path / "again.bin", back, dtype="bfloat16").read_bytes() == path.read_bytes()
 
@@ -82,9 +83,9 @@ def test_bfloat16_rounding_matches_hand_computed_ties():
     one, next_up = np.float32(1.0), np.float32(1.0 + 2.0**-7)  # adjacent bfloat16 values
     half_way = np.float32(1.0 + 2.0**-8)  # a tie: rounds to even (1.0, mantissa ...0)
     above = np.float32(1.0 + 2.0**-8 + 2.0**-20)
-    assert llmc.from_bf16(llmc.to_bf16([one, half_way, above]))[:].tolist() == [1.0, 1.0, float(next_up)]
+    assert widen_bfloat16(round_to_bfloat16([one, half_way, above]))[:].tolist() == [1.0, 1.0, float(next_up)]
     three_halfway = np.float32(1.0 + 3 * 2.0**-8)  # tie between 1+2⁻⁷ (odd) and 1+2⁻⁶ (even)
-    assert float(llmc.from_bf16(llmc.to_bf16([three_halfway]))[0]) == 1.0 + 2.0**-6
+    assert float(widen_bfloat16(round_to_bfloat16([three_halfway]))[0]) == 1.0 + 2.0**-6
 
 
 def test_models_llmc_cannot_hold_are_refused(tmp_path):

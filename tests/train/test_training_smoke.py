@@ -3,8 +3,11 @@ parameter gets a gradient, and the same seed gives the same weights."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 
+import refgpt
 from refgpt import Config, load
 from refgpt.train.bpe_trainer import train_bpe, write_tokenizer
 from refgpt.weights import train_default as T
@@ -64,11 +67,10 @@ def test_a_few_steps_on_a_few_kilobytes_lower_the_loss(tmp_path):
 def test_the_written_checkpoint_loads_and_predicts_what_training_left(tmp_path):
     tok, cfg, train_ids, val_ids = setup(tmp_path)
     params, _ = T.train(cfg, train_ids, val_ids, {**HYPER, "steps": 5}, seed=0, log=lambda *_: None)
-    from safetensors.numpy import save_file
-    import json
-
-    save_file(T.hf_tensors(cfg, params), str(tmp_path / "model.safetensors"))
-    (tmp_path / "config.json").write_text(json.dumps(T.hf_config(cfg, tok.eot_token)))
+    trained = T.tied_model(cfg, params)
+    trained.tokenizer = tok
+    refgpt.save(trained, tmp_path, dtype="float32", config={"initializer_range": T.INITIALIZER_RANGE})  # as the script does
+    assert json.loads((tmp_path / "config.json").read_text()) == T.hf_config(cfg, tok.eot_token)
     model = load(tmp_path, dtype="float32")
     assert model.tokenizer.vocab_size == cfg.d_vocab
     ids = model.to_tokens("The king doth love")

@@ -1,0 +1,64 @@
+"""What the subcommands' arguments mean, beyond TEXT: numbers, and tokens.
+
+A TOKEN argument (``--target``, ``--against``) is text the tokenizer encodes as exactly one token,
+or ``#ID`` for the token with that id; ``--NAME-id ID`` is the same by id alone. Every
+subcommand that takes a token reads it here (``add_token_argument``, ``token_argument``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+from ..decomposition import token_id
+from ..errors import RefGPTError
+
+
+def _whole(text: str, least: int) -> int:
+    if not re.fullmatch(r"\s*\+?\d+\s*", text, re.ASCII) or int(text) < least:
+        raise argparse.ArgumentTypeError(f"must be a whole number ≥ {least}, found {text!r}")
+    return int(text)
+
+
+def positive_int(text: str) -> int:
+    """argparse type: a whole number ≥ 1."""
+    return _whole(text, 1)
+
+
+def count(text: str) -> int:
+    """argparse type: a whole number ≥ 0."""
+    return _whole(text, 0)
+
+
+def non_negative_float(text: str) -> float:
+    """argparse type: a number ≥ 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be a number ≥ 0, found {text!r}")
+    return value
+
+
+def add_token_argument(p, name: str, help: str):
+    """``--NAME TOKEN`` (text that is one token, or #ID) and ``--NAME-id ID``."""
+    p.add_argument(f"--{name}", metavar="TOKEN", help=f"{help}: text that is one token, or #ID")
+    p.add_argument(f"--{name}-id", type=int, metavar="ID", help="the same, by token id")
+
+
+def token_argument(model, args, name: str) -> int | None:
+    """The token id ``--NAME`` (text or #ID) or ``--NAME-id`` gives; None when neither is given."""
+    text, number = getattr(args, name), getattr(args, f"{name}_id")
+    if text is not None and number is not None:
+        args.usage_error(f"give --{name} or --{name}-id, not both")
+    if text is not None and text.startswith("#") and len(text) > 1:
+        try:
+            number = int(text[1:])
+        except ValueError:
+            raise RefGPTError(f"--{name}: {text!r} is not #ID with an integer ID") from None
+    elif text is not None:
+        return token_id(model, text, f"--{name}")
+    if number is not None and not 0 <= number < model.cfg.d_vocab:
+        raise RefGPTError(f"--{name}: id {number} is outside the vocabulary [0, {model.cfg.d_vocab})")
+    return number
