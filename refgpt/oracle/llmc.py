@@ -209,6 +209,10 @@ def read_model(path, dtype="float64") -> Model:
 
 
 def _circuits(t, cfg) -> dict[str, np.ndarray]:
+    """llm.c's tensors → circuits-notation parameters, each C-contiguous (row-major), as
+    ``random_params`` and the HF reader's Conv1D [in, out] weights are. The transposes of llm.c's
+    [out, in] weights would otherwise be column-major views, and NumPy's matmul takes a different
+    BLAS kernel (another summation order) for those: the same numbers, different last bits."""
     C, H, dh = cfg.d_model, cfg.n_heads, cfg.d_head
     W_E = t["wte"][: cfg.d_vocab]  # [V, C]: the padded rows dropped
     p = {"embed.W_E": W_E, "pos_embed.W_pos": t["wpe"], "unembed.W_U": W_E.T,
@@ -228,6 +232,8 @@ def _circuits(t, cfg) -> dict[str, np.ndarray]:
         p[b + "mlp.b_out"] = t["fcprojb"][L]
         for n in (1, 2):
             p[b + f"ln{n}.w"], p[b + f"ln{n}.b"] = t[f"ln{n}w"][L], t[f"ln{n}b"][L]
+    p = {k: np.ascontiguousarray(v) for k, v in p.items()}
+    p["unembed.W_U"] = p["embed.W_E"].T  # [C, V]: tied, a view of W_E as in HF's checkpoints
     return p
 
 

@@ -9,6 +9,14 @@
    c/√(c² + ε), curved on the scale √ε ≈ 3e-3, so D(1e-5) is off by ~1e-5 there. So the tests
    use Richardson's extrapolation (4·D(h/2) − D(h))/3, whose truncation is O(h⁴): ≤ 1e-10 even
    there, with rounding ~1e-10 at h = 1e-5. Measured ≤ 3e-9.
+   On hypothesis-drawn models that O(h⁴) is not always small either: a LayerNorm of width 2
+   normalises ±δ/√(δ² + 4ε), δ = x₁ − x₂, which is curved on the scale √ε wherever |δ| ≲ √ε —
+   and with one degree of freedom a random δ lands there often (d_model = 2, silu, ε = 1e-5:
+   σ = 3.4e-3 ≈ √ε, extrapolation error 2.6e-7). So the random-direction test also measures the
+   extrapolation's own error: with R(h) = c·h⁴ + O(h⁶), R(h) − R(h/2) = (15/16)·c·h⁴, so
+   |R(h) − R(h/2)| bounds R(h/2)'s error by a factor ~15 to spare; the test compares against
+   R(h/2) and allows FD_TOL plus that bound (≤ 1e-10 on well-conditioned models, so the bound is
+   as strict as before there; 2.5e-7 with R(h/2) off by 1.4e-8 in the example above).
 2. torch autograd on HF's GPT2LMHeadModel holding the same weights, float64: every parameter's
    gradient, and the gradient of each block's input (HF's hidden_states), ≤ 1e-10 relative. The
    two are different float64 programs for the same function, so they differ by rounding only
@@ -61,7 +69,15 @@ def richardson(f) -> float:
     return (4 * d[1] - d[0]) / 3
 
 
-def fd_param(model, name, direction, tokens, targets, untie=True) -> float:
+def richardson_with_error(f) -> tuple[float, float]:
+    """(R(h/2), |R(h) − R(h/2)|): the extrapolation at h/2 and a bound on its truncation error
+    (see the module docstring)."""
+    d = [(f(h) - f(-h)) / (2 * h) for h in (H, H / 2, H / 4)]
+    coarse, fine = (4 * d[1] - d[0]) / 3, (4 * d[2] - d[1]) / 3
+    return fine, abs(coarse - fine)
+
+
+def fd_param(model, name, direction, tokens, targets, untie=True, extrapolate=richardson) -> float:
     """Derivative of the loss along ``direction`` in params[name], by differences. ``untie``:
     perturb W_E alone (its embedding use), as grads.params["embed.W_E"] is defined."""
     def at(t):
@@ -70,12 +86,12 @@ def fd_param(model, name, direction, tokens, targets, untie=True) -> float:
         if not untie and name == "embed.W_E" and model.cfg.tie_word_embeddings:
             params["unembed.W_U"] = params["embed.W_E"].T
         return loss_of(Model(model.cfg, params), tokens, targets)
-    return richardson(at)
+    return extrapolate(at)
 
 
-def fd_activation(model, name, direction, tokens, targets) -> float:
+def fd_activation(model, name, direction, tokens, targets, extrapolate=richardson) -> float:
     """Derivative of the loss along ``direction`` added at hook point ``name``, by differences."""
-    return richardson(lambda t: loss_of(model, tokens, targets, [(name, lambda a, _: a + t * direction)]))
+    return extrapolate(lambda t: loss_of(model, tokens, targets, [(name, lambda a, _: a + t * direction)]))
 
 
 def directional_error(exact, numeric) -> float:
@@ -132,15 +148,21 @@ def test_gradients_match_central_differences_along_random_directions(cfg, seed, 
     grads = loss_and_grads(model, tokens, targets)
     used = grads.targets
     worst = {}
+
+    def excess(exact, numeric_and_error):  # > 0: off by more than FD_TOL + the differences' own error
+        numeric, error = numeric_and_error
+        return directional_error(exact, numeric) - FD_TOL - error / max(1.0, abs(numeric))
+
     for name, value in model.params.items():
         u = rng.standard_normal(value.shape)
-        worst[name] = directional_error(float((grads.params[name] * u).sum()), fd_param(model, name, u, tokens, used))
+        worst[name] = excess(float((grads.params[name] * u).sum()),
+                             fd_param(model, name, u, tokens, used, extrapolate=richardson_with_error))
     _, cache = model.run_with_cache(tokens)
     for name in model.hook_names:
         u = rng.standard_normal(cache[name].shape)
-        worst[name] = directional_error(float((grads.activations[name] * u).sum()),
-                                        fd_activation(model, name, u, tokens, used))
-    bad = {k: v for k, v in worst.items() if not v <= FD_TOL}
+        worst[name] = excess(float((grads.activations[name] * u).sum()),
+                             fd_activation(model, name, u, tokens, used, extrapolate=richardson_with_error))
+    bad = {k: v for k, v in worst.items() if not v <= 0}
     assert not bad, f"{cfg}: {bad}"
 
 

@@ -33,6 +33,9 @@ def test_float32_checkpoint_round_trips_exactly(tmp_path):
     back = llmc.read_model(path)
     assert back.cfg == model.cfg
     assert params_equal(back, model)
+    # Same layout too (row-major, W_U a view of W_E), so the same BLAS kernels run: NumPy's matmul
+    # sums in another order for a column-major operand, and the logits would differ in the last bits.
+    assert all(back.params[k].strides == model.params[k].strides for k in model.params)
     tokens = np.array([[1, 7, 3, 49]])
     assert np.array_equal(back(tokens), model(tokens))
     assert llmc.write_model(tmp_path / "again.bin", back).read_bytes() == path.read_bytes()

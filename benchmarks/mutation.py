@@ -1,0 +1,574 @@
+"""Mutation testing of refgpt's core: does the test suite reject every wrong GPT-2 it could become?
+
+    python benchmarks/mutation.py                         # every module in MODULES
+    python benchmarks/mutation.py attention layernorm     # some modules
+    python benchmarks/mutation.py --only-survivors benchmarks/mutation.json   # rerun old survivors
+
+For each module it makes every mutant (one small edit of the source), runs that module's tests
+(``MODULES`` maps each module to the test files that should notice) with ``pytest -x`` and a
+timeout, and records whether the tests failed (killed), timed out (killed: an endless loop is
+noticed) or passed (survived). Each survivor is looked up in ``EQUIVALENT``, the reviewed table
+of mutants that compute the same numbers (dead code, a speed path with identical results, …),
+each with its reason; the rest are real gaps. It writes benchmarks/MUTATION.md and
+benchmarks/mutation.json. Not part of CI: it takes about an hour on two cores.
+
+Mutants run in a copy of the tree (``--workdir``, default a temporary directory), never in the
+checkout, under ``nice``, ``--jobs`` at a time (default 1).
+
+Why a mutator of our own, ~300 lines, rather than mutmut or cosmic-ray: mutmut 3 rewrites every
+function of the package into trampolines in a ``mutants/`` copy and picks tests from its own
+coverage run of the whole suite, and cosmic-ray needs a session database and a config per
+module; neither has the NumPy-specific operators this issue asks for (``keepdims``/``axis``
+arguments, slice bounds of the blocked loops, ``min`` ↔ ``max``), and both would have run far
+more tests per mutant than the per-module map below. This one is plain ``ast``: each mutant is
+the module unparsed with one node changed, so the report can show the edit as source.
+
+Operators (``mutants``):
+- arithmetic  + ↔ −, * ↔ /, // → /, ** → *, | ↔ &, @ stays (shape errors only), in expressions and
+  augmented assignments (``out += b`` → ``out -= b``);
+- comparisons < ↔ <=, > ↔ >=, == ↔ !=, in ↔ not in, is ↔ is not; ``and`` ↔ ``or``; ``not x`` → x;
+  −x → x;
+- constants: an int n → n + 1 and n − 1; a float c → 1.1·c (0.0 → 1.0); True ↔ False (this is
+  how ``keepdims=True``, ``copy=False``, ``in_place=…`` flags are flipped, and ``axis=-1`` →
+  ``axis=0`` / ``axis=-2``);
+- slice bounds: a bound b → b + 1, b − 1, or dropped;
+- calls: ``min`` ↔ ``max``; the first two positional arguments swapped (unless one is a constant:
+  ``point("hook_q", q)`` swapped only fails, and costs a test run);
+- statements deleted (→ ``pass``): expression statements, augmented assignments, ``raise``,
+  ``if``, ``for``, assignments into a subscript or attribute, and re-assignments of a name that
+  is already bound in the function.
+Not mutated: docstrings and other string constants (error texts: a mutant there is equivalent
+by construction, and the tests that match error messages are the bad-input tests), imports,
+annotations, ``__repr__``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import copy
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# module → stages of tests that should notice a wrong module. A stage runs only if the ones before
+# it passed (``pytest -x``: the first failure ends it), so cheap NumPy-only tests come first and the
+# peer tests (importing torch, transformers and TransformerLens alone takes ~5 CPU-seconds) last.
+# The tests issue 13 added (``NEW``) run after the older ones of the same cost, so that one run
+# tells the score before them too (``before``, below).
+_OLD_FAST = ["tests/core/test_model_invariants.py", "tests/core/test_kv_cache.py", "tests/core/test_hooks_and_cache.py",
+             "tests/core/test_bad_input.py"]
+_OLD_PEERS = ["tests/core/test_peers_hf.py", "tests/core/test_peers_tl.py"]
+_NEW_PEERS = ["tests/core/test_peers_boundaries.py"]
+NEW = {"tests/core/test_forward_paths.py", "tests/core/test_activations.py", "tests/core/test_config.py",
+       "tests/core/test_checkpoint.py", *_NEW_PEERS}
+_PATHS = ["tests/core/test_forward_paths.py"]
+_BACKWARD_TESTS = [["tests/core/test_backward.py"]]
+MODULES = {
+    "layernorm": [_OLD_FAST + ["tests/core/test_ln_views.py"], _PATHS, _OLD_PEERS + ["tests/core/test_mission.py"], _NEW_PEERS],
+    "attention": [_OLD_FAST, _PATHS, _OLD_PEERS, _NEW_PEERS],
+    "mlp": [_OLD_FAST, _PATHS, _OLD_PEERS, _NEW_PEERS],
+    "activations": [_OLD_FAST, ["tests/core/test_activations.py"] + _PATHS, _OLD_PEERS, _NEW_PEERS],
+    "linear": [_OLD_FAST, _PATHS, _OLD_PEERS, _NEW_PEERS],
+    "model": [_OLD_FAST, _PATHS + ["tests/core/test_checkpoint.py"],
+              _OLD_PEERS + ["tests/core/test_mission.py", "tests/core/test_default_model.py"], _NEW_PEERS],
+    "checkpoint": [["tests/core/test_bad_input.py", "tests/core/test_processing.py"], ["tests/core/test_checkpoint.py"],
+                   ["tests/core/test_peers_hf.py", "tests/core/test_default_model.py"], _NEW_PEERS],
+    "config": [["tests/core/test_bad_input.py"], ["tests/core/test_config.py"],
+               ["tests/core/test_peers_hf.py", "tests/core/test_default_model.py"], _NEW_PEERS],
+    "kv_cache": [["tests/core/test_kv_cache.py", "tests/core/test_bad_input.py"], _PATHS, [], _NEW_PEERS],
+    "backward": _BACKWARD_TESTS,
+    "decomposition": [["tests/core/test_decomposition.py", "tests/core/test_mission.py"], ["tests/core/test_decomposition_tl.py"]],
+    "tokenizer": [["tests/core/test_tokenizer.py"]],
+}
+
+
+def before(m: "Mutant", stages) -> str:
+    """The outcome under the tests from before issue 13, from the stage that killed the mutant:
+    killed if a stage of older tests did; survived if it survived or only the last stage (new
+    peer tests, run after every older test passed) killed it; if a new stage killed it before an
+    older stage ran, the older stage is run again alone (``resolve_before``)."""
+    if m.before_outcome:
+        return m.before_outcome
+    if m.outcome not in ("killed", "timeout"):
+        return "survived"
+    if not set(stages[m.stage]) <= NEW:
+        return "killed"
+    later_old = [t for stage in stages[m.stage + 1:] for t in stage if t not in NEW]
+    return "unknown" if later_old else "survived"
+
+
+#: functions named *_backward inside a forward module are measured against the backward's tests.
+BACKWARD_UNIT = "backward"
+
+
+def module_path(module: str) -> Path:
+    return Path("refgpt") / (module.replace(".", "/") + ".py")
+
+
+# ---- making mutants ---------------------------------------------------------------------------
+
+_BINOP_SWAP = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult,
+               ast.FloorDiv: ast.Div, ast.Pow: ast.Mult, ast.Mod: ast.FloorDiv, ast.BitOr: ast.BitAnd,
+               ast.BitAnd: ast.BitOr}
+_CMP_SWAP = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq,
+             ast.NotEq: ast.Eq, ast.In: ast.NotIn, ast.NotIn: ast.In, ast.Is: ast.IsNot, ast.IsNot: ast.Is}
+
+
+@dataclass
+class Mutant:
+    module: str
+    unit: str  # the module, or "backward" for its *_backward functions
+    function: str
+    line: int
+    operator: str
+    before: str
+    after: str
+    outcome: str = ""  # killed | timeout | survived | error
+    seconds: float = 0.0
+    killer: str = ""
+    stage: int = -1  # the stage that killed it
+    before_outcome: str = ""  # set by resolve_before
+    source: str = ""  # the mutated line, as written
+    occurrence: int = 1  # the n-th mutant with this module, function, line text and edit
+
+    @property
+    def key(self) -> str:
+        """Names the mutant across runs and edits elsewhere in the file (not by line number)."""
+        n = f" #{self.occurrence}" if self.occurrence > 1 else ""
+        return f"{self.module}:{self.function}: {self.source} :: {self.before} → {self.after}{n}"
+
+
+def _docstring_nodes(tree) -> set[int]:
+    ids = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef)):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+                    and isinstance(body[0].value.value, str):
+                ids.add(id(body[0]))
+    return ids
+
+
+def _replacements(node, parents, bound) -> list[tuple[str, ast.AST]]:
+    """(operator, replacement node) pairs for one node; the replacement may be a new node or a
+    mutated copy."""
+    out = []
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINOP_SWAP:
+        out.append(("arith", ast.BinOp(node.left, _BINOP_SWAP[type(node.op)](), node.right)))
+    elif isinstance(node, ast.AugAssign) and type(node.op) in _BINOP_SWAP:
+        out.append(("arith", ast.AugAssign(node.target, _BINOP_SWAP[type(node.op)](), node.value)))
+    elif isinstance(node, ast.Compare):
+        for i, op in enumerate(node.ops):
+            if type(op) in _CMP_SWAP:
+                ops = list(node.ops)
+                ops[i] = _CMP_SWAP[type(op)]()
+                out.append(("compare", ast.Compare(node.left, ops, node.comparators)))
+    elif isinstance(node, ast.BoolOp):
+        out.append(("boolean", ast.BoolOp(ast.Or() if isinstance(node.op, ast.And) else ast.And(), node.values)))
+    elif isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.Not, ast.USub)):
+        c = node.operand
+        if isinstance(node.op, ast.USub) and isinstance(c, ast.Constant):
+            if isinstance(c.value, int) and not isinstance(c.value, bool):  # −n (axis=-1): −n ± 1
+                out += [("constant", ast.Constant(-c.value + 1)), ("constant", ast.Constant(-c.value - 1))]
+            elif isinstance(c.value, float):
+                out.append(("constant", ast.Constant(-1.1 * c.value)))
+        else:
+            out.append(("unary", node.operand))
+    elif isinstance(node, ast.Constant) and not isinstance(node.value, (str, bytes)) and node.value is not None:
+        v = node.value
+        parent = parents.get(id(node))
+        negated = isinstance(parent, ast.UnaryOp) and isinstance(parent.op, ast.USub)
+        if isinstance(v, bool):
+            out.append(("constant", ast.Constant(not v)))
+        elif isinstance(v, int) and not negated:
+            out += [("constant", ast.Constant(v + 1)), ("constant", ast.Constant(v - 1))]
+        elif isinstance(v, float) and not negated:
+            out.append(("constant", ast.Constant(1.0 if v == 0 else v * 1.1)))
+    elif isinstance(node, ast.Slice):
+        for side in ("lower", "upper"):
+            b = getattr(node, side)
+            if b is None:
+                continue
+            for op in (ast.Add(), ast.Sub()):
+                s = copy.copy(node)
+                setattr(s, side, ast.BinOp(b, op, ast.Constant(1)))
+                out.append(("slice", s))
+            s = copy.copy(node)
+            setattr(s, side, None)
+            out.append(("slice", s))
+    elif isinstance(node, ast.Call):
+        if isinstance(node.func, ast.Name) and node.func.id in ("min", "max"):
+            c = copy.copy(node)
+            c.func = ast.Name("max" if node.func.id == "min" else "min", ast.Load())
+            out.append(("call", c))
+        if len(node.args) >= 2 and not any(isinstance(a, (ast.Starred, ast.Constant)) for a in node.args[:2]):
+            c = copy.copy(node)
+            c.args = [node.args[1], node.args[0], *node.args[2:]]
+            out.append(("swap args", c))
+    if isinstance(node, ast.stmt) and _deletable(node, bound):
+        out.append(("delete", ast.Pass()))
+    return out
+
+
+def _deletable(node, bound) -> bool:
+    if isinstance(node, (ast.Expr, ast.AugAssign, ast.Raise, ast.If, ast.For)):
+        return True
+    if isinstance(node, ast.Assign):
+        t = node.targets[0]
+        if isinstance(t, (ast.Subscript, ast.Attribute)):
+            return True
+        return isinstance(t, ast.Name) and t.id in bound
+    return False
+
+
+def _skipped_ids(tree) -> set[int]:
+    """Nodes never mutated: docstrings, strings, imports, annotations, f-strings, __repr__."""
+    skip = set()
+
+    def all_under(n):
+        for m in ast.walk(n):
+            skip.add(id(m))
+
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom, ast.JoinedStr)):
+            all_under(node)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            if node.name in ("__repr__",):
+                all_under(node)
+            for a in [*node.args.args, *node.args.kwonlyargs, *node.args.posonlyargs]:
+                if a.annotation is not None:
+                    all_under(a.annotation)
+            if node.returns is not None:
+                all_under(node.returns)
+            for d in node.args.defaults + [d for d in node.args.kw_defaults if d is not None]:
+                all_under(d)  # defaults: mutating them mostly changes the API, not the numbers
+        elif isinstance(node, ast.AnnAssign):
+            all_under(node.annotation)
+    for d in _docstring_nodes(tree):
+        skip.add(d)
+    return skip
+
+
+class _Locator(ast.NodeVisitor):
+    """For every node: its parent, its enclosing function, and the names bound before it there."""
+
+    def __init__(self):
+        self.parents, self.function, self.bound = {}, {}, {}
+        self._stack = ["<module>"]
+        self._bound = [set()]
+
+    def generic_visit(self, node):
+        for child in ast.iter_child_nodes(node):
+            self.parents[id(child)] = node
+        self.function[id(node)] = self._stack[-1]
+        self.bound[id(node)] = set(self._bound[-1])
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            self._stack.append(node.name if self._stack[-1] == "<module>" else f"{self._stack[-1]}.{node.name}")
+            self._bound.append({a.arg for a in [*node.args.args, *node.args.kwonlyargs, *node.args.posonlyargs]})
+            super().generic_visit(node)
+            self._stack.pop()
+            self._bound.pop()
+            return
+        super().generic_visit(node)
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.For)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for t in targets:
+                for n in ast.walk(t):
+                    if isinstance(n, ast.Name):
+                        self._bound[-1].add(n.id)
+
+
+def make_mutants(module: str, source: str) -> list[tuple[Mutant, str]]:
+    """Every mutant of ``source`` as (Mutant, mutated source)."""
+    tree = ast.parse(source)
+    locator = _Locator()
+    locator.visit(tree)
+    skip = _skipped_ids(tree)
+    lines = source.splitlines()
+    mutants = []
+    for node in list(ast.walk(tree)):
+        if id(node) in skip or not hasattr(node, "lineno"):
+            if not isinstance(node, ast.Slice) or id(node) in skip:
+                continue
+        function = locator.function.get(id(node), "<module>")
+        for operator, replacement in _replacements(node, locator.parents, locator.bound.get(id(node), set())):
+            parent = locator.parents.get(id(node))
+            if parent is None:
+                continue
+            mutated = _replace(tree, parent, node, replacement)
+            if mutated is None:
+                continue
+            try:
+                new_source = ast.unparse(mutated)
+                compile(new_source, module, "exec")
+            except (SyntaxError, ValueError):
+                continue
+            line = getattr(node, "lineno", getattr(parent, "lineno", 0))
+            before = ast.unparse(node) if not isinstance(node, ast.stmt) else lines[line - 1].strip()
+            after = "pass" if operator == "delete" else ast.unparse(replacement)
+            if isinstance(node, ast.Slice):
+                before, after = f"[{before}]", f"[{after}]"
+            unit = BACKWARD_UNIT if function.split(".")[0].endswith("_backward") else module
+            m = Mutant(module, unit, function, line, operator, before[:120], after[:120],
+                       source=lines[line - 1].split("  #")[0].strip() if line else "")
+            m.occurrence = 1 + sum(o.key == m.key for o, _ in mutants)
+            mutants.append((m, new_source))
+    return mutants
+
+
+def _replace(tree, parent, node, replacement):
+    """A deep copy of ``tree`` with ``node`` (a child of ``parent``) replaced."""
+    for field, value in ast.iter_fields(parent):
+        if value is node:
+            setattr(parent, field, replacement)
+            try:
+                return ast.fix_missing_locations(copy.deepcopy(tree))
+            finally:
+                setattr(parent, field, node)
+        if isinstance(value, list):
+            for i, item in enumerate(value):
+                if item is node:
+                    value[i] = replacement
+                    try:
+                        return ast.fix_missing_locations(copy.deepcopy(tree))
+                    finally:
+                        value[i] = node
+    return None
+
+
+# ---- running them -----------------------------------------------------------------------------
+
+
+def _copy_tree(dest: Path, rev: str | None) -> Path:
+    """The checkout's files (tracked and untracked, not ignored), or those of commit ``rev``."""
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    if rev:
+        archive = subprocess.run(["git", "archive", rev], cwd=ROOT, capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+    else:
+        files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                               capture_output=True, text=True, check=True).stdout.split()
+        for f in files:
+            src = ROOT / f
+            if src.is_file():
+                (dest / f).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(src, dest / f)
+    (dest / "_mutation_profile.py").write_text(_PLUGIN)
+    return dest
+
+
+#: A pytest plugin written into each tree copy: Hypothesis without shrinking or its example
+#: database. A killed mutant only has to fail, not fail minimally, and shrinking a failure of the
+#: peer tests takes minutes.
+_PLUGIN = '''
+from hypothesis import Phase, settings
+settings.register_profile("mutation", phases=[Phase.explicit, Phase.generate], database=None, derandomize=True)
+settings.load_profile("mutation")
+'''
+
+
+def _pytest(tree: Path, stages: list[list[str]], timeouts: list[float]) -> tuple[str, float, str, int]:
+    """Run the stages in order; (outcome, seconds, the first failing test, its stage)."""
+    env = dict(os.environ, PYTHONPATH=str(tree), PYTHONDONTWRITEBYTECODE="1")
+    t0 = time.monotonic()
+    for index, (tests, timeout) in enumerate(zip(stages, timeouts)):
+        tests = [t for t in tests if (tree / t).exists()]
+        if not tests:
+            continue
+        cmd = ["nice", "-n", "10", sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
+               "-o", "addopts=", "-p", "_mutation_profile", *tests]
+        try:
+            r = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return "timeout", time.monotonic() - t0, tests[0], index
+        if r.returncode in (1, 2):  # test failures / collection errors (a mutant that breaks import)
+            failed = [l.split(" ")[1] for l in r.stdout.splitlines() if l.startswith(("FAILED ", "ERROR "))]
+            return "killed", time.monotonic() - t0, (failed[0] if failed else f"exit {r.returncode}"), index
+        if r.returncode != 0:
+            return "error", time.monotonic() - t0, r.stdout[-500:] + r.stderr[-500:], index
+    return "survived", time.monotonic() - t0, "", -1
+
+
+_BASELINES: dict[tuple[str, ...], float] = {}
+
+
+def _baseline(tree, stages) -> list[float]:
+    """Each stage's time unmutated (which must pass), measured once per stage."""
+    seconds = []
+    for stage in stages:
+        if tuple(stage) not in _BASELINES:
+            outcome, t, _, _ = _pytest(tree, [stage], [3600])
+            if outcome != "survived":
+                raise SystemExit(f"the unmutated tests {stage} do not pass ({outcome}); fix them first")
+            _BASELINES[tuple(stage)] = t
+        seconds.append(_BASELINES[tuple(stage)])
+    return seconds
+
+
+def run(modules, jobs, workdir: Path, only: dict[str, str] | None, timeout_factor: float, rev: str | None = None,
+        skip_backward: bool = False, resolve_before: bool = True, sample: int = 1, progress=None):
+    trees = [_copy_tree(workdir / f"tree{j}", rev) for j in range(jobs)]
+    results: list[Mutant] = []
+    for module in modules:
+        path = module_path(module)
+        source = (trees[0] / path).read_text()
+        mutants = make_mutants(module, source)
+        if only is not None:  # key → its outcome before issue 13's tests, from the earlier run
+            mutants = [(m, s) for m, s in mutants if m.key in only]
+            for m, _ in mutants:
+                m.before_outcome = only[m.key]
+        if skip_backward:
+            mutants = [(m, s) for m, s in mutants if m.unit != BACKWARD_UNIT]
+        if sample > 1:
+            mutants = mutants[::sample]
+        stages = {unit: (_BACKWARD_TESTS if unit == BACKWARD_UNIT else MODULES[module])
+                  for unit in {m.unit for m, _ in mutants}}
+        timeouts = {unit: [timeout_factor * t + 30 for t in _baseline(trees[0], st)] for unit, st in stages.items()}
+        print(f"{module}: {len(mutants)} mutants; unmutated tests {timeouts}", flush=True)
+        free = list(trees)
+
+        def one(item):
+            mutant, new_source = item
+            tree = free.pop()
+            try:
+                (tree / path).write_text(new_source)
+                mutant.outcome, mutant.seconds, mutant.killer, mutant.stage = _pytest(
+                    tree, stages[mutant.unit], timeouts[mutant.unit])
+                if resolve_before and not mutant.before_outcome and before(mutant, stages[mutant.unit]) == "unknown":
+                    k = mutant.stage + 1  # the older tests that did not run: they alone, now
+                    old = [[t for t in st if t not in NEW] for st in stages[mutant.unit][k:]]
+                    outcome, _, _, _ = _pytest(tree, old, timeouts[mutant.unit][k:])
+                    mutant.before_outcome = "killed" if outcome in ("killed", "timeout") else "survived"
+            finally:
+                (tree / path).write_text(source)
+                free.append(tree)
+            return mutant
+
+        with ThreadPoolExecutor(jobs) as pool:
+            for i, m in enumerate(as_completed(pool.submit(one, item) for item in mutants)):
+                m = m.result()
+                results.append(m)
+                if m.outcome not in ("killed", "timeout"):
+                    print(f"  [{i + 1}/{len(mutants)}] {m.outcome} {m.function} L{m.line} {m.operator}: "
+                          f"{m.before} → {m.after}", flush=True)
+        results.sort(key=lambda m: (m.module, m.line))
+        if progress:
+            progress(results)
+        print(f"{module}: done", flush=True)
+    return results
+
+
+# ---- the report -------------------------------------------------------------------------------
+
+#: Reviewed survivors that compute the same numbers, key (Mutant.key) → reason.
+EQUIVALENT: dict[str, str] = {}
+
+
+def _stages_of(m):
+    return _BACKWARD_TESTS if m.unit == BACKWARD_UNIT else MODULES[m.module]
+
+
+def score(results):
+    table = {}
+    for m in results:
+        row = table.setdefault(m.unit if m.unit == m.module else f"{m.module} ({m.unit})",
+                               {"mutants": 0, "killed": 0, "survived": 0, "equivalent": 0, "killed_before": 0,
+                                "unknown_before": 0})
+        row["mutants"] += 1
+        b = before(m, _stages_of(m))
+        row["killed_before"] += b == "killed"
+        row["unknown_before"] += b == "unknown"
+        if m.outcome in ("killed", "timeout"):
+            row["killed"] += 1
+        elif m.key in EQUIVALENT:
+            row["equivalent"] += 1
+        else:
+            row["survived"] += 1
+    return table
+
+
+def _pct(a, b):
+    return f"{100 * a / b:.1f} %" if b else "–"
+
+
+def write_report(results, md: Path, js: Path, note: str = ""):
+    table = score(results)
+    lines = ["# Mutation testing of refgpt's core", "",
+             "Made by `python benchmarks/mutation.py` (operators and method: its docstring). A mutant is",
+             "*killed* when its module's tests (the script's `MODULES` map) fail or time out. *Equivalent*",
+             "survivors compute the same numbers (reason given below); *survived* are real gaps. The score",
+             "is killed / non-equivalent mutants; *before* is the same with the tests from before issue 13",
+             "(the script's `NEW` files left out).", ""]
+    if note:
+        lines += [note, ""]
+    lines += ["| module | mutants | equivalent | killed before | score before | killed | survived (real) | score |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for unit, row in sorted(table.items()):
+        real = row["mutants"] - row["equivalent"]
+        unknown = f" (+{row['unknown_before']}?)" if row["unknown_before"] else ""
+        lines.append(f"| {unit} | {row['mutants']} | {row['equivalent']} | {row['killed_before']}{unknown} | "
+                     f"{_pct(row['killed_before'], real)} | {row['killed']} | {row['survived']} | {_pct(row['killed'], real)} |")
+    lines += ["", "## Survivors", ""]
+    for m in results:
+        if m.outcome in ("killed", "timeout"):
+            continue
+        verdict = f"equivalent: {EQUIVALENT[m.key]}" if m.key in EQUIVALENT else f"**not equivalent** ({m.outcome})"
+        lines.append(f"- `{m.module}.py:{m.line}` `{m.source}`: {m.operator} `{m.before}` → `{m.after}` — {verdict}")
+    lines += ["", "## Killed only by the tests issue 13 added", ""]
+    for m in results:
+        if m.outcome in ("killed", "timeout") and before(m, _stages_of(m)) != "killed":
+            lines.append(f"- `{m.module}.py:{m.line}` `{m.source}`: {m.operator} `{m.before}` → `{m.after}` "
+                         f"— by `{m.killer}`")
+    md.write_text("\n".join(lines) + "\n")
+    js.write_text(json.dumps({"score": table, "mutants": [asdict(m) | {"key": m.key} for m in results]},
+                             indent=1, ensure_ascii=False) + "\n")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("modules", nargs="*", default=list(MODULES))
+    ap.add_argument("--jobs", type=int, default=1)
+    ap.add_argument("--workdir", type=Path, default=None)
+    ap.add_argument("--only-survivors", type=Path, default=None,
+                    help="a previous mutation.json: rerun only its survivors, keep its killed mutants")
+    ap.add_argument("--timeout-factor", type=float, default=3.0)
+    ap.add_argument("--sample", type=int, default=1, help="only every n-th mutant (a quicker estimate)")
+    ap.add_argument("--skip-backward", action="store_true", help="leave out the *_backward functions of forward modules")
+    ap.add_argument("--rev", default=None, help="test the tree of this commit (e.g. the tests before a change)")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "MUTATION.md")
+    ap.add_argument("--list", action="store_true", help="only list the mutants")
+    args = ap.parse_args(argv)
+    if args.list:
+        for module in args.modules:
+            for m, _ in make_mutants(module, (ROOT / module_path(module)).read_text()):
+                print(f"{m.module}:{m.line} {m.unit} {m.operator}: {m.before} → {m.after}")
+        return
+    only, kept = None, []
+    if args.only_survivors:
+        old = [Mutant(**{k: v for k, v in m.items() if k != "key"}) for m in json.loads(args.only_survivors.read_text())["mutants"]]
+        only = {m.key: before(m, _stages_of(m)) for m in old if m.outcome not in ("killed", "timeout")}
+        kept = [m for m in old if m.outcome in ("killed", "timeout") or m.module not in args.modules]
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="refgpt-mutation-"))
+    note = f"Every {args.sample}-th mutant only (--sample {args.sample})." if args.sample > 1 else ""
+
+    def save(results):
+        write_report(kept + results, args.out, args.out.with_suffix(".json"), note)
+
+    run(args.modules, args.jobs, workdir, only, args.timeout_factor, args.rev, args.skip_backward,
+        sample=args.sample, progress=save)
+
+
+if __name__ == "__main__":
+    main()

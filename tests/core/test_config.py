@@ -1,0 +1,112 @@
+"""Config: every validation rule at its boundary, HF's defaults and n_inner rule, the attention
+scale, and the errors naming the file. (The defaults against transformers.GPT2Config() itself:
+test_peers_boundaries.py.)"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from refgpt import Config, RefGPTError
+
+BASE = dict(d_model=8, n_layers=2, n_heads=2, d_mlp=12, d_vocab=11, n_ctx=6)
+
+
+def cfg(**changes):
+    return Config(**{**BASE, **changes})
+
+
+@pytest.mark.parametrize("name", ["d_model", "n_layers", "n_heads", "d_mlp", "d_vocab", "n_ctx"])
+def test_sizes_must_be_positive_integers(name):
+    smallest = {**BASE, name: 1, "d_model": 8 if name != "n_heads" else 8}
+    if name == "d_model":
+        smallest["n_heads"] = 1
+    Config(**smallest)  # 1 is allowed
+    for bad in (0, -1, True, 8.0, "8", None):
+        with pytest.raises(RefGPTError, match=f"config: {name} must be a positive integer, found {bad!r}"):
+            cfg(**{name: bad})
+
+
+def test_heads_must_divide_the_width():
+    with pytest.raises(RefGPTError, match="config: n_head=3 does not divide n_embd=8"):
+        cfg(n_heads=3)
+    assert cfg(n_heads=8).d_head == 1 and cfg(n_heads=1).d_head == 8 and cfg(n_heads=4).d_head == 2
+
+
+def test_activation_must_be_known():
+    with pytest.raises(RefGPTError, match="unknown activation_function 'gelu_old'; refgpt knows \\['gelu'"):
+        cfg(act_fn="gelu_old")
+
+
+def test_eps_must_be_a_number_at_least_zero():
+    assert cfg(eps=0).eps == 0 and cfg(eps=0.0).eps == 0.0 and cfg(eps=1).eps == 1
+    for bad in (-1e-5, math.nan, True, "1e-5", None):
+        with pytest.raises(RefGPTError, match="config: layer_norm_epsilon must be a number ≥ 0"):
+            cfg(eps=bad)
+
+
+@pytest.mark.parametrize("name", ["use_attn_scale", "scale_attn_by_inverse_layer_idx",
+                                  "reorder_and_upcast_attn", "tie_word_embeddings"])
+def test_flags_must_be_booleans(name):
+    assert getattr(cfg(**{name: False}), name) is False and getattr(cfg(**{name: True}), name) is True
+    for bad in (1, 0, "true", None):
+        with pytest.raises(RefGPTError, match=f"config: {name} must be true or false, found {bad!r}"):
+            cfg(**{name: bad})
+
+
+def test_attention_scale():
+    c = cfg(d_model=8, n_heads=2)  # d_head 4
+    assert [c.attn_scale(L) for L in (0, 1)] == [0.5, 0.5]
+    assert cfg(use_attn_scale=False).attn_scale(3) == 1.0
+    inv = cfg(scale_attn_by_inverse_layer_idx=True)
+    assert [inv.attn_scale(L) for L in (0, 1, 3)] == [0.5, 0.25, 0.125]
+    assert cfg(use_attn_scale=False, scale_attn_by_inverse_layer_idx=True).attn_scale(2) == 1 / 3
+    assert cfg(d_model=9, n_heads=1).attn_scale(0) == 9 ** -0.5
+
+
+def test_from_hf_translates_and_fills_defaults():
+    hf = {"n_embd": 16, "n_layer": 3, "n_head": 4, "vocab_size": 7, "n_positions": 5, "layer_norm_epsilon": 1e-3,
+          "activation_function": "relu", "scale_attn_weights": False, "scale_attn_by_inverse_layer_idx": True,
+          "reorder_and_upcast_attn": True, "tie_word_embeddings": False}
+    c = Config.from_hf(hf)
+    assert c == Config(d_model=16, n_layers=3, n_heads=4, d_mlp=64, d_vocab=7, n_ctx=5, eps=1e-3, act_fn="relu",
+                       use_attn_scale=False, scale_attn_by_inverse_layer_idx=True, reorder_and_upcast_attn=True,
+                       tie_word_embeddings=False)
+    assert Config.from_hf({**hf, "n_inner": 10}).d_mlp == 10
+    assert Config.from_hf({**hf, "n_inner": None}).d_mlp == 64
+    assert Config.from_hf(c.to_hf()) == c
+    assert Config.from_hf({**hf, "model_type": "gpt2", "add_cross_attention": False}) == c
+    d = Config.from_hf({})
+    assert (d.d_model, d.n_layers, d.n_heads, d.d_mlp, d.d_vocab, d.n_ctx, d.eps, d.act_fn) == \
+        (768, 12, 12, 3072, 50257, 1024, 1e-5, "gelu_new")
+    assert d.use_attn_scale and d.tie_word_embeddings
+    assert not (d.scale_attn_by_inverse_layer_idx or d.reorder_and_upcast_attn)
+
+
+def test_from_hf_refusals_name_the_source():
+    with pytest.raises(RefGPTError, match="^x.json: expected a JSON object, found list$"):
+        Config.from_hf([], source="x.json")
+    with pytest.raises(RefGPTError, match="^x.json: model_type is 'llama', refgpt reads only 'gpt2'$"):
+        Config.from_hf({"model_type": "llama"}, source="x.json")
+    with pytest.raises(RefGPTError, match="^x.json: add_cross_attention=true is an encoder-decoder model"):
+        Config.from_hf({"add_cross_attention": True}, source="x.json")
+    with pytest.raises(RefGPTError, match="^x.json: d_model must be a positive integer, found '8'$"):
+        Config.from_hf({"n_embd": "8"}, source="x.json")  # n_inner None: 4·'8' must not become '8888'
+    with pytest.raises(RefGPTError, match="^x.json: n_head=5 does not divide n_embd=768"):
+        Config.from_hf({"n_head": 5}, source="x.json")
+
+
+def test_from_json(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"n_embd": 8, "n_layer": 1, "n_head": 2}))
+    assert Config.from_json(path).d_model == 8
+    with pytest.raises(RefGPTError, match="absent.json: not found"):
+        Config.from_json(tmp_path / "absent.json")
+    path.write_text("{oops")
+    with pytest.raises(RefGPTError, match="config.json: not valid JSON"):
+        Config.from_json(path)
+    path.write_bytes(b"\xff\xfe")
+    with pytest.raises(RefGPTError, match="config.json: not valid JSON"):
+        Config.from_json(path)

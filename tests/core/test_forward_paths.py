@@ -1,0 +1,177 @@
+"""Every way of running the forward pass computes the same GPT-2, at lengths that cross every
+block boundary of every fast path. (The peers check the numbers themselves: test_peers_boundaries.py.)
+
+The fast paths and their blocks:
+- attention.attend_in_blocks: 64 query rows at a time, each block seeing keys 0 … start + its last
+  query; used when no hook looks at the scores or the pattern (the plain forward). ``attend``
+  makes the full [query, key] scores instead (run_with_cache of a pattern).
+- activations.gelu_new: 64 rows of [batch·pos, d_mlp] at a time.
+- kv_cache: the new queries start at ``start`` = positions already held.
+So the lengths are 1, 63, 64, 65, 127, 128, 129 and n_ctx = 140, batched and not, and KV-cache
+chunks that start inside a block and cross one or two boundaries.
+
+Tolerance: the blocked and full paths make the same products and sums except for the masked
+keys, whose terms are exactly 0 (exp(−∞)); BLAS and NumPy may group the sums differently for a
+different number of keys, a few ulps per reduction. 1e-12 relative (float64) is the peers'
+tolerance and ~10⁴ ulps; a mutant that drops or adds one key moves a logit by ~1e-3.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from random_models import random_model, rel_err
+from refgpt import Config, RefGPTError
+from refgpt.activations import _gelu_new_into, gelu_new
+from refgpt.attention import attend, attend_in_blocks, causal_bias
+from refgpt.layernorm import centered_scale, layer_norm
+
+N_CTX = 140
+CFG = Config(d_model=8, n_layers=2, n_heads=2, d_mlp=12, d_vocab=23, n_ctx=N_CTX)
+LENGTHS = (1, 63, 64, 65, 127, 128, 129, N_CTX)
+TOL = {"float64": 1e-12, "float32": 2e-5}
+PATTERNS = [f"blocks.{L}.attn.hook_pattern" for L in range(CFG.n_layers)]
+
+
+@pytest.fixture(scope="module", params=["float64", "float32"])
+def model(request):
+    # scale 1: attention far from uniform, so every key a block wrongly drops or adds shows
+    return random_model(CFG, seed=13, dtype=request.param, scale=1.0)
+
+
+def tokens_of(pos, batch):
+    rng = np.random.default_rng(pos)
+    return rng.integers(0, CFG.d_vocab, size=(pos,) if batch is None else (batch, pos))
+
+
+@pytest.mark.parametrize("batch", [None, 2])
+@pytest.mark.parametrize("pos", LENGTHS)
+def test_blocked_attention_equals_full_attention(model, pos, batch):
+    """model(tokens) (blocked attention) = run_with_cache of the pattern (full attention)."""
+    tokens = tokens_of(pos, batch)
+    plain = model(tokens)
+    cached, cache = model.run_with_cache(tokens, names=PATTERNS)
+    assert plain.shape == cached.shape == (*np.shape(tokens), CFG.d_vocab)
+    assert plain.dtype == model.dtype
+    assert rel_err(plain, cached) <= TOL[model.dtype.name]
+    pattern = cache[PATTERNS[-1]]  # [batch, head, query, key]
+    assert np.allclose(pattern.sum(-1), 1) and not np.triu(pattern[0, 0], 1).any()
+
+
+@pytest.mark.parametrize("pos", [64, 65, 129, N_CTX])
+def test_last_only_is_the_last_row_of_the_plain_forward(model, pos):
+    tokens = tokens_of(pos, 2)
+    assert rel_err(model(tokens, last_only=True), model(tokens)[:, -1:]) <= TOL[model.dtype.name]
+
+
+@pytest.mark.parametrize("batch", [None, 2])
+@pytest.mark.parametrize("chunks", [(1,) * N_CTX, (3, 130, 7), (64, 1, 64, 11), (63, 2, 75)])
+def test_kv_cached_forward_equals_the_full_forward(model, chunks, batch):
+    """Token by token and in chunks that start mid-block and cross 64 and 128, plain and cached."""
+    tokens = tokens_of(N_CTX, batch)
+    full = model(tokens)
+    for watched in (None, PATTERNS):  # the blocked path, then the full one, with start > 0
+        past = model.kv_cache(1 if batch is None else batch)
+        pieces, start = [], 0
+        for n in chunks:
+            piece = tokens[..., start:start + n]
+            if watched is None:
+                pieces.append(model(piece, past=past))
+            else:
+                logits, cache = model.run_with_cache(piece, names=watched, past=past)
+                assert cache[watched[0]].shape[-2:] == (n, start + n)  # new queries against every key
+                pieces.append(logits)
+            start += n
+        assert past.length == N_CTX
+        assert rel_err(np.concatenate(pieces, axis=-2), full) <= TOL[model.dtype.name]
+
+
+def test_kv_cache_refuses_another_batch_and_more_than_n_ctx(model):
+    past = model.kv_cache(2)
+    with pytest.raises(RefGPTError, match="KVCache: made for batch 2, given tokens with batch 1"):
+        model(tokens_of(3, 1), past=past)
+    with pytest.raises(RefGPTError, match="KVCache: made for batch 2, given tokens with batch 1"):
+        model(tokens_of(3, None), past=past)
+    assert past.length == 0
+    model(tokens_of(N_CTX - 1, 2), past=past)
+    with pytest.raises(RefGPTError, match=f"tokens: 2 positions after {N_CTX - 1} cached, but the model has only"):
+        model(tokens_of(2, 2), past=past)
+    with pytest.raises(RefGPTError, match=f"KVCache: {N_CTX - 1} positions stored \\+ 2 new exceeds n_positions={N_CTX}"):
+        past.check(2, 2)
+    past.check(2, 1)  # exactly n_ctx is allowed
+    assert past.length == N_CTX - 1
+
+
+@pytest.mark.parametrize("rows", [1, 63, 64, 65, 127, 128, 129, 2 * N_CTX])
+def test_gelu_row_blocks_change_no_bit(rows):
+    """gelu_new a block of 64 rows at a time = the same steps over all rows at once, bit for bit,
+    and = the textbook formula to rounding."""
+    x = np.random.default_rng(rows).standard_normal((rows, 5)) * 3  # [rows, d_mlp]
+    whole = np.empty_like(x)
+    _gelu_new_into(x, whole)
+    assert np.array_equal(gelu_new(x), whole)
+    assert np.array_equal(gelu_new(x.reshape(1, rows, 5)), whole.reshape(1, rows, 5))  # [batch, pos, d_mlp]
+    textbook = 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)))
+    assert rel_err(whole, textbook) <= 1e-15
+
+
+@pytest.mark.parametrize("start, pos", [(0, 1), (0, 65), (0, 129), (5, 60), (5, 64), (70, 70), (3, 130)])
+def test_attention_blocks_equal_full_attention_after_a_cache(start, pos):
+    """attend_in_blocks = attend for queries start … start + pos − 1 against keys 0 … start + pos − 1."""
+    rng = np.random.default_rng(start * 1000 + pos)
+    qh = rng.standard_normal((2, 3, pos, 4))  # [batch, head, query, d_head]
+    kh, vh = rng.standard_normal((2, 2, 3, start + pos, 4))  # [batch, head, key, d_head]
+
+    def point(name, a):
+        return a
+
+    point.watched = lambda name: True
+    assert rel_err(attend_in_blocks(qh, kh, vh), attend(qh, kh, vh, point)) <= 1e-13
+    bias = causal_bias(pos, start, np.float64)  # [query, key]
+    assert bias.shape == (pos, start + pos) and not bias.flags.writeable
+    assert np.all(bias[:, :start + 1] == 0) and np.isneginf(bias[0, start + 1:]).all()
+
+
+def test_layernorm_overflow_guard_scales_each_row_by_its_own_power_of_two():
+    """Rows of very different sizes in one array (batch, position): each row's σ is its own,
+    none overflows and none underflows. The guard's max is per row (keepdims, last axis)."""
+    rng = np.random.default_rng(0)
+    n = 5
+    sizes = np.array([[1e200, 1e-3, 1.0], [1e-150, 3e5, 1e250]])  # [batch, pos]
+    d = rng.standard_normal((2, 3, n))  # [batch, pos, n]
+    x = d * sizes[..., None]  # [batch, pos, n]
+    w, b = 1 + 0.1 * rng.standard_normal(n), rng.standard_normal(n)
+    stats = {}
+    out = layer_norm(x, w, b, 1e-5, lambda name, a: stats.setdefault(name, a))
+    assert stats["hook_scale"].shape == (2, 3, 1)
+    for i, j in np.ndindex(2, 3):
+        c = d[i, j] - d[i, j].mean()  # the direction; x's centered row is sizes[i, j]·c
+        assert stats["hook_scale"][i, j, 0] == pytest.approx(reference_sigma(sizes[i, j] * c), rel=1e-14), (i, j)
+        hat = sizes[i, j] * c / reference_sigma(sizes[i, j] * c)
+        assert out[i, j] == pytest.approx(w * hat + b, rel=1e-13, abs=1e-13), (i, j)
+    # square [n, n] input: a per-column max (axis 0) or a flattened one would broadcast silently
+    sq = rng.standard_normal((n, n)) * np.logspace(-200, 200, n)[:, None]  # row i of size 10^(−200 + 100·i)
+    got = centered_scale(sq - sq.mean(-1, keepdims=True), 1e-5)  # [n, 1]
+    assert got.shape == (n, 1)
+    for i in range(n):
+        assert got[i, 0] == pytest.approx(reference_sigma(sq[i] - sq[i].mean()), rel=1e-14), i
+
+
+def reference_sigma(c, eps=1e-5):
+    """√(mean c² + ε) of a centered row, by the textbook where c² neither overflows nor matters
+    (|c| < 1e100), else as s·√(mean (c/s)²) with s = max|c| (ε/s² < 1e-200 is below rounding)."""
+    s = np.abs(c).max()
+    return np.sqrt(np.mean(c * c) + eps) if s < 1e100 else s * np.sqrt(np.mean((c / s) ** 2))
+
+
+def test_hooks_context_lets_errors_through_and_always_removes_its_hooks(model):
+    tokens = tokens_of(65, 2)
+    clean = model(tokens)
+    with pytest.raises(ZeroDivisionError):
+        with model.hooks([("blocks.0.hook_resid_pre", lambda a, n: a * 0)]):
+            assert not np.allclose(model(tokens), clean)
+            1 / 0
+    assert np.array_equal(model(tokens), clean)
+    with pytest.raises(RefGPTError, match="not a hook point"):
+        model.hooks([("blocks.0.hook_nothing", lambda a, n: a)])
