@@ -11,8 +11,9 @@ For each head h, with x the LayerNorm'd residual stream [pos, d_model]:
 
 The heads are computed together. W_Q [head, d_model, d_head] holds the same numbers as one
 [d_model, head·d_head] matrix, so q for every head is one matrix product; Σ_h z[h]·W_O[h] is one
-product of z [pos, head·d_head] with W_O seen as [head·d_head, d_model]. The model hands this
-module its weights in that flat layout (``Model.block_weights``).
+product of z [pos, head·d_head] with W_O seen as [head·d_head, d_model]; and q, k, v are one
+product with W_Q | W_K | W_V side by side (as GPT-2's checkpoints store them, c_attn). The model
+hands this module its weights in that flat layout (``Model.block_weights``).
 
 ``attention_backward`` (beside the forward) takes the gradient back through every line above.
 """
@@ -28,14 +29,15 @@ from .linear import affine
 
 
 def attention(x, w, n_heads, scale, point, past=None):
-    """One block's attention. ``w``: W_Q, W_K, W_V [d_model, head·d_head], b_Q, b_K, b_V
-    [head·d_head], W_O [head·d_head, d_model], b_O [d_model]. ``point`` is the hook point.
+    """One block's attention. ``w``: W_QKV = W_Q | W_K | W_V [d_model, 3·head·d_head], b_QKV
+    [3·head·d_head], W_O [head·d_head, d_model], b_O [d_model]. ``point`` is the hook point.
     ``past(k, v)``, in incremental decoding, stores the new keys and values and returns all of them."""
     batch, pos, _ = x.shape
-    heads = (batch, pos, n_heads, -1)
-    q = point("hook_q", affine(x, w["W_Q"], w["b_Q"]).reshape(heads))  # [batch, pos, head, d_head]
-    k = point("hook_k", affine(x, w["W_K"], w["b_K"]).reshape(heads))  # [batch, pos, head, d_head]
-    v = point("hook_v", affine(x, w["W_V"], w["b_V"]).reshape(heads))  # [batch, pos, head, d_head]
+    # q = x·W_Q + b_Q, k = x·W_K + b_K, v = x·W_V + b_V, as one product with W_Q | W_K | W_V:
+    qkv = affine(x, w["W_QKV"], w["b_QKV"]).reshape(batch, pos, 3, n_heads, -1)  # [batch, pos, q|k|v, head, d_head]
+    q = point("hook_q", qkv[:, :, 0])  # [batch, pos, head, d_head]
+    k = point("hook_k", qkv[:, :, 1])  # [batch, pos, head, d_head]
+    v = point("hook_v", qkv[:, :, 2])  # [batch, pos, head, d_head]
 
     if past is not None:
         k, v = past(k, v)  # [batch, key, head, d_head]: the earlier positions' keys, then these

@@ -22,6 +22,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 import numpy as np
+from numpy.lib.array_utils import byte_bounds
 
 from . import hook_points
 from .activations import ACTIVATIONS
@@ -52,6 +53,26 @@ def param_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
                        b + "mlp.W_out": (m, d), b + "mlp.b_out": (d,)})
     shapes.update({"ln_final.w": (d,), "ln_final.b": (d,), "unembed.W_U": (d, cfg.d_vocab)})
     return shapes
+
+
+def side_by_side(parts):
+    """[A | B | C] joined along the last axis: a view when the parts already lie side by side in
+    one buffer (HF's c_attn holds W_Q | W_K | W_V so), otherwise a copy."""
+    first, last = parts[0], parts[-1]
+    width = first.shape[-1] * first.itemsize  # bytes of one row of one part
+    root = first
+    while isinstance(root.base, np.ndarray):
+        root = root.base
+    lay_side_by_side = (
+        first.strides[-1] == first.itemsize
+        and (first.ndim == 1 or first.strides[0] == len(parts) * width)  # a row of [A | B | C] is contiguous
+        and all(p.shape == first.shape and p.strides == first.strides and p.dtype == first.dtype
+                and byte_bounds(p)[0] == byte_bounds(first)[0] + i * width for i, p in enumerate(parts))
+        and byte_bounds(root)[0] <= byte_bounds(first)[0] and byte_bounds(last)[1] <= byte_bounds(root)[1])
+    if lay_side_by_side:
+        shape = (*first.shape[:-1], len(parts) * first.shape[-1])
+        return np.lib.stride_tricks.as_strided(first, shape, first.strides, writeable=False)
+    return np.concatenate(parts, axis=-1)
 
 
 class Model:
@@ -104,14 +125,20 @@ class Model:
         """Block L's weights in the layout of ``block_weights``.
 
         Attention weights are flattened over heads, W_Q [head, d_model, d_head] → [d_model,
-        head·d_head] and W_O → [head·d_head, d_model]. For weights read from an HF checkpoint
-        this is a view of the stored c_attn matrix; otherwise it is copied once, here.
+        head·d_head] and W_O → [head·d_head, d_model], and W_Q | W_K | W_V side by side are
+        ``W_QKV`` [d_model, 3·head·d_head] (b_QKV likewise), so that q, k and v are one matrix
+        product. For weights read from an HF checkpoint this is a view of the stored c_attn
+        matrix; otherwise it is copied once, here, and W_Q, W_K, W_V are views of it.
         """
         p, b = self.params, f"blocks.{L}."
         d = self.cfg.d_model
         ln = {k: p[b + k] for k in ("ln1.w", "ln1.b", "ln2.w", "ln2.b")}
-        attn = {f"W_{x}": p[b + f"attn.W_{x}"].transpose(1, 0, 2).reshape(d, -1) for x in "QKV"}  # [d_model, head·d_head]
-        attn.update({f"b_{x}": p[b + f"attn.b_{x}"].reshape(-1) for x in "QKV"})  # [head·d_head]
+        W = [p[b + f"attn.W_{x}"].transpose(1, 0, 2).reshape(d, -1) for x in "QKV"]  # [d_model, head·d_head] each
+        bias = [p[b + f"attn.b_{x}"].reshape(-1) for x in "QKV"]  # [head·d_head] each
+        attn = {"W_QKV": side_by_side(W), "b_QKV": side_by_side(bias)}  # [d_model, 3·head·d_head], [3·head·d_head]
+        n = W[0].shape[-1]
+        for i, x in enumerate("QKV"):  # views of the fused matrix: W_Q | W_K | W_V
+            attn[f"W_{x}"], attn[f"b_{x}"] = attn["W_QKV"][..., i * n:(i + 1) * n], attn["b_QKV"][i * n:(i + 1) * n]
         attn["W_O"] = p[b + "attn.W_O"].reshape(-1, d)  # [head·d_head, d_model]
         attn["b_O"] = p[b + "attn.b_O"]  # [d_model]
         mlp = {k: p[b + "mlp." + k] for k in ("W_in", "b_in", "W_out", "b_out")}
