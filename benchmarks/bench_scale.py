@@ -19,7 +19,8 @@ its own process:
 Peak RSS is ru_maxrss of the child (wait4); a sampler also reads /proc/PID/status every 0.2 s for
 the peak of RssAnon (the process's own memory) and RssFile (mapped file pages, which the kernel
 drops under pressure). Needs disk for the file (``--dir``) and ~13 GB of free memory for XL.
-Writes the "scale" section of RESULTS.md and results_scale.json.
+Writes the "scale-SHAPE" section of RESULTS.md and results_scale_SHAPE.json (the JSON as it goes:
+a run cut short leaves what it measured).
 """
 
 from __future__ import annotations
@@ -90,11 +91,15 @@ def make_checkpoint(directory: Path, shape: dict, seed=0) -> Path:
     return directory
 
 
-def measured(args, log: Path) -> dict:
+#: Extra environment of the measured processes (``--blas-threads``).
+CHILD_ENV: dict[str, str] = {}
+
+
+def measured(args, log: Path, progress=None) -> dict:
     """Run ``args``; wall time, exit status, peak RSS (ru_maxrss) and sampled peaks of RssAnon and
-    RssFile, in MiB."""
+    RssFile, in MiB. ``progress(partial)`` is called every 30 s while it runs."""
     peaks = {"RssAnon": 0, "RssFile": 0}
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": str(REPO), **CHILD_ENV}
     t = time.perf_counter()
     with open(log, "w") as out:
         child = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)
@@ -102,7 +107,12 @@ def measured(args, log: Path) -> dict:
 
         def sample():
             status = Path(f"/proc/{child.pid}/status")
+            last = time.perf_counter()
             while not done.is_set():
+                if progress is not None and time.perf_counter() - last > 30:
+                    last = time.perf_counter()
+                    progress({"seconds_so_far": last - t, "peak_anon_mib_so_far": peaks["RssAnon"] / 1024,
+                              "peak_file_mib_so_far": peaks["RssFile"] / 1024, "running": True})
                 try:
                     for line in status.read_text().splitlines():
                         key = line.split(":")[0]
@@ -130,7 +140,6 @@ model = refgpt.load(sys.argv[1], dtype="float64", tokenizer=False)
 seconds = time.perf_counter() - t
 status = dict(line.split(":", 1) for line in open("/proc/self/status").read().splitlines())
 kib = lambda k: int(status[k].split()[0])
-weights = sum(a.nbytes for a in model.params.values() if a.base is None or a.flags.owndata)
 weights = sum({id(a.base if a.base is not None else a): (a.base if a.base is not None else a).nbytes
                for a in model.params.values()}.values())
 print(json.dumps({"seconds": seconds, "weights_mib": weights / 2**20, "rss_anon_mib": kib("RssAnon") / 1024,
@@ -138,10 +147,17 @@ print(json.dumps({"seconds": seconds, "weights_mib": weights / 2**20, "rss_anon_
 """
 
 
-def run(shape_name="xl", T=1024, directory=Path("/tmp/refgpt-scale"), keep=False) -> dict:
+def record(results) -> None:
+    """Write what is known so far to benchmarks/results_scale_<shape>.json (a long run may be cut short)."""
+    if results.get("record"):
+        (HERE / f"results_scale_{results['shape']}.json").write_text(json.dumps(results, indent=1, default=str))
+
+
+def run(shape_name="xl", T=1024, directory=Path("/tmp/refgpt-scale"), keep=False, record_results=True) -> dict:
     shape = SHAPES[shape_name]
     directory = Path(directory)
-    results = {"machine": machine(), "shape": shape_name, **shape, "T": T, "dtype": "float64"}
+    results = {"machine": machine(), "shape": shape_name, **shape, "T": T, "dtype": "float64", "record": record_results,
+               "child_env": dict(CHILD_ENV)}
     try:
         t = time.perf_counter()
         ckpt = make_checkpoint(directory / "model", shape)
@@ -155,13 +171,22 @@ def run(shape_name="xl", T=1024, directory=Path("/tmp/refgpt-scale"), keep=False
         print("load float32 → float64:", results["load"], flush=True)
 
         g = directory / "golden.safetensors"
+        record(results)
+
+        def golden_progress(partial):
+            written = g.with_name(g.name + ".partial")
+            record({**results, "golden_so_far": {**partial, "file_mib_allocated": written.stat().st_size / 2**20
+                                                 if written.exists() else None}})
+
         results["golden"] = measured([sys.executable, "-m", "refgpt", "golden", "--tokens", str(directory / "ids.npy"),
-                                      "-o", str(g), "--model", str(ckpt)], directory / "golden.log")
+                                      "-o", str(g), "--model", str(ckpt)], directory / "golden.log", golden_progress)
+        record(results)
         results["golden"]["file_mib"] = g.stat().st_size / 2**20 if g.exists() else None
         print("golden:", {k: v for k, v in results["golden"].items() if k != "output"}, flush=True)
         if results["golden"]["exit"] == 0:
             results["compare"] = measured([sys.executable, "-m", "refgpt", "compare", str(g), str(g)],
-                                          directory / "compare.log")
+                                          directory / "compare.log",
+                                          lambda partial: record({**results, "compare_so_far": partial}))
             print("compare:", {k: v for k, v in results["compare"].items() if k != "output"}, flush=True)
             results["largest_tensor_mib"] = _largest_tensor_mib(g)
     finally:
@@ -184,7 +209,8 @@ def markdown(r) -> str:
     lines = [f"## Scale: GPT-2 {r['shape']}-shaped random weights, T = {r['T']}, every activation, float64",
              "", f"`nice python benchmarks/bench_scale.py --shape {r['shape']}` on {describe(r['machine'])}. "
              "Each step is its own process; peak RSS is its ru_maxrss, RssAnon/RssFile are peaks sampled every 0.2 s "
-             "(RssFile: pages of mapped files, which the kernel drops under memory pressure).", "",
+             "(RssFile: pages of mapped files, which the kernel drops under memory pressure). "
+             f"Extra environment of the measured processes: {r.get('child_env') or 'none'}.", "",
              f"Model: n_layer {r['n_layer']}, d_model {r['n_embd']}, {r['n_head']} heads; checkpoint "
              f"{r['checkpoint_mib']:.0f} MiB float32; float64 weights in memory {load['weights_mib']:.0f} MiB.", "",
              "| step | wall s | peak RSS MiB | peak RssAnon MiB | peak RssFile MiB | note |", "|---|---|---|---|---|---|",
@@ -206,13 +232,18 @@ def main():
     parser.add_argument("--T", type=int, default=1024)
     parser.add_argument("--dir", default="/tmp/refgpt-scale")
     parser.add_argument("--keep", action="store_true", help="keep the checkpoint and golden file")
-    parser.add_argument("--no-record", action="store_true", help="do not write RESULTS.md / results_scale.json")
+    parser.add_argument("--no-record", action="store_true", help="do not write RESULTS.md / results_scale_SHAPE.json")
+    parser.add_argument("--blas-threads", type=int,
+                        help="OPENBLAS_NUM_THREADS for the measured processes (1 keeps an oversubscribed machine "
+                             "from stalling on spinning BLAS threads); recorded")
     a = parser.parse_args()
-    r = run(a.shape, a.T, Path(a.dir), a.keep)
+    if a.blas_threads:
+        CHILD_ENV.update(OPENBLAS_NUM_THREADS=str(a.blas_threads), OMP_NUM_THREADS=str(a.blas_threads))
+    r = run(a.shape, a.T, Path(a.dir), a.keep, not a.no_record)
     text = markdown(r)
     print(text)
     if not a.no_record:
-        (HERE / f"results_scale_{a.shape}.json").write_text(json.dumps(r, indent=1, default=str))
+        record(r)
         update_section(f"scale-{a.shape}", text)
 
 
