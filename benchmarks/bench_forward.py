@@ -42,13 +42,20 @@ def flops(T, d=768, L=12, d_mlp=3072, V=50257):
     return dense + L * 4 * T * T * d
 
 
+#: The clock: wall time, or with REFGPT_BENCH_CLOCK=cpu the process's CPU time, which on an
+#: oversubscribed machine still measures the work done when both sides run one thread
+#: (OPENBLAS_NUM_THREADS=1 REFGPT_BENCH_THREADS=1; a waiting BLAS thread spins and would count).
+CLOCK = os.environ.get("REFGPT_BENCH_CLOCK", "wall")
+_now = time.process_time if CLOCK == "cpu" else time.perf_counter
+
+
 def median_seconds(fn, repeats):
     fn()  # warm up: page in weights, fill caches
     times = []
     for _ in range(repeats):
-        t = time.perf_counter()
+        t = _now()
         fn()
-        times.append(time.perf_counter() - t)
+        times.append(_now() - t)
     return statistics.median(times)
 
 
@@ -58,12 +65,12 @@ def paired_medians(ours, theirs, repeats):
     ours(), theirs()
     a, b = [], []
     for _ in range(repeats):
-        t = time.perf_counter()
+        t = _now()
         ours()
-        a.append(time.perf_counter() - t)
-        t = time.perf_counter()
+        a.append(_now() - t)
+        t = _now()
         theirs()
-        b.append(time.perf_counter() - t)
+        b.append(_now() - t)
     return statistics.median(a), statistics.median(b)
 
 
@@ -120,8 +127,10 @@ def run(lengths=LENGTHS, dtypes=DTYPES, naive=True, extras=True) -> dict:
 
     threads = int(os.environ.get("REFGPT_BENCH_THREADS", os.cpu_count() or 1))
     torch.set_num_threads(threads)
+    if CLOCK == "cpu" and (threads != 1 or os.environ.get("OPENBLAS_NUM_THREADS") != "1"):
+        raise SystemExit("REFGPT_BENCH_CLOCK=cpu needs OPENBLAS_NUM_THREADS=1 REFGPT_BENCH_THREADS=1")
     results = {"threads": threads, "blas": blas_kernel(), "numpy": np.__version__, "torch": torch.__version__,
-               "forward": [], "batched": [], "extras": {}}
+               "clock": CLOCK, "forward": [], "batched": [], "extras": {}}
     with tempfile.TemporaryDirectory() as tmp:
         hf = make_checkpoint(tmp)
         naive_on = naive

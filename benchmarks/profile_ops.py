@@ -1,6 +1,8 @@
 """Where the time of a forward pass goes: refgpt's ops next to torch's, op class by op class.
 
     python benchmarks/profile_ops.py            # GPT-2 small, T = 1024, float32 and float64
+    OPENBLAS_NUM_THREADS=1 REFGPT_BENCH_THREADS=1 REFGPT_PROFILE_CLOCK=cpu python benchmarks/profile_ops.py
+                                                # one thread, CPU time: fair on a busy machine
 
 Each op class is timed in isolation on the shapes and weights of GPT-2 small's forward pass at
 T = 1024 (batch 1), refgpt calling its own functions (``layer_norm``, ``affine``, ``softmax``,
@@ -11,7 +13,8 @@ each round and the median of the rounds is kept, so a machine shared with other 
 fair ratios. Per-forward times are the per-call time × calls per forward; "rest" is the measured
 forward minus the sum (hooks, Python, residual adds, what the isolated timings miss).
 
-Writes the "profile" section of RESULTS.md and results_profile.json, with the BLAS kernel.
+Writes the "profile-wall" (or "profile-cpu") section of RESULTS.md and results_profile_*.json,
+with the BLAS kernel.
 """
 
 from __future__ import annotations
@@ -40,17 +43,24 @@ from refgpt.layernorm import layer_norm  # noqa: E402
 from refgpt.linear import affine  # noqa: E402
 
 
+#: The clock: wall time, or with REFGPT_PROFILE_CLOCK=cpu the process's CPU time, which on an
+#: oversubscribed machine still measures the work done, provided both sides run one thread
+#: (OPENBLAS_NUM_THREADS=1 REFGPT_BENCH_THREADS=1): a waiting BLAS thread spins and would count.
+CLOCK = os.environ.get("REFGPT_PROFILE_CLOCK", "wall")
+_now = time.process_time if CLOCK == "cpu" else time.perf_counter
+
+
 def paired_medians(ours, theirs, rounds):
     """Median seconds of ``ours`` and ``theirs``, run alternately ``rounds`` times after a warm-up."""
     ours(), theirs()
     a, b = [], []
     for _ in range(rounds):
-        t = time.perf_counter()
+        t = _now()
         ours()
-        a.append(time.perf_counter() - t)
-        t = time.perf_counter()
+        a.append(_now() - t)
+        t = _now()
         theirs()
-        b.append(time.perf_counter() - t)
+        b.append(_now() - t)
     return statistics.median(a), statistics.median(b)
 
 
@@ -97,6 +107,8 @@ def op_table(model, hf, dtype, T=1024, rounds=7):
 
     scores = refgpt_scores_full()
     tscores = torch.from_numpy(scores.copy())
+    pattern = attn_mod.softmax(scores)  # [batch, head, query, key]
+    tpattern = torch.from_numpy(pattern)
 
     def torch_gelu():  # HF's NewGELUActivation
         return 0.5 * th * (1.0 + torch.tanh(c * (th + 0.044715 * torch.pow(th, 3.0))))
@@ -113,7 +125,7 @@ def op_table(model, hf, dtype, T=1024, rounds=7):
          lambda: tq @ tq.transpose(-1, -2)),
         ("  of which softmax (full square)", L, lambda: attn_mod.softmax(scores),
          lambda: torch.softmax(tscores, -1)),
-        ("  of which pattern·v (full square)", L, lambda: scores @ qh, lambda: tscores @ tq),
+        ("  of which pattern·v (full square)", L, lambda: pattern @ qh, lambda: tpattern @ tq),
         ("out GEMM", L, lambda: affine(x.reshape(1, T, -1), aw["W_O"], aw["b_O"]),
          lambda: torch.addmm(c_proj_b, tx.view(T, d), c_proj_w)),
         ("MLP in GEMM", L, lambda: affine(x, mw["W_in"], mw["b_in"]), lambda: torch.addmm(fc_b, tx.view(T, d), fc_w)),
@@ -147,7 +159,10 @@ def run(T=1024, dtypes=("float32", "float64"), rounds=7):
 
     threads = int(os.environ.get("REFGPT_BENCH_THREADS", os.cpu_count() or 1))
     torch.set_num_threads(threads)
-    out = {"machine": machine(), "T": T, "threads": threads, "torch": torch.__version__, "numpy": np.__version__}
+    if CLOCK == "cpu" and (threads != 1 or os.environ.get("OPENBLAS_NUM_THREADS") != "1"):
+        raise SystemExit("REFGPT_PROFILE_CLOCK=cpu needs OPENBLAS_NUM_THREADS=1 REFGPT_BENCH_THREADS=1")
+    out = {"machine": machine(), "T": T, "threads": threads, "clock": CLOCK, "torch": torch.__version__,
+           "numpy": np.__version__}
     with tempfile.TemporaryDirectory() as tmp:
         hf = make_checkpoint(tmp)
         for dtype in dtypes:
@@ -161,7 +176,9 @@ def run(T=1024, dtypes=("float32", "float64"), rounds=7):
 def markdown(r) -> str:
     lines = [f"## Per-op profile: GPT-2 small, batch 1, T = {r['T']}", "",
              f"`python benchmarks/profile_ops.py` on {describe(r['machine'])}; torch {r['torch']}, numpy "
-             f"{r['numpy']}, {r['threads']} threads for both. Each op timed alone on the forward's shapes, "
+             f"{r['numpy']}, {r['threads']} thread(s) for both, clock: "
+             f"{'process CPU time (one thread each: the work done, whatever else the machine runs)' if r.get('clock') == 'cpu' else 'wall time'}. "
+             "Each op timed alone on the forward's shapes, "
              "refgpt and torch alternating, median of rounds; ms per forward = per call × calls. "
              "Indented rows split the attention row (over the full square, as when the pattern is cached) "
              "and are not added to the total.", "",
@@ -190,5 +207,5 @@ if __name__ == "__main__":
     result = run(rounds=int(os.environ.get("REFGPT_PROFILE_ROUNDS", 7)))
     text = markdown(result)
     print(text)
-    (HERE / "results_profile.json").write_text(json.dumps(result, indent=1, default=str))
-    update_section("profile", text)
+    (HERE / f"results_profile_{CLOCK}.json").write_text(json.dumps(result, indent=1, default=str))
+    update_section(f"profile-{CLOCK}", text)

@@ -40,9 +40,12 @@ def kind(m) -> str:
 
 def markdown(results) -> str:
     m, fw = results["machine"], results["forward"]
-    lines = [f"## Forward pass, {kind(m).upper()} machine: GPT-2 small, random weights", "",
+    lines = [f"## Forward pass, {kind(m).upper()} machine{', one thread, CPU time' if fw.get('clock') == 'cpu' else ''}: "
+             "GPT-2 small, random weights", "",
              f"`python benchmarks/run.py` on {describe(m)}; numpy {fw['numpy']}, torch {fw['torch']}, "
-             f"{fw['threads']} threads for both. refgpt and torch run alternately, medians of several runs "
+             f"{fw['threads']} thread(s) for both, clock: "
+             f"{'process CPU time (one thread each: the work done, whatever else the machine runs)' if fw.get('clock') == 'cpu' else 'wall time'}. "
+             "refgpt and torch run alternately, medians of several runs "
              "(only ratios measured side by side mean anything on a shared machine). GEMM peak: "
              f"{fw['gemm_peak_gflops_float32']:.0f} GFLOP/s float32, {fw['gemm_peak_gflops_float64']:.0f} float64 "
              "(one [1024,768]×[768,3072] product, same run).", "",
@@ -92,9 +95,11 @@ def main():
         print("attribution:", results["attribution"], flush=True)
     flat = {**results["forward"], "tokenizer": results.get("tokenizer", {}), "attribution": results.get("attribution", {})}
     results["targets"] = {name: _target(test, flat) for name, test in TARGETS.items()}
-    (HERE / f"results_{kind(results['machine'])}.json").write_text(json.dumps(results, indent=2, default=str))
+    clock = "_cpu_clock" if results["forward"]["clock"] == "cpu" else ""
+    (HERE / f"results_{kind(results['machine'])}{clock}.json").write_text(json.dumps(results, indent=2, default=str))
     text = markdown(results)
-    update_section(f"forward-{kind(results['machine'])}", text)
+    clock = "-cpu-clock" if results["forward"]["clock"] == "cpu" else ""
+    update_section(f"forward-{kind(results['machine'])}{clock}", text)
     print(text)
 
 

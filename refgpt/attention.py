@@ -30,11 +30,12 @@ from .linear import affine
 
 def attention(x, w, n_heads, scale, point, past=None):
     """One block's attention. ``w``: W_QKV = W_Q | W_K | W_V [d_model, 3·head·d_head], b_QKV
-    [3·head·d_head], W_O [head·d_head, d_model], b_O [d_model]. ``point`` is the hook point.
+    [3·head·d_head] (or W_Q, W_K, W_V [d_model, head·d_head] and their biases, joined here),
+    W_O [head·d_head, d_model], b_O [d_model]. ``point`` is the hook point.
     ``past(k, v)``, in incremental decoding, stores the new keys and values and returns all of them."""
     batch, pos, _ = x.shape
     # q = x·W_Q + b_Q, k = x·W_K + b_K, v = x·W_V + b_V, as one product with W_Q | W_K | W_V:
-    qkv = affine(x, w["W_QKV"], w["b_QKV"]).reshape(batch, pos, 3, n_heads, -1)  # [batch, pos, q|k|v, head, d_head]
+    qkv = affine(x, *fused_qkv(w)).reshape(batch, pos, 3, n_heads, -1)  # [batch, pos, q|k|v, head, d_head]
     q = point("hook_q", qkv[:, :, 0])  # [batch, pos, head, d_head]
     k = point("hook_k", qkv[:, :, 1])  # [batch, pos, head, d_head]
     v = point("hook_v", qkv[:, :, 2])  # [batch, pos, head, d_head]
@@ -52,6 +53,15 @@ def attention(x, w, n_heads, scale, point, past=None):
         zh = attend_in_blocks(qh, kh, vh)  # [batch, head, query, d_head], the same numbers
     z = point("hook_z", zh.transpose(per_head))  # [batch, pos, head, d_head]
     return affine(z.reshape(batch, pos, -1), w["W_O"], w["b_O"])  # [batch, pos, d_model]
+
+
+def fused_qkv(w):
+    """(W_QKV, b_QKV) of a block's weights ``w``: as the model keeps them (a view of the checkpoint's
+    c_attn), or joined from W_Q, W_K, W_V and b_Q, b_K, b_V (a copy) when ``w`` has only those."""
+    if "W_QKV" in w:
+        return w["W_QKV"], w["b_QKV"]
+    return (np.concatenate([w["W_Q"], w["W_K"], w["W_V"]], axis=-1),  # [d_model, 3·head·d_head]
+            np.concatenate([w["b_Q"], w["b_K"], w["b_V"]]))  # [3·head·d_head]
 
 
 def attend(qh, kh, vh, point):
