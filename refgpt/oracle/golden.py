@@ -23,6 +23,12 @@ a measured condition number of X for this model and these tokens. The oracle (re
 scales its tolerances by it, for every format: to first order a forward error is proportional to
 the unit roundoff, so c_X·u_bf16 is the error a bfloat16 pass makes where c_X·u_f32 is a float32
 pass's (docs/oracle.md measures how well this holds).
+
+Streaming. ``write_streamed`` (what ``refgpt golden`` runs) never holds the file: the header goes
+first (every shape follows from the config, ``layout``), then each tensor as the forward pass,
+driven a stage at a time by ``stream``, makes it; the float32 pass for the conditioning runs
+beside it and fills the room left for it in the header. ``write(make(…))`` writes the same bytes
+from memory (tests/oracle/test_streaming.py).
 """
 
 from __future__ import annotations
