@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -124,7 +125,13 @@ def measured(args, log: Path, progress=None) -> dict:
 
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
-        _, status, usage = os.wait4(child.pid, 0)
+        try:
+            _, status, usage = os.wait4(child.pid, 0)
+        except BaseException:  # stopped (SIGTERM, Ctrl-C): stop the child too, then clean up
+            child.kill()
+            child.wait()
+            done.set()
+            raise
         child.returncode = os.waitstatus_to_exitcode(status)
         done.set()
         sampler.join()
@@ -227,6 +234,7 @@ def markdown(r) -> str:
 
 
 def main():
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("bench_scale: stopped"))  # run the clean-up below
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--shape", choices=SHAPES, default="xl")
     parser.add_argument("--T", type=int, default=1024)
