@@ -86,7 +86,8 @@ def attend_in_blocks(qh, kh, vh, rows=64):
     for i in range(0, pos, rows):
         seen = start + min(i + rows, pos)  # this block's queries see keys 0 … seen − 1
         scores = qh[:, :, i:i + rows] @ kh[:, :, :seen].transpose(0, 1, 3, 2)  # [batch, head, rows, seen]
-        scores += bias[i:i + rows, :seen]  # [batch, head, rows, seen]
+        diagonal = max(0, seen - rows)  # the bias is 0 left of the block's own square: add only its last columns
+        scores[..., diagonal:] += bias[i:i + rows, diagonal:seen]  # [batch, head, rows, seen − diagonal]
         zh[:, :, i:i + rows] = softmax(scores, in_place=True) @ vh[:, :, :seen]  # [batch, head, rows, d_head]
     return zh
 
