@@ -3,12 +3,13 @@
     python docs/make_decomposition_numbers.py          # refgpt's numbers
     python docs/make_decomposition_numbers.py --tl     # and the TransformerLens 3.9 comparison
 
-Prints one row per number, under the name the page uses (N1, N2, …). A row is either *exact*
-(text, printed to the digits the page quotes; the page must quote exactly that) or a *bound* (a
-measured float error, which moves with the BLAS: the page states a power of ten and the
-measurement must stay below it). tests/analysis/test_attribution.py checks the N rows against the page;
-the TransformerLens rows (T1, T2) need the 'peers' extra and tests/core/test_decomposition_tl.py
-checks them. Benchmark numbers come from benchmarks/bench_attribution.py instead.
+Prints one row per number, under the name the page uses (N1, N2, …). A row is *exact* (text,
+printed to the digits the page quotes; the page must quote exactly that, followed by its name),
+a *bound* (a measured float error, which moves with the BLAS: the page states a power of ten and
+the measurement must stay below it) or a *line* (a table row the page must hold as a whole line).
+It also draws docs/figures/attribution_bars.png (``--no-figures`` skips it; needs matplotlib).
+tests/analysis/test_attribution.py checks the N rows against the page; the TransformerLens rows
+(T1, T2) need the 'peers' extra and tests/core/test_decomposition_tl.py checks them. Benchmark numbers come from benchmarks/bench_attribution.py instead.
 """
 
 from __future__ import annotations
@@ -61,8 +62,12 @@ def check_page(rows, page: str) -> list[str]:
     import re
 
     problems = []
+    lines = set(page.splitlines())
     for name, (kind, value) in rows.items():
-        if kind == "exact":
+        if kind == "line":
+            if value not in lines:
+                problems.append(f"{name}: the page has no line {value!r}")
+        elif kind == "exact":
             if not re.search(re.escape(value) + r"\s+\(" + name + r"\b", page):
                 problems.append(f"{name}: the page does not quote {value!r} ({name})")
         else:
@@ -127,6 +132,82 @@ def model_numbers() -> dict[str, tuple[str, str]]:
     return rows
 
 
+EMBEDDED_PROMPT = "To be, or not to"  # no <|endoftext|>: the model predicts ' be'
+
+
+def embedded_components():
+    """§1 on the embedded model: the final stream's ten pieces at the last position of
+    EMBEDDED_PROMPT, each through ln_final with its own scale and with the final one.
+
+    Returns (the model's top token, its logit, labels, own scales σ(c) [component], the final
+    scale σ, naive [component] = (w ⊙ Pc/σ(c))·W_U[:,t], exact [component] = (w ⊙ Pc/σ)·W_U[:,t],
+    the bias term ln_final.b·W_U[:,t])."""
+    model = refgpt.load_default()
+    tokens = model.to_tokens(EMBEDDED_PROMPT, prepend_bos=False)[0]  # [pos]
+    logits, cache = model.run_with_cache(tokens)  # [pos, d_vocab]
+    target = int(np.argmax(logits[-1]))
+    pieces, labels = cache.decompose_resid(return_labels=True)  # [component, batch, pos, d_model]
+    pieces = pieces[:, 0, -1]  # [component, d_model]
+    p = model.params
+    u = p["ln_final.w"] * p["unembed.W_U"][:, target]  # [d_model]
+    own = ln_scale(pieces, model.cfg.eps)[:, 0]  # [component] σ(c) of each piece alone
+    final = float(cache["ln_final.hook_scale"][0, -1, 0])  # σ of the whole stream
+    centred = pieces - pieces.mean(-1, keepdims=True)  # [component, d_model]
+    naive = centred @ u / own  # [component]
+    exact = centred @ u / final  # [component]
+    bias = float(p["ln_final.b"] @ p["unembed.W_U"][:, target])
+    return model.to_string([target]), float(logits[-1, target]), labels, own, final, naive, exact, bias
+
+
+def embedded_numbers() -> dict[str, tuple[str, str]]:
+    """§1's component table on the embedded model, and the numbers the text quotes from it."""
+    token, logit, labels, own, final, naive, exact, bias = embedded_components()
+    rows = {"N13": ("exact", repr(token)), "N14": ("exact", f"{logit:.4f}"), "N15": ("exact", f"{final:.3f}"),
+            "N16": ("exact", f"{own[0]:.3f}"), "N17": ("exact", f"{final / own[0]:.0f}"),
+            "N18": ("exact", f"{naive.sum() + bias:.2f}"),
+            "N19": ("bound", abs(exact.sum() + bias - logit) / abs(logit))}
+    share = lambda values, i: f"{100 * sum(values[j] for j in i) / (values.sum() + bias):.0f}%"  # noqa: E731
+    rows.update({"N26": ("exact", share(exact, [3])), "N27": ("exact", share(naive, [3])),
+                 "N28": ("exact", share(naive, [0, 1])), "N29": ("exact", share(exact, [0, 1]))})
+    for label, s, a, b in zip(labels, own, naive, exact, strict=True):
+        rows[f"table {label}"] = ("line", f"| {label} | {s:.3f} | {final / s:.1f} | {a:+.3f} | {b:+.3f} |")
+    rows["table ln_final.b"] = ("line", f"| ln_final.b | — | — | {bias:+.3f} | {bias:+.3f} |")
+    rows["table sum"] = ("line", f"| **sum** | | | **{naive.sum() + bias:+.3f}** | **{exact.sum() + bias:+.3f}** |")
+    return rows
+
+
+def figures():
+    """docs/figures/attribution_bars.png: §6's attribution of the embedded model's top next token
+    after "The cat sat on the mat." (after <|endoftext|>), by head, the twelve largest and the rest."""
+    from refgpt.analysis.plots import attribution_bars, printable
+
+    model = refgpt.load_default()
+    tokens = model.to_tokens(BARS_PROMPT, prepend_bos=True)[0]  # [pos]
+    logits, cache = model.run_with_cache(tokens)
+    top = int(np.argmax(logits[-1]))
+    result = attribute(cache, top, granularity="head", logits=logits)
+    attribution_bars(result, pos=-1, k=12, path=Path(__file__).parent / "figures" / "attribution_bars.png",
+                     title=f"Contributions to the logit of {printable(model.to_string([top]))!r} after {BARS_PROMPT!r}\n"
+                           f"(embedded model, by head; logit {result.logit[0, -1]:.4f})")
+
+
+BARS_PROMPT = "The cat sat on the mat."
+
+
+def bars_numbers() -> dict[str, tuple[str, str]]:
+    """The numbers §6's attribution-bars caption quotes."""
+    model = refgpt.load_default()
+    tokens = model.to_tokens(BARS_PROMPT, prepend_bos=True)[0]  # [pos]
+    logits, cache = model.run_with_cache(tokens)
+    result = attribute(cache, int(np.argmax(logits[-1])), granularity="head", logits=logits)
+    column = result.values[:, 0, -1]  # [component]
+    order = np.argsort(-np.abs(column), kind="stable")
+    top = result.top(2)
+    return {"N20": ("exact", f"{result.logit[0, -1]:.4f}"), "N21": ("exact", f"{top[0][0]} ({top[0][1]:.3f})"),
+            "N22": ("exact", f"{top[1][0]} ({top[1][1]:.3f})"), "N23": ("exact", f"{column[order[:12]].sum():.3f}"),
+            "N24": ("exact", f"{column[order[12:]].sum():+.3f}"), "N25": ("exact", f"{len(order) - 12}")}
+
+
 def tl_numbers() -> dict[str, tuple[str, str]]:
     """refgpt's TL-named API against TransformerLens 3.9 on the peer test's models (needs peers)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
@@ -157,7 +238,7 @@ def tl_numbers() -> dict[str, tuple[str, str]]:
 
 
 def numbers(tl: bool = False) -> dict[str, tuple[str, str]]:
-    rows = {**counterexample(), **model_numbers()}
+    rows = {**counterexample(), **model_numbers(), **embedded_numbers(), **bars_numbers()}
     if tl:
         rows.update(tl_numbers())
     return rows
@@ -166,9 +247,15 @@ def numbers(tl: bool = False) -> dict[str, tuple[str, str]]:
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tl", action="store_true", help="also compare with TransformerLens 3.9 (needs peers)")
+    parser.add_argument("--no-figures", action="store_true", help="print the numbers only")
     args = parser.parse_args(argv)
-    for name, (kind, value) in numbers(tl=args.tl).items():
-        print(f"{name:<4} {kind:<6} {value if kind == 'exact' else f'< {bound(value)}  (measured {value:.1e})'}")
+    rows = numbers(tl=args.tl)
+    width = max(map(len, rows))
+    for name, (kind, value) in rows.items():
+        shown = f"< {bound(value)}  (measured {value:.1e})" if kind == "bound" else value
+        print(f"{name:<{width}} {kind:<6} {shown}")
+    if not args.no_figures:
+        figures()
 
 
 if __name__ == "__main__":

@@ -11,16 +11,19 @@ TransformerLens's hook names.
 
 The package in layers; imports point down only (tests/core/test_layers.py checks it):
 
-- the core, flat in ``refgpt/``: the forward pass and what it needs (config, safetensors reader,
-  checkpoint loading and saving, layernorm, attention, mlp, activations, model, hooks, cache and
-  its decomposition, kv_cache, generation, loss and the exact backward, tokenizer, errors);
+- the core, flat in ``refgpt/``: the forward pass and what it needs (config, dtypes, safetensors
+  reader, checkpoint loading, saving, tokenizer, layernorm and its views, attention, mlp,
+  activations, hook_points, hooks, model, cache and its decomposition, kv_cache, generation, weight
+  processing, loss and the exact backward, errors; and TransformerLens's ways in and out: padding,
+  inputs, text, circuits);
 - ``refgpt.analysis`` (attribution, interventions, measurements, lens, plots),
   ``refgpt.oracle`` (golden files, comparison, name maps, llm.c formats) and
   ``refgpt.train`` (optimizer, BPE trainer), each built on the core only;
 - ``refgpt.cli``, the ``refgpt`` command, on top of all of them.
 
-``import refgpt`` loads the core only; the three subpackages load on first use
-(``refgpt.oracle.compare(...)`` works after a plain ``import refgpt``).
+``import refgpt`` loads the core only, and not even all of it: the three subpackages, ``refgpt.hub``
+and ``refgpt.hf_cache`` load on first use (``refgpt.oracle.compare(...)`` and
+``refgpt.hub.download("gpt2")`` work after a plain ``import refgpt``).
 """
 
 import importlib as _importlib
@@ -38,9 +41,11 @@ from .saving import save
 from .tokenizer import Tokenizer
 from .version import __version__
 
-#: Subpackages loaded on first attribute access, and names that live in them.
+#: Subpackages and core modules loaded on first attribute access, and names that live in them. The
+#: HF cache and the hub client are core, but only a hub name needs them (and the HTTP client's imports).
 _LAZY = {
     "analysis": "refgpt.analysis", "oracle": "refgpt.oracle", "train": "refgpt.train", "cli": "refgpt.cli",
+    "hub": "refgpt.hub", "hf_cache": "refgpt.hf_cache",
     "attribute": "refgpt.analysis.attribution", "Attribution": "refgpt.analysis.attribution",
 }
 
@@ -61,7 +66,7 @@ MOVED = {
 }
 
 __all__ = ["ActivationCache", "Attribution", "Config", "Model", "RefGPTError", "Tokenizer", "__version__",
-           "act_name", "analysis", "attribute", "default_model_path", "load", "load_default", "oracle", "save",
+           "act_name", "analysis", "attribute", "default_model_path", "hub", "load", "load_default", "oracle", "save",
            "train"]
 
 

@@ -28,17 +28,29 @@ from .activations import softmax
 from .linear import affine
 
 
-def attention(x, w, n_heads, scale, point, past=None):
-    """One block's attention. ``w``: W_QKV = W_Q | W_K | W_V [d_model, 3·head·d_head], b_QKV
-    [3·head·d_head] (or W_Q, W_K, W_V [d_model, head·d_head] and their biases, joined here),
+def attention(x, w, n_heads, scale, point, past=None, bias=None, per_head_result=False):
+    """One block's attention. ``w``: W_QKV = W_Q | W_K | W_V [d_model, 3·head·d_head] and b_QKV
+    (or only W_Q, W_K, W_V [d_model, head·d_head] and b_Q, b_K, b_V [head·d_head], joined here),
     W_O [head·d_head, d_model], b_O [d_model]. ``point`` is the hook point.
-    ``past(k, v)``, in incremental decoding, stores the new keys and values and returns all of them."""
-    batch, pos, _ = x.shape
-    # q = x·W_Q + b_Q, k = x·W_K + b_K, v = x·W_V + b_V, as one product with W_Q | W_K | W_V:
-    qkv = affine(x, *fused_qkv(w)).reshape(batch, pos, 3, n_heads, -1)  # [batch, pos, q|k|v, head, d_head]
-    q = point("hook_q", qkv[:, :, 0])  # [batch, pos, head, d_head]
-    k = point("hook_k", qkv[:, :, 1])  # [batch, pos, head, d_head]
-    v = point("hook_v", qkv[:, :, 2])  # [batch, pos, head, d_head]
+    ``past(k, v)``, in incremental decoding, stores the new keys and values and returns all of them.
+    ``bias``: None (causal), or padding's [batch, 1, query, key] bias (refgpt/padding.py).
+    ``per_head_result`` (TransformerLens's use_attn_result): make each head's z[h]·W_O[h]
+    [batch, pos, head, d_model] at ``hook_result`` and sum those (a different rounding).
+    ``x`` may also be three per-head inputs (x_q, x_k, x_v), each [batch, pos, head, d_model]:
+    TransformerLens's use_attn_in / use_split_qkv_input, head h's q read from x_q[:, :, h]."""
+    if isinstance(x, tuple):
+        x_q, x_k, x_v = x  # [batch, pos, head, d_model] each
+        batch, pos = x_q.shape[:2]
+        q = point("hook_q", per_head_affine(x_q, w["W_Q"], w["b_Q"], n_heads))  # [batch, pos, head, d_head]
+        k = point("hook_k", per_head_affine(x_k, w["W_K"], w["b_K"], n_heads))  # [batch, pos, head, d_head]
+        v = point("hook_v", per_head_affine(x_v, w["W_V"], w["b_V"], n_heads))  # [batch, pos, head, d_head]
+    else:
+        batch, pos, _ = x.shape
+        # q = x·W_Q + b_Q, k = x·W_K + b_K, v = x·W_V + b_V, as one product with W_Q | W_K | W_V:
+        qkv = affine(x, *fused_qkv(w)).reshape(batch, pos, 3, n_heads, -1)  # [batch, pos, q|k|v, head, d_head]
+        q = point("hook_q", qkv[:, :, 0])  # [batch, pos, head, d_head]
+        k = point("hook_k", qkv[:, :, 1])  # [batch, pos, head, d_head]
+        v = point("hook_v", qkv[:, :, 2])  # [batch, pos, head, d_head]
 
     if past is not None:
         k, v = past(k, v)  # [batch, key, head, d_head]: the earlier positions' keys, then these
@@ -48,10 +60,14 @@ def attention(x, w, n_heads, scale, point, past=None):
     kh = np.ascontiguousarray(k.transpose(per_head))  # [batch, head, key, d_head]
     vh = np.ascontiguousarray(v.transpose(per_head))  # [batch, head, key, d_head]
     if point.watched("hook_attn_scores") or point.watched("hook_pattern"):
-        zh = attend(qh, kh, vh, point)  # [batch, head, query, d_head]
+        zh = attend(qh, kh, vh, point, bias)  # [batch, head, query, d_head]
     else:
-        zh = attend_in_blocks(qh, kh, vh)  # [batch, head, query, d_head], the same numbers
+        zh = attend_in_blocks(qh, kh, vh, bias)  # [batch, head, query, d_head], the same numbers
     z = point("hook_z", zh.transpose(per_head))  # [batch, pos, head, d_head]
+    if per_head_result:
+        W_O = w["W_O"].reshape(n_heads, -1, w["W_O"].shape[-1])  # [head, d_head, d_model]
+        result = point("hook_result", np.einsum("bphd,hdm->bphm", z, W_O))  # [batch, pos, head, d_model]
+        return result.sum(axis=2) + w["b_O"]  # [batch, pos, d_model]
     return affine(z.reshape(batch, pos, -1), w["W_O"], w["b_O"])  # [batch, pos, d_model]
 
 
@@ -64,31 +80,57 @@ def fused_qkv(w):
             np.concatenate([w["b_Q"], w["b_K"], w["b_V"]]))  # [3·head·d_head]
 
 
-def attend(qh, kh, vh, point):
+def per_head_affine(x, W, b, n_heads):
+    """Head h's x[:, :, h]·W[h] + b[h]: x [batch, pos, head, d_model], W [d_model, head·d_head]."""
+    d_model = W.shape[0]
+    return np.einsum("bphd,dhe->bphe", x, W.reshape(d_model, n_heads, -1)) + b.reshape(n_heads, -1)  # [batch, pos, head, d_head]
+
+
+def attend(qh, kh, vh, point, bias=None):
     """pattern·v with the full scores and pattern [batch, head, query, key] made, for the hooks."""
     pos, keys = qh.shape[2], kh.shape[2]
     scores = qh @ kh.transpose(0, 1, 3, 2)  # [batch, head, query, key]
-    scores += causal_bias(pos, keys - pos, scores.dtype)  # [batch, head, query, key], −∞ on future keys
+    if bias is None:
+        scores += causal_bias(pos, keys - pos, scores.dtype)  # [batch, head, query, key], −∞ on future keys
+    else:
+        scores = scores + bias  # [batch, head, query, key], −∞ on future keys and on pads
     scores = point("hook_attn_scores", scores)  # [batch, head, query, key]
     # Nobody else holds the scores unless they are hooked or cached: then softmax may reuse them.
-    pattern = point("hook_pattern", softmax(scores, in_place=not point.watched("hook_attn_scores")))
+    probabilities = softmax if bias is None else padded_softmax
+    pattern = probabilities(scores, in_place=not point.watched("hook_attn_scores"))  # [batch, head, query, key]
+    pattern = point("hook_pattern", pattern)  # [batch, head, query, key]
     return pattern @ vh  # [batch, head, query, d_head]
 
 
-def attend_in_blocks(qh, kh, vh, rows=64):
+def padded_softmax(scores, in_place=False):
+    """``softmax`` for a padded batch: a query that sees no key at all (a left pad) has
+    softmax(all −∞) = NaN; its pattern row becomes 0, as in TransformerLens."""
+    with np.errstate(invalid="ignore"):
+        pattern = softmax(scores, in_place)  # [..., key]
+    pattern[np.isnan(pattern)] = 0.0
+    return pattern
+
+
+def attend_in_blocks(qh, kh, vh, bias=None, rows=64):
     """``attend`` when nobody looks at scores or pattern: a block of queries at a time. The scores
     then never exist in full (a block stays in cache through softmax), and a block never touches
     the keys after its last query, which halves the work of a full sequence."""
     pos, keys = qh.shape[2], kh.shape[2]
     start = keys - pos  # keys held in a KV cache before the first query
-    bias = causal_bias(pos, start, qh.dtype)  # [query, key]
+    padded = bias is not None
+    if not padded:
+        bias = causal_bias(pos, start, qh.dtype)  # [query, key]
     zh = np.empty_like(qh)  # [batch, head, query, d_head]
     for i in range(0, pos, rows):
         seen = start + min(i + rows, pos)  # this block's queries see keys 0 … seen − 1
         scores = qh[:, :, i:i + rows] @ kh[:, :, :seen].transpose(0, 1, 3, 2)  # [batch, head, rows, seen]
-        diagonal = max(0, seen - rows)  # the bias is 0 left of the block's own square: add only its last columns
-        scores[..., diagonal:] += bias[i:i + rows, diagonal:seen]  # [batch, head, rows, seen − diagonal]
-        zh[:, :, i:i + rows] = softmax(scores, in_place=True) @ vh[:, :, :seen]  # [batch, head, rows, d_head]
+        if padded:
+            scores += bias[..., i:i + rows, :seen]  # [batch, head, rows, seen]
+        else:  # the causal bias is 0 left of the block's own square: add only its last columns
+            diagonal = max(0, seen - rows)
+            scores[..., diagonal:] += bias[i:i + rows, diagonal:seen]  # [batch, head, rows, seen − diagonal]
+        pattern = (padded_softmax if padded else softmax)(scores, in_place=True)  # [batch, head, rows, seen]
+        zh[:, :, i:i + rows] = pattern @ vh[:, :, :seen]  # [batch, head, rows, d_head]
     return zh
 
 
@@ -101,7 +143,7 @@ def causal_bias(pos, start, dtype):
     return bias
 
 
-def attention_backward(grad, x, w, q, k, v, pattern, z, scale):
+def attention_backward(grad, x, w, q, k, v, pattern, z, scale, point=None):
     """∂loss/∂(everything attention read or computed), from grad = ∂loss/∂out [batch, pos,
     d_model], the input ``x`` and the forward's q, k, v, z [batch, pos, head, d_head] and
     ``pattern`` [batch, head, query, key]. ``w`` and ``scale`` as in ``attention``.
@@ -117,21 +159,23 @@ def attention_backward(grad, x, w, q, k, v, pattern, z, scale):
                                  (masked keys have pattern 0, so ∂s is 0 there)
         s = scale·q·kᵀ + mask    ∂q = scale·∂s·k     ∂k = scale·∂sᵀ·q
         q = x·W_Q + b_Q, …       ∂x = ∂q·W_Qᵀ + ∂k·W_Kᵀ + ∂v·W_Vᵀ, ∂W_Q = Σ xᵀ·∂q, ∂b_Q = Σ ∂q
-    (Σ: over batch and position.)
+    (Σ: over batch and position.) ``point(name, ∂)``, if given, sees each hook point's gradient as
+    it is made and returns the one that flows on (backward hooks, refgpt/hooks.py).
     """
+    point = point or (lambda name, g: g)
     batch, pos, d_model = x.shape
     flat = (batch * pos, -1)
     out = {"b_O": grad.sum(axis=(0, 1))}  # [d_model]
     out["W_O"] = z.reshape(flat).T @ grad.reshape(flat)  # [head·d_head, d_model]
-    grad_z = (grad @ w["W_O"].T).reshape(z.shape)  # [batch, pos, head, d_head]
+    grad_z = point("hook_z", (grad @ w["W_O"].T).reshape(z.shape))  # [batch, pos, head, d_head]
 
     per_head = (0, 2, 1, 3)  # [batch, pos, head, d_head] ↔ [batch, head, pos, d_head]
     gz, vh = grad_z.transpose(per_head), v.transpose(per_head)  # [batch, head, pos, d_head]
-    grad_pattern = gz @ vh.transpose(0, 1, 3, 2)  # [batch, head, query, key]
-    grad_v = (pattern.transpose(0, 1, 3, 2) @ gz).transpose(per_head)  # [batch, pos, head, d_head]
-    grad_scores = pattern * (grad_pattern - (pattern * grad_pattern).sum(-1, keepdims=True))  # [batch, head, query, key]
-    grad_q = (grad_scores @ k.transpose(per_head)).transpose(per_head) * scale  # [batch, pos, head, d_head]
-    grad_k = (grad_scores.transpose(0, 1, 3, 2) @ q.transpose(per_head)).transpose(per_head) * scale  # [batch, pos, head, d_head]
+    grad_pattern = point("hook_pattern", gz @ vh.transpose(0, 1, 3, 2))  # [batch, head, query, key]
+    grad_v = point("hook_v", (pattern.transpose(0, 1, 3, 2) @ gz).transpose(per_head))  # [batch, pos, head, d_head]
+    grad_scores = point("hook_attn_scores", pattern * (grad_pattern - (pattern * grad_pattern).sum(-1, keepdims=True)))  # [batch, head, query, key]
+    grad_q = point("hook_q", (grad_scores @ k.transpose(per_head)).transpose(per_head) * scale)  # [batch, pos, head, d_head]
+    grad_k = point("hook_k", (grad_scores.transpose(0, 1, 3, 2) @ q.transpose(per_head)).transpose(per_head) * scale)  # [batch, pos, head, d_head]
 
     x_rows = x.reshape(flat)  # [batch·pos, d_model]
     grad_x = np.zeros_like(x)  # [batch, pos, d_model]

@@ -43,6 +43,8 @@ from .activations import BACKWARDS
 from .attention import attention_backward
 from .errors import RefGPTError
 from .hook_points import ATTN_HOOKS, LN_HOOKS
+from .hooks import GradientRun
+from .inputs import is_text
 from .layernorm import layer_norm_backward
 from .ln_views import cached_output
 from .loss import check_targets, next_token_targets, softmax_cross_entropy
@@ -73,19 +75,32 @@ def loss_and_grads(model, tokens, targets=None) -> Gradients:
     i + 1; the last position has none), or ids [batch, pos], one per input position, with −100
     where a position has no target. The loss is the mean over the positions that have one.
     """
+    if is_text(tokens):
+        tokens = model.to_tokens(tokens)  # [batch, pos], TransformerLens's tokenization
+        if tokens.shape[0] > 1 and (tokens == model.tokenizer.pad_token_id).any():
+            raise RefGPTError("loss_and_grads: the texts have different lengths; the backward of a padded "
+                              "batch is not implemented: pass one text, or equal-length ones")
     tokens, _ = model.check_tokens(tokens)  # [batch, pos]
+    if model.cfg.use_attn_in or model.cfg.use_split_qkv_input:
+        raise RefGPTError("loss_and_grads: the analytic backward is written for one ln1 per block; turn "
+                          "use_attn_in / use_split_qkv_input off (model.set_use_attn_in(False), …)")
+    if any(hp.fwd_hooks for hp in model.hook_dict.values()):
+        raise RefGPTError("loss_and_grads: forward hooks are attached; the analytic backward is the gradient of "
+                          "the unhooked forward pass, so remove them first (model.reset_hooks())")
     if targets is None:
         if tokens.shape[1] < 2:
             raise RefGPTError("loss_and_grads: next-token targets need at least 2 tokens; pass targets=")
         targets = next_token_targets(tokens)  # [batch, pos]
     targets = check_targets(targets, tokens.shape, model.cfg.d_vocab)  # [batch, pos]
     logits, cache = model.run_with_cache(tokens)  # [batch, pos, d_vocab]
-    return backward(model, tokens, cache, logits, targets)
+    return backward(model, tokens, cache, logits, targets, GradientRun(model.hook_dict))
 
 
-def backward(model, tokens, cache, logits, targets) -> Gradients:
-    """The backward pass from a full forward cache (every hook point, no hooks applied)."""
+def backward(model, tokens, cache, logits, targets, point=None) -> Gradients:
+    """The backward pass from a full forward cache (every hook point, no hooks applied). ``point``
+    (a GradientRun) calls the backward hooks with each hook point's gradient (refgpt/hooks.py)."""
     cfg, p = model.cfg, model.params
+    point = point if point is not None else GradientRun({})
     loss, grad_logits = softmax_cross_entropy(logits, targets)  # [batch, pos, d_vocab]
     g_params: dict[str, np.ndarray] = {}
     g_acts: dict[str, np.ndarray] = {}
@@ -96,45 +111,49 @@ def backward(model, tokens, cache, logits, targets) -> Gradients:
     if "unembed.b_U" in p:
         g_params["unembed.b_U"] = grad_logits.sum(axis=(0, 1))  # [d_vocab]
     grad = grad_logits @ p["unembed.W_U"].T  # [batch, pos, d_model]
-    grad = layer_norm_step("ln_final.", grad, cache, p, g_params, g_acts)  # [batch, pos, d_model]
+    grad = layer_norm_step("ln_final.", grad, cache, p, g_params, g_acts, point)  # [batch, pos, d_model]
 
     act_backward = BACKWARDS[cfg.act_fn]
     for L in reversed(range(cfg.n_layers)):
-        grad = block_backward(model, L, grad, cache, act_backward, g_params, g_acts)  # [batch, pos, d_model]
+        grad = block_backward(model, L, grad, cache, act_backward, g_params, g_acts, point)  # [batch, pos, d_model]
 
     # resid_pre₀ = W_E[tokens] + W_pos[positions]
-    g_acts["hook_embed"] = g_acts["hook_pos_embed"] = grad
+    g_acts["hook_embed"] = g_embed = point("hook_embed", grad)  # [batch, pos, d_model]
+    g_acts["hook_pos_embed"] = g_pos = point("hook_pos_embed", grad)  # [batch, pos, d_model]
     g_W_E = np.zeros_like(p["embed.W_E"])  # [d_vocab, d_model]
-    np.add.at(g_W_E, tokens.reshape(-1), rows(grad))  # a token used twice gets both gradients
+    np.add.at(g_W_E, tokens.reshape(-1), rows(g_embed))  # a token used twice gets both gradients
     g_W_pos = np.zeros_like(p["pos_embed.W_pos"])  # [n_ctx, d_model]
-    g_W_pos[: tokens.shape[1]] = grad.sum(axis=0)  # [pos, d_model]
+    g_W_pos[: tokens.shape[1]] = g_pos.sum(axis=0)  # [pos, d_model]
     g_params["embed.W_E"], g_params["pos_embed.W_pos"] = g_W_E, g_W_pos
 
     tied = bool(cfg.tie_word_embeddings and np.shares_memory(p["unembed.W_U"], p["embed.W_E"]))
     ordered_params = {name: g_params[name] for name in p}
-    ordered_acts = {name: g_acts[name] for name in model.hook_names}
+    ordered_acts = {name: g_acts[name] for name in model.hook_names if name in g_acts}  # not TL's optional points
     return Gradients(loss, ordered_params, ordered_acts, grad_logits, targets, tied)
 
 
-def block_backward(model, L, grad, cache, act_backward, g_params, g_acts):
+def block_backward(model, L, grad, cache, act_backward, g_params, g_acts, point):
     """Block L in reverse: ∂resid_post → ∂resid_pre, filling in the block's gradients."""
     cfg, p, b = model.cfg, model.params, f"blocks.{L}."
     _, attn_w, mlp_w = model.block_weights(L)  # the flat layout the forward multiplies with
 
     # resid_post = resid_mid + mlp(ln2(resid_mid))
-    g_acts[b + "hook_resid_post"] = g_acts[b + "hook_mlp_out"] = grad
-    m = mlp_backward(grad, cached_output(cache, b + "ln2."), cache[b + "mlp.hook_pre"],
-                     cache[b + "mlp.hook_post"], mlp_w, act_backward)
+    g_acts[b + "hook_resid_post"] = grad = point(b + "hook_resid_post", grad)  # [batch, pos, d_model]
+    g_acts[b + "hook_mlp_out"] = g_mlp = point(b + "hook_mlp_out", grad)  # [batch, pos, d_model]
+    m = mlp_backward(g_mlp, cached_output(cache, b + "ln2."), cache[b + "mlp.hook_pre"],
+                     cache[b + "mlp.hook_post"], mlp_w, act_backward, point.scope(b + "mlp."))
     for key in ("W_in", "b_in", "W_out", "b_out"):
         g_params[b + "mlp." + key] = m[key]
     g_acts[b + "mlp.hook_pre"], g_acts[b + "mlp.hook_post"] = m["hook_pre"], m["hook_post"]
-    grad = grad + layer_norm_step(b + "ln2.", m["x"], cache, p, g_params, g_acts)  # [batch, pos, d_model]
+    grad = grad + layer_norm_step(b + "ln2.", m["x"], cache, p, g_params, g_acts, point)  # [batch, pos, d_model]
 
     # resid_mid = resid_pre + attn(ln1(resid_pre))
-    g_acts[b + "hook_resid_mid"] = g_acts[b + "hook_attn_out"] = grad
-    a = attention_backward(grad, cached_output(cache, b + "ln1."), attn_w,
+    g_acts[b + "hook_resid_mid"] = grad = point(b + "hook_resid_mid", grad)  # [batch, pos, d_model]
+    g_acts[b + "hook_attn_out"] = g_attn = point(b + "hook_attn_out", grad)  # [batch, pos, d_model]
+    a = attention_backward(g_attn, cached_output(cache, b + "ln1."), attn_w,
                            cache[b + "attn.hook_q"], cache[b + "attn.hook_k"], cache[b + "attn.hook_v"],
-                           cache[b + "attn.hook_pattern"], cache[b + "attn.hook_z"], cfg.attn_scale(L))
+                           cache[b + "attn.hook_pattern"], cache[b + "attn.hook_z"], cfg.attn_scale(L),
+                           point.scope(b + "attn."))
     h, dh, d = cfg.n_heads, cfg.d_head, cfg.d_model
     for x in "QKV":  # flat [d_model, head·d_head] → [head, d_model, d_head]
         g_params[b + f"attn.W_{x}"] = a[f"W_{x}"].reshape(d, h, dh).transpose(1, 0, 2)
@@ -143,15 +162,16 @@ def block_backward(model, L, grad, cache, act_backward, g_params, g_acts):
     g_params[b + "attn.b_O"] = a["b_O"]
     for name in ATTN_HOOKS:
         g_acts[b + "attn." + name] = a[name]
-    grad = grad + layer_norm_step(b + "ln1.", a["x"], cache, p, g_params, g_acts)  # [batch, pos, d_model]
-    g_acts[b + "hook_resid_pre"] = grad
+    grad = grad + layer_norm_step(b + "ln1.", a["x"], cache, p, g_params, g_acts, point)  # [batch, pos, d_model]
+    g_acts[b + "hook_resid_pre"] = grad = point(b + "hook_resid_pre", grad)  # [batch, pos, d_model]
     return grad
 
 
-def layer_norm_step(prefix, grad, cache, p, g_params, g_acts):
+def layer_norm_step(prefix, grad, cache, p, g_params, g_acts, point):
     """LayerNorm ``prefix`` ("blocks.3.ln1.", "ln_final.") in reverse: its gradients recorded,
     ∂loss/∂input returned."""
-    g = layer_norm_backward(grad, cache[prefix + "hook_normalized"], cache[prefix + "hook_scale"], p[prefix + "w"])
+    g = layer_norm_backward(grad, cache[prefix + "hook_normalized"], cache[prefix + "hook_scale"], p[prefix + "w"],
+                            point.scope(prefix))
     g_params[prefix + "w"], g_params[prefix + "b"] = g["w"], g["b"]
     for name in LN_HOOKS:
         g_acts[prefix + name] = g[name]

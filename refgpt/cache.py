@@ -18,12 +18,12 @@ from collections.abc import Mapping
 import numpy as np
 
 from . import decomposition
-from .errors import MissingActivation
+from .errors import MissingActivation, RefGPTError
 from .hook_points import ATTN_HOOKS, LN_HOOKS, MLP_HOOKS
 
 _ALIASES = {"attn": "pattern", "attn_logits": "attn_scores", "key": "k", "query": "q",
             "value": "v", "mlp_pre": "pre", "mlp_post": "post"}
-_ATTN = {h.removeprefix("hook_") for h in ATTN_HOOKS}  # q, k, v, attn_scores, pattern, z
+_ATTN = {h.removeprefix("hook_") for h in ATTN_HOOKS} | {"result"}  # q, k, v, attn_scores, pattern, z; result
 _MLP = {h.removeprefix("hook_") for h in MLP_HOOKS}  # pre, post
 _LN = {h.removeprefix("hook_") for h in LN_HOOKS}  # mean, scale, normalized
 _LAYER_TYPES = {"a": "attn", "attention": "attn", "m": "mlp", "b": "", "block": "", "blocks": ""}
@@ -57,13 +57,93 @@ def act_name(name: str, layer: int | None = None, layer_type: str | None = None)
 class ActivationCache(Mapping):
     """A read-only mapping hook name → activation, from one forward pass of ``model``."""
 
-    def __init__(self, activations: dict[str, np.ndarray], model):
+    def __init__(self, activations: dict[str, np.ndarray], model, has_batch_dim: bool = True):
         self._store = {}
         for name, array in activations.items():
-            view = array.view()
+            view = np.asarray(array).view()
             view.flags.writeable = False
             self._store[name] = view
         self.model = model
+        self.has_batch_dim = has_batch_dim
+
+    @property
+    def cache_dict(self) -> dict[str, np.ndarray]:
+        """The activations by full hook name (TransformerLens's attribute; the arrays are read-only)."""
+        return self._store
+
+    # ---- TransformerLens's reshaping of a whole cache ------------------------------------------
+
+    def remove_batch_dim(self) -> "ActivationCache":
+        """Drop the batch axis of every activation (batch 1 only); in place, as TransformerLens; a
+        second call does nothing."""
+        if not self.has_batch_dim:
+            return self  # already removed: nothing to do (TransformerLens logs a warning)
+        sizes = {a.shape[0] for a in self._store.values() if a.ndim}
+        if sizes - {1}:
+            raise RefGPTError(f"remove_batch_dim: the batch has {max(sizes)} sequences; only a batch of 1 can lose its axis")
+        self._store = {name: a[0] if a.ndim else a for name, a in self._store.items()}
+        self.has_batch_dim = False
+        return self
+
+    def apply_slice_to_batch_dim(self, batch_slice) -> "ActivationCache":
+        """A new cache with ``batch_slice`` (TransformerLens's Slice rules) of every batch axis."""
+        from .decomposition import _Slice
+
+        if not self.has_batch_dim:
+            raise RefGPTError("apply_slice_to_batch_dim: this cache has no batch axis")
+        s = _Slice(batch_slice)
+        return ActivationCache({name: s.apply(a, 0) for name, a in self._store.items()}, self.model,
+                               has_batch_dim=not isinstance(s.index, int))
+
+    def apply_slice_to_pos_dim(self, pos_slice) -> "ActivationCache":
+        """A new cache with ``pos_slice`` of every position axis, as run_with_cache(pos_slice=) takes
+        it in TransformerLens: axis −3 for q, k, v, z and result, −2 for the rest (for the attention
+        scores and pattern, the query axis); an int keeps the axis (length 1)."""
+        from .decomposition import _Slice
+
+        if isinstance(pos_slice, (int, np.integer)) and not isinstance(pos_slice, bool):
+            pos_slice = [int(pos_slice)]  # as TransformerLens's Slice.unwrap: an int keeps the axis here
+        s = _Slice(pos_slice)
+        out = {}
+        for name, a in self._store.items():
+            axis = -3 if name.endswith(("hook_q", "hook_k", "hook_v", "hook_z", "hook_result")) else -2
+            axis = -1 if name == "hook_tokens" else axis  # [batch, pos]
+            out[name] = s.apply(a, a.ndim + axis) if a.ndim >= -axis else a
+        return ActivationCache(out, self.model, self.has_batch_dim)
+
+    def stack_activation(self, activation_name: str, layer: int = -1, sublayer_type=None) -> np.ndarray:
+        """``activation_name`` of every block before ``layer`` (−1/None: all), stacked [layer, …]."""
+        if layer is None or layer == -1:
+            layer = self.model.cfg.n_layers
+        return np.stack([self[(activation_name, L, sublayer_type)] for L in range(layer)])
+
+    def get_neuron_results(self, layer: int, neuron_slice=None, pos_slice=None, project_output_onto=None) -> np.ndarray:
+        """Each neuron's post·W_out in block ``layer`` [batch, pos, neuron, d_model] (or projected onto
+        ``project_output_onto`` [d_model] / [d_model, n]); TransformerLens's ``get_neuron_results``."""
+        from .decomposition import _Slice
+
+        acts = self[("post", layer, "mlp")]  # [batch, pos, d_mlp]
+        W_out = self.model.params[f"blocks.{layer}.mlp.W_out"]  # [d_mlp, d_model]
+        acts = _Slice(pos_slice).apply(acts, acts.ndim - 2)
+        n = _Slice(neuron_slice)
+        acts, W_out = n.apply(acts, acts.ndim - 1), n.apply(W_out, 0)
+        if project_output_onto is None:
+            return acts[..., None] * W_out  # [batch, pos, neuron, d_model]
+        projected = W_out @ np.asarray(project_output_onto)  # [neuron] or [neuron, n]
+        return acts * projected if projected.ndim == 1 else acts[..., None] * projected
+
+    def compute_head_results(self) -> None:
+        """Add ``blocks.L.attn.hook_result`` [batch, pos, head, d_model] = z[h]·W_O[h] for every
+        layer, as TransformerLens does for a cache made without use_attn_result."""
+        for L in range(self.model.cfg.n_layers):
+            name = f"blocks.{L}.attn.hook_result"
+            if name in self._store:
+                continue
+            z = self[("z", L, "attn")]  # [batch, pos, head, d_head]
+            W_O = self.model.params[f"blocks.{L}.attn.W_O"]  # [head, d_head, d_model]
+            result = (z[..., None] * W_O).sum(axis=-2)  # [batch, pos, head, d_model]
+            result.flags.writeable = False
+            self._store[name] = result
 
     def __getitem__(self, key) -> np.ndarray:
         if isinstance(key, str) and key in self._store:

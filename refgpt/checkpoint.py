@@ -172,7 +172,9 @@ def hf_tensors(cfg: Config, params, prefix: str = "transformer.") -> dict[str, n
 
 
 def load(path: str | Path, dtype="float64", tokenizer=True, process=None):
-    """Load an HF GPT-2 checkpoint directory (``config.json`` + ``model.safetensors``).
+    """Load an HF GPT-2 checkpoint: a directory (``config.json`` + ``model.safetensors``), or a hub
+    name (``gpt2``, ``openai-community/gpt2@REVISION``) found in the HF cache or downloaded into it
+    (refgpt.hub.resolve; ``HF_HUB_OFFLINE=1``: the cache only).
 
     ``dtype`` is the compute dtype, float64 (default) or float32; weights stored in any float
     format are converted to it. Weights stored in the compute dtype are memory-mapped, not copied.
@@ -182,8 +184,10 @@ def load(path: str | Path, dtype="float64", tokenizer=True, process=None):
     (refgpt.processing).
     """
     directory = Path(path)
-    if not directory.is_dir():
-        raise RefGPTError(f"{directory}: model directory not found")
+    if not directory.is_dir():  # a hub name? (the HTTP client's imports cost ~0.1 s: only then)
+        from .hub import resolve
+
+        directory = resolve(path)
     dtype = compute_dtype(dtype)
     cfg = Config.from_json(directory / "config.json")
     tensors = read_hf_tensors(weight_files(directory), cfg, dtype)

@@ -33,7 +33,19 @@ HF_DEFAULTS = {
 }
 
 
-@dataclasses.dataclass(frozen=True)
+#: TransformerLens's switches: settable on a model's cfg (``model.cfg.default_prepend_bos = False``),
+#: they change what is tokenized or hooked, never a number of the forward pass.
+TL_SWITCHES = {
+    "default_prepend_bos": "to_tokens and text input put <|endoftext|> first (TL's default for GPT-2)",
+    "tokenizer_prepends_bos": "does the tokenizer add BOS by itself? (GPT-2's: no)",
+    "use_attn_result": "hook attn.hook_result [batch, pos, head, d_model], each head's z·W_O",
+    "use_split_qkv_input": "hook hook_q_input/hook_k_input/hook_v_input [batch, pos, head, d_model]",
+    "use_attn_in": "hook hook_attn_in [batch, pos, head, d_model], the stream each head reads",
+    "use_hook_mlp_in": "hook hook_mlp_in [batch, pos, d_model], the stream the MLP reads",
+    "use_hook_tokens": "hook hook_tokens [batch, pos], the token ids",
+}
+
+@dataclasses.dataclass(eq=True)
 class Config:
     """Everything about a GPT-2 that changes its forward pass.
 
@@ -66,6 +78,36 @@ class Config:
     scale_attn_by_inverse_layer_idx: bool = False
     reorder_and_upcast_attn: bool = False
     tie_word_embeddings: bool = True
+    default_prepend_bos: bool = dataclasses.field(default=True, compare=False)
+    tokenizer_prepends_bos: bool = dataclasses.field(default=False, compare=False)
+    use_attn_result: bool = dataclasses.field(default=False, compare=False)
+    use_split_qkv_input: bool = dataclasses.field(default=False, compare=False)
+    use_attn_in: bool = dataclasses.field(default=False, compare=False)
+    use_hook_mlp_in: bool = dataclasses.field(default=False, compare=False)
+    use_hook_tokens: bool = dataclasses.field(default=False, compare=False)
+
+    # TransformerLens's descriptive fields for a GPT-2, fixed.
+    normalization_type = "LN"
+    positional_embedding_type = "standard"
+    original_architecture = "GPT2LMHeadModel"
+    attention_dir = "causal"
+    device = "cpu"
+    n_key_value_heads = None
+
+    def __setattr__(self, name, value):
+        """The architecture is fixed once made (a new Config for a new model); TL_SWITCHES may change."""
+        if name in TL_SWITCHES:
+            if not isinstance(value, (bool,)):
+                raise RefGPTError(f"config: {name} must be True or False, found {value!r}")
+        elif name in self.__dict__:
+            raise RefGPTError(f"config: {name} is fixed once the Config is made (only {sorted(TL_SWITCHES)} may change)")
+        object.__setattr__(self, name, value)
+
+    __hash__ = None  # mutable switches: not a dict key
+
+    @property
+    def d_vocab_out(self) -> int:
+        return self.d_vocab
 
     def __post_init__(self):
         for name in ("d_model", "n_layers", "n_heads", "d_mlp", "d_vocab", "n_ctx"):
@@ -164,6 +206,7 @@ class Config:
             "n_inner": self.d_mlp,
             "vocab_size": self.d_vocab,
             "n_positions": self.n_ctx,
+            "n_ctx": self.n_ctx,  # GPT-2's own config.json has both; TransformerLens reads n_ctx, HF n_positions
             "layer_norm_epsilon": self.eps,
             "activation_function": self.act_fn,
             "scale_attn_weights": self.use_attn_scale,

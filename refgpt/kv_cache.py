@@ -9,7 +9,10 @@ Mutable on purpose, unlike the activation cache: each forward pass given a KVCac
 positions. Buffers are allocated for n_ctx positions up front, so an append copies only the new
 rows. During an incremental step the hooks and the activation cache see the new positions only:
 ``hook_q/k/v/z`` and the residual stream are [batch, new, ...], while ``hook_attn_scores`` and
-``hook_pattern`` are [batch, head, new, past + new] (the new queries against every key).
+``hook_pattern`` are [batch, head, new, past + new] (the new queries against every key). A hook
+marked ``takes_start`` is told the absolute position of the first new row (refgpt/hooks.py): that
+is how a steering vector on the prompt's positions is added once, when they are computed, and
+reaches every later token through the cached keys and values.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ class KVCache:
         self.values = np.zeros(shape, dtype)  # [layer, batch, n_ctx, head, d_head]
         self.length = 0  # positions stored so far
         self.n_ctx, self.batch = cfg.n_ctx, batch
+        self.mask = None  # [batch, n_ctx] 1 real, 0 pad, once a padded batch came through (refgpt/padding.py)
 
     def check(self, batch: int, new: int):
         if batch != self.batch:
@@ -41,6 +45,15 @@ class KVCache:
         self.keys[layer, :, self.length:end] = k
         self.values[layer, :, self.length:end] = v
         return self.keys[layer, :, :end], self.values[layer, :, :end]  # [batch, past + new, head, d_head]
+
+    def attention_mask(self, new_mask, new: int) -> np.ndarray:
+        """The padding mask over the stored positions and ``new`` more [batch, length + new]: the
+        stored rows (all real if none was ever given), then ``new_mask`` [batch, new] or ones."""
+        if self.mask is None:
+            self.mask = np.ones((self.batch, self.n_ctx), dtype=np.int64)  # [batch, n_ctx]
+        end = self.length + new
+        self.mask[:, self.length:end] = 1 if new_mask is None else new_mask
+        return self.mask[:, :end]  # [batch, length + new]
 
     def advance(self, new: int):
         """Called once every layer has stored its keys and values for ``new`` positions."""

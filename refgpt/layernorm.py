@@ -46,9 +46,10 @@ def layer_norm(x, w, b, eps, point=_identity):
     return out
 
 
-def layer_norm_backward(grad, normalized, scale, w):
+def layer_norm_backward(grad, normalized, scale, w, point=None):
     """∂loss/∂(everything layer_norm read or computed), from grad = ∂loss/∂LN(x) [..., n] and the
-    forward's cached x̂ = ``normalized`` [..., n] and σ = ``scale`` [..., 1].
+    forward's cached x̂ = ``normalized`` [..., n] and σ = ``scale`` [..., 1]. ``point(name, ∂)``,
+    if given, sees each hook point's gradient as it is made and returns the one that flows on.
 
     Returns a dict: ``x``, ``w``, ``b`` (the gradients of the input and parameters, the latter
     summed over every position) and ``hook_normalized``, ``hook_scale``, ``hook_mean`` (the
@@ -66,10 +67,11 @@ def layer_norm_backward(grad, normalized, scale, w):
     rows = tuple(range(grad.ndim - 1))  # every axis but the feature axis
     grad_b = grad.sum(axis=rows)  # [n]
     grad_w = (grad * normalized).sum(axis=rows)  # [n]
-    grad_hat = grad * w  # [..., n] ∂loss/∂x̂
-    grad_scale = -(grad_hat * normalized).sum(-1, keepdims=True) / scale  # [..., 1] ∂loss/∂σ
+    point = point or (lambda name, g: g)
+    grad_hat = point("hook_normalized", grad * w)  # [..., n] ∂loss/∂x̂
+    grad_scale = point("hook_scale", -(grad_hat * normalized).sum(-1, keepdims=True) / scale)  # [..., 1] ∂loss/∂σ
     grad_centered = grad_hat / scale + grad_scale * normalized / n  # [..., n] ∂loss/∂c
-    grad_mean = -grad_centered.sum(-1, keepdims=True)  # [..., 1] ∂loss/∂μ
+    grad_mean = point("hook_mean", -grad_centered.sum(-1, keepdims=True))  # [..., 1] ∂loss/∂μ
     grad_x = grad_centered + grad_mean / n  # [..., n]
     return {"x": grad_x, "w": grad_w, "b": grad_b,
             "hook_normalized": grad_hat, "hook_scale": grad_scale, "hook_mean": grad_mean}

@@ -79,3 +79,25 @@ def softmax_cross_entropy(logits, targets):
     grad[~keep] = 0.0
     grad /= count  # [batch, pos, d_vocab]
     return float(loss), grad
+
+
+def lm_cross_entropy_loss(logits, tokens, attention_mask=None, per_token: bool = False):
+    """TransformerLens's ``utils.lm_cross_entropy_loss`` (``model(…, return_type="loss")``): the
+    loss of predicting each next token from logits [batch, pos, d_vocab] and tokens [batch, pos].
+
+    ``per_token``: the losses [batch, pos − 1] (position i predicts token i + 1; masked ones 0);
+    otherwise their mean, a float. With an ``attention_mask`` a prediction counts only where both
+    the position and the next one are real tokens, and the mean is over those.
+    """
+    shifted = logits[:, :-1] - logits[:, :-1].max(axis=-1, keepdims=True)  # [batch, pos − 1, d_vocab] ≤ 0
+    log_total = np.log(np.exp(shifted).sum(axis=-1))  # [batch, pos − 1]
+    target_shifted = np.take_along_axis(shifted, np.asarray(tokens)[:, 1:, None], axis=-1)[..., 0]  # [batch, pos − 1]
+    losses = log_total - target_shifted  # [batch, pos − 1]
+    count = losses.size
+    if attention_mask is not None:
+        counted = np.logical_and(attention_mask[:, :-1], attention_mask[:, 1:])  # [batch, pos − 1]
+        losses = np.where(counted, losses, 0.0).astype(logits.dtype)  # [batch, pos − 1]
+        count = int(counted.sum())
+    if per_token:
+        return losses
+    return losses.sum() / count

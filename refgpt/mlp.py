@@ -23,16 +23,19 @@ def mlp(x, w, act, point):
     return affine(post, w["W_out"], w["b_out"])  # [batch, pos, d_model]
 
 
-def mlp_backward(grad, x, pre, post, w, act_backward):
+def mlp_backward(grad, x, pre, post, w, act_backward, point=None):
     """∂loss/∂(everything mlp read or computed), from grad = ∂loss/∂out [batch, pos, d_model],
     the input ``x`` and the forward's ``pre`` and ``post`` [batch, pos, d_mlp].
     ``act_backward(pre, ∂post)`` is the nonlinearity's backward (activations.BACKWARDS).
 
     Returns a dict: ``x``, ``W_in``, ``b_in``, ``W_out``, ``b_out``, ``hook_post``, ``hook_pre``.
+    ``point(name, ∂)``, if given, sees each hook point's gradient as it is made and returns the one
+    that flows on (backward hooks, refgpt/hooks.py).
     """
+    point = point or (lambda name, g: g)
     rows = (-1, grad.shape[-1])  # [batch·pos, d_model]
-    grad_post = grad @ w["W_out"].T  # [batch, pos, d_mlp]
-    grad_pre = act_backward(pre, grad_post)  # [batch, pos, d_mlp]
+    grad_post = point("hook_post", grad @ w["W_out"].T)  # [batch, pos, d_mlp]
+    grad_pre = point("hook_pre", act_backward(pre, grad_post))  # [batch, pos, d_mlp]
     g_pre_rows = grad_pre.reshape(-1, grad_pre.shape[-1])  # [batch·pos, d_mlp]
     return {
         "W_out": post.reshape(-1, post.shape[-1]).T @ grad.reshape(rows),  # [d_mlp, d_model]

@@ -24,19 +24,25 @@ from types import MappingProxyType
 import numpy as np
 from numpy.lib.array_utils import byte_bounds
 
-from . import hook_points
+from . import hook_points, inputs
 from .activations import ACTIVATIONS
 from .attention import attention
 from .backward import loss_and_grads
 from .cache import ActivationCache
+from .circuits import CircuitMethods
 from .config import Config
 from .dtypes import compute_dtype
 from .errors import RefGPTError
 from .generation import generate
-from .hooks import HookRun, select_names
+from .hooks import HookPoint, HookRegistry, HookRun, select_names
 from .kv_cache import KVCache
 from .layernorm import layer_norm
+from .loss import lm_cross_entropy_loss
 from .mlp import mlp
+from .text import TextMethods
+
+RETURN_TYPES = ("logits", "loss", "both", None)
+
 
 def param_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
     """Every parameter's TransformerLens name and shape."""
@@ -75,23 +81,41 @@ def side_by_side(parts):
     return np.concatenate(parts, axis=-1)
 
 
-class Model:
+class Model(TextMethods, HookRegistry, CircuitMethods):
     """A GPT-2: its Config, its parameters in circuits notation, and a hookable forward pass.
 
     ``params`` maps TransformerLens state-dict names (``blocks.0.attn.W_Q``) to arrays; an optional
-    ``unembed.b_U`` [d_vocab] is added to the logits (GPT-2 itself has none).
+    ``unembed.b_U`` [d_vocab] is added to the logits (GPT-2 itself has none). The text methods
+    (``to_tokens`` …) are in refgpt/text.py, hook management (``add_hook``, ``hooks`` …) in
+    refgpt/hooks.py, input handling (text, padding) in refgpt/inputs.py, the circuit helpers
+    (``QK``, ``OV``, ``accumulated_bias`` …) in refgpt/circuits.py.
     """
 
     def __init__(self, cfg: Config, params: dict[str, np.ndarray], dtype="float64", source=None):
         self.cfg = cfg
         self.dtype = compute_dtype(dtype)
         self.source = Path(source) if source is not None else None
-        self.tokenizer = None
+        self._tokenizer = None
         self.params = MappingProxyType(self._checked(params))  # read-only: a new model for new weights
         self._blocks = [self._flatten_block(L) for L in range(cfg.n_layers)]
-        self.hook_names = hook_points.hook_names(cfg.n_layers)
-        self._context_hooks: list = []
+        self.hook_dict = {name: HookPoint(name) for name in hook_points.hook_names(cfg.n_layers, switches="all")}
         self._act = ACTIVATIONS[cfg.act_fn]
+
+    @property
+    def hook_names(self) -> list[str]:
+        """The hook points the forward pass reaches now (with the cfg switches as they are)."""
+        return hook_points.hook_names(self.cfg.n_layers, switches=hook_points.switches_on(self.cfg))
+
+    @property
+    def tokenizer(self):
+        return self._tokenizer
+
+    @tokenizer.setter
+    def tokenizer(self, tokenizer):
+        """Setting a tokenizer sets ``cfg.default_prepend_bos``: True when it has <|endoftext|>."""
+        self._tokenizer = tokenizer
+        if tokenizer is not None:
+            self.cfg.default_prepend_bos = tokenizer.bos_token_id is not None
 
     def _checked(self, params):
         expected = param_shapes(self.cfg)
@@ -144,81 +168,126 @@ class Model:
         mlp = {k: p[b + "mlp." + k] for k in ("W_in", "b_in", "W_out", "b_out")}
         return ln, attn, mlp
 
-    # ---- the forward pass -------------------------------------------------------------------
+    # ---- the forward pass, TransformerLens's way in (inputs.py) and out ----------------------
 
-    def __call__(self, tokens, past=None, last_only=False) -> np.ndarray:
-        """Logits for integer tokens [pos] or [batch, pos] → [pos, d_vocab] or [batch, pos, d_vocab].
+    def __call__(self, input, return_type="logits", loss_per_token=False, prepend_bos=None, padding_side=None,
+                 start_at_layer=None, tokens=None, attention_mask=None, stop_at_layer=None, past_kv_cache=None,
+                 *, past=None, last_only=False):
+        """TransformerLens's forward: ``input`` is text, a list of texts (→ [batch, pos] with
+        ``prepend_bos``, ``padding_side``) or token ids [pos] / [batch, pos].
 
-        ``past``: a KVCache (``model.kv_cache(batch)``) holding earlier positions; the tokens are
-        then the next ones and the cache is extended. ``last_only``: logits of the last position
-        only ([1, d_vocab] per sequence), skipping the unembedding of the others.
+        ``return_type``: "logits" ([batch, pos, d_vocab]; [pos, d_vocab] for unbatched ids),
+        "loss" (mean next-token loss; [batch, pos − 1] with ``loss_per_token``), "both" (logits,
+        loss) or None. ``attention_mask`` [batch, pos]: 1 real, 0 pad (refgpt/padding.py).
+        ``start_at_layer``: ``input`` is the residual stream [batch, pos, d_model] entering that
+        block (``tokens`` then give the loss). ``stop_at_layer``: return the stream entering that
+        block instead of logits. ``past_kv_cache`` (or ``past``): a KVCache holding the earlier
+        positions. ``last_only``: logits of the last position only (refgpt's, for generation).
         """
-        return self.run_with_hooks(tokens, past=past, last_only=last_only)
+        return self._run(input, (), return_type, loss_per_token, prepend_bos, padding_side, start_at_layer,
+                         tokens, attention_mask, stop_at_layer, past_kv_cache if past is None else past, last_only)[0]
 
-    def run_with_hooks(self, tokens, fwd_hooks=(), past=None, last_only=False) -> np.ndarray:
-        """Logits, with ``fwd_hooks`` = [(name or predicate, fn(activation, name)), …] applied."""
-        logits, _ = self._run(tokens, fwd_hooks, (), past, last_only)
-        return logits
+    forward = __call__
 
-    def run_with_cache(self, tokens, names=None, fwd_hooks=(), past=None, last_only=False):
-        """(logits, cache). ``names``: None (every hook point), a list of names, or a predicate."""
-        selected = select_names(names, self.hook_names, "run_with_cache names")
-        return self._run(tokens, fwd_hooks, selected, past, last_only)
+    def run_with_hooks(self, *model_args, fwd_hooks=(), bwd_hooks=(), reset_hooks_end=True, clear_contexts=False,
+                       **model_kwargs):
+        """The forward pass with ``fwd_hooks`` = [(name or predicate, fn(activation, hook)), …]
+        added for this pass (refgpt/hooks.py); ``bwd_hooks`` stay for ``loss_and_grads`` only
+        with ``reset_hooks_end=False``, as in TransformerLens."""
+        with self.hooks(fwd_hooks, bwd_hooks, reset_hooks_end, clear_contexts):
+            return self(*model_args, **model_kwargs)
+
+    def run_with_cache(self, *model_args, names_filter=None, names=None, remove_batch_dim=False, pos_slice=None,
+                       fwd_hooks=(), reset_hooks_end=True, clear_contexts=False, return_cache_object=True,
+                       device=None, incl_bwd=False, **model_kwargs):
+        """(output, cache). ``names_filter`` (alias ``names``): None (every hook point), a name, a
+        list of names, or a predicate. ``remove_batch_dim``: drop the batch axis (batch 1 only).
+        ``pos_slice``: keep these positions of every activation (TransformerLens's Slice rules).
+        ``incl_bwd`` (with ``return_type="loss"``): also ``name + "_grad"``, ∂loss/∂ each cached
+        activation, from ``loss_and_grads``. The other keywords go to the forward pass."""
+        if names is not None and names_filter is not None:
+            raise RefGPTError("run_with_cache: pass names_filter= or its alias names=, not both")
+        selected = select_names(names_filter if names is None else names, self.hook_names, "run_with_cache names_filter")
+        with self.hooks(fwd_hooks, (), reset_hooks_end, clear_contexts):
+            out, cache = self._run(*model_args, cache_names=selected, **model_kwargs)
+            if incl_bwd:
+                if model_kwargs.get("return_type") != "loss":
+                    raise RefGPTError("run_with_cache: incl_bwd=True needs return_type='loss' (the gradient of what?)")
+                input = model_args[0] if model_args else model_kwargs.get("input")
+                if inputs.is_text(input):
+                    input = self.to_tokens(input, model_kwargs.get("prepend_bos"), model_kwargs.get("padding_side"))
+                grads = self.loss_and_grads(input)
+                cache = ActivationCache({**cache.cache_dict, **{n + "_grad": grads.activations[n] for n in selected
+                                                                if n in grads.activations}}, self)
+        if pos_slice is not None:
+            cache = cache.apply_slice_to_pos_dim(pos_slice)
+        if remove_batch_dim:
+            cache = cache.remove_batch_dim()
+        return out, (cache if return_cache_object else cache.cache_dict)
 
     def loss_and_grads(self, tokens, targets=None):
         """Mean next-token cross-entropy and its gradient for every parameter and every hook point
-        (a ``refgpt.backward.Gradients``); ``targets`` default to the next tokens (docs/backward.md)."""
+        (a ``refgpt.backward.Gradients``); ``targets`` default to the next tokens (docs/backward.md).
+        Backward hooks on the model (``add_hook(…, dir="bwd")``) see and may replace each
+        ∂loss/∂activation as it flows."""
         return loss_and_grads(self, tokens, targets)
 
     def kv_cache(self, batch: int = 1) -> KVCache:
         """An empty KVCache for incremental decoding of ``batch`` sequences (refgpt/kv_cache.py)."""
         return KVCache(self.cfg, batch, self.dtype)
 
-    def generate(self, tokens, max_new_tokens: int, temperature: float = 1.0, top_k=None, seed=None):
-        """Extend ``tokens`` by sampling (greedy when temperature is 0); see refgpt/generation.py."""
-        return generate(self, tokens, max_new_tokens, temperature, top_k, seed)
+    def generate(self, input="", max_new_tokens: int = 10, **kwargs):
+        """TransformerLens's ``generate``: extend text or tokens (see refgpt/generation.py)."""
+        return generate(self, input, max_new_tokens, **kwargs)
 
-    def hooks(self, fwd_hooks):
-        """A context manager: ``with model.hooks([...]):`` every forward pass inside applies them."""
-        return _HookContext(self, list(fwd_hooks))
+    def _run(self, input, cache_names=(), return_type="logits", loss_per_token=False, prepend_bos=None,
+             padding_side=None, start_at_layer=None, tokens=None, attention_mask=None, stop_at_layer=None,
+             past_kv_cache=None, last_only=False, past=None):
+        """(output, ActivationCache): read the input (inputs.py), run the forward pass, take the loss."""
+        past = past_kv_cache if past is None else past
+        if return_type not in RETURN_TYPES:
+            raise RefGPTError(f"return_type must be one of {RETURN_TYPES}, found {return_type!r}")
+        if past is not None and (start_at_layer not in (None, 0) or stop_at_layer is not None):
+            raise RefGPTError("a pass with a KV cache runs every block (the cache holds every layer's keys); "
+                              "start_at_layer/stop_at_layer are for passes without one")
+        resid = None
+        if start_at_layer is None:
+            tokens, batched, padding = inputs.tokens_and_padding(self, input, prepend_bos, padding_side, attention_mask, past)
+        else:
+            resid, batched, tokens, padding = inputs.residual_input(self, input, tokens, attention_mask, past)
+        run = HookRun(self.hook_dict, cache_names, start=past.length if past is not None else 0)
+        logits = self.forward_pass(tokens, run, past, last_only, padding, start_at_layer, stop_at_layer, resid)
+        cache = ActivationCache(run.cache, self)
+        if stop_at_layer is not None or return_type is None:
+            return (None if return_type is None and stop_at_layer is None else logits), cache
+        if return_type == "logits":
+            return (logits if batched else logits[0]), cache
+        if tokens is None:
+            raise RefGPTError(f"return_type={return_type!r} with start_at_layer needs tokens= for the loss")
+        loss = lm_cross_entropy_loss(logits, tokens, None if padding is None else padding.mask[:, -tokens.shape[1]:],
+                                     per_token=loss_per_token)
+        return (loss if return_type == "loss" else ((logits if batched else logits[0]), loss)), cache
 
-    def _run(self, tokens, fwd_hooks, cache_names, past=None, last_only=False):
-        tokens, batched = self.check_tokens(tokens, start=past.length if past is not None else 0)
-        if past is not None:
-            past.check(tokens.shape[0], tokens.shape[1])
-        run = self.hook_run(fwd_hooks, cache_names)
-        logits = self.forward(tokens, run, past, last_only)
-        if not batched:
-            logits = logits[0]
-        return logits, ActivationCache(run.cache, self)
-
-    def hook_run(self, fwd_hooks=(), cache_names=()) -> HookRun:
-        """The ``point`` of one forward pass: ``fwd_hooks`` after any ``with model.hooks(…)``
-        context's, caching ``cache_names``. For driving ``embed``/``block``/``unembed`` by hand."""
-        return HookRun(self.hook_names, [*self._context_hooks, *fwd_hooks], cache_names)
-
-    def forward(self, tokens, point, past=None, last_only=False):
+    def forward_pass(self, tokens, point, past=None, last_only=False, padding=None, start_at_layer=None,
+                     stop_at_layer=None, resid=None):
         """The forward pass over checked tokens [batch, pos]; ``point`` (a HookRun) is called at
-        each hook point; ``past`` a KVCache holding the positions before these, or None.
-        Three stages, each a method: ``embed``, ``block`` L for each layer, ``unembed``."""
-        resid = self.embed(tokens, point, past.length if past is not None else 0)  # [batch, pos, d_model]
-        for L in range(self.cfg.n_layers):
-            resid = self.block(L, resid, point, past)  # [batch, pos, d_model]
+        each hook point; ``past`` a KVCache holding the positions before these, or None; ``padding``
+        an inputs.Padding or None. From ``start_at_layer`` on ``resid`` is the stream entering that
+        block; with ``stop_at_layer`` the stream entering that block is returned."""
+        pos = (tokens if resid is None else resid).shape[1]
+        if resid is None:
+            resid = self.embed(tokens, point, past.length if past is not None else 0, padding)  # [batch, pos, d_model]
+        bias = None if padding is None else padding.bias  # [batch, 1, pos, key]: −∞ on future keys and pads
+        for L in range(self.cfg.n_layers)[start_at_layer:stop_at_layer]:
+            resid = self.block(L, resid, point, past, bias)  # [batch, pos, d_model]
         if past is not None:
-            past.advance(tokens.shape[1])
+            past.advance(pos)
+        if stop_at_layer is not None:
+            return resid
         return self.unembed(resid, point, last_only)  # [batch, pos, d_vocab]
 
-    def embed(self, tokens, point, start=0):
-        """The residual stream entering block 0: W_E[tokens] + W_pos[positions]; ``start`` is the
-        position of the first token (> 0 after a KV cache's positions)."""
-        p = self.params
-        embed = point("hook_embed", p["embed.W_E"][tokens])  # [batch, pos, d_model]
-        positions = p["pos_embed.W_pos"][start:start + tokens.shape[1]]  # [pos, d_model]
-        pos_embed = point("hook_pos_embed", np.broadcast_to(positions, embed.shape).copy())  # [batch, pos, d_model]
-        return embed + pos_embed  # [batch, pos, d_model]
-
     def unembed(self, resid, point, last_only=False):
-        """Logits from the final residual stream: ln_final(resid)·W_U (+ b_U if the model has one)."""
+        """Logits from the final stream: ln_final(resid)·W_U (+ b_U if the model has one)."""
         p = self.params
         final = layer_norm(resid, p["ln_final.w"], p["ln_final.b"], self.cfg.eps, point.scope("ln_final."))  # [batch, pos, d_model]
         if last_only:
@@ -228,7 +297,20 @@ class Model:
             logits += p["unembed.b_U"]  # [batch, pos, d_vocab]
         return logits
 
-    def block(self, L, resid, point, past=None):
+    def embed(self, tokens, point, start=0, padding=None):
+        """The stream entering block 0: W_E[tokens] + W_pos[positions]. Positions run from
+        ``start`` (the KV cache's length); in a padded batch from each row's first real token,
+        and a pad's position embedding is 0 (refgpt/padding.py)."""
+        p = self.params
+        tokens = point("hook_tokens", tokens) if self.cfg.use_hook_tokens else tokens  # [batch, pos]
+        embed = point("hook_embed", p["embed.W_E"][tokens])  # [batch, pos, d_model]
+        if padding is None:
+            pos_embed = np.broadcast_to(p["pos_embed.W_pos"][start:start + tokens.shape[1]], embed.shape).copy()  # [batch, pos, d_model]
+        else:
+            pos_embed = p["pos_embed.W_pos"][padding.positions] * padding.real[..., None]  # [batch, pos, d_model]
+        return embed + point("hook_pos_embed", pos_embed)  # [batch, pos, d_model]
+
+    def block(self, L, resid, point, past=None, bias=None):
         """Block L: resid_pre → + attn(ln1(resid)) → resid_mid → + mlp(ln2(resid)) → resid_post."""
         b = f"blocks.{L}."
         ln, attn_w, mlp_w = self.block_weights(L)
@@ -236,14 +318,31 @@ class Model:
         past_kv = None if past is None else functools.partial(past.extend, L)
 
         resid_pre = point(b + "hook_resid_pre", resid)  # [batch, pos, d_model]
-        x = layer_norm(resid_pre, ln["ln1.w"], ln["ln1.b"], cfg.eps, point.scope(b + "ln1."))  # [batch, pos, d_model]
-        attn_out = attention(x, attn_w, cfg.n_heads, cfg.attn_scale(L), point.scope(b + "attn."), past_kv)  # [batch, pos, d_model]
+        if cfg.use_attn_in or cfg.use_split_qkv_input:
+            x = self.per_head_inputs(b, resid_pre, ln, point)  # (x_q, x_k, x_v) [batch, pos, head, d_model] each
+        else:
+            x = layer_norm(resid_pre, ln["ln1.w"], ln["ln1.b"], cfg.eps, point.scope(b + "ln1."))  # [batch, pos, d_model]
+        attn_out = attention(x, attn_w, cfg.n_heads, cfg.attn_scale(L), point.scope(b + "attn."), past_kv, bias,
+                             cfg.use_attn_result)  # [batch, pos, d_model]
         attn_out = point(b + "hook_attn_out", attn_out)  # [batch, pos, d_model]
         resid_mid = point(b + "hook_resid_mid", resid_pre + attn_out)  # [batch, pos, d_model]
 
-        x = layer_norm(resid_mid, ln["ln2.w"], ln["ln2.b"], cfg.eps, point.scope(b + "ln2."))  # [batch, pos, d_model]
+        mlp_in = point(b + "hook_mlp_in", resid_mid.copy()) if cfg.use_hook_mlp_in else resid_mid  # [batch, pos, d_model], what ln2 reads
+        x = layer_norm(mlp_in, ln["ln2.w"], ln["ln2.b"], cfg.eps, point.scope(b + "ln2."))  # [batch, pos, d_model]
         mlp_out = point(b + "hook_mlp_out", mlp(x, mlp_w, self._act, point.scope(b + "mlp.")))  # [batch, pos, d_model]
         return point(b + "hook_resid_post", resid_mid + mlp_out)  # [batch, pos, d_model]
+
+    def per_head_inputs(self, b, resid_pre, ln, point):
+        """TransformerLens's use_attn_in / use_split_qkv_input: each head reads its own copy of the
+        stream (``hook_attn_in``, or ``hook_q_input``/``k``/``v``), through ln1 once per input."""
+        cfg = self.cfg
+        heads = np.repeat(resid_pre[:, :, None], cfg.n_heads, axis=2)  # [batch, pos, head, d_model]
+        attn_in = point(b + "hook_attn_in", heads) if cfg.use_attn_in else heads
+        if cfg.use_split_qkv_input:
+            inputs_ = [point(b + f"hook_{x}_input", heads.copy()) for x in "qkv"]  # [batch, pos, head, d_model] each
+        else:
+            inputs_ = [attn_in] * 3
+        return tuple(layer_norm(x, ln["ln1.w"], ln["ln1.b"], cfg.eps, point.scope(b + "ln1.")) for x in inputs_)
 
     # ---- input checking -----------------------------------------------------------------------
 
@@ -273,28 +372,6 @@ class Model:
             raise RefGPTError(f"tokens: {array.shape[1]} positions{held}, but the model has only n_positions={self.cfg.n_ctx}")
         return array, batched
 
-    # ---- text -------------------------------------------------------------------------------
-
-    def to_tokens(self, text: str, prepend_bos: bool = False) -> np.ndarray:
-        """Text → token ids [pos] with the model's tokenizer (``<|endoftext|>`` first if prepend_bos)."""
-        tok = self._need_tokenizer()
-        ids = tok.encode(text)
-        if prepend_bos:
-            if tok.eot_token is None:
-                raise RefGPTError("to_tokens: prepend_bos=True, but the vocabulary has no <|endoftext|>")
-            ids = [tok.eot_token] + ids
-        return np.array(ids, dtype=np.int64)
-
-    def to_string(self, ids) -> str:
-        """Token ids → text."""
-        return self._need_tokenizer().decode([int(i) for i in np.asarray(ids).reshape(-1)])
-
-    def _need_tokenizer(self):
-        if self.tokenizer is None:
-            where = f" in {self.source}" if self.source else ""
-            raise RefGPTError(f"this model has no tokenizer: no vocab.json + merges.txt{where}")
-        return self.tokenizer
-
     # ---- weights in circuits notation, stacked over layers as TransformerLens has them ---------
 
     def _stack(self, name):
@@ -322,21 +399,3 @@ class Model:
         n = sum(a.size for a in self.params.values()) - (c.d_vocab * c.d_model if c.tie_word_embeddings else 0)
         return (f"Model(d_model={c.d_model}, n_layers={c.n_layers}, n_heads={c.n_heads}, d_vocab={c.d_vocab}, "
                 f"n_ctx={c.n_ctx}, act_fn={c.act_fn!r}, dtype={self.dtype.name}, params={n:,})")
-
-
-class _HookContext:
-    def __init__(self, model, fwd_hooks):
-        self.model, self.fwd_hooks = model, fwd_hooks
-        select = [s for s, _ in fwd_hooks]  # validated now, not at the first forward pass
-        for s in select:
-            select_names(s, model.hook_names, "hooks")
-
-    def __enter__(self):
-        self.model._context_hooks.extend(self.fwd_hooks)
-        return self.model
-
-    def __exit__(self, *exc):
-        for entry in self.fwd_hooks:
-            self.model._context_hooks.remove(entry)
-        return False
-

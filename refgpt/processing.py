@@ -67,25 +67,40 @@ def fold_ln(params: Mapping[str, np.ndarray], cfg: Config) -> dict[str, np.ndarr
     ln1 → W_Q, W_K, W_V [head, d_model, d_head] and b_Q, b_K, b_V; ln2 → W_in, b_in; ln_final →
     W_U and b_U (created if the model had none). Each LayerNorm is left with w = 1 and b = 0.
     """
+    return fold_layer_norm(params, cfg)
+
+
+def fold_layer_norm(params: Mapping[str, np.ndarray], cfg: Config, fold_biases: bool = True,
+                    center_weights: bool = True) -> dict[str, np.ndarray]:
+    """TransformerLens's ``fold_layer_norm``: ``fold_ln`` with its two switches. ``fold_biases=False``
+    leaves each b where it is (only w is folded, and w becomes 1) — as in TransformerLens, meant
+    for RMSNorm, which has no b: with GPT-2's biases it computes a different function (w·x̂ + b
+    becomes x̂ + b). ``center_weights=False`` leaves the reading weights uncentred."""
+    centred = _centred if center_weights else (lambda a, axis: a)
     p = dict(params)
     for b in _blocks(cfg):
         w1, b1 = p[b + "ln1.w"], p[b + "ln1.b"]  # [d_model]
         for x in "QKV":
             W = p[b + f"attn.W_{x}"]  # [head, d_model, d_head]
-            p[b + f"attn.b_{x}"] = p[b + f"attn.b_{x}"] + np.einsum("hde,d->he", W, b1)  # [head, d_head]
-            p[b + f"attn.W_{x}"] = _centred(W * w1[None, :, None], axis=1)  # [head, d_model, d_head]
+            if fold_biases:
+                p[b + f"attn.b_{x}"] = p[b + f"attn.b_{x}"] + np.einsum("hde,d->he", W, b1)  # [head, d_head]
+            p[b + f"attn.W_{x}"] = centred(W * w1[None, :, None], axis=1)  # [head, d_model, d_head]
         w2, b2 = p[b + "ln2.w"], p[b + "ln2.b"]  # [d_model]
         W_in = p[b + "mlp.W_in"]  # [d_model, d_mlp]
-        p[b + "mlp.b_in"] = p[b + "mlp.b_in"] + b2 @ W_in  # [d_mlp]
-        p[b + "mlp.W_in"] = _centred(W_in * w2[:, None], axis=0)  # [d_model, d_mlp]
-        for ln in ("ln1", "ln2"):
-            p[b + ln + ".w"], p[b + ln + ".b"] = np.ones_like(w1), np.zeros_like(b1)
+        if fold_biases:
+            p[b + "mlp.b_in"] = p[b + "mlp.b_in"] + b2 @ W_in  # [d_mlp]
+        p[b + "mlp.W_in"] = centred(W_in * w2[:, None], axis=0)  # [d_model, d_mlp]
+        for ln, bias in (("ln1", b1), ("ln2", b2)):
+            p[b + ln + ".w"] = np.ones_like(w1)
+            p[b + ln + ".b"] = np.zeros_like(bias) if fold_biases else bias
     w_f, b_f = p["ln_final.w"], p["ln_final.b"]  # [d_model]
     W_U = p["unembed.W_U"]  # [d_model, d_vocab]
-    b_U = p.get("unembed.b_U", np.zeros(W_U.shape[1], W_U.dtype))  # [d_vocab]
-    p["unembed.b_U"] = b_U + b_f @ W_U  # [d_vocab]
-    p["unembed.W_U"] = _centred(W_U * w_f[:, None], axis=0)  # [d_model, d_vocab]
-    p["ln_final.w"], p["ln_final.b"] = np.ones_like(w_f), np.zeros_like(b_f)
+    if fold_biases:
+        b_U = p.get("unembed.b_U", np.zeros(W_U.shape[1], W_U.dtype))  # [d_vocab]
+        p["unembed.b_U"] = b_U + b_f @ W_U  # [d_vocab]
+    p["unembed.W_U"] = centred(W_U * w_f[:, None], axis=0)  # [d_model, d_vocab]
+    p["ln_final.w"] = np.ones_like(w_f)
+    p["ln_final.b"] = np.zeros_like(b_f) if fold_biases else b_f
     return p
 
 
@@ -102,7 +117,7 @@ def center_writing_weights(params: Mapping[str, np.ndarray], cfg: Config) -> dic
     return p
 
 
-def center_unembed(params: Mapping[str, np.ndarray], cfg: Config) -> dict[str, np.ndarray]:
+def center_unembed(params: Mapping[str, np.ndarray], cfg: Config | None = None) -> dict[str, np.ndarray]:
     """Subtract the mean over the vocabulary from W_U (and b_U, if the model has one)."""
     p = dict(params)
     p["unembed.W_U"] = _centred(p["unembed.W_U"], -1)  # [d_model, d_vocab]
@@ -194,6 +209,15 @@ def process_params(params: Mapping[str, np.ndarray], cfg: Config, steps=True) ->
             for b in _blocks(cfg):
                 p[b + "attn.b_O"] = _centred(p[b + "attn.b_O"], -1)  # [d_model]
     return p
+
+
+def process_weights(model, fold_ln: bool = True, center_writing_weights: bool = True, center_unembed: bool = True,
+                    fold_value_biases: bool = True, refactor_factored_attn_matrices: bool = False):
+    """TransformerLens's ``process_weights_`` keywords (and defaults), as a function returning a new
+    Model: refgpt's weights are read-only, so nothing is processed in place."""
+    flags = dict(fold_ln=fold_ln, center_writing_weights=center_writing_weights, center_unembed=center_unembed,
+                 fold_value_biases=fold_value_biases, refactor_factored_attn_matrices=refactor_factored_attn_matrices)
+    return process(model, [name for name, on in flags.items() if on])
 
 
 def process(model, steps=True):

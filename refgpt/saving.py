@@ -3,7 +3,9 @@
     refgpt.save(model, "out/")    # config.json, model.safetensors (+ vocab.json, merges.txt)
 
 ``config.json`` is the GPT2Config of the model's real values (``Config.to_hf``: sizes, eps, the
-activation function, the attention-scale flags, tied embeddings), ``model.safetensors`` holds the
+activation function, the attention-scale flags, tied embeddings; the context length as both
+``n_positions``, which HF reads, and ``n_ctx``, which TransformerLens 3.9 reads, as GPT-2's own
+config.json has it), ``model.safetensors`` holds the
 weights under GPT2LMHeadModel's keys (``transformer.h.0.attn.c_attn.weight``, Conv1D's [in, out]
 orientation; ``checkpoint.hf_tensors``), and a model with a tokenizer gets ``vocab.json`` and
 ``merges.txt``. So ``refgpt.load`` gives the same model back bit for bit, and
@@ -47,8 +49,7 @@ def save(model, directory, dtype=None, config: dict | None = None) -> Path:
                           "and lose W_U (make a Model with tie_word_embeddings=False to keep both)")
     if "unembed.b_U" in p and np.any(p["unembed.b_U"]):
         raise RefGPTError("save: the model has an unembedding bias b_U, which an HF GPT-2 checkpoint cannot hold")
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
+    directory = _make_directory(directory)
     tensors = {k: np.ascontiguousarray(v, dtype=storage) for k, v in hf_tensors(cfg, p).items()}
     _atomically(directory / "model.safetensors",
                 lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}))
@@ -64,11 +65,23 @@ def save(model, directory, dtype=None, config: dict | None = None) -> Path:
 
 def save_tokenizer(tokenizer: Tokenizer, directory) -> Path:
     """Write ``vocab.json`` (token → id, in id order) and ``merges.txt`` (ranked pairs) as HF lays them out."""
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
+    directory = _make_directory(directory)
     _write_text(directory / "vocab.json", json.dumps(tokenizer.encoder, ensure_ascii=False) + "\n")
     lines = ["#version: 0.2"] + [f"{a} {b}" for a, b in tokenizer.merges]
     _write_text(directory / "merges.txt", "\n".join(lines) + "\n")
+    return directory
+
+
+def _make_directory(directory) -> Path:
+    """``directory``, created with its parents if absent; a RefGPTError if a file (or a link to
+    nowhere) is in the way."""
+    directory = Path(directory)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise RefGPTError(f"save: {directory} exists and is not a directory") from None
+    except OSError as error:
+        raise RefGPTError(f"save: cannot make the directory {directory}: {error.strerror}") from None
     return directory
 
 

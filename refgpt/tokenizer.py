@@ -97,6 +97,11 @@ class Tokenizer:
             raise RefGPTError(f"special tokens {missing} are not in the vocabulary")
         self.special_tokens = {name: self.encoder[name] for name in special_tokens}
         self.eot_token = self.bos_token_id = self.special_tokens.get(ENDOFTEXT)
+        # HF's GPT2TokenizerFast as TransformerLens sets it up: <|endoftext|> is BOS, EOS and pad;
+        # batches are padded on the right unless a caller says otherwise.
+        self.eos_token_id = self.pad_token_id = self.eot_token
+        self.bos_token = self.eos_token = self.pad_token = ENDOFTEXT if self.eot_token is not None else None
+        self.padding_side = "right"
         self._id_to_bytes = self._build_decoder()
         self._ranks = self._rank_merges(merges)  # (first, second) -> rank
         self._merges = list(self._ranks)  # rank -> (first, second)

@@ -1,5 +1,5 @@
 """Fixtures every group of tests shares (helpers that are not fixtures live beside this file:
-random_models.py, peers.py, ln_bounds.py, doc_pages.py)."""
+random_models.py, peers.py, ln_bounds.py, doc_pages.py, fake_hub.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ import sys
 from typing import NamedTuple
 
 import pytest
+
+from fake_hub import FakeHub, closed_port, tiny_gpt2_files
 
 
 class CLIResult(NamedTuple):
@@ -52,3 +54,31 @@ class RefgptCLI:
 def refgpt_cli() -> RefgptCLI:
     """Run the refgpt command (see RefgptCLI)."""
     return RefgptCLI()
+
+
+@pytest.fixture
+def hf_env(tmp_path, monkeypatch):
+    """An empty HF cache of the test's own (HF_HUB_CACHE, returned), online, with the hub endpoint at a
+    closed loopback port: nothing a test does with the hub can leave the machine."""
+    for var in ("HF_HOME", "HUGGINGFACE_HUB_CACHE", "XDG_CACHE_HOME", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{closed_port()}")
+    return tmp_path / "hub"
+
+
+@pytest.fixture(scope="session")
+def hub_files() -> dict:
+    """The files of the small random GPT-2 the ``hub`` fixture serves (fake_hub.tiny_gpt2_files)."""
+    return tiny_gpt2_files(seed=1)
+
+
+@pytest.fixture
+def hub(hf_env, hub_files, monkeypatch):
+    """A fake hub on 127.0.0.1 (HF_ENDPOINT) serving ``hub_files`` as openai-community/gpt2 (main → one
+    commit, ``hub.commit``); the bare name gpt2 redirects to it, as on the real hub."""
+    with FakeHub() as fake:
+        fake.commit = fake.add_commit("openai-community/gpt2", hub_files)
+        fake.renamed["gpt2"] = "openai-community/gpt2"
+        monkeypatch.setenv("HF_ENDPOINT", fake.url)
+        yield fake

@@ -57,6 +57,7 @@ import numpy as np  # noqa: E402
 
 import refgpt  # noqa: E402
 from refgpt import Config, Model, Tokenizer  # noqa: E402
+from refgpt.activations import log_softmax, softmax  # noqa: E402
 from refgpt.backward import loss_and_grads  # noqa: E402
 from refgpt.train.bpe_trainer import train_bpe, write_tokenizer  # noqa: E402
 from refgpt.train.optim import AdamW  # noqa: E402
@@ -172,8 +173,7 @@ def tied_grads(grads) -> dict[str, np.ndarray]:
 def mean_loss(model: Model, batch: np.ndarray) -> float:
     """Mean next-token loss of ``model`` on windows [n, length] (forward only)."""
     logits = model(batch[:, :-1])  # [n, length − 1, d_vocab]
-    shifted = logits - logits.max(-1, keepdims=True)  # [n, length − 1, d_vocab]
-    logp = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))  # [n, length − 1, d_vocab]
+    logp = log_softmax(logits)  # [n, length − 1, d_vocab]
     return float(-np.take_along_axis(logp, batch[:, 1:, None].astype(np.int64), -1).mean())
 
 
@@ -222,21 +222,16 @@ def train(cfg: Config, train_ids: np.ndarray, val_ids: np.ndarray, hyper: dict, 
 # ---- writing the model and its record -----------------------------------------------------------
 
 
-def hf_config(cfg: Config, eot: int) -> dict:
-    return {**cfg.to_hf(), "initializer_range": INITIALIZER_RANGE, "bos_token_id": eot, "eos_token_id": eot}
-
-
 def samples(model: Model, prompts, n_new: int = 24, seed: int = SEED) -> list[dict]:
     """Greedy and sampled (temperature 0.8, top-k 40) completions, and the top-5 next tokens."""
     out = []
     for i, prompt in enumerate(prompts):
-        ids = model.to_tokens(prompt)
+        ids = model.to_tokens(prompt, prepend_bos=False)[0]
         logits = model(ids, last_only=True)[-1]  # [d_vocab]
-        probs = np.exp(logits - logits.max())
-        probs /= probs.sum()
+        probs = softmax(logits)  # [d_vocab]
         top = np.argsort(-probs, kind="stable")[:5]
-        greedy = model.generate(ids, n_new, temperature=0.0)
-        sampled = model.generate(ids, n_new, temperature=0.8, top_k=40, seed=seed + i)
+        greedy = model.generate(ids, n_new, temperature=0.0, stop_at_eos=False)
+        sampled = model.generate(ids, n_new, temperature=0.8, top_k=40, seed=seed + i, stop_at_eos=False)
         out.append({"prompt": prompt,
                     "top5": [[model.to_string([t]), float(probs[t])] for t in top],
                     "greedy": model.to_string(np.asarray(greedy)[len(ids):]),
@@ -306,7 +301,7 @@ def main(argv=None) -> int:
     model.tokenizer = tok
     refgpt.save(model, out, dtype="float32", config={"initializer_range": INITIALIZER_RANGE})  # bos/eos: <|endoftext|>
     record.update(samples=samples(model, PROMPTS), baseline=baseline, hyper=hyper, seed=SEED,
-                  config=hf_config(cfg, tok.eot_token), bpe_seconds=bpe_seconds,
+                  config=json.loads((out / "config.json").read_text(encoding="utf-8")), bpe_seconds=bpe_seconds,
                   n_train_tokens=int(len(train_ids)), n_val_tokens=int(len(val_ids)),
                   sdist_sha256=SDIST_SHA256, val_works=list(VAL_WORKS),
                   machine={"python": platform.python_version(), "numpy": np.__version__,

@@ -27,6 +27,12 @@ by the direction's limit √n·Pd/‖Pd‖ (docs/steering.md §5).
 
 **Activation patching.** ``patch`` overwrites activations at chosen hook points and positions
 with the values another run cached — the basic experiment of causal tracing.
+
+**Under generation.** Each intervention is made for positions of a prompt, and edits them in
+the pass that computes them, once: with a KV cache (``model.generate`` inside ``with
+intervention:``) that is the pass over the prompt, and each later step, which computes only the
+new token, sees the edited positions through the cached keys and values — exactly as a full
+recomputation of the steered forward pass would (tests/analysis/test_steered_generation.py).
 """
 
 from __future__ import annotations
@@ -97,7 +103,7 @@ def resid_pre_name(model, layer: int) -> str:
 
 def space_token(model) -> int:
     """The id of the space token ``" "`` in the model's tokenizer (it must be a single token)."""
-    ids = model.to_tokens(" ")
+    ids = model.to_tokens(" ", prepend_bos=False)[0]
     if len(ids) != 1:
         raise RefGPTError(f"the tokenizer encodes ' ' as {len(ids)} tokens {ids.tolist()}; "
                           "padding needs a single space token")
@@ -121,7 +127,7 @@ def steering_vector(model, plus, minus, layer: int, coeff: float = 1.0, *, prepe
     # Two separate passes of the same shape, not one batch: each row is then computed by exactly
     # the same arithmetic, so equal prompts (or an equal first token) give an exactly zero row.
     resid_plus, resid_minus = (model.run_with_cache(ids[None], names=[name])[1][name][0] for ids in (plus_ids, minus_ids))
-    vector = coeff * (resid_plus - resid_minus)  # [pos, d_model]
+    vector = _scaled(coeff, resid_plus - resid_minus, model.dtype, "steering vector")  # [pos, d_model]
     return SteeringVector(model, vector, int(layer) % model.cfg.n_layers, coeff, plus_ids, minus_ids)
 
 
@@ -131,7 +137,8 @@ def add_vector(model, tokens, vector, layer: int, positions="front", coeff: floa
     ``vector`` is [d_model] (the same vector at every position) or [m, d_model] (one row per
     position). ``positions`` is ``"front"`` (positions 0..m−1; 0 for a single vector) or a list of
     position indices (negative ones count from the end of ``tokens``). ``tokens`` ([pos] or
-    [batch, pos]) fixes the prompt length the positions refer to.
+    [batch, pos]) fixes the prompt length the positions refer to; a run longer than the prompt
+    is read as the prompt continued (``generate``), a shorter one is an error.
     """
     name = resid_pre_name(model, layer)
     tokens, _ = model.check_tokens(tokens)
@@ -157,7 +164,7 @@ def add_vector(model, tokens, vector, layer: int, positions="front", coeff: floa
         rows = np.broadcast_to(rows, (len(where), d_model))  # [m, d_model]
     if len(rows) != len(where):
         raise RefGPTError(f"vector has {len(rows)} rows but {len(where)} positions were given")
-    added = coeff * rows  # [m, d_model]
+    added = _scaled(coeff, rows, model.dtype, "vector")  # [m, d_model]
     hook = _adder(added, where, f"vector at positions {where.tolist()}", n_pos)
     return Intervention(model, [(name, hook)], f"add {coeff:g}·vector at layer {int(layer) % model.cfg.n_layers}, "
                                                f"positions {where.tolist()}")
@@ -186,12 +193,21 @@ def injection_limit(model, direction, layer: int, position: int) -> Intervention
     if isinstance(position, bool) or not isinstance(position, (int, np.integer)):
         raise RefGPTError(f"position must be an integer, found {position!r}")
 
-    def replace(normalized, hook_name):
-        if not -normalized.shape[1] <= position < normalized.shape[1]:
-            raise RefGPTError(f"{hook_name}: position {position} is outside a prompt of {normalized.shape[1]} positions")
+    def replace(normalized, hook_name, start=0):
+        new = normalized.shape[1]
+        if start == 0 and not -new <= position < new:
+            raise RefGPTError(f"{hook_name}: position {position} is outside a prompt of {new} positions")
+        if position < 0 and start > 0:
+            raise RefGPTError(f"{hook_name}: a position counted from the end ({position}) is ambiguous "
+                              "once a KV cache holds earlier positions")
+        at = position % new if start == 0 else position - start
+        if not 0 <= at < new:
+            return None  # computed in an earlier pass (KV cache), replaced there
         out = normalized.copy()  # [batch, pos, d_model]
-        out[:, position, :] = limit.astype(normalized.dtype, copy=False)  # [batch, d_model]
+        out[:, at, :] = limit.astype(normalized.dtype, copy=False)  # [batch, d_model]
         return out
+
+    replace.takes_start = True
 
     names = [f"blocks.{M}.ln{i}.hook_normalized" for M in range(first, model.cfg.n_layers) for i in (1, 2)]
     return Intervention(model, [(name, replace) for name in names + ["ln_final.hook_normalized"]],
@@ -201,75 +217,140 @@ def injection_limit(model, direction, layer: int, position: int) -> Intervention
 def patch(model, tokens, source_cache, names, positions=None) -> Intervention:
     """Replace the activations at hook points ``names`` with ``source_cache``'s, at ``positions``.
 
-    ``positions`` is None (every position) or a list of positions; for attention scores and
-    patterns it indexes the query axis. The source run must have the same batch size as
-    ``tokens`` or batch 1 (broadcast), and at least the patched positions.
+    ``positions`` is None (every position of ``tokens``, whose length the source run must have)
+    or a list of positions of ``tokens`` (negative ones count from its end); for attention
+    scores and patterns it indexes the query axis. The source run must have the same batch size
+    as ``tokens`` or batch 1 (broadcast), and at least the patched positions. A run longer than
+    ``tokens`` is read as that prompt continued: under ``generate`` the prompt's positions are
+    patched once and the generated ones are left alone.
     """
     tokens, _ = model.check_tokens(tokens)
+    n_pos = tokens.shape[1]
     names = [names] if isinstance(names, str) else list(names)
+    if positions is None:
+        where = np.arange(n_pos)
+    else:
+        where = np.asarray(positions, dtype=np.int64).reshape(-1)
+        outside = where[(where >= n_pos) | (where < -n_pos)]
+        if len(outside) or not len(where):
+            raise RefGPTError(f"patch: positions {where.tolist()} are not positions of a prompt of {n_pos}")
+        where = where % n_pos
     hooks = []
     for name in names:
         if name not in model.hook_names:
             raise RefGPTError(f"patch: {name!r} is not a hook point of this model")
         if name not in source_cache:
             raise RefGPTError(f"patch: {name!r} is not in the source cache")
-        hooks.append((name, _patcher(np.asarray(source_cache[name]), positions, name)))
+        source = np.asarray(source_cache[name])
+        have = source.shape[position_axis(name)]
+        if positions is None and have != n_pos or have <= int(where.max()):
+            wanted = f"the prompt has {n_pos}" if positions is None else f"patching needs {int(where.max()) + 1}"
+            raise RefGPTError(f"patch: the source's {name} has {have} positions, {wanted}")
+        hooks.append((name, _patcher(source, where, name)))
     where = "every position" if positions is None else f"positions {list(positions)}"
     return Intervention(model, hooks, f"patch {len(names)} hook point(s) at {where}")
 
 
 # ---- the hook functions ----------------------------------------------------------------------
+#
+# Each is marked ``takes_start`` (refgpt/hooks.py): it is told the absolute position of its
+# activation's first row. In an ordinary pass that is 0 and the activation holds the whole
+# sequence; in a KV-cached step it holds only the new positions. A hook edits the positions it
+# was made for that lie in the rows it sees, and nothing else: under generation the prompt's
+# positions are edited once, in the pass that computes them, and later tokens see the edit
+# through the cached keys and values, as they would in a full recomputation.
+
+
+def _scaled(coeff, rows, dtype, what):
+    """coeff·rows in the model's dtype: multiplied in float64 (exact for float32 rows, and a
+    coefficient beyond float32's range is not rounded to inf first), rounded once to ``dtype``.
+    A result that is not finite there is an error: the stream could not hold it."""
+    if isinstance(coeff, bool) or not isinstance(coeff, (int, float, np.integer, np.floating)) or not np.isfinite(coeff):
+        raise RefGPTError(f"{what}: the coefficient must be a finite number, found {coeff!r}")
+    with np.errstate(over="ignore"):
+        out = (np.float64(coeff) * np.asarray(rows, np.float64)).astype(dtype)  # [m, d_model]
+    if not np.all(np.isfinite(out)):
+        raise RefGPTError(f"{what}: coeff·vector overflows {np.dtype(dtype).name} (coeff {coeff:g}, "
+                          f"largest entry {np.abs(np.asarray(rows, np.float64)).max():.3g})")
+    return out
+
+
+def _rows_here(where, start, new):
+    """Which of the absolute positions ``where`` [m] are among start … start + new − 1:
+    (a mask [m], their row indices in the activation)."""
+    inside = (where >= start) & (where < start + new)  # [m]
+    return inside, where[inside] - start
 
 
 def _adder(rows, where, what, n_pos=None):
-    """A hook adding rows[i] at position where[i] of a [batch, pos, d_model] activation."""
+    """A hook adding rows[i] at absolute position where[i] of a [batch, pos, d_model] activation."""
 
-    def add(resid, name):
-        if n_pos is not None and resid.shape[1] != n_pos:
-            raise RefGPTError(f"{name}: this intervention was made for prompts of {n_pos} positions, "
-                              f"found {resid.shape[1]}")
-        if resid.shape[1] <= int(where.max()):
-            raise RefGPTError(f"{name}: the {what} needs at least {int(where.max()) + 1} positions, "
-                              f"the prompt has {resid.shape[1]}")
+    def add(resid, name, start=0):
+        if start == 0:  # the pass that computes the prompt must hold every edited position
+            if n_pos is not None and resid.shape[1] < n_pos:
+                raise RefGPTError(f"{name}: this intervention was made for prompts of {n_pos} positions, "
+                                  f"found {resid.shape[1]}")
+            if resid.shape[1] <= int(where.max()):
+                raise RefGPTError(f"{name}: the {what} needs at least {int(where.max()) + 1} positions, "
+                                  f"the prompt has {resid.shape[1]}")
+        inside, local = _rows_here(where, start, resid.shape[1])
+        if not inside.any():
+            return None  # positions computed in an earlier pass (KV cache): already added there
         out = resid.copy()  # [batch, pos, d_model]
-        out[:, where, :] += rows.astype(resid.dtype, copy=False)  # [batch, m, d_model]
+        out[:, local, :] += rows[inside].astype(resid.dtype, copy=False)  # [batch, m, d_model]
         return out
 
+    add.takes_start = True
     return add
 
 
-def _patcher(source, positions, name):
+def _patcher(source, where, name):
+    """A hook writing ``source``'s values at absolute positions ``where`` (query positions for
+    attention scores and patterns, whose key axis is fitted to the run's by ``_fit_keys``)."""
     axis = position_axis(name)
 
-    def replace(activation, hook_name):
-        if source.shape[0] not in (1, activation.shape[0]) or source.shape[2:] != activation.shape[2:] \
-                or source.shape[1] != activation.shape[1] and axis == 2:
+    def replace(activation, hook_name, start=0):
+        heads_differ = axis == 2 and source.shape[1] != activation.shape[1]
+        rest_differs = axis == 1 and source.shape[2:] != activation.shape[2:]
+        if source.shape[0] not in (1, activation.shape[0]) or heads_differ or rest_differs:
             raise RefGPTError(f"patch {hook_name}: source has shape {list(source.shape)}, "
                               f"the run has {list(activation.shape)}")
+        new = activation.shape[axis]
+        if start == 0 and new <= int(where.max()):
+            raise RefGPTError(f"patch {hook_name}: patches positions up to {int(where.max())}, "
+                              f"the run has {new} positions")
+        inside, local = _rows_here(where, start, new)
+        if not inside.any():
+            return None
+        src = np.take(source, where[inside], axis=axis)
+        if axis == 2:
+            src = _fit_keys(src, activation.shape[3], hook_name)
         out = activation.copy()
         index = [slice(None)] * activation.ndim
-        if positions is None:
-            if source.shape[axis] != activation.shape[axis]:
-                raise RefGPTError(f"patch {hook_name}: source has {source.shape[axis]} positions, "
-                                  f"the run has {activation.shape[axis]}")
-            src = source
-        else:
-            where = np.asarray(positions, dtype=np.int64).reshape(-1)
-            n = activation.shape[axis]
-            if np.any((where >= n) | (where < -n)) or np.any((where >= source.shape[axis]) | (where < -source.shape[axis])):
-                raise RefGPTError(f"patch {hook_name}: positions {where.tolist()} outside the run "
-                                  f"({n} positions) or the source ({source.shape[axis]})")
-            index[axis] = where % n
-            src = np.take(source, where % source.shape[axis], axis=axis)
+        index[axis] = local
         out[tuple(index)] = np.broadcast_to(src.astype(activation.dtype, copy=False), out[tuple(index)].shape)
         return out
 
+    replace.takes_start = True
     return replace
+
+
+def _fit_keys(rows, keys, name):
+    """Source rows of attention scores or a pattern [batch, head, m, source keys] on a run with
+    ``keys`` keys. A query sees only keys up to itself, so the keys beyond the source's are future
+    keys for every patched query: masked (−∞ in the scores, 0 in the pattern). Padding with that
+    value, or dropping masked keys, gives exactly the rows the run would have computed."""
+    have = rows.shape[-1]
+    if have >= keys:
+        return rows[..., :keys]
+    fill = -np.inf if name.endswith("hook_attn_scores") else 0.0
+    pad = np.full(rows.shape[:-1] + (keys - have,), fill, rows.dtype)
+    return np.concatenate([rows, pad], axis=-1)  # [batch, head, m, keys]
 
 
 def _prompt_tokens(model, prompt, prepend_bos, what):
     if isinstance(prompt, str):
-        return model.to_tokens(prompt, prepend_bos=prepend_bos)
+        return model.to_tokens(prompt, prepend_bos=prepend_bos)[0]
     ids, batched = model.check_tokens(prompt)
     if batched:
         raise RefGPTError(f"{what}: expected one prompt [pos], found shape {list(np.shape(prompt))}")

@@ -10,6 +10,9 @@ see that position through LayerNorm, which divides by the stream's own scale (do
     kl_divergence(steered, clean)      KL between next-token distributions, per position: what
                                        the edit did to the predictions, position by position
 
+Norms are taken in float64 whatever the model's dtype (``norm``): a float32 stream holding a huge
+injected vector is finite, but its squared norm overflows float32 long before (at 1.8·10¹⁹).
+
 A stream index M runs over the streams entering each block and the final one: M < n_layers is
 ``blocks.M.hook_resid_pre``, M = n_layers is the last ``hook_resid_post`` (what ln_final reads).
 """
@@ -24,10 +27,15 @@ from ..errors import RefGPTError, need
 RESID_KINDS = ("resid_pre", "resid_mid", "resid_post")
 
 
+def norm(array) -> np.ndarray:
+    """2-norms over the last axis, computed in float64 (exact upcast of float32: no overflow)."""
+    return np.linalg.norm(np.asarray(array, dtype=np.float64), axis=-1)
+
+
 def resid_norms(cache, batch: int = 0) -> dict[str, np.ndarray]:
     """{"resid_pre" | "resid_mid" | "resid_post": [layer, pos]} 2-norms of one batch row's stream."""
     n_layers = cache.model.cfg.n_layers
-    return {kind: np.stack([np.linalg.norm(need(cache, f"blocks.{L}.hook_{kind}")[batch], axis=-1)  # [pos]
+    return {kind: np.stack([norm(need(cache, f"blocks.{L}.hook_{kind}")[batch])  # [pos]
                             for L in range(n_layers)])  # [layer, pos]
             for kind in RESID_KINDS}
 
@@ -55,7 +63,7 @@ def injection_ratio(cache, vector, positions, batch: int = 0) -> np.ndarray:
     if len(rows) not in (1, len(where)):
         raise RefGPTError(f"vector has {len(rows)} rows but {len(where)} positions were given")
     stream = streams(cache)[:, batch][:, where]  # [stream, m, d_model]
-    return np.linalg.norm(rows, axis=-1) / np.linalg.norm(stream, axis=-1)  # [stream, m]
+    return norm(rows) / norm(stream)  # [stream, m]
 
 
 def kl_divergence(logits_p, logits_q) -> np.ndarray:

@@ -21,7 +21,7 @@ import unicodedata
 import numpy as np
 
 from ..errors import RefGPTError
-from .measurements import stream_labels, streams
+from .measurements import norm, stream_labels, streams
 
 
 def _figure(width, height):
@@ -76,10 +76,10 @@ def resid_norm_figure(cache, position=None, batch: int = 0, labels=None, clean_c
     """
     marked = [] if position is None else [int(j) for j in np.atleast_1d(position)]
     x_all = streams(cache)[:, batch]  # [stream, pos, d_model]
-    norms = np.linalg.norm(x_all, axis=-1)  # [stream, pos]
+    norms = norm(x_all)  # [stream, pos], in float64
     pre = x_all[:-1]  # [block, pos, d_model] the stream each block reads
     post = np.stack([cache[f"blocks.{M}.hook_resid_post"][batch] for M in range(len(pre))])  # [block, pos, d_model]
-    change = np.linalg.norm(post - pre, axis=-1) / norms[:-1]  # [block, pos] attn_out + mlp_out, relative
+    change = norm(post.astype(np.float64) - pre) / norms[:-1]  # [block, pos] attn_out + mlp_out, relative
     n_stream, n_pos = norms.shape
     fig = _figure(max(6.0, 0.45 * n_pos + 2.5), 6.6)
     top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=[3, 2])
@@ -91,7 +91,7 @@ def resid_norm_figure(cache, position=None, batch: int = 0, labels=None, clean_c
     for M in range(n_stream - 1):
         bottom.plot(x, change[M], marker="o", ms=3, lw=1.2, color=colours[M], label=f"block {M}")
     if clean_cache is not None:
-        clean = np.linalg.norm(streams(clean_cache)[:, batch], axis=-1)  # [stream, pos]
+        clean = norm(streams(clean_cache)[:, batch])  # [stream, pos]
         top.plot(x, clean[-1], ls="--", color="0.4", lw=1.2, label="final stream, no injection")
     for ax in (top, bottom):
         ax.set_yscale("log")
@@ -150,18 +150,26 @@ def lens_figure(lens, labels=None, decode=None, batch: int = 0, target=None, pos
     return _finish(fig, path)
 
 
-def convergence_figure(ks, errors: dict, path=None, title=None, ylabel="error"):
+def convergence_figure(ks, errors: dict, path=None, title=None, ylabel="error",
+                       xlabel="coefficient k of the injected vector", guide_power=1, symbol="k"):
     """Errors against k on log–log axes, one line per entry of ``errors`` (label → [len(ks)]),
-    with a dotted 1/k guide just below the lowest line."""
+    with a dotted 1/k^guide_power guide just below the lowest line at the first k where every
+    line has a value (no guide for ``guide_power=None``). NaN entries are left out of a line."""
     ks = np.asarray(ks, dtype=np.float64)
     fig = _figure(7.4, 4.8)
     ax = fig.add_subplot()
     colours = _colours(len(errors))
-    for (label, err), colour in zip(errors.items(), colours, strict=True):
-        ax.loglog(ks, np.asarray(err), marker="o", ms=4, lw=1.5, color=colour, label=label)
-    lowest = min(float(np.nanmin(np.asarray(err, dtype=np.float64)[:1])) for err in errors.values())
-    ax.loglog(ks, 0.3 * lowest * ks[0] / ks, ls=":", color="0.3", lw=1.4, label="guide ∝ 1/k (slope −1)")
-    ax.set_xlabel("coefficient k of the injected vector")
+    table = np.array([np.asarray(err, dtype=np.float64) for err in errors.values()])  # [line, k]
+    for label, err, colour in zip(errors, table, colours, strict=True):
+        ax.loglog(ks, err, marker="o", ms=4, lw=1.5, color=colour, label=label)
+    if guide_power is not None:
+        first = int(np.argmax(np.all(np.isfinite(table), axis=0)))  # the first k every line has
+        anchor = 0.3 * float(np.min(table[:, first]))
+        guide = anchor * (ks[first] / ks) ** guide_power  # [k]
+        power = "" if guide_power == 1 else f"^{guide_power:g}"
+        ax.loglog(ks[first:], guide[first:], ls=":", color="0.3", lw=1.4,
+                  label=f"guide ∝ 1/{symbol}{power} (slope −{guide_power:g})")
+    ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.grid(True, which="both", alpha=0.25)
     ax.legend(fontsize=8, loc="lower left")
@@ -170,7 +178,9 @@ def convergence_figure(ks, errors: dict, path=None, title=None, ylabel="error"):
 
 
 def attribution_bars(attribution, pos: int = -1, batch: int = 0, k: int = 12, path=None, title=None):
-    """Horizontal bars of the ``k`` largest |contributions| at one position.
+    """Horizontal bars of the ``k`` largest |contributions| at one position, then a grey "rest"
+    bar (the sum of the other components, labelled with how many), so that the bars sum to the
+    logit.
 
     ``attribution`` needs ``labels`` [component] and ``values`` [component, batch, pos] (e.g.
     ``refgpt.attribute``'s result); positive bars push the logit up, negative down.
@@ -181,14 +191,22 @@ def attribution_bars(attribution, pos: int = -1, batch: int = 0, k: int = 12, pa
                           f"found {list(values.shape)}")
     column = values[:, batch, pos]  # [component]
     order = np.argsort(-np.abs(column), kind="stable")[:k]
-    order = order[::-1]  # largest at the top
-    fig = _figure(6.4, max(2.5, 0.32 * len(order) + 1.3))
+    others = np.setdiff1d(np.arange(len(column)), order)  # [component − k]
+    names = [labels[i] for i in order]
+    bars = list(column[order])
+    if len(others):
+        names.append(f"rest ({len(others)} others)")
+        bars.append(float(column[others].sum()))
+    colours = ["tab:blue" if v >= 0 else "tab:red" for v in bars]
+    if len(others):
+        colours[-1] = "0.6"
+    fig = _figure(6.4, max(2.5, 0.32 * len(bars) + 1.3))
     ax = fig.add_subplot()
-    colours = ["tab:blue" if column[i] >= 0 else "tab:red" for i in order]
-    ax.barh(range(len(order)), column[order], color=colours)
-    ax.set_yticks(range(len(order)), [labels[i] for i in order], fontsize=8)
+    rows = np.arange(len(bars))[::-1]  # the largest at the top, "rest" at the bottom
+    ax.barh(rows, bars, color=colours)
+    ax.set_yticks(rows, names, fontsize=8)
     ax.axvline(0.0, color="0.3", lw=0.8)
-    ax.set_xlabel("contribution to the logit")
+    ax.set_xlabel(f"contribution to the logit (the {len(bars)} bars sum to {sum(bars):.4g})")
     ax.grid(True, axis="x", alpha=0.3)
     ax.set_title(title or f"Top {len(order)} contributions at position {pos}", fontsize=11)
     return _finish(fig, path)

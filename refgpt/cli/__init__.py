@@ -14,10 +14,10 @@ import sys
 
 from ..errors import RefGPTError
 from ..version import __version__
-from . import attribute, compare, generate, golden, inspect, lens, predict, steer
+from . import attribute, compare, download, generate, golden, inspect, lens, predict, steer
 
 # The subcommands, in the order `refgpt --help` lists them.
-COMMANDS = (predict, inspect, generate, attribute, golden, compare, steer, lens)
+COMMANDS = (predict, inspect, generate, attribute, golden, compare, steer, lens, download)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -30,7 +30,9 @@ def common_options() -> argparse.ArgumentParser:
     """--model, --dtype, --json: every subcommand takes them."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--model", metavar="DIR", default=None,
-                        help="HF GPT-2 directory (config.json + model.safetensors); default: the embedded model")
+                        help="HF GPT-2 directory (config.json + model.safetensors), or a hub name found in "
+                        "the HF cache or downloaded (gpt2, openai-community/gpt2@REVISION; see refgpt download); "
+                        "default: the embedded model")
     common.add_argument("--dtype", default="float64", help="float64 (default) or float32")
     common.add_argument("--json", action="store_true", help="print JSON instead of a table, for scripts")
     return common

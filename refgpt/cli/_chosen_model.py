@@ -1,6 +1,7 @@
 """The model a subcommand runs on, and the text it reads: what ``--model``, ``--dtype`` and TEXT mean.
 
-Every subcommand takes ``--model DIR`` (default: the embedded model, ``refgpt.default_model_path()``)
+Every subcommand takes ``--model DIR`` or a hub name such as ``--model gpt2`` (refgpt.hub.resolve;
+default: the embedded model, ``refgpt.default_model_path()``)
 and ``--dtype float64|float32``. A model directory carrying an ``UNTRAINED`` marker (a random
 initialisation, as the embedded default was before it was trained) gets a warning in everything a
 command prints: :func:`untrained_note` for tables, ``"untrained": true`` in JSON. Every answer
@@ -39,12 +40,12 @@ def untrained_note(model) -> str | None:
     if not is_untrained(model.source):
         return None
     return ("UNTRAINED MODEL: a seeded, randomly initialised GPT-2, so its predictions are noise.\n"
-            "For GPT-2 itself, pass --model DIR (see the README).")
+            "For GPT-2 itself, pass --model gpt2 (see the README: refgpt download gpt2).")
 
 
 def tokens_of(model, args) -> np.ndarray:
     """TEXT (after <|endoftext|> with --bos) as token ids [pos], checked against the context length."""
-    tokens = model.to_tokens(args.text, prepend_bos=args.bos)  # [pos]
+    tokens = model.to_tokens(args.text, prepend_bos=args.bos, truncate=False)[0]  # [pos]: the CLI adds no BOS unless --bos
     if len(tokens) == 0:
         raise RefGPTError("TEXT is empty: there is nothing to run (add --bos to start from <|endoftext|>)")
     if len(tokens) > model.cfg.n_ctx:

@@ -40,7 +40,7 @@ def run(args) -> int:
     model = load_chosen(args)
     prompt = tokens_of(model, args)  # [pos]
     out = model.generate(prompt, args.max_new_tokens, temperature=args.temperature,
-                         top_k=args.top_k, seed=args.seed)  # [pos + n]
+                         top_k=args.top_k, seed=args.seed, stop_at_eos=False)  # [pos + n], exactly n new
     new = out[len(prompt):]  # [n]
     if args.json:
         return print_json(model, {"text": args.text, "continuation": model.to_string(new),

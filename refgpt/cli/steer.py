@@ -5,7 +5,10 @@ space token; it is added to the first positions of TEXT's stream entering block 
 (refgpt.analysis.interventions). The command prints, per position of TEXT, the clean and the steered top
 next token and KL(steered ‖ clean); and, per steered position, ‖v‖ and its ratio to the stream
 at layer L and at the end — the ratio tends to 1 as C grows (docs/steering.md). ``--plot FILE``
-saves the residual-norm figure (needs the ``plot`` extra).
+saves the residual-norm figure (needs the ``plot`` extra). ``--generate N`` continues TEXT by N
+greedy tokens with and without the steering vector, side by side: the vector is added to TEXT's
+front positions once, in the pass over TEXT, and the generated tokens see it through the KV cache
+(refgpt/analysis/interventions.py, "Under generation").
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ import numpy as np
 
 from ..activations import softmax
 from ..analysis.interventions import steering_vector
-from ..analysis.measurements import injection_ratio, kl_divergence
+from ..analysis.measurements import injection_ratio, kl_divergence, norm
+from ._arguments import count
 from ._chosen_model import add_text_arguments, header, load_chosen, print_json, token_json, token_text, tokens_of
 from ._table import table
 
@@ -32,6 +36,7 @@ examples:
   refgpt steer "I hate you because" --plus "Love" --minus "Hate" --layer 2 --coeff 5 --bos
   refgpt steer "I went up to my friend" --plus " weddings" --minus " " --layer 6 --coeff 4 --bos --model ~/models/gpt2
   refgpt steer "The king" --plus "a" --minus "b" --layer 1 --coeff 1e6 --plot norms.png
+  refgpt steer "I think that" --plus "Love" --minus "Hate" --layer 1 --coeff 10 --bos --generate 20
 """
 
 
@@ -45,6 +50,8 @@ def add_parser(subparsers, common):
     p.add_argument("--layer", type=int, required=True, metavar="L", help="the block whose input stream is steered")
     p.add_argument("--coeff", type=float, default=1.0, metavar="C", help="the coefficient (default 1)")
     p.add_argument("--plot", metavar="FILE", help="save the residual-norm figure (PNG) to FILE")
+    p.add_argument("--generate", type=count, default=0, metavar="N",
+                   help="also continue TEXT by N greedy tokens, steered and unsteered, side by side")
     p.set_defaults(run=run, usage_error=p.error)
 
 
@@ -57,7 +64,11 @@ def run(args) -> int:
     kl = kl_divergence(logits, clean_logits)  # [pos]
     m = len(sv.vector)
     ratio = injection_ratio(cache, sv.vector, np.arange(m))  # [stream, m]
-    size = np.linalg.norm(sv.vector, axis=-1)  # [m]
+    size = norm(sv.vector)  # [m], in float64
+    if args.generate:
+        unsteered = model.generate(tokens, args.generate, temperature=0, stop_at_eos=False)[len(tokens):]  # [n]
+        with sv:
+            steered = model.generate(tokens, args.generate, temperature=0, stop_at_eos=False)[len(tokens):]  # [n]
     if args.plot:
         from ..analysis.plots import resid_norm_figure, token_labels
 
@@ -65,7 +76,7 @@ def run(args) -> int:
         resid_norm_figure(cache, position=list(range(m)), labels=token_labels(model, tokens), clean_cache=clean,
                           path=args.plot, title=f"‖resid‖ with ActAdd at layer {sv.layer}, coeff {args.coeff:g}")
     if args.json:
-        return print_json(model, {
+        answer = {
             "text": args.text, "layer": sv.layer, "coeff": args.coeff,
             "plus": [token_json(model, t) for t in sv.plus_tokens],
             "minus": [token_json(model, t) for t in sv.minus_tokens],
@@ -74,7 +85,12 @@ def run(args) -> int:
                            "steered_top": token_json(model, int(np.argmax(logits[j]))),
                            "kl": float(kl[j])} for j in range(len(tokens))],
             "vector_norm": size.tolist(), "ratio_to_stream": ratio.T.tolist(),
-            "plot": args.plot})
+            "plot": args.plot}
+        if args.generate:
+            answer["generate"] = {"n": args.generate, "greedy": True, **{
+                kind: {"continuation": model.to_string(ids), "new_tokens": [token_json(model, t) for t in ids]}
+                for kind, ids in (("unsteered", unsteered), ("steered", steered))}}
+        return print_json(model, answer)
     p_clean = softmax(clean_logits)  # [pos, d_vocab]
     p_steer = softmax(logits)  # [pos, d_vocab]
     rows = []
@@ -93,6 +109,16 @@ def run(args) -> int:
         "",
         table(["pos", "plus", "minus", "‖v‖", f"‖v‖/‖stream {sv.layer}‖", "‖v‖/‖final stream‖"], size_rows,
               align="><<>>>"),
+        *(_side_by_side(model, unsteered, steered) if args.generate else []),
         *([f"\nfigure: {args.plot}"] if args.plot else []),
     ]))
     return 0
+
+
+def _side_by_side(model, unsteered, steered) -> list[str]:
+    """The two greedy continuations, token by token (* where they differ), then as text."""
+    rows = [[i + 1, token_text(model, a), token_text(model, b), "" if a == b else "*"]
+            for i, (a, b) in enumerate(zip(unsteered, steered, strict=True))]
+    return ["", f"greedy continuation, {len(steered)} tokens:",
+            table(["step", "unsteered", "steered", ""], rows, align="><<<"), "",
+            f"unsteered: {model.to_string(unsteered)!r}", f"steered:   {model.to_string(steered)!r}"]

@@ -49,6 +49,7 @@ from ..checkpoint import load as load_checkpoint, weight_files
 from ..config import Config
 from ..dtypes import widen_bfloat16
 from ..errors import RefGPTError
+from ..hooks import HookRun
 from ..ln_views import cached_output
 from ..model import Model
 from ..safetensors_file import SafetensorsFile, SafetensorsWriter, header_bytes
@@ -134,7 +135,8 @@ def stream(model: Model, tokens, names=None, fwd_hooks=()):
     hooks = set(model.hook_names)
     need = {n for n in wanted if n in hooks}
     need |= {n[: -len("out")] + "hook_normalized" for n in wanted if n.endswith(".out")}
-    run = model.hook_run(fwd_hooks, sorted(need))
+    with model.hooks(fwd_hooks):  # the run keeps the model's hooks and these, as run_with_hooks would
+        run = HookRun(model.hook_dict, sorted(need))
     if "tokens" in wanted:
         yield "tokens", tokens
     resid = model.embed(tokens, run)  # [batch, pos, d_model]
@@ -217,7 +219,7 @@ def _side_by_side(model: Model, tokens, names):
     float64 pass and a float32 pass of the same weights, run a stage at a time side by side
     (``stream``), so only a stage's activations of each are held. A pass that would repeat another
     (the model's own pass is the float64 one when it is float64 and unhooked) is run once."""
-    hooked = bool(model.hook_run().hooks)  # hooks of a ``with model.hooks(…)`` context
+    hooked = bool(HookRun(model.hook_dict).hooks)  # hooks on the model's hook points
     exact = model if model.dtype == np.float64 and not hooked else Model(model.cfg, dict(model.params), dtype="float64")
     rounded = model if model.dtype == np.float32 and not hooked else float32_twin(model)  # weights rounded as a float32 port rounds them
     passes = list(dict.fromkeys([model, exact, rounded]))  # the distinct models

@@ -55,7 +55,7 @@ def test_steering_vector_adds_at_the_front_as_hooks_and_as_context_manager(model
         inside = model(tokens)
     assert np.array_equal(inside, manual)
     assert np.array_equal(model(tokens), model.run_with_hooks(tokens))  # removed on exit
-    assert not model._context_hooks
+    assert not any(hp.fwd_hooks for hp in model.hook_dict.values())
 
 
 def test_intervention_cannot_be_entered_twice_and_combines_with_another(model):
@@ -202,3 +202,31 @@ def test_kl_divergence_is_zero_for_equal_logits_and_matches_its_formula():
     assert np.all(kl_divergence(a, b) > 0)
     with pytest.raises(RefGPTError, match="shapes"):
         kl_divergence(a, b[:, :3])
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_a_coefficient_the_stream_cannot_hold_is_an_error(dtype):
+    """coeff·vector is formed in float64 and rounded once to the model's dtype; if it is not
+    finite there, add_vector and steering_vector say so instead of adding inf (or 0·inf = NaN)."""
+    m = random_model(CFG, seed=2, dtype=dtype)
+    big = float(np.finfo(dtype).max)
+    ok = add_vector(m, TOKENS, np.full(12, 0.5), 0, [1], coeff=big)  # 0.5·max is representable
+    assert np.all(np.isfinite(ok.hooks[0][1](np.zeros((2, 7, 12), m.dtype), "x")[:, 1]))
+    for coeff in (4 * big, np.inf, np.nan, "1"):
+        with pytest.raises(RefGPTError, match="overflows|finite number"):
+            add_vector(m, TOKENS, np.full(12, 0.5), 0, [1], coeff=coeff)
+        with pytest.raises(RefGPTError, match="overflows|finite number"):
+            steering_vector(m, [1, 2], [3, 4], 0, coeff=coeff)
+
+
+def test_norms_of_a_float32_stream_holding_a_huge_vector_are_finite():
+    """measurements.norm works in float64: a float32 stream with entries ~1e30 is finite, its
+    squared norm in float32 is not (it overflows past 1.8e19)."""
+    m = random_model(CFG, seed=3, dtype="float32")
+    v = add_vector(m, TOKENS, np.linspace(-1, 1, 12), 1, [2], coeff=1e30)
+    _, cache = m.run_with_cache(TOKENS, fwd_hooks=v)
+    with np.errstate(over="raise", invalid="raise"):
+        ratio = injection_ratio(cache, 1e30 * np.linspace(-1, 1, 12), [2])
+        norms = resid_norms(cache)
+    assert np.all(np.isfinite(ratio)) and abs(ratio[-1, 0] - 1) < 1e-3
+    assert all(np.all(np.isfinite(n)) for n in norms.values())

@@ -91,9 +91,11 @@ def test_attribution_bars_take_any_object_with_labels_and_values(plots, tmp_path
     fig = plots.attribution_bars(stand_in, pos=2, batch=1, k=4, path=tmp_path / "bars.png")
     assert is_png(tmp_path / "bars.png")
     ax = fig.axes[0]
-    shown = [t.get_text() for t in ax.get_yticklabels()]
-    assert shown == ["embed", "ln_final.b", "L0.mlp", "pos_embed"]  # |value| ascending, largest at the top
-    assert [round(b.get_width(), 6) for b in ax.patches] == [0.5, 1.0, 2.0, -3.0]
+    ticks = sorted(ax.get_yticklabels(), key=lambda t: -t.get_position()[1])  # top to bottom
+    assert [t.get_text() for t in ticks] == ["pos_embed", "L0.mlp", "ln_final.b", "embed", "rest (2 others)"]
+    bars = sorted(ax.patches, key=lambda b: -b.get_y())  # top to bottom
+    assert [round(b.get_width(), 6) for b in bars] == [-3.0, 2.0, 1.0, 0.5, -0.1]  # the rest: 0.1 − 0.2
+    assert "sum to 0.4" in ax.get_xlabel()  # every component: the bars add up to the whole
     with pytest.raises(RefGPTError, match="values must be"):
         plots.attribution_bars(SimpleNamespace(labels=labels[:3], values=values))
 

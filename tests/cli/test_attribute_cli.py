@@ -34,7 +34,7 @@ def test_json_matches_the_python_api(refgpt_cli, checkpoint):
     assert done.returncode == 0, done.stderr
     answer = json.loads(done.stdout)
     model = refgpt.load(checkpoint)
-    logits, cache = model.run_with_cache(model.to_tokens(TEXT)[None])
+    logits, cache = model.run_with_cache(model.to_tokens(TEXT, prepend_bos=False)[0][None])
     result = refgpt.attribute(cache, 32, 100, granularity="head", logits=logits)
     values = result.values[:, 0, -1]
     assert answer["target"]["id"] == 32 and answer["against"]["id"] == 100 and answer["n_components"] == len(values)

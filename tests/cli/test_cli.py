@@ -77,7 +77,7 @@ def plain_checkpoint(tmp_path):
 def test_predict_table_is_the_models_top_k_next_tokens(refgpt_cli, model):
     status, out, err = refgpt_cli.in_process("predict", TEXT, "--top-k", "7")
     assert status == 0 and err == ""
-    logits = model(model.to_tokens(TEXT), last_only=True)[-1]  # [d_vocab], as predict computes it
+    logits = model(model.to_tokens(TEXT, prepend_bos=False)[0], last_only=True)[-1]  # [d_vocab], as predict computes it
     probs = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()  # [d_vocab]
     top = np.argsort(-logits)[:7]
     rows = table_rows(out, "rank")
@@ -92,9 +92,9 @@ def test_predict_json_is_exactly_what_the_api_computes(refgpt_cli, model):
     n = model.cfg.d_vocab
     status, out, _ = refgpt_cli.in_process("predict", TEXT, "--json", "--top-k", str(n))
     answer = json.loads(out)
-    logits = model(model.to_tokens(TEXT), last_only=True)[-1]  # [d_vocab], as predict computes it
+    logits = model(model.to_tokens(TEXT, prepend_bos=False)[0], last_only=True)[-1]  # [d_vocab], as predict computes it
     assert status == 0 and answer["untrained"] is False and answer["dtype"] == "float64"
-    assert [t["id"] for t in answer["tokens"]] == model.to_tokens(TEXT).tolist()
+    assert [t["id"] for t in answer["tokens"]] == model.to_tokens(TEXT, prepend_bos=False)[0].tolist()
     assert [t["id"] for t in answer["top_k"]] == [int(i) for i in np.argsort(-logits, kind="stable")]
     assert [t["logit"] for t in answer["top_k"]] == [float(logits[t["id"]]) for t in answer["top_k"]]
     # p_i = e_i / S with S = Σ e_j: S carries ≤ (n−1)u relative error, each division u, and summing
@@ -126,7 +126,7 @@ def test_predict_in_float32_computes_in_float32(refgpt_cli):
     model32 = refgpt.load_default(dtype="float32")
     _, out, _ = refgpt_cli.in_process("predict", TEXT, "--dtype", "float32", "--json")
     answer = json.loads(out)
-    logits = model32(model32.to_tokens(TEXT), last_only=True)[-1]  # [d_vocab], float32
+    logits = model32(model32.to_tokens(TEXT, prepend_bos=False)[0], last_only=True)[-1]  # [d_vocab], float32
     assert answer["dtype"] == "float32"
     assert [t["logit"] for t in answer["top_k"]] == [float(logits[t["id"]]) for t in answer["top_k"]]
 
@@ -142,7 +142,7 @@ def test_predict_with_bos_starts_from_endoftext(refgpt_cli, model):
 def test_inspect_json_is_every_layernorm_statistic_from_the_cache(refgpt_cli, model):
     status, out, _ = refgpt_cli.in_process("inspect", TEXT, "--json")
     answer = json.loads(out)
-    tokens = model.to_tokens(TEXT)
+    tokens = model.to_tokens(TEXT, prepend_bos=False)[0]
     _, cache = model.run_with_cache(tokens)
     n_pos, n_layers = len(tokens), model.cfg.n_layers
 
@@ -169,7 +169,7 @@ def test_inspect_checks_the_cached_scale_decomposition_live(refgpt_cli, model):
     _, out, _ = refgpt_cli.in_process("inspect", TEXT, "--json")
     errors = json.loads(out)["decomposition"]
     assert errors["pieces"] == 2 + 2 * model.cfg.n_layers
-    assert errors["max_abs_logit"] == float(np.max(np.abs(model(model.to_tokens(TEXT)))))
+    assert errors["max_abs_logit"] == float(np.max(np.abs(model(model.to_tokens(TEXT, prepend_bos=False)[0]))))
     tolerance = 1e-12 * max(1.0, errors["max_abs_logit"])  # tests/core/test_mission.py's float64 bound
     assert errors["cached_scale_error"] <= tolerance
     assert errors["naive_error"] > 1e6 * max(errors["cached_scale_error"], tolerance)
@@ -177,7 +177,7 @@ def test_inspect_checks_the_cached_scale_decomposition_live(refgpt_cli, model):
 
 def test_inspect_table_has_a_row_per_layer_and_position(refgpt_cli, model):
     status, out, _ = refgpt_cli.in_process("inspect", TEXT)
-    n_pos = len(model.to_tokens(TEXT))
+    n_pos = len(model.to_tokens(TEXT, prepend_bos=False)[0])
     blocks, final = table_rows(out, "layer"), table_rows(out, "pos")
     assert status == 0 and len(blocks) == model.cfg.n_layers * n_pos and len(final) == n_pos
     assert [r[1] for r in final] == ["'H'", "'ell'", "'o'", "','", "' world'", "'\\n'"]  # the default's BPE tokens
@@ -192,7 +192,7 @@ def test_inspect_in_float32_reports_float32_statistics(refgpt_cli):
     model32 = refgpt.load_default(dtype="float32")
     _, out, _ = refgpt_cli.in_process("inspect", TEXT, "--dtype", "float32", "--json")
     answer = json.loads(out)
-    _, cache = model32.run_with_cache(model32.to_tokens(TEXT))
+    _, cache = model32.run_with_cache(model32.to_tokens(TEXT, prepend_bos=False)[0])
     assert answer["dtype"] == "float32"
     assert [r["ln_final_scale"] for r in answer["ln_final"]] == [float(s) for s in cache["scale"][0, :, 0]]
 

@@ -12,8 +12,8 @@ def test_generate_json_equals_python_api(refgpt_cli):
     assert done.returncode == 0, done.stderr
     answer = json.loads(done.stdout)
     model = refgpt.load_default()
-    prompt = model.to_tokens("Hello")
-    expected = model.generate(prompt, 6, temperature=0)[len(prompt):]
+    prompt = model.to_tokens("Hello", prepend_bos=False)[0]
+    expected = model.generate(prompt, 6, temperature=0, stop_at_eos=False)[len(prompt):]
     assert [t["id"] for t in answer["new_tokens"]] == expected.tolist()
     assert answer["continuation"] == model.to_string(expected)
 

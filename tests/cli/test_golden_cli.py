@@ -90,7 +90,7 @@ def test_golden_text_uses_the_model_tokenizer_and_names_select_tensors(refgpt_cl
     assert result.returncode == 0, result.stderr
     g = golden.read(out)
     model = refgpt.load_default()
-    assert np.array_equal(g.tensors["tokens"], model.to_tokens("Hello")[None])
+    assert np.array_equal(g.tensors["tokens"], model.to_tokens("Hello", prepend_bos=False)[0][None])
     n = model.cfg.n_layers
     assert list(g.tensors) == (["tokens"] + [f"blocks.{L}.hook_resid_post" for L in range(n)]
                                + ["ln_final.hook_mean", "ln_final.hook_scale", "ln_final.hook_normalized",

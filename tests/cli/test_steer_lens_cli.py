@@ -25,7 +25,7 @@ def test_steer_json_is_the_api_result(refgpt_cli, model):
     out = refgpt_cli(*STEER, "--json")
     assert out.returncode == 0, out.stderr
     answer = json.loads(out.stdout)
-    tokens = model.to_tokens("I hate you because", prepend_bos=True)
+    tokens = model.to_tokens("I hate you because", prepend_bos=True)[0]
     sv = steering_vector(model, "Love", "Hate", 2, 5.0)
     kl = kl_divergence(model.run_with_hooks(tokens, fwd_hooks=sv), model(tokens))
     assert [p["kl"] for p in answer["positions"]] == kl.tolist()
@@ -35,6 +35,32 @@ def test_steer_json_is_the_api_result(refgpt_cli, model):
     # "Love" is one token of the default vocabulary and "Hate" two (H, ate): plus is padded with a space.
     assert [t["text"] for t in answer["plus"]] == ["<|endoftext|>", "Love", " "]
     assert [t["text"] for t in answer["minus"]] == ["<|endoftext|>", "H", "ate"]
+
+
+def test_steer_generate_json_is_the_api_result(refgpt_cli, model):
+    """--generate N: greedy continuations with and without the vector, as the Python API gives them."""
+    out = refgpt_cli(*STEER, "--generate", "6", "--json")
+    assert out.returncode == 0, out.stderr
+    answer = json.loads(out.stdout)["generate"]
+    tokens = model.to_tokens("I hate you because", prepend_bos=True)[0]
+    sv = steering_vector(model, "Love", "Hate", 2, 5.0)
+    with sv:
+        steered = model.generate(tokens, 6, temperature=0, stop_at_eos=False)[len(tokens):]
+    unsteered = model.generate(tokens, 6, temperature=0, stop_at_eos=False)[len(tokens):]
+    assert [t["id"] for t in answer["steered"]["new_tokens"]] == steered.tolist()
+    assert [t["id"] for t in answer["unsteered"]["new_tokens"]] == unsteered.tolist()
+    assert answer["steered"]["continuation"] == model.to_string(steered) and answer["n"] == 6
+
+
+def test_steer_generate_table_and_errors(refgpt_cli):
+    out = refgpt_cli(*STEER, "--generate", "4")
+    assert out.returncode == 0, out.stderr
+    assert "greedy continuation, 4 tokens:" in out.stdout and "unsteered" in out.stdout
+    assert "\nunsteered: '" in out.stdout and "\nsteered:   '" in out.stdout
+    too_long = refgpt_cli(*STEER, "--generate", "100000")
+    assert too_long.returncode == 1 and too_long.stderr.startswith("refgpt: error: generate:")
+    bad = refgpt_cli(*STEER, "--generate", "-3")
+    assert bad.returncode == 2 and "--generate" in bad.stderr
 
 
 def test_steer_table_and_plot(refgpt_cli, tmp_path):
@@ -50,7 +76,7 @@ def test_lens_json_final_column_is_the_model_prediction(refgpt_cli, model):
     out = refgpt_cli("lens", "The cat sat", "--bos", "--json")
     assert out.returncode == 0, out.stderr
     answer = json.loads(out.stdout)
-    tokens = model.to_tokens("The cat sat", prepend_bos=True)
+    tokens = model.to_tokens("The cat sat", prepend_bos=True)[0]
     assert answer["streams"] == ["0_pre", "1_pre", "2_pre", "3_pre", "final_post"]
     _, cache = model.run_with_cache(tokens)
     ids, probs = logit_lens(cache).top(1)

@@ -60,7 +60,7 @@ def build(cfg: Config, seed: int, scale: float = 0.5, b_U: bool = False) -> Mode
 
 
 def loss_of(model: Model, tokens, targets, fwd_hooks=()) -> float:
-    return softmax_cross_entropy(model.run_with_hooks(tokens, fwd_hooks), targets)[0]
+    return softmax_cross_entropy(model.run_with_hooks(tokens, fwd_hooks=fwd_hooks), targets)[0]
 
 
 def richardson(f) -> float:

@@ -214,7 +214,7 @@ def test_unknown_dtype(ckpt):
     (np.zeros((1, 2, 3), int), "must be \\[pos\\] or \\[batch, pos\\], found 3 dimensions"),
     (np.int64(3), "must be \\[pos\\] or \\[batch, pos\\], found 0 dimensions"),
     (list(range(7)), "7 positions, but the model has only n_positions=6"),
-    (["a", "b"], "must be integers"),
+    (["a", "b"], "no tokenizer"),  # a list of str is text (TransformerLens), which needs a tokenizer
 ])
 def test_bad_tokens(model, tokens, message):
     with raises(message):
@@ -224,7 +224,7 @@ def test_bad_tokens(model, tokens, message):
 def test_unknown_hook_name(model):
     with raises("'blocks.0.hook_resid_pr' is not a hook point of this model; did you mean blocks.0.hook_resid_pre"):
         model.run_with_hooks([1, 2], fwd_hooks=[("blocks.0.hook_resid_pr", lambda a, n: None)])
-    with raises("run_with_cache names: 'blocks.9.hook_resid_pre' is not a hook point"):
+    with raises("run_with_cache names_filter: 'blocks.9.hook_resid_pre' is not a hook point"):
         model.run_with_cache([1, 2], names=["blocks.9.hook_resid_pre"])
 
 

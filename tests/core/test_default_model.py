@@ -70,7 +70,7 @@ def default_tokenizer():
 
 def probabilities(model, text: str) -> np.ndarray:
     """The model's next-token distribution after ``text``: [d_vocab]."""
-    logits = model(model.to_tokens(text), last_only=True)[-1]  # [d_vocab]
+    logits = model(model.to_tokens(text, prepend_bos=False)[0], last_only=True)[-1]  # [d_vocab]
     p = np.exp(logits - logits.max())  # [d_vocab]
     return p / p.sum()  # [d_vocab]
 
@@ -212,7 +212,7 @@ def test_load_default_gives_the_embedded_model_in_either_dtype(dtype):
     model = refgpt.load_default(dtype=dtype)
     assert model.source == DEFAULT and model.dtype == np.dtype(dtype)
     assert model.tokenizer is not None
-    logits = model(model.to_tokens("To be, or not to be"))  # [pos, d_vocab]
+    logits = model(model.to_tokens("To be, or not to be", prepend_bos=False)[0])  # [pos, d_vocab]
     assert logits.dtype == np.dtype(dtype) and np.all(np.isfinite(logits))
 
 
@@ -221,7 +221,7 @@ def test_hf_reads_the_default_model_and_agrees(model):
     torch = pytest.importorskip("torch", reason="peer test: needs the peers extra")
     transformers = pytest.importorskip("transformers", reason="peer test: needs the peers extra")
     hf = transformers.GPT2LMHeadModel.from_pretrained(DEFAULT, torch_dtype=torch.float64).eval()
-    tokens = model.to_tokens("Now is the winter of our discontent\nMade glorious summer by this sun of York;")
+    tokens = model.to_tokens("Now is the winter of our discontent\nMade glorious summer by this sun of York;", prepend_bos=False)[0]
     with torch.no_grad():
         reference = hf(torch.tensor(tokens)[None]).logits[0].numpy()  # [pos, d_vocab]
     assert rel_err(model(tokens), reference) <= 1e-12  # the README's float64 agreement with HF
@@ -238,7 +238,7 @@ def test_default_vocabulary_is_the_bytes_the_merges_and_endoftext(model):
     merges = (DEFAULT / "merges.txt").read_text(encoding="utf-8").splitlines()
     assert merges[0] == "#version: 0.2" and len(merges) - 1 == 7935
     assert [tok.decode_bytes([256 + i]) for i in range(3)] == [b" t", b"he", b" a"]  # Ġt, he, Ġa
-    assert [tok.decode_bytes([i]) for i in model.to_tokens("Hello")] == [b"H", b"ell", b"o"]
+    assert [tok.decode_bytes([i]) for i in model.to_tokens("Hello", prepend_bos=False)[0]] == [b"H", b"ell", b"o"]
 
 
 @settings(max_examples=100, deadline=None)
@@ -280,12 +280,12 @@ def test_the_shipped_weights_reproduce_the_recorded_samples(model, log):
     them in float64 from its own arrays (W_U a view of W_Eᵀ); loaded from disk they agree within
     the float64 bound refgpt holds against HF, 1e-12 relative (measured: bit for bit)."""
     for sample in log["samples"]:
-        ids = model.to_tokens(sample["prompt"])
+        ids = model.to_tokens(sample["prompt"], prepend_bos=False)[0]
         p = probabilities(model, sample["prompt"])  # [d_vocab]
         top = np.argsort(-p, kind="stable")[:5]
         assert [model.to_string([t]) for t in top] == [text for text, _ in sample["top5"]], sample["prompt"]
         assert rel_err(p[top], [q for _, q in sample["top5"]]) <= 1e-12, sample["prompt"]
-        greedy = np.asarray(model.generate(ids, 24, temperature=0.0))[len(ids):]
+        greedy = np.asarray(model.generate(ids, 24, temperature=0.0, stop_at_eos=False))[len(ids):]
         assert model.to_string(greedy) == sample["greedy"], sample["prompt"]
 
 

@@ -40,9 +40,9 @@ def test_hooks_apply_during_incremental_steps():
     model = random_model(Config(d_model=8, n_layers=2, n_heads=2, d_mlp=8, d_vocab=11, n_ctx=8), seed=4)
     tokens = np.array([[1, 2, 3, 4, 5]])
     hook = [("blocks.1.hook_resid_pre", lambda a, n: a * 2)]
-    full = model.run_with_hooks(tokens, hook)
+    full = model.run_with_hooks(tokens, fwd_hooks=hook)
     past = model.kv_cache()
-    model.run_with_hooks(tokens[:, :3], hook, past=past)
+    model.run_with_hooks(tokens[:, :3], fwd_hooks=hook, past=past)
     logits, cache = model.run_with_cache(tokens[:, 3:], fwd_hooks=hook, past=past)
     assert rel_err(logits, full[:, 3:]) <= 1e-12
     assert cache["resid_pre", 0].shape == (1, 2, 8) and cache["pattern", 0].shape == (1, 2, 2, 5)
@@ -51,18 +51,34 @@ def test_hooks_apply_during_incremental_steps():
 def test_generate_greedy_and_seeded():
     model = random_model(Config(d_model=8, n_layers=2, n_heads=2, d_mlp=8, d_vocab=11, n_ctx=12), seed=5)
     prompt = np.array([1, 2, 3])
-    greedy = model.generate(prompt, 5, temperature=0)
+    greedy = model.generate(prompt, 5, temperature=0, stop_at_eos=False)
     # Greedy decoding = repeatedly appending the arg-max of a full forward pass.
     expected = prompt
     for _ in range(5):
         expected = np.append(expected, model(expected)[-1].argmax())
     np.testing.assert_array_equal(greedy, expected)
-    a = model.generate(prompt, 6, temperature=1.0, top_k=3, seed=7)
-    np.testing.assert_array_equal(a, model.generate(prompt, 6, temperature=1.0, top_k=3, seed=7))
+    a = model.generate(prompt, 6, temperature=1.0, top_k=3, seed=7, stop_at_eos=False)
+    np.testing.assert_array_equal(a, model.generate(prompt, 6, temperature=1.0, top_k=3, seed=7, stop_at_eos=False))
     assert a.shape == (9,)
     with pytest.raises(RefGPTError, match="3 prompt tokens \\+ 10 new exceed n_positions=12"):
-        model.generate(prompt, 10)
+        model.generate(prompt, 10, stop_at_eos=False)
     with pytest.raises(RefGPTError, match="after 3 cached"):
         past = model.kv_cache()
         model(prompt, past=past)
         model(np.arange(10), past=past)
+
+
+def test_a_hook_marked_takes_start_is_told_where_its_rows_start():
+    """refgpt/hooks.py: row 0 of a KV-cached step's activation is position ``start``."""
+    model = random_model(Config(d_model=8, n_layers=1, n_heads=2, d_mlp=8, d_vocab=11, n_ctx=10), seed=2)
+    starts = []
+
+    def hook(activation, name, start):
+        starts.append((start, activation.shape[1]))
+
+    hook.takes_start = True
+    past = model.kv_cache(1)
+    for chunk in ([[1, 2, 3]], [[4]], [[5, 6]]):
+        model.run_with_hooks(np.array(chunk), fwd_hooks=[("hook_embed", hook)], past=past)
+    model.run_with_hooks(np.array([[1, 2]]), fwd_hooks=[("hook_embed", hook)])
+    assert starts == [(0, 3), (3, 1), (4, 2), (0, 2)]

@@ -4,8 +4,8 @@
    components of the residual stream, pushed through LayerNorm and the unembedding one by one,
    plus ln_final's bias once, sum to the logits. Normalising each piece with its own scale does not.
 2. LayerNorm forgets scale: LN(k·d + s) → LN₀(d) within a derived bound; LN_ε(kx) = LN_{ε/k²}(x);
-   LN(x + t·1) = LN(x); and LayerNorm stays finite and right for inputs up to 1e30 (float64)
-   and 1e18 (float32).
+   LN(x + t·1) = LN(x); LayerNorm stays finite and right for every x with ‖x‖₁ below the largest
+   float, and its overflow-safe σ is bit for bit the textbook one wherever that is finite.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from ln_bounds import convergence_bound, ln0, ln_rounding
 from random_models import model_and_tokens, rel_err
-from refgpt.layernorm import layer_norm
+from refgpt.layernorm import centered_scale, layer_norm
 
 # ---- 1. the cached-scale decomposition (docs/layernorm.md §2, §3) ---------------------------
 
@@ -52,7 +52,12 @@ def test_cached_scale_pieces_sum_to_logits(model_tokens):
 @settings(max_examples=60, deadline=None)
 @given(model_and_tokens())
 def test_naive_per_piece_layernorm_is_not_exact(model_tokens):
-    """§3: re-normalising each piece with its own scale misses the logits by far more than rounding."""
+    """§3: re-normalising each piece with its own scale misses the logits by a visible amount:
+    at least a thousandth of the logits' spread (max − min at a position, the scale on which the
+    prediction is decided) — never a rounding-size gap. Measured over 1,500 random models the
+    smallest miss was 7·10⁻³ of the spread (d_model = 2, where P leaves one dimension); on
+    realistic models it is larger than the logits (docs/decomposition.md N9), and on the
+    embedded model the naive pieces sum to 17.2 against a logit of 5.40 (§1 there)."""
     model, tokens = model_tokens
     assume(model.cfg.d_model >= 2)  # with one dimension, P = 0 and LayerNorm is the constant b
     logits, cache = model.run_with_cache(tokens)
@@ -61,8 +66,9 @@ def test_naive_per_piece_layernorm_is_not_exact(model_tokens):
     bias = model.params["ln_final.b"] @ model.params["unembed.W_U"]
     naive = unembed_pieces(model, pieces, own_scale).sum(0) + bias
     exact = unembed_pieces(model, pieces, cache["ln_final.hook_scale"]).sum(0) + bias
-    # A million times the exact decomposition's tolerance: not a rounding-size disagreement.
-    assert rel_err(naive, logits) > 1e6 * max(rel_err(exact, logits), 1e-12)
+    spread = np.ptp(logits, axis=-1).max()
+    assert np.abs(naive - logits).max() >= 1e-3 * spread
+    assert rel_err(exact, logits) <= 1e-12  # while the cached scale is exact (§2)
 
 
 def test_counterexample_two_pieces_give_twice_the_bias():
@@ -130,13 +136,37 @@ def test_layernorm_ignores_constant_shift(n_seed, t, eps):
     assert err <= ln_rounding(x + t, w, b, eps) + ln_rounding(x, w, b, eps)
 
 
-@pytest.mark.parametrize("dtype, size", [(np.float64, 1e30), (np.float32, 1e18)])
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 800), st.integers(0, 2**32 - 1), st.sampled_from([np.float64, np.float32]),
+       st.floats(-60, 160), st.sampled_from([0.0, 1e-5, 1e-3, 0.1]))
+def test_scaled_sum_of_squares_is_bit_for_bit_the_textbook_one(n, seed, dtype, exponent, eps):
+    """§6: wherever the textbook σ = √(mean(c²) + ε) does not overflow, refgpt's σ (squares of
+    c·2⁻ᵉ, scaled back by 2ᵉ) is the same number, bit for bit: scaling by a power of two is exact."""
+    rng = np.random.default_rng(seed)
+    exponent = exponent if dtype == np.float64 else exponent / 8  # float32 overflows at 3.4e38
+    x = (10.0**exponent * rng.standard_normal((3, n)) * rng.choice([1e-3, 1.0, 1e3], (3, n))).astype(dtype)
+    centered = x - x.mean(-1, keepdims=True)
+    with np.errstate(over="ignore"):
+        textbook = np.sqrt(np.mean(centered * centered, axis=-1, keepdims=True) + dtype(eps))  # [3, 1]
+    assume(np.all(np.isfinite(textbook)))
+    assert np.array_equal(centered_scale(centered, dtype(eps)), textbook)
+
+
+def l1_edge(d, dtype):
+    """The size at which ‖size·d‖₁ = 0.99·(largest finite number): §6's sufficient condition, at its edge."""
+    return 0.99 * float(np.finfo(dtype).max) / float(np.abs(d).sum())
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("n", [2, 64, 768])
-def test_layernorm_is_finite_and_correct_for_huge_inputs(dtype, size, n):
-    """§6: inputs of 1e30 (float64) and 1e18 (float32) give finite stats and LN ≈ LN₀ of the direction."""
+def test_layernorm_is_finite_and_correct_up_to_the_l1_edge(dtype, n):
+    """§6: every x with ‖x‖₁ < max float gives finite stats and LN ≈ LN₀ of its direction: the sum
+    the mean takes and every centred value are at most ‖x‖₁. Tried at ‖x‖₁ = 0.99·max (about
+    10³⁰⁵ per entry in float64, 10³⁵ in float32, at n = 768)."""
     rng = np.random.default_rng(n)
     w, b = (1 + 0.1 * rng.standard_normal(n)).astype(dtype), rng.standard_normal(n).astype(dtype)
     d = rng.standard_normal(n)
+    size = l1_edge(d, dtype)
     x = (size * d).astype(dtype)
     stats = {}
     out = layer_norm(x, w, b, 1e-5, lambda name, a: stats.setdefault(name, a))

@@ -25,7 +25,7 @@ torch, transformers, transformer_lens = require_peers()
 
 import peers as P  # noqa: E402  (after the importorskip)
 from refgpt import Config  # noqa: E402
-from refgpt.config import HF_DEFAULTS  # noqa: E402
+from refgpt.config import HF_DEFAULTS, TL_SWITCHES  # noqa: E402
 
 N_CTX = 140
 LENGTHS = (1, 63, 64, 65, 127, 128, 129, N_CTX)
@@ -114,7 +114,8 @@ def test_config_defaults_are_gpt2configs():
         (hf.layer_norm_epsilon, hf.activation_function, hf.scale_attn_weights, hf.scale_attn_by_inverse_layer_idx,
          hf.reorder_and_upcast_attn, hf.tie_word_embeddings)
     # the dataclass's own defaults, for Configs built in code
-    defaults = {f.name: f.default for f in dataclasses.fields(Config) if f.default is not dataclasses.MISSING}
+    defaults = {f.name: f.default for f in dataclasses.fields(Config)
+                if f.default is not dataclasses.MISSING and f.name not in TL_SWITCHES}  # TL's switches: not HF's
     assert defaults == {"eps": hf.layer_norm_epsilon, "act_fn": hf.activation_function,
                         "use_attn_scale": hf.scale_attn_weights,
                         "scale_attn_by_inverse_layer_idx": hf.scale_attn_by_inverse_layer_idx,

@@ -50,12 +50,16 @@ def test_save_then_load_round_trips_bit_for_bit(tmp_path, dtype, tie):
 
 
 def test_saving_the_embedded_model_as_float32_reproduces_its_files(tmp_path):
+    """Byte for byte, but for the n_ctx that save has written since the model was trained (the
+    shipped files are as the training run wrote them, and its log records their sha256)."""
     default = refgpt.load_default()
     shipped = refgpt.default_model_path()
-    extra = {"initializer_range": json.loads((shipped / "config.json").read_text())["initializer_range"]}
-    refgpt.save(default, tmp_path / "copy", dtype="float32", config=extra)
-    for name in ("config.json", "model.safetensors", "vocab.json", "merges.txt"):
+    shipped_config = json.loads((shipped / "config.json").read_text())
+    refgpt.save(default, tmp_path / "copy", dtype="float32",
+                config={"initializer_range": shipped_config["initializer_range"]})
+    for name in ("model.safetensors", "vocab.json", "merges.txt"):
         assert (tmp_path / "copy" / name).read_bytes() == (shipped / name).read_bytes(), name
+    assert json.loads((tmp_path / "copy" / "config.json").read_text()) == {**shipped_config, "n_ctx": 128}
     back = refgpt.load(tmp_path / "copy")
     assert_same_model(default, back)
     assert back.to_tokens("To be, or not to be").tolist() == default.to_tokens("To be, or not to be").tolist()
@@ -70,6 +74,19 @@ def test_save_refuses_what_an_hf_checkpoint_cannot_hold(tmp_path):
         refgpt.save(with_b_U, tmp_path / "b")
     with pytest.raises(RefGPTError, match="dtype"):
         refgpt.save(random_model(CFG), tmp_path / "c", dtype="float16")
+
+
+def test_save_into_something_that_is_not_a_directory_is_one_line(tmp_path):
+    (tmp_path / "file").write_text("not a checkpoint")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    model = random_model(CFG)
+    for target, expected in [("file", "save: {} exists and is not a directory"),
+                             ("dangling", "save: {} exists and is not a directory"),
+                             ("file/sub", "save: cannot make the directory {}: Not a directory")]:
+        with pytest.raises(RefGPTError) as error:
+            refgpt.save(model, tmp_path / target)
+        assert str(error.value) == expected.format(tmp_path / target)
+    assert (tmp_path / "file").read_text() == "not a checkpoint" and not (tmp_path / "nowhere").exists()
 
 
 def test_a_failed_write_leaves_no_file_and_no_temporary(tmp_path, monkeypatch):
@@ -97,6 +114,7 @@ def test_hf_reads_what_save_writes_and_computes_the_same_logits(tmp_path):
         hf = transformers.GPT2LMHeadModel.from_pretrained(directory, dtype=torch.float64).eval()
         assert hf.config.layer_norm_epsilon == cfg.eps and hf.config.activation_function == cfg.act_fn
         assert hf.config.scale_attn_weights is False and hf.config.scale_attn_by_inverse_layer_idx is True
+        assert hf.config.n_positions == hf.config.n_ctx == cfg.n_ctx  # TransformerLens 3.9 reads n_ctx
         tokens = np.random.default_rng(0).integers(0, cfg.d_vocab, size=(2, cfg.n_ctx))
         with torch.no_grad():
             theirs = hf(torch.as_tensor(tokens)).logits.numpy()

@@ -1,0 +1,58 @@
+"""``refgpt download NAME [--revision R]``: a GPT-2 from the Hugging Face hub into the HF cache.
+
+What is fetched, how it is verified and where it goes: :mod:`refgpt.hub` (the client) and
+:mod:`refgpt.hf_cache` (the layout). Afterwards ``--model NAME`` finds it, and so do transformers'
+and TransformerLens's ``from_pretrained(NAME)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from ..errors import RefGPTError
+from ..hf_cache import parse_name
+from ..hub import download_files
+
+DESCRIPTION = """\
+Download a GPT-2 checkpoint from the Hugging Face hub into the HF cache (HF_HUB_CACHE, else
+HF_HOME/hub, else ~/.cache/huggingface/hub), laid out as huggingface_hub lays it out:
+config.json, model.safetensors (or its shards and index), vocab.json and merges.txt. Each file's
+hash is checked against the hub's (sha256 for LFS files, git's sha1 for the others); a broken
+download resumes where it stopped. Afterwards --model NAME runs on it, offline too.
+HF_ENDPOINT chooses another hub (a mirror).
+"""
+
+EXAMPLES = """\
+examples:
+  refgpt download gpt2 && refgpt predict "The capital of France is" --model gpt2
+  refgpt download openai-community/gpt2-medium --revision main
+  HF_HUB_OFFLINE=1 refgpt predict "Hello" --model gpt2      # the cache only, no network
+"""
+
+
+def add_parser(subparsers, common):
+    p = subparsers.add_parser(
+        "download", help="a GPT-2 from the HF hub into the HF cache", description=DESCRIPTION,
+        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("name", metavar="NAME", help="a hub repository: gpt2, gpt2-medium, distilgpt2, "
+                   "openai-community/gpt2, any owner/name GPT-2 (NAME@REVISION also works)")
+    p.add_argument("--revision", metavar="R", default=None,
+                   help="a branch, tag or commit hash (default main)")
+    p.set_defaults(run=run, usage_error=p.error)
+
+
+def run(args) -> int:
+    parsed = parse_name(args.name)
+    if parsed is None:
+        args.usage_error(f"argument NAME: not a hub repository id ([owner/]name[@revision]): {args.name!r}")
+    repo_id, revision = parsed
+    if args.revision is not None:
+        if "@" in args.name and args.revision != revision:
+            raise RefGPTError(f"two revisions: {args.name!r} and --revision {args.revision!r}")
+        revision = args.revision
+    snapshot, files = download_files(repo_id, revision)
+    rows = [f"  {f.filename:<36} {f.size:>14,} bytes  {'sha256' if len(f.etag) == 64 else 'git sha1'} "
+            f"{f.etag}" for f in files]
+    print("\n".join([f"{repo_id}@{revision} = commit {files[0].commit}: every file's hash checked", *rows,
+                     f"in {snapshot}"]))
+    return 0

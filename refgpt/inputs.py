@@ -1,0 +1,116 @@
+"""What a forward pass accepts, TransformerLens's way: text, a list of texts, or token ids.
+
+``model(input, prepend_bos=…, padding_side=…, attention_mask=…)`` reads its input here, before the
+forward pass proper (model.py) sees anything:
+
+- **text** (a ``str`` or a list of them) is tokenized by ``model.to_tokens`` — with
+  ``<|endoftext|>`` first when ``prepend_bos`` (default ``model.cfg.default_prepend_bos``, True for
+  GPT-2 as in TransformerLens), padded on ``padding_side`` (default the tokenizer's, "right");
+  the result always has a batch axis.
+- **token ids** [pos] or [batch, pos] are checked (integers, inside the vocabulary, within n_ctx);
+  [pos] gives unbatched outputs, refgpt's convention.
+- **padding**: as in TransformerLens, a mask is used when an ``attention_mask`` is given, when the
+  padding side is "left" (the mask is then read off the tokens: leading pad ids are pads), when a
+  batch goes into a KV cache (trailing pad ids are pads) or when the KV cache already holds a mask. An all-ones mask is no mask: those inputs take the plain causal
+  path, bit for bit. Right padding needs no mask (attention is causal; refgpt/padding.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import padding
+from .errors import RefGPTError
+
+
+@dataclass
+class Padding:
+    """The padding of one forward pass over ``pos`` new positions (refgpt/padding.py)."""
+
+    mask: np.ndarray  # [batch, keys] 1 real, 0 pad: every position so far (cached ones first)
+    positions: np.ndarray  # [batch, pos] each new token's position (real tokens before it)
+    real: np.ndarray  # [batch, pos] bool: is each new token real?
+    bias: np.ndarray  # [batch, 1, pos, keys] added to the attention scores
+
+    @classmethod
+    def of(cls, mask, pos: int, dtype) -> "Padding":
+        start = mask.shape[1] - pos
+        return cls(mask, padding.position_ids(mask, start), mask[:, start:] == 1, padding.key_bias(mask, pos, dtype))
+
+
+def is_text(input) -> bool:
+    return isinstance(input, str) or (isinstance(input, (list, tuple)) and len(input) > 0
+                                      and all(isinstance(s, str) for s in input))
+
+
+def resolve_prepend_bos(model, prepend_bos) -> bool:
+    """TransformerLens's USE_DEFAULT_VALUE: None means ``model.cfg.default_prepend_bos``."""
+    if prepend_bos is None:
+        return bool(model.cfg.default_prepend_bos)
+    if not isinstance(prepend_bos, (bool, np.bool_)):
+        raise RefGPTError(f"prepend_bos must be True, False or None (the model's default), found {prepend_bos!r}")
+    return bool(prepend_bos)
+
+
+def resolve_padding_side(model, padding_side) -> str:
+    if padding_side is None:
+        if model.tokenizer is None:
+            return "right"
+        return padding.check_padding_side(model.tokenizer.padding_side, "tokenizer.padding_side")
+    return padding.check_padding_side(padding_side)
+
+
+def tokens_and_padding(model, input, prepend_bos=None, padding_side=None, attention_mask=None, past=None):
+    """(tokens int64 [batch, pos], was the input batched, Padding or None) for a forward pass."""
+    if is_text(input):
+        input = model.to_tokens(input, prepend_bos=prepend_bos, padding_side=padding_side)
+    elif isinstance(input, (list, tuple)) and len(input) and any(isinstance(s, str) for s in input):
+        raise RefGPTError("input: a list must hold only strings (texts) or only token ids")
+    tokens, batched = model.check_tokens(input, start=past.length if past is not None else 0)
+    side = resolve_padding_side(model, padding_side)
+    mask = None
+    pad = model.tokenizer.pad_token_id if model.tokenizer is not None else None
+    if attention_mask is not None:
+        mask = padding.check_attention_mask(attention_mask, tokens.shape)
+    elif side == "left":
+        if pad is None:
+            raise RefGPTError("padding_side='left' needs a pad token to find the pads: this model has no "
+                              "tokenizer with <|endoftext|>; pass attention_mask= instead")
+        mask = padding.attention_mask_from_tokens(tokens, pad, resolve_prepend_bos(model, prepend_bos), "left")
+    elif past is not None and pad is not None and tokens.shape[0] > 1:
+        # Into a KV cache, right pads would sit between this chunk and the next: mask them, as
+        # TransformerLens does (one row alone has no pads: a trailing <|endoftext|> is text).
+        mask = padding.attention_mask_from_tokens(tokens, pad, resolve_prepend_bos(model, prepend_bos), "right")
+    if past is not None:
+        past.check(tokens.shape[0], tokens.shape[1])
+        if past.mask is None and (mask is None or mask.all()):
+            return tokens, batched, None
+        full = past.attention_mask(mask, tokens.shape[1])  # [batch, keys]
+        return tokens, batched, Padding.of(full, tokens.shape[1], model.dtype)
+    if mask is None or mask.all():
+        return tokens, batched, None
+    return tokens, batched, Padding.of(mask, tokens.shape[1], model.dtype)
+
+
+def residual_input(model, resid, tokens=None, attention_mask=None, past=None):
+    """``start_at_layer``: (stream [batch, pos, d_model], batched, tokens or None, Padding or None).
+    The padding then comes from ``attention_mask`` only, as in TransformerLens."""
+    array = np.asarray(resid)
+    if array.ndim != 3 or array.shape[-1] != model.cfg.d_model or array.dtype != model.dtype:
+        raise RefGPTError(f"start_at_layer: input must be the residual stream [batch, pos, d_model={model.cfg.d_model}] "
+                          f"in {model.dtype}, found shape {list(array.shape)} {array.dtype}")
+    if tokens is not None:
+        tokens, _ = model.check_tokens(tokens)
+        if tokens.shape != array.shape[:2]:
+            raise RefGPTError(f"tokens: shape {list(tokens.shape)} does not match the stream's {list(array.shape[:2])}")
+    mask = None if attention_mask is None else padding.check_attention_mask(attention_mask, array.shape[:2])
+    if past is not None:
+        past.check(array.shape[0], array.shape[1])
+        if past.mask is not None or mask is not None:
+            return array, True, tokens, Padding.of(past.attention_mask(mask, array.shape[1]), array.shape[1], model.dtype)
+        return array, True, tokens, None
+    if mask is None or mask.all():
+        return array, True, tokens, None
+    return array, True, tokens, Padding.of(mask, array.shape[1], model.dtype)

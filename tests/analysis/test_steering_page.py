@@ -1,0 +1,55 @@
+"""docs/steering.md quotes what docs/make_steering_figures.py prints, and §7's thresholds hold.
+
+The script runs on the embedded model (small: the whole page's numbers take seconds), without
+its figures; every row it prints must be on the page as quoted (tests/doc_pages.py)."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from doc_pages import DOCS, doc_script
+from refgpt.errors import RefGPTError
+
+
+@pytest.fixture(scope="module")
+def script_and_page():
+    return doc_script("make_steering_figures.py", "steering.md")
+
+
+def test_every_number_on_the_steering_page_comes_from_the_script(script_and_page):
+    script, page = script_and_page
+    rows = script.numbers(figures=False)
+    assert script.check(rows, page) == []
+    tags = set(re.findall(r"\((S\d+)\b", page))
+    assert tags == {name for name, (kind, _) in rows.items() if kind != "line"}
+
+
+def test_the_whole_model_is_finite_and_at_its_limit_at_the_thresholds(script_and_page):
+    """§7: with the page's unit d, every finite k in float64 (up to the largest, 1.8·10³⁰⁸) and
+    k up to ‖k·d‖₁ = 0.99·max in float32 give finite logits and the limit model's top tokens at
+    and after p; a k whose k·d the dtype cannot hold is refused."""
+    script, _ = script_and_page
+    s64, s32 = script.Setting("float64"), script.Setting("float32")
+    for k in (1e300, float(np.finfo(np.float64).max), script.l1_edge(s64)):
+        assert script.finite_and_limit(s64, k), k
+    for k in (1e35, script.l1_edge(s32)):
+        assert script.finite_and_limit(s32, k), k
+    with pytest.raises(RefGPTError, match="overflows float32"):
+        script.finite_and_limit(s32, 1e40)
+
+
+@pytest.mark.parametrize("script_name, page_name", [("make_steering_figures.py", "steering.md"),
+                                                    ("make_decomposition_numbers.py", "decomposition.md")])
+def test_every_figure_on_a_page_is_drawn_by_its_script(script_name, page_name):
+    """A figure the page shows exists in docs/figures and is one its script writes (so running the
+    script re-makes it)."""
+    script, page = doc_script(script_name, page_name)
+    source = (DOCS / script_name).read_text(encoding="utf-8")
+    figures = re.findall(r"!\[[^\]]*\]\(figures/([^)]+\.png)\)", page)
+    assert figures
+    for name in figures:
+        assert (DOCS / "figures" / name).is_file(), name
+        assert name in source, f"{name} is not written by docs/{script_name}"
