@@ -17,6 +17,7 @@ sys.path.insert(0, str(HERE))
 
 import bench_attribution  # noqa: E402
 import bench_forward  # noqa: E402
+import bench_guards  # noqa: E402
 import bench_tokenizer  # noqa: E402
 
 from machine import describe, machine, update_section  # noqa: E402
@@ -29,6 +30,7 @@ TARGETS = {  # issue 17's targets (and issue 7's that still stand), as (what, te
     "float32 load ≤ 0.2 s": lambda r: r["extras"]["load_float32_s"] <= 0.2,
     "KV step at 512 ≥ 20× cheaper": lambda r: r["extras"]["kv_speedup_at_512"] >= 20,
     "tokenizer ≥ 1 MB/s": lambda r: r["tokenizer"]["refgpt_cold_mb_s"] >= 1.0,
+    "non-finite guard ≤ 2% of a forward (issue 12)": lambda r: max(r["guards"].values()) <= 0.02,
     "head attribution of one target ≤ 2× forward": lambda r: r["attribution"]["head, one token: (cached forward + attribution) / forward"] <= 2.0,
 }
 
@@ -60,7 +62,8 @@ def markdown(results) -> str:
         lines.append(f"| {r['dtype']} | {r['batch']} × {r['T']} | {r['refgpt_tokens_per_s']:.0f} | "
                      f"{r['torch_tokens_per_s']:.0f} | **{r['time_ratio_to_torch']:.2f}** |")
     extras = {**fw["extras"], **{f"tokenizer {k}": v for k, v in results.get("tokenizer", {}).items()},
-              **{f"attribution {k}": v for k, v in results.get("attribution", {}).items()}}
+              **{f"attribution {k}": v for k, v in results.get("attribution", {}).items()},
+              **{f"non-finite guard {k}": v for k, v in results.get("guards", {}).items()}}
     if extras:
         lines += ["", "| measurement | value |", "|---|---|"]
         for k, v in extras.items():
@@ -93,7 +96,11 @@ def main():
         results["attribution"] = {f"{row['granularity']}, {row['target']}: (cached forward + attribution) / forward":
                                   row["end_to_end_over_forward"] for row in bench_attribution.run()["attribute"]}
         print("attribution:", results["attribution"], flush=True)
-    flat = {**results["forward"], "tokenizer": results.get("tokenizer", {}), "attribution": results.get("attribution", {})}
+        results["guards"] = {f"{row['dtype']}, T={row['T']}: guard / forward": row["guard_over_forward"]
+                             for row in bench_guards.run()}
+        print("non-finite guard:", results["guards"], flush=True)
+    flat = {**results["forward"], "tokenizer": results.get("tokenizer", {}), "attribution": results.get("attribution", {}),
+            "guards": results.get("guards", {})}
     results["targets"] = {name: _target(test, flat) for name, test in TARGETS.items()}
     clock = "_cpu_clock" if results["forward"]["clock"] == "cpu" else ""
     (HERE / f"results_{kind(results['machine'])}{clock}.json").write_text(json.dumps(results, indent=2, default=str))

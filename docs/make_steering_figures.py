@@ -263,10 +263,14 @@ def actadd_numbers(figures: bool) -> dict:
 
 def finite_and_limit(S: Setting, k) -> bool:
     """Does the whole model, with k·d injected, give finite logits and, at p and after it, the
-    limit model's top tokens?"""
+    limit model's top tokens? (A forward pass that overflows raises a RefGPTError naming where.)"""
     with warnings.catch_warnings(), np.errstate(over="ignore", invalid="ignore"):
         warnings.simplefilter("ignore", RuntimeWarning)
-        logits = S.model.run_with_hooks(S.tokens, fwd_hooks=add_vector(S.model, S.tokens, S.d, LAYER, [POSITION], k))
+        steer = add_vector(S.model, S.tokens, S.d, LAYER, [POSITION], k)  # refuses a k·d the dtype cannot hold
+        try:
+            logits = S.model.run_with_hooks(S.tokens, fwd_hooks=steer)
+        except refgpt.RefGPTError:  # the forward pass overflowed
+            return False
     return bool(np.all(np.isfinite(logits))) and np.array_equal(
         logits[POSITION:].argmax(-1), S.limit_logits[POSITION:].argmax(-1))
 

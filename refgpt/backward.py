@@ -21,7 +21,8 @@ block's output added to the stream going up.
 Gradients come back under the names the forward uses. ``grads.params["blocks.0.attn.W_Q"]`` has
 the parameter's shape ([head, d_model, d_head]); ``grads.activations["blocks.3.hook_resid_pre"]``
 is ∂loss/∂ that activation, as if a hook had replaced it with a variable (always with a batch
-axis, like the cache).
+axis, like the cache); ``grads.ln_out["blocks.3.ln2.out"]`` is ∂loss/∂ a LayerNorm's output
+w ⊙ x̂ + b, which is not a hook point (the oracle's gradient goldens compare it).
 
 **Tied embeddings.** GPT-2 uses one matrix twice: W_E to embed and W_U = W_Eᵀ to unembed. Here
 each use gets its own gradient: ``params["embed.W_E"]`` is the embedding's and
@@ -61,6 +62,7 @@ class Gradients:
     logits: np.ndarray  # [batch, pos, d_vocab]
     targets: np.ndarray  # [batch, pos] the targets used (−100: ignored)
     tied: bool = field(default=False)  # is the model's W_U a view of W_Eᵀ?
+    ln_out: dict[str, np.ndarray] = field(default_factory=dict)  # "blocks.0.ln1.out" → ∂loss/∂ each LayerNorm's output
 
     @property
     def tied_W_E(self) -> np.ndarray:
@@ -129,7 +131,8 @@ def backward(model, tokens, cache, logits, targets, point=None) -> Gradients:
     tied = bool(cfg.tie_word_embeddings and np.shares_memory(p["unembed.W_U"], p["embed.W_E"]))
     ordered_params = {name: g_params[name] for name in p}
     ordered_acts = {name: g_acts[name] for name in model.hook_names if name in g_acts}  # not TL's optional points
-    return Gradients(loss, ordered_params, ordered_acts, grad_logits, targets, tied)
+    ln_out_grads = {name: g for name, g in g_acts.items() if name.endswith(".out")}
+    return Gradients(loss, ordered_params, ordered_acts, grad_logits, targets, tied, ln_out_grads)
 
 
 def block_backward(model, L, grad, cache, act_backward, g_params, g_acts, point):
@@ -170,6 +173,7 @@ def block_backward(model, L, grad, cache, act_backward, g_params, g_acts, point)
 def layer_norm_step(prefix, grad, cache, p, g_params, g_acts, point):
     """LayerNorm ``prefix`` ("blocks.3.ln1.", "ln_final.") in reverse: its gradients recorded,
     ∂loss/∂input returned."""
+    g_acts[prefix + "out"] = grad  # ∂loss/∂(w ⊙ x̂ + b), the LayerNorm's output (not a hook point)
     g = layer_norm_backward(grad, cache[prefix + "hook_normalized"], cache[prefix + "hook_scale"], p[prefix + "w"],
                             point.scope(prefix))
     g_params[prefix + "w"], g_params[prefix + "b"] = g["w"], g["b"]

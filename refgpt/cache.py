@@ -18,7 +18,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from . import decomposition
-from .errors import MissingActivation, RefGPTError
+from .errors import MissingActivation, RefGPTError, RefGPTTypeError
 from .hook_points import ATTN_HOOKS, LN_HOOKS, MLP_HOOKS
 
 _ALIASES = {"attn": "pattern", "attn_logits": "attn_scores", "key": "k", "query": "q",
@@ -159,6 +159,8 @@ class ActivationCache(Mapping):
     def _resolve(self, key) -> str:
         if isinstance(key, str):
             return act_name(key)
+        if not isinstance(key, tuple) or not 1 <= len(key) <= 3:
+            raise RefGPTTypeError(f"cache key must be a name or (name, layer[, kind]), found {key!r:.60}")
         name, layer, *rest = tuple(key) + (None,) * (2 - len(key))
         if layer is not None and layer < 0:
             layer += self.model.cfg.n_layers

@@ -18,15 +18,15 @@ dtype: nothing is copied. The parameter dict uses TransformerLens's state-dict n
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
 import numpy as np
 
+from . import strict_json
 from .config import Config
 from .dtypes import compute_dtype
-from .errors import RefGPTError
+from .errors import RefGPTError, as_path
 from .model import Model
 from .processing import process as process_weights
 from .safetensors_file import SafetensorsFile
@@ -57,36 +57,80 @@ def expected_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
 
 def weight_files(directory: Path) -> list[Path]:
     """``model.safetensors``, or the shards a ``model.safetensors.index.json`` names."""
-    single = directory / "model.safetensors"
-    index = directory / "model.safetensors.index.json"
-    if single.exists():
-        return [single]
-    if index.exists():
-        try:
-            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-            shards = sorted(set(weight_map.values()))
-        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as error:
-            raise RefGPTError(f"{index}: not a valid shard index ({error!r})") from None
-        return [directory / shard for shard in shards]
+    return sorted(set(_weight_map(directory).values())) if _is_sharded(directory) else [directory / "model.safetensors"]
+
+
+def _is_sharded(directory: Path) -> bool:
+    if (directory / "model.safetensors").exists():
+        return False
+    if (directory / "model.safetensors.index.json").exists():
+        return True
     raise RefGPTError(f"{directory}: no model.safetensors or model.safetensors.index.json")
 
 
-def read_hf_tensors(files: list[Path], cfg: Config, dtype: np.dtype) -> dict[str, np.ndarray]:
-    """Every weight of the checkpoint under its bare HF key, checked and in ``dtype``."""
-    expected = expected_shapes(cfg)
+def _weight_map(directory: Path) -> dict[str, Path]:
+    """The shard index's tensor name → shard file, checked: a non-empty object of file names
+    that exist beside the index."""
+    index = directory / "model.safetensors.index.json"
+    try:
+        text = index.read_bytes()
+    except OSError as error:
+        raise RefGPTError(f"{index}: cannot read ({error.strerror})") from None
+    document = strict_json.loads(text, f"{index}: not a valid shard index")
+    weight_map = document.get("weight_map") if isinstance(document, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise RefGPTError(f"{index}: not a valid shard index: 'weight_map' must be a non-empty object "
+                          f"of tensor name → shard file, found {weight_map!r:.80}")
+    shards = {}
+    for name, shard in weight_map.items():
+        if not isinstance(shard, str) or not shard or Path(shard).name != shard:
+            raise RefGPTError(f"{index}: weight_map[{name!r}] must be a file name beside the index, found {shard!r:.80}")
+        if not (directory / shard).is_file():
+            raise RefGPTError(f"{index}: weight_map[{name!r}] names shard {shard!r}, which does not exist")
+        shards[name] = directory / shard
+    return shards
+
+
+def read_hf_tensors(files: list[Path], cfg: Config, dtype: np.dtype,
+                    weight_map: dict[str, Path] | None = None) -> dict[str, np.ndarray]:
+    """Every weight of the checkpoint under its bare HF key, checked and in ``dtype``.
+
+    A weight found twice — with and without the ``transformer.`` prefix, or in two shards — is an
+    error, even when both copies agree: which one is meant would be a guess. With a shard index
+    (``weight_map``), every tensor must be in the shard the index names, and every tensor of a
+    shard must be listed.
+    """
     found: dict[str, tuple[SafetensorsFile, str]] = {}
     for path in files:
         st = SafetensorsFile(path)
         for name in st.names:
+            if weight_map is not None and weight_map.get(name) != path:
+                listed = weight_map.get(name)
+                raise RefGPTError(f"{path}: holds tensor {name!r}, which the shard index "
+                                  + (f"places in {listed.name!r}" if listed else "does not list"))
             key = name.removeprefix("transformer.")
-            if _BUFFER.fullmatch(key):
-                continue
-            if key == "lm_head.weight" and cfg.tie_word_embeddings:
-                continue  # tied: HF uses wte and ignores a stored copy
-            if key not in expected:
-                raise RefGPTError(_explain_unexpected(path, name, key, cfg))
+            if key in found:
+                other, other_name = found[key]
+                raise RefGPTError(f"{path}: tensor {name!r} is stored twice: also as {other_name!r}"
+                                  + (f" in {other.path}" if other.path != path else "")
+                                  + "; which copy is meant is ambiguous")
             found[key] = (st, name)
+    if weight_map is not None:
+        for name, path in weight_map.items():
+            if found.get(name.removeprefix("transformer."), (None, None))[1] != name:
+                raise RefGPTError(f"{path}: the shard index lists tensor {name!r}, but the shard does not hold it")
+    blocks = {int(m.group(1)) for key in found if (m := re.match(r"h\.(\d+)\.", key))}
+    if len(blocks) != cfg.n_layers and (not blocks or max(blocks) < cfg.n_layers):
+        # checked before the n_layer-long list of expected shapes is built (n_layer may be huge)
+        raise RefGPTError(f"{files[0].parent}: config.json says n_layer={cfg.n_layers}, but the checkpoint "
+                          f"holds {len(blocks)} blocks: n_layer disagrees with the tensors")
+    expected = expected_shapes(cfg)
     tensors = {}
+    for key, (st, name) in found.items():
+        if _BUFFER.fullmatch(key) or (key == "lm_head.weight" and cfg.tie_word_embeddings):
+            continue  # a buffer, or a tied lm_head (HF uses wte and ignores a stored copy)
+        if key not in expected:
+            raise RefGPTError(_explain_unexpected(st.path, name, key, cfg))
     for key, shape in expected.items():
         if key not in found:
             hint = (" (tie_word_embeddings is false, so the model needs its own lm_head)"
@@ -183,14 +227,17 @@ def load(path: str | Path, dtype="float64", tokenizer=True, process=None):
     stored), True (TransformerLens's from_pretrained defaults) or processing step names
     (refgpt.processing).
     """
-    directory = Path(path)
+    directory = as_path(path, "load: path")
     if not directory.is_dir():  # a hub name? (the HTTP client's imports cost ~0.1 s: only then)
         from .hub import resolve
 
         directory = resolve(path)
     dtype = compute_dtype(dtype)
     cfg = Config.from_json(directory / "config.json")
-    tensors = read_hf_tensors(weight_files(directory), cfg, dtype)
+    cfg.check_fits_in_memory(dtype.itemsize, source=str(directory / "config.json"))
+    weight_map = _weight_map(directory) if _is_sharded(directory) else None
+    files = sorted(set(weight_map.values())) if weight_map else [directory / "model.safetensors"]
+    tensors = read_hf_tensors(files, cfg, dtype, weight_map)
     model = Model(cfg, to_circuits(tensors, cfg), dtype=dtype, source=directory)
     if tokenizer:
         model.tokenizer = _find_tokenizer(directory)

@@ -9,11 +9,15 @@ GPT-2 it can compute exactly.
 from __future__ import annotations
 
 import dataclasses
-import json
+import math
+import os
 from pathlib import Path
 
 from .activations import ACTIVATIONS
-from .errors import RefGPTError
+from . import strict_json
+from .errors import RefGPTError, as_path
+
+MAX_SIZE = 2**31 - 1  # no dimension of a GPT-2 refgpt computes may exceed a 32-bit index
 
 # GPT2Config's defaults (transformers' configuration_gpt2.py) for the fields that matter here.
 HF_DEFAULTS = {
@@ -113,22 +117,50 @@ class Config:
         for name in ("d_model", "n_layers", "n_heads", "d_mlp", "d_vocab", "n_ctx"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise RefGPTError(f"config: {name} must be a positive integer, found {value!r}")
+                raise RefGPTError(f"config: {name} must be a positive integer, found {_shown(value)}")
+            if value > MAX_SIZE:
+                raise RefGPTError(f"config: {name}={_shown(value)} is larger than any GPT-2 refgpt "
+                                  f"can hold (at most {MAX_SIZE})")
         if self.d_model % self.n_heads:
             raise RefGPTError(
                 f"config: n_head={self.n_heads} does not divide n_embd={self.d_model}"
             )
-        if self.act_fn not in ACTIVATIONS:
+        if not isinstance(self.act_fn, str) or self.act_fn not in ACTIVATIONS:
             raise RefGPTError(
-                f"config: unknown activation_function {self.act_fn!r}; "
+                f"config: unknown activation_function {_shown(self.act_fn)}; "
                 f"refgpt knows {sorted(ACTIVATIONS)}"
             )
-        if not isinstance(self.eps, (int, float)) or isinstance(self.eps, bool) or not self.eps >= 0:
-            raise RefGPTError(f"config: layer_norm_epsilon must be a number ≥ 0, found {self.eps!r}")
+        if (not isinstance(self.eps, (int, float)) or isinstance(self.eps, bool)
+                or not 0 < self.eps < math.inf):
+            raise RefGPTError(f"config: layer_norm_epsilon must be a finite number > 0, found {_shown(self.eps)}")
         for name in ("use_attn_scale", "scale_attn_by_inverse_layer_idx",
                      "reorder_and_upcast_attn", "tie_word_embeddings"):
             if not isinstance(getattr(self, name), bool):
-                raise RefGPTError(f"config: {name} must be true or false, found {getattr(self, name)!r}")
+                raise RefGPTError(f"config: {name} must be true or false, found {_shown(getattr(self, name))}")
+
+    def n_params(self) -> int:
+        """How many numbers the weights hold (W_U counted even when tied: refgpt keeps W_Eᵀ as a view)."""
+        d, m, v = self.d_model, self.d_mlp, self.d_vocab
+        block = 4 * d + (3 * d * d + 3 * d) + (d * d + d) + (d * m + m) + (m * d + d)
+        return v * d + self.n_ctx * d + self.n_layers * block + 2 * d + (0 if self.tie_word_embeddings else d * v)
+
+    def bytes_needed(self, itemsize: int, batch: int = 1, pos: int | None = None) -> int:
+        """A lower bound on the memory a forward pass needs, in bytes: the weights, and the largest
+        activations alive at once for ``batch`` × ``pos`` tokens (default: one sequence of n_ctx) —
+        the residual stream, one block's q/k/v, attention scores and MLP hidden layer, the logits."""
+        pos = self.n_ctx if pos is None else pos
+        activations = batch * pos * (4 * self.d_model + self.n_heads * pos + self.d_mlp + self.d_vocab)
+        return (self.n_params() + activations) * itemsize
+
+    def check_fits_in_memory(self, itemsize: int, source: str = "config") -> None:
+        """Refuse, before allocating anything, a model that cannot fit in this machine's memory."""
+        needed, available = self.bytes_needed(itemsize), available_memory()
+        if available is not None and needed > available:
+            raise RefGPTError(
+                f"{source}: this model needs at least {_gib(needed)} for its weights and one forward "
+                f"pass in {8 * itemsize}-bit floats ({self.n_params():,} parameters), but the machine "
+                f"has {_gib(available)} available"
+            )
 
     @property
     def d_head(self) -> int:
@@ -154,8 +186,11 @@ class Config:
             raise RefGPTError(f"{source}: expected a JSON object, found {type(hf).__name__}")
         model_type = hf.get("model_type", "gpt2")
         if model_type != "gpt2":
-            raise RefGPTError(f"{source}: model_type is {model_type!r}, refgpt reads only 'gpt2'")
+            raise RefGPTError(f"{source}: model_type is {_shown(model_type)}, refgpt reads only 'gpt2'")
         get = {key: hf.get(key, default) for key, default in HF_DEFAULTS.items()}
+        if not isinstance(get["add_cross_attention"], bool):
+            raise RefGPTError(f"{source}: add_cross_attention must be true or false, "
+                              f"found {_shown(get['add_cross_attention'])}")
         if get["add_cross_attention"]:
             raise RefGPTError(
                 f"{source}: add_cross_attention=true is an encoder-decoder model, "
@@ -186,13 +221,10 @@ class Config:
     @classmethod
     def from_json(cls, path: str | Path) -> "Config":
         """Read an HF ``config.json``."""
-        path = Path(path)
+        path = as_path(path, "config path")
         if not path.is_file():
             raise RefGPTError(f"{path}: not found (an HF GPT-2 model directory holds config.json)")
-        try:
-            hf = json.loads(path.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as error:
-            raise RefGPTError(f"{path}: not valid JSON ({error})") from None
+        hf = strict_json.loads(path.read_bytes(), str(path))
         return cls.from_hf(hf, source=str(path))
 
     def to_hf(self) -> dict:
@@ -214,3 +246,31 @@ class Config:
             "reorder_and_upcast_attn": self.reorder_and_upcast_attn,
             "tie_word_embeddings": self.tie_word_embeddings,
         }
+
+
+def available_memory() -> int | None:
+    """Bytes this machine can still give a process: MemAvailable from /proc/meminfo, else the free
+    physical pages (os.sysconf); None where neither exists (then nothing is refused)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:,.1f} GiB"
+
+
+def _shown(value) -> str:
+    """``repr(value)``, cut to 60 characters (a 5,000-digit integer must not fill the screen)."""
+    if isinstance(value, int) and value.bit_length() > 200:
+        return f"an integer of {value.bit_length():,} bits"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

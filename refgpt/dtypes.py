@@ -16,12 +16,20 @@ from .errors import RefGPTError
 COMPUTE_DTYPES = {"float64": np.dtype(np.float64), "float32": np.dtype(np.float32)}
 
 
+#: np.longdouble where it is wider than float64 (80-bit x87 on x86-64 Linux): not a user's compute
+#: dtype (no BLAS, ~100× slower), only the oracle's certificate (refgpt/oracle/certify.py).
+EXTENDED_DTYPE = np.dtype(np.longdouble) if np.finfo(np.longdouble).nmant > np.finfo(np.float64).nmant else None
+
+
 def compute_dtype(dtype) -> np.dtype:
-    """'float64' (the default everywhere) or 'float32', also given as a NumPy dtype."""
+    """'float64' (the default everywhere) or 'float32', also given as a NumPy dtype (or
+    EXTENDED_DTYPE, given as that dtype, for the oracle's certificate)."""
     try:
         name = np.dtype(dtype).name
     except TypeError:
         name = None
+    if EXTENDED_DTYPE is not None and not isinstance(dtype, str) and name == EXTENDED_DTYPE.name:
+        return EXTENDED_DTYPE
     if name not in COMPUTE_DTYPES:
         raise RefGPTError(f"dtype must be 'float64' or 'float32', found {dtype!r}")
     return COMPUTE_DTYPES[name]

@@ -4,11 +4,50 @@ Every error a user can cause (a broken checkpoint, a bad config, tokens out of r
 ``RefGPTError``. It subclasses ``ValueError`` so ``except ValueError`` keeps working, and its
 message names the file, key, shape or value at fault — never a raw traceback from deep inside.
 An activation missing from a cache is reported one way, by ``need``, wherever it is missed.
+
+A value of the wrong *type* (``decode([True])``, a string where a number belongs) raises
+``RefGPTTypeError``, which is both a ``RefGPTError`` and a ``TypeError``: ``except RefGPTError``
+catches every bad input refgpt refuses, and code written for Python's convention (``except
+TypeError``) keeps working. A value of the right type but out of range is a plain ``RefGPTError``
+(a ``ValueError``). ``real_number`` and ``as_path`` are how the Python API checks a numeric or
+path argument.
 """
+
+import math
+import numbers
 
 
 class RefGPTError(ValueError):
     """Bad input to refgpt: the message says which file, key, shape or value is at fault."""
+
+
+class RefGPTTypeError(RefGPTError, TypeError):
+    """Bad input of the wrong type: a RefGPTError (one line on the CLI) and a TypeError."""
+
+
+def real_number(value, what: str, *, least: float | None = None, above: float | None = None) -> float:
+    """``value`` as a finite float, or a RefGPTError naming ``what``: bools and non-numbers are
+    type errors; NaN, ±∞, values < ``least`` or ≤ ``above`` are value errors."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise RefGPTTypeError(f"{what} must be a number, found {value!r:.60}")
+    number = float(value)
+    if not math.isfinite(number):
+        raise RefGPTError(f"{what} must be a finite number, found {number}")
+    if least is not None and not number >= least:
+        raise RefGPTError(f"{what} must be ≥ {least:g}, found {number:g}")
+    if above is not None and not number > above:
+        raise RefGPTError(f"{what} must be > {above:g}, found {number:g}")
+    return number
+
+
+def as_path(value, what: str = "path"):
+    """``value`` (a str or os.PathLike) as a Path, or a RefGPTTypeError naming ``what``."""
+    import os
+    from pathlib import Path
+
+    if isinstance(value, bool) or not isinstance(value, (str, os.PathLike)):
+        raise RefGPTTypeError(f"{what} must be a path (str or os.PathLike), found {value!r:.60}")
+    return Path(value)
 
 
 class MissingActivation(RefGPTError, KeyError):

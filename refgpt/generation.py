@@ -27,7 +27,7 @@ import numpy as np
 
 from . import inputs
 from .activations import softmax
-from .errors import RefGPTError
+from .errors import RefGPTError, real_number
 from .padding import attention_mask_from_tokens
 
 
@@ -51,12 +51,14 @@ def generate(model, input="", max_new_tokens: int = 10, stop_at_eos: bool = True
     if tokens.shape[1] + max_new_tokens > model.cfg.n_ctx:
         raise RefGPTError(f"generate: {tokens.shape[1]} prompt tokens + {max_new_tokens} new exceed "
                           f"n_positions={model.cfg.n_ctx}")
-    if not temperature >= 0:
-        raise RefGPTError(f"generate: temperature must be ≥ 0, found {temperature!r}")
-    if top_k is not None and not (isinstance(top_k, (int, np.integer)) and top_k >= 1):
-        raise RefGPTError(f"generate: top_k must be a whole number ≥ 1, found {top_k!r}")
-    if top_p is not None and not 0 < top_p <= 1:
+    temperature = real_number(temperature, "generate: temperature", least=0)
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or top_k < 1):
+        raise RefGPTError(f"generate: top_k must be a whole number ≥ 1, found {top_k!r:.60}")
+    if top_p is not None and not 0 < real_number(top_p, "generate: top_p") <= 1:
         raise RefGPTError(f"generate: top_p must be in (0, 1], found {top_p!r}")
+    freq_penalty = real_number(freq_penalty, "generate: freq_penalty")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0):
+        raise RefGPTError(f"generate: seed must be a whole number ≥ 0 or None, found {seed!r:.60}")
     stop_tokens = _stop_tokens(model, stop_at_eos, eos_token_id)
 
     side = inputs.resolve_padding_side(model, padding_side)
@@ -108,7 +110,11 @@ def choose(logits, temperature, top_k, rng, top_p=None, freq_penalty=0.0, previo
     in ``previous`` [batch, pos]), the top k, the smallest set with probability ≥ top_p, sampled."""
     if temperature == 0:
         return logits.argmax(-1)  # [batch]
-    scaled = logits.astype(np.float64) / temperature  # [batch, d_vocab]
+    with np.errstate(over="ignore"):
+        scaled = logits.astype(np.float64) / temperature  # [batch, d_vocab]
+    if not np.isfinite(scaled).all():
+        raise RefGPTError(f"generate: temperature {temperature!r} is so small that logits / temperature "
+                          "overflows float64; use temperature 0 for greedy decoding")
     if freq_penalty and previous is not None:
         counts = np.stack([np.bincount(row, minlength=scaled.shape[-1]) for row in previous])  # [batch, d_vocab]
         scaled = scaled - freq_penalty * counts

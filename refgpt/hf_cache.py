@@ -148,7 +148,8 @@ def find_snapshot(repo_id: str, revision: str, cache: Path | None = None) -> tup
 
     Returns (snapshot directory or None, one note per place looked). A snapshot is found only if it
     holds config.json and the weights; one missing them is noted (e.g. an interrupted download, or
-    a cache that holds only pytorch_model.bin, which refgpt does not read).
+    a cache that holds only pytorch_model.bin, which refgpt does not read). A damaged ref or shard
+    index is a RefGPTError naming the file, not a reason to look elsewhere.
     """
     notes = []
     for spelling in spellings(repo_id):

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import hook_points
-from .errors import RefGPTError
+from .errors import RefGPTError, RefGPTTypeError
 
 Hook = Callable[[np.ndarray, "HookPoint"], "np.ndarray | None"]
 DIRECTIONS = ("fwd", "bwd")
@@ -118,6 +118,9 @@ def select_names(selector, known: list[str], what: str) -> list[str]:
         return list(known)
     if callable(selector):
         return [name for name in known if selector(name)]
+    if not isinstance(selector, (str, list, tuple, set, frozenset)):
+        raise RefGPTTypeError(f"{what}: expected a hook name, a list of names, a predicate or None, "
+                              f"found {selector!r:.60}")
     names = [selector] if isinstance(selector, str) else list(selector)
     known_set = set(known)
     for name in names:
@@ -130,6 +133,8 @@ def select_names(selector, known: list[str], what: str) -> list[str]:
 
 def hook_entries(entries, what="fwd_hooks"):
     """[(name or predicate, fn), …] checked: each a pair with a callable fn."""
+    if isinstance(entries, (str, bytes)) or not hasattr(entries, "__iter__"):
+        raise RefGPTTypeError(f"{what}: expected a list of (name_or_predicate, fn), found {entries!r:.60}")
     checked = []
     for entry in entries:
         try:

@@ -141,7 +141,7 @@ def download_files(repo_id: str, revision: str = "main", *, endpoint: str | None
         raise RefGPTError(f"{repo_id}: HF_HUB_OFFLINE is set, and downloading needs the hub "
                           "(unset it; a cached model runs without it)")
     hub = _Hub(endpoint or os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT, repo_id,
-               _Progress(sys.stderr.isatty() if progress is None else progress))
+               sys.stderr.isatty() if progress is None else progress)
     folder = repo_folder(repo_id, cache or cache_dir())
     try:
         return _download_into(hub, folder, repo_id, revision)
@@ -202,7 +202,7 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
 class _Hub:
     """HTTP to one hub endpoint for one repository: HEAD for a file's facts, GET for its bytes."""
 
-    def __init__(self, endpoint: str, repo_id: str, progress):
+    def __init__(self, endpoint: str, repo_id: str, progress: bool):
         parts = urlsplit(endpoint)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise RefGPTError(f"hub endpoint {endpoint!r} (HF_ENDPOINT): not an http:// or https:// URL")
@@ -310,7 +310,7 @@ class _Hub:
                 mode = "ab"
             else:  # 200: the whole file (a server may ignore Range)
                 have, mode = 0, "wb"
-            with open(partial, mode) as out, self.progress.bar(remote.filename, have, remote.size) as bar:
+            with open(partial, mode) as out, self._bar(remote.filename, have, remote.size) as bar:
                 while have < remote.size:
                     try:
                         block = response.read(min(CHUNK, remote.size - have))
@@ -321,6 +321,9 @@ class _Hub:
                     out.write(block)
                     have += len(block)
                     bar.update(have)
+
+    def _bar(self, label: str, done: int, total: int):
+        return _Bar(label, done, total) if self.progress else _NoBar()
 
     def _open(self, method: str, url: str, where: str, headers=None):
         """The response to one request (2xx, or 3xx: not followed); any other status is a RefGPTError."""
@@ -363,17 +366,9 @@ def _site(url: str) -> str:
     return f"{parts.scheme}://{parts.netloc}"
 
 
-class _Progress:
-    """A one-line progress bar per file on stderr, redrawn in place at most ten times a second."""
-
-    def __init__(self, enabled: bool):
-        self.enabled = enabled
-
-    def bar(self, label: str, done: int, total: int):
-        return _Bar(label, done, total) if self.enabled else _NoBar()
-
-
 class _NoBar:
+    """No progress bar (stderr is not a terminal)."""
+
     def __enter__(self):
         return self
 
@@ -385,6 +380,8 @@ class _NoBar:
 
 
 class _Bar(_NoBar):
+    """A one-line progress bar per file on stderr, redrawn in place at most ten times a second."""
+
     WIDTH = 24
 
     def __init__(self, label: str, done: int, total: int):

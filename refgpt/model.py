@@ -18,6 +18,7 @@ promoted or demoted. Every hook point is named as in TransformerLens.
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
 
@@ -32,7 +33,7 @@ from .cache import ActivationCache
 from .circuits import CircuitMethods
 from .config import Config
 from .dtypes import compute_dtype
-from .errors import RefGPTError
+from .errors import RefGPTError, RefGPTTypeError
 from .generation import generate
 from .hooks import HookPoint, HookRegistry, HookRun, select_names
 from .kv_cache import KVCache
@@ -92,8 +93,13 @@ class Model(TextMethods, HookRegistry, CircuitMethods):
     """
 
     def __init__(self, cfg: Config, params: dict[str, np.ndarray], dtype="float64", source=None):
+        if not isinstance(cfg, Config):
+            raise RefGPTTypeError(f"Model: cfg must be a refgpt.Config, found {type(cfg).__name__}")
+        if not isinstance(params, Mapping):
+            raise RefGPTTypeError(f"Model: params must be a mapping of name → array, found {type(params).__name__}")
         self.cfg = cfg
         self.dtype = compute_dtype(dtype)
+        cfg.check_fits_in_memory(self.dtype.itemsize)
         self.source = Path(source) if source is not None else None
         self._tokenizer = None
         self.params = MappingProxyType(self._checked(params))  # read-only: a new model for new weights
@@ -234,6 +240,8 @@ class Model(TextMethods, HookRegistry, CircuitMethods):
 
     def kv_cache(self, batch: int = 1) -> KVCache:
         """An empty KVCache for incremental decoding of ``batch`` sequences (refgpt/kv_cache.py)."""
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+            raise RefGPTError(f"kv_cache: batch must be a whole number ≥ 1, found {batch!r:.40}")
         return KVCache(self.cfg, batch, self.dtype)
 
     def generate(self, input="", max_new_tokens: int = 10, **kwargs):
@@ -255,8 +263,14 @@ class Model(TextMethods, HookRegistry, CircuitMethods):
             tokens, batched, padding = inputs.tokens_and_padding(self, input, prepend_bos, padding_side, attention_mask, past)
         else:
             resid, batched, tokens, padding = inputs.residual_input(self, input, tokens, attention_mask, past)
-        run = HookRun(self.hook_dict, cache_names, start=past.length if past is not None else 0)
+        start = past.length if past is not None else 0
+        run = HookRun(self.hook_dict, cache_names, start=start)
         logits = self.forward_pass(tokens, run, past, last_only, padding, start_at_layer, stop_at_layer, resid)
+        if start_at_layer is None and stop_at_layer is None:
+            with np.errstate(over="ignore", invalid="ignore"):
+                finite = np.isfinite(np.add.reduce(logits, axis=None))  # one pass over the logits (benchmarks/bench_guards.py)
+            if not finite:
+                self._raise_at_first_non_finite(tokens, past, start, last_only, padding)
         cache = ActivationCache(run.cache, self)
         if stop_at_layer is not None or return_type is None:
             return (None if return_type is None and stop_at_layer is None else logits), cache
@@ -267,6 +281,25 @@ class Model(TextMethods, HookRegistry, CircuitMethods):
         loss = lm_cross_entropy_loss(logits, tokens, None if padding is None else padding.mask[:, -tokens.shape[1]:],
                                      per_token=loss_per_token)
         return (loss if return_type == "loss" else ((logits if batched else logits[0]), loss)), cache
+
+    def _raise_at_first_non_finite(self, tokens, past, start, last_only, padding):
+        """The logits hold NaN or ±∞ (or only their sum overflowed): run again, checking every hook
+        point after its hooks, and raise at the first non-finite one (the −∞ of the causal mask in
+        attention scores is expected). The hooks run a second time; a KV cache is rewound first."""
+        if past is not None:
+            past.length = start  # the cache is rewritten with the same positions
+        run = _FirstNonFinite(self.hook_dict, start=start)
+        try:
+            logits = self.forward_pass(tokens, run, past, last_only, padding)  # [batch, pos, d_vocab]
+        except _NonFinite as found:
+            name, index, value = found.args
+            raise RefGPTError(f"the forward pass produced {value} at {name} (index {list(index)}) from finite "
+                              "input: an overflow of the weights, a hook or an intervention; "
+                              f"{self.dtype.name} cannot represent the result") from None
+        bad = np.argwhere(~np.isfinite(logits))
+        if len(bad):
+            raise RefGPTError(f"the forward pass produced {logits[tuple(bad[0])]} in the logits "
+                              f"(index {[int(i) for i in bad[0]]}) from finite input: the unembedding overflowed")
 
     def forward_pass(self, tokens, point, past=None, last_only=False, padding=None, start_at_layer=None,
                      stop_at_layer=None, resid=None):
@@ -349,7 +382,10 @@ class Model(TextMethods, HookRegistry, CircuitMethods):
     def check_tokens(self, tokens, start=0):
         """Integer tokens [pos] or [batch, pos] → (int64 array [batch, pos], was it batched).
         ``start``: positions already held in a KV cache before these."""
-        array = np.asarray(tokens)
+        try:
+            array = np.asarray(tokens)
+        except (ValueError, TypeError, OverflowError) as error:  # ragged lists, ids beyond int64
+            raise RefGPTError(f"tokens: not a rectangular integer array ({str(error).splitlines()[0][:80]})") from None
         if array.size == 0:
             raise RefGPTError(f"tokens: empty sequence (shape {list(array.shape)})")
         if array.dtype == bool or array.dtype.kind not in "iu":
@@ -399,3 +435,23 @@ class Model(TextMethods, HookRegistry, CircuitMethods):
         n = sum(a.size for a in self.params.values()) - (c.d_vocab * c.d_model if c.tie_word_embeddings else 0)
         return (f"Model(d_model={c.d_model}, n_layers={c.n_layers}, n_heads={c.n_heads}, d_vocab={c.d_vocab}, "
                 f"n_ctx={c.n_ctx}, act_fn={c.act_fn!r}, dtype={self.dtype.name}, params={n:,})")
+
+
+class _NonFinite(Exception):
+    """Raised inside the locating pass at the first hook point holding NaN or ±∞."""
+
+
+class _FirstNonFinite(HookRun):
+    """A HookRun that, after each hook point's hooks, checks the activation is finite."""
+
+    def __call__(self, name: str, activation: np.ndarray) -> np.ndarray:
+        activation = super().__call__(name, activation)
+        bad = ~np.isfinite(activation)
+        if name.endswith("hook_attn_scores"):
+            bad &= activation != -np.inf  # the causal mask
+        if bad.any():
+            raise _NonFinite(name, tuple(int(i) for i in np.argwhere(bad)[0]), activation[bad][0])
+        return activation
+
+    def watched(self, name: str) -> bool:
+        return True  # every activation is checked: none may be overwritten in place

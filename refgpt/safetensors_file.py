@@ -1,4 +1,4 @@
-"""Reading the safetensors format, checked byte by byte, memory-mapped.
+"""Reading the safetensors format: validated by the reference library, then memory-mapped.
 
 A ``.safetensors`` file is:
 
@@ -7,10 +7,30 @@ A ``.safetensors`` file is:
                                  "__metadata__": {str: str}  (optional)}
     the rest     the tensors' bytes, little-endian, C order; offsets count from the end of the header
 
-refgpt parses this itself rather than through ``safetensors.numpy.load_file`` for three reasons:
-every way a file can be broken gets an error that names the file and the tensor; a tensor stored
-in the dtype we compute in is a view of the memory-mapped file, never a copy; and BF16, which
-NumPy has no dtype for, is widened to float32 exactly (a bfloat16 is the top half of a float32).
+**Who decides whether a file is valid.** The reference ``safetensors`` package (a runtime
+dependency anyway) does: refgpt accepts a file if and only if ``safetensors.safe_open`` accepts
+it, with one stricter rule (below). An earlier hand-written parser here accepted files the reference
+refuses — a header length 4 short (the header ends in padding spaces, so it still parsed and every
+tensor was read one float early), overlapping offsets, holes, trailing bytes — and a reference
+implementation should not carry a weaker copy of a well-kept library. The reference checks, in
+order: the file holds the 8-byte length; N ≤ 100,000,000 and the header lies inside the file; the
+header is UTF-8 JSON (serde's grammar: no NaN, no ``2e0`` for an integer, no trailing garbage) of
+the right shape (dtype one of its names, shape a list of unsigned 64-bit integers, data_offsets
+two of them, ``__metadata__`` string → string); the tensors, sorted by offset, cover the data
+section exactly — each begins where the previous ended, so no holes, overlaps or trailing bytes;
+shape × dtype size (without overflow) equals the bytes each holds. It enforces no alignment.
+
+**The one stricter rule.** The reference keeps the *last* of two tensors with the same name (and
+of two equal keys in ``__metadata__``). refgpt refuses such a file: which copy is meant is a
+guess, and refgpt never guesses. (``tests/core/test_safetensors_fuzz.py`` checks "refgpt accepts
+iff the reference accepts and no key repeats" on mutated checkpoints, and byte-identical arrays.)
+
+**What refgpt does itself.** It reads the header once more with Python's ``json`` (only after the
+reference accepted it, so both parse the same document) to learn the offsets the reference does not
+expose, and maps the file: a tensor stored in the dtype we compute in is a view of the mapped file,
+never a copy. BF16, which NumPy has no dtype for, is widened to float32 exactly (a bfloat16 is the
+top half of a float32). When the reference refuses a file, refgpt's own diagnosis names the tensor
+at fault where it can, and the reference's reason otherwise.
 """
 
 from __future__ import annotations
@@ -20,9 +40,11 @@ import mmap
 from pathlib import Path
 
 import numpy as np
+import safetensors
 
+from . import strict_json
 from .dtypes import widen_bfloat16
-from .errors import RefGPTError
+from .errors import RefGPTError, as_path
 
 # safetensors dtype code → (NumPy dtype of the stored bytes, is it a floating-point format)
 DTYPES = {
@@ -41,41 +63,35 @@ DTYPES = {
     "BOOL": (np.dtype("?"), False),
 }
 
-_MAX_HEADER = 100 * 1024 * 1024  # the reference implementation's own limit
+MAX_HEADER = 100_000_000  # the reference implementation's limit (MAX_HEADER_SIZE in tensor.rs)
 
 
 class SafetensorsFile:
-    """One safetensors file, open and memory-mapped. ``names`` lists its tensors."""
+    """One safetensors file, validated and memory-mapped. ``names`` lists its tensors."""
 
     def __init__(self, path: str | Path):
-        self.path = Path(path)
+        self.path = as_path(path, "safetensors path")
         if not self.path.is_file():
             raise RefGPTError(f"{self.path}: weights file not found")
-        size = self.path.stat().st_size
-        if size == 0:
-            raise RefGPTError(f"{self.path}: weights file is empty")
-        if size < 8:
-            raise RefGPTError(f"{self.path}: truncated: {size} bytes, too short for the 8-byte header length")
         with open(self.path, "rb") as f:
+            size = f.seek(0, 2)
+            if size == 0:
+                raise RefGPTError(f"{self.path}: weights file is empty")
             self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        refusal = _reference_refusal(self.path)
+        if refusal is not None:
+            raise RefGPTError(f"{self.path}: {self._diagnose() or refusal}")
         n = int.from_bytes(self._map[:8], "little")
-        if n > size - 8:
-            raise RefGPTError(
-                f"{self.path}: header length {n} runs past the end of the file ({size} bytes): "
-                "truncated, or not a safetensors file"
-            )
-        if n > _MAX_HEADER:
-            raise RefGPTError(f"{self.path}: header length {n} exceeds {_MAX_HEADER} bytes")
-        try:
-            header = json.loads(bytes(self._map[8 : 8 + n]).decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as error:
-            raise RefGPTError(f"{self.path}: header is not valid JSON ({error}): not a safetensors file") from None
-        if not isinstance(header, dict):
-            raise RefGPTError(f"{self.path}: header is a JSON {type(header).__name__}, expected an object")
+        header = strict_json.loads(bytes(self._map[8 : 8 + n]), f"{self.path}: header")
         self.metadata = header.pop("__metadata__", None) or {}
         self._data_start = 8 + n
-        self._data_size = size - self._data_start
-        self._entries = {name: self._check_entry(name, entry) for name, entry in header.items()}
+        self._entries = {
+            name: (entry["dtype"], tuple(entry["shape"]), entry["data_offsets"][0])
+            for name, entry in header.items()
+        }
+        ends = sorted(entry["data_offsets"] for entry in header.values())
+        if sum(end - begin for begin, end in ends) != len(self._map) - self._data_start:
+            raise RefGPTError(f"{self.path}: the file changed while it was being read")
 
     @property
     def names(self) -> list[str]:
@@ -87,37 +103,21 @@ class SafetensorsFile:
     def shape(self, name: str) -> tuple[int, ...]:
         return self._entries[name][1]
 
-    def _check_entry(self, name, entry):
-        where = f"{self.path}: tensor {name!r}"
-        if not isinstance(entry, dict) or not {"dtype", "shape", "data_offsets"} <= entry.keys():
-            raise RefGPTError(f"{where}: header entry must have dtype, shape and data_offsets, found {entry!r}")
-        code, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
-        if code not in DTYPES:
-            raise RefGPTError(f"{where}: unknown dtype {code!r}")
-        if not (isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)):
-            raise RefGPTError(f"{where}: shape must be a list of non-negative integers, found {shape!r}")
-        if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)):
-            raise RefGPTError(f"{where}: data_offsets must be [begin, end], found {offsets!r}")
-        begin, end = offsets
-        nbytes = int(np.prod(shape, dtype=np.int64)) * DTYPES[code][0].itemsize
-        if not 0 <= begin <= end or end - begin != nbytes:
-            raise RefGPTError(
-                f"{where}: data_offsets {offsets} hold {end - begin} bytes, "
-                f"but {code} {shape} needs {nbytes}"
-            )
-        if end > self._data_size:
-            raise RefGPTError(
-                f"{where}: truncated: its data ends at byte {end} of the data section, "
-                f"which has only {self._data_size} bytes"
-            )
-        return code, tuple(shape), begin
-
     def raw(self, name: str) -> np.ndarray:
         """The tensor exactly as stored: a read-only view of the mapped file (BF16 as uint16)."""
         code, shape, begin = self._entries[name]
-        dtype = DTYPES[code][0]
-        count = int(np.prod(shape, dtype=np.int64))
-        flat = np.frombuffer(self._map, dtype=dtype, count=count, offset=self._data_start + begin)
+        if code not in DTYPES:
+            raise RefGPTError(f"{self.path}: tensor {name!r} is {code}, which refgpt does not read")
+        too_large = RefGPTError(f"{self.path}: tensor {name!r} has shape {list(shape)}, too large for NumPy")
+        if any(d > np.iinfo(np.intp).max for d in shape):
+            raise too_large
+        count = int(np.prod(shape, dtype=object))
+        if count == 0:
+            try:  # NumPy refuses shapes whose byte count overflows, even with no elements
+                return np.empty(shape, DTYPES[code][0])
+            except ValueError:
+                raise too_large from None
+        flat = np.frombuffer(self._map, dtype=DTYPES[code][0], count=count, offset=self._data_start + begin)
         return flat.reshape(shape)
 
     def release(self, name: str) -> None:
@@ -137,18 +137,77 @@ class SafetensorsFile:
         (F16 and BF16 widen exactly; F64 → F32 rounds to nearest).
         """
         code = self._entries[name][0]
-        if not DTYPES[code][1]:
+        if not DTYPES.get(code, (None, False))[1]:
             raise RefGPTError(f"{self.path}: tensor {name!r} is {code}, expected a float tensor")
         stored = self.raw(name)
         if code == "BF16":
             stored = widen_bfloat16(stored)
-        array = stored if stored.dtype == dtype else stored.astype(dtype)
+        with np.errstate(over="ignore"):
+            array = stored if stored.dtype == dtype else stored.astype(dtype)
         if not np.isfinite(array).all():
             bad = np.argwhere(~np.isfinite(array))[0]
             value = array[tuple(bad)]
-            raise RefGPTError(f"{self.path}: tensor {name!r} holds {value} at index {tuple(int(i) for i in bad)}")
+            raise RefGPTError(f"{self.path}: tensor {name!r} holds {value} at index {tuple(int(i) for i in bad)}"
+                              + (" (too large for float32)" if np.isfinite(stored[tuple(bad)]) else ""))
         return array
 
+    def _diagnose(self) -> str | None:
+        """Why the reference refused the file, in refgpt's words when we can name the tensor."""
+        size = len(self._map)
+        if size < 8:
+            return f"truncated: {size} bytes, too short for the 8-byte header length"
+        n = int.from_bytes(self._map[:8], "little")
+        if n > MAX_HEADER:
+            return f"header length {n} exceeds {MAX_HEADER} bytes: not a safetensors file"
+        if n > size - 8:
+            return (f"header length {n} runs past the end of the file ({size} bytes): "
+                    "truncated, or not a safetensors file")
+        try:
+            header = strict_json.loads(bytes(self._map[8 : 8 + n]), "header")
+        except RefGPTError as error:
+            return f"header is not valid JSON ({str(error).removeprefix('header: ')}): not a safetensors file"
+        if not isinstance(header, dict):
+            return f"header is a JSON {type(header).__name__}, expected an object"
+        header.pop("__metadata__", None)
+        data_size, covered = size - 8 - n, 0
+        entries = []
+        for name, entry in header.items():
+            if not isinstance(entry, dict) or not {"dtype", "shape", "data_offsets"} <= entry.keys():
+                return f"tensor {name!r}: header entry must have dtype, shape and data_offsets, found {entry!r}"
+            code, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
+            if not (isinstance(shape, list) and all(type(d) is int and 0 <= d < 2**64 for d in shape)):
+                return f"tensor {name!r}: shape must be a list of integers in [0, 2^64), found {shape!r}"
+            if not (isinstance(offsets, list) and len(offsets) == 2
+                    and all(type(o) is int and 0 <= o < 2**64 for o in offsets)):
+                return f"tensor {name!r}: data_offsets must be [begin, end], found {offsets!r}"
+            if code in DTYPES:
+                nbytes = int(np.prod(shape, dtype=object)) * DTYPES[code][0].itemsize
+                if offsets[1] - offsets[0] != nbytes:
+                    return (f"tensor {name!r}: data_offsets {offsets} hold {offsets[1] - offsets[0]} "
+                            f"bytes, but {code} {shape} needs {nbytes}")
+            if offsets[1] > data_size:
+                return (f"tensor {name!r}: truncated: its data ends at byte {offsets[1]} of the data "
+                        f"section, which has only {data_size} bytes")
+            entries.append((offsets, name))
+        for (begin, end), name in sorted(entries):
+            if begin != covered:
+                what = "overlaps the tensor before it" if begin < covered else f"leaves a hole at byte {covered}"
+                return f"tensor {name!r}: data_offsets [{begin}, {end}] {what}"
+            covered = end
+        if covered != data_size:
+            return f"{data_size - covered} bytes after the last tensor's data: truncated header length or trailing bytes"
+        return None
+
+
+def _reference_refusal(path: Path) -> str | None:
+    """The reference library's reason for refusing the file, or None if it accepts it."""
+    try:
+        with safetensors.safe_open(str(path), framework="np"):
+            return None
+    except safetensors.SafetensorError as error:
+        return f"not a valid safetensors file ({str(error).removeprefix('Error while deserializing header: ')})"
+    except OSError as error:
+        return f"cannot read ({error.strerror or error})"
 
 # ---- writing, one tensor at a time ------------------------------------------------------------
 

@@ -22,8 +22,6 @@ config.json comes last, so a reader never sees a half-written file.
 from __future__ import annotations
 
 import json
-import os
-import uuid
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +29,8 @@ from safetensors.numpy import save_file
 
 from .checkpoint import hf_tensors
 from .dtypes import compute_dtype
-from .errors import RefGPTError
+from .atomic_write import write_atomically
+from .errors import RefGPTError, as_path
 from .tokenizer import Tokenizer
 
 
@@ -39,9 +38,11 @@ def save(model, directory, dtype=None, config: dict | None = None) -> Path:
     """Write ``model`` as an HF GPT-2 checkpoint in ``directory`` (created if needed); returns it.
 
     ``dtype``: how the weights are stored, 'float64' or 'float32' (default: the model's dtype, so
-    the round trip is exact). ``config``: extra config.json fields (e.g. ``initializer_range``);
+    the round trip is exact). ``config``: extra config.json fields (e.g. ``initializer_range``;
+    not one of the model's own, such as ``n_embd``, with another value);
     ``bos_token_id``/``eos_token_id`` default to the tokenizer's <|endoftext|> when it has one.
     """
+    directory = as_path(directory, "save: directory")
     cfg, p = model.cfg, model.params
     storage = compute_dtype(model.dtype if dtype is None else dtype)
     if cfg.tie_word_embeddings and not np.array_equal(p["unembed.W_U"], p["embed.W_E"].T):
@@ -49,11 +50,15 @@ def save(model, directory, dtype=None, config: dict | None = None) -> Path:
                           "and lose W_U (make a Model with tie_word_embeddings=False to keep both)")
     if "unembed.b_U" in p and np.any(p["unembed.b_U"]):
         raise RefGPTError("save: the model has an unembedding bias b_U, which an HF GPT-2 checkpoint cannot hold")
+    hf = cfg.to_hf()
+    if clash := sorted(key for key, value in (config or {}).items() if key in hf and value != hf[key]):
+        raise RefGPTError(f"save: config would set {', '.join(clash)}, which the model itself fixes "
+                          f"({', '.join(f'{key}={hf[key]!r}' for key in clash)})")
+    hf.update(config or {})
     directory = _make_directory(directory)
     tensors = {k: np.ascontiguousarray(v, dtype=storage) for k, v in hf_tensors(cfg, p).items()}
-    _atomically(directory / "model.safetensors",
+    write_atomically(directory / "model.safetensors",
                 lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}))
-    hf = {**cfg.to_hf(), **(config or {})}
     if model.tokenizer is not None:
         save_tokenizer(model.tokenizer, directory)
         if model.tokenizer.eot_token is not None:
@@ -86,15 +91,4 @@ def _make_directory(directory) -> Path:
 
 
 def _write_text(path: Path, text: str):
-    _atomically(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
-
-
-def _atomically(path: Path, write):
-    """``write(tmp)`` to a temporary file beside ``path``, then rename it to ``path``."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")  # created by write(), umask perms
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    write_atomically(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))

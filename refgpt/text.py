@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import RefGPTError
+from .errors import RefGPTError, RefGPTTypeError
 from .padding import check_padding_side
 
 
@@ -126,7 +126,10 @@ class TextMethods:
 def _ids(tokens, what) -> np.ndarray:
     if hasattr(tokens, "detach"):  # a torch tensor, as TransformerLens users have them
         tokens = tokens.detach().cpu().numpy()
-    array = np.asarray(tokens)
+    try:
+        array = np.asarray(tokens)
+    except (ValueError, TypeError, OverflowError) as error:  # ragged lists, ids beyond int64
+        raise RefGPTError(f"{what}: not a rectangular integer array ({str(error).splitlines()[0][:80]})") from None
     if array.size and (array.dtype == bool or array.dtype.kind not in "iu"):
-        raise RefGPTError(f"{what}: token ids must be integers, found dtype {array.dtype}")
+        raise RefGPTTypeError(f"{what}: token ids must be integers, found dtype {array.dtype}")
     return array.astype(np.int64)

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import regex
 
-from refgpt.errors import RefGPTError
+from refgpt.errors import RefGPTError, RefGPTTypeError
 
 #: GPT-2's pre-tokenizer: contractions, letters, digits, other symbols (each optionally
 #: preceded by one space), whitespace not followed by a word, and any leftover whitespace.
@@ -189,9 +189,14 @@ class Tokenizer:
     def encode(self, text: str, allowed_special: str | Iterable[str] = ()) -> list[int]:
         """Token ids of ``text``. Special-token text (``<|endoftext|>``) is ordinary text unless
         named in ``allowed_special`` (a set of names, or ``"all"``)."""
+        if not isinstance(text, str):
+            raise RefGPTTypeError(f"encode: text must be a str, found {type(text).__name__}")
         if isinstance(allowed_special, str):
             allowed_special = self.special_tokens if allowed_special == "all" else [allowed_special]
-        allowed = set(allowed_special)
+        try:
+            allowed = set(allowed_special)
+        except TypeError:
+            raise RefGPTTypeError(f"allowed_special must be 'all', a name or names, found {allowed_special!r:.40}") from None
         if unknown := allowed - self.special_tokens.keys():
             raise RefGPTError(f"allowed_special names unknown special tokens {sorted(unknown)}; "
                               f"this vocabulary has {sorted(self.special_tokens)}")
@@ -253,14 +258,21 @@ class Tokenizer:
 
     def decode_bytes(self, ids: Iterable[int]) -> bytes:
         """The exact bytes the ids stand for (may end inside a multi-byte character)."""
-        ids, table = list(ids), self._id_to_bytes
+        if isinstance(ids, (str, bytes)):
+            raise RefGPTTypeError(f"token ids must be integers, found the {type(ids).__name__} {ids!r:.40}")
+        try:
+            ids, table = list(ids), self._id_to_bytes
+        except TypeError:
+            raise RefGPTTypeError(f"token ids must be a sequence of integers, found {ids!r:.60}") from None
+        kind = next(((pos, i) for pos, i in enumerate(ids) if isinstance(i, bool) or not isinstance(i, Integral)), None)
+        if kind is not None:  # True is not token 1, 305.7 is not token 305
+            raise RefGPTTypeError(f"token id {kind[1]!r:.40} at position {kind[0]} is not an integer")
         try:
             if ids and min(ids) < 0:  # a negative index would silently count from the end
                 raise IndexError
             return b"".join([table[i] for i in ids])
-        except (IndexError, TypeError):
-            pos, bad = next((pos, i) for pos, i in enumerate(ids)
-                            if not (isinstance(i, Integral) and 0 <= i < len(table)))
+        except IndexError:
+            pos, bad = next((pos, i) for pos, i in enumerate(ids) if not 0 <= i < len(table))
             raise RefGPTError(f"token id {bad!r} at position {pos} is out of range for a "
                               f"vocabulary of {len(table)} tokens (ids 0..{len(table) - 1})"
                               ) from None
@@ -317,14 +329,24 @@ def _parse_vocab(text: str, path: Path) -> dict:
         return seen
 
     try:
-        vocab = json.loads(text, object_pairs_hook=no_duplicates)
+        vocab = json.loads(text, object_pairs_hook=no_duplicates, parse_constant=_no_constant)
     except json.JSONDecodeError as err:
         raise RefGPTError(f"{path}, line {err.lineno}, column {err.colno}: not valid JSON "
                           f"({err.msg})") from None
+    except RecursionError:
+        raise RefGPTError(f"{path}: JSON nested too deeply") from None
+    except ValueError as err:  # an integer too long to convert, or NaN/Infinity
+        if isinstance(err, RefGPTError):
+            raise
+        raise RefGPTError(f"{path}: not valid JSON ({err})") from None
     if not isinstance(vocab, dict):
         raise RefGPTError(f"{path}, line 1: expected a JSON object mapping token strings to "
                           f"ids, got {type(vocab).__name__}")
     return vocab
+
+
+def _no_constant(name):
+    raise ValueError(f"{name} is not a JSON number")
 
 
 def _parse_merges(text: str, path: Path) -> tuple[list[tuple[str, str]], list[int]]:

@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from ..activations import log_softmax
+from ..atomic_write import write_atomically
 from ..errors import RefGPTError, need
 from .. import ln_views
 from .measurements import stream_labels, streams
@@ -140,8 +141,7 @@ def save_translators(path, translators) -> Path:
     for L, (A, b) in sorted(translators.items()):
         tensors[f"layer_translators.{L}.weight"] = np.ascontiguousarray(A)
         tensors[f"layer_translators.{L}.bias"] = np.ascontiguousarray(b)
-    save_file(tensors, str(path))
-    return Path(path)
+    return write_atomically(path, lambda tmp: save_file(tensors, str(tmp)))
 
 
 def _checked_translators(translators, model, where):

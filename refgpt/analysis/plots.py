@@ -17,9 +17,11 @@ Agg renderer), returned, and written to ``path`` when one is given.
 from __future__ import annotations
 
 import unicodedata
+from pathlib import Path
 
 import numpy as np
 
+from ..atomic_write import write_atomically
 from ..errors import RefGPTError
 from .measurements import norm, stream_labels, streams
 
@@ -33,8 +35,9 @@ def _figure(width, height):
 
 
 def _finish(fig, path):
-    if path is not None:
-        fig.savefig(str(path))
+    if path is not None:  # the format from the target's suffix, as savefig(path) would choose it
+        fmt = Path(path).suffix[1:].lower() or "png"
+        write_atomically(path, lambda tmp: fig.savefig(str(tmp), format=fmt))
     return fig
 
 

@@ -3,7 +3,10 @@
 Each subcommand lives in its own module in this package (``refgpt/cli/predict.py``, …) and provides
 ``add_parser(subparsers, common)`` and ``run(args) -> int``. Errors a user can cause end as one
 line ``refgpt: error: …`` on stderr: exit status 2 for usage errors (argparse's convention), 1
-for everything else. Never a traceback.
+for everything else. Never a traceback: a newline or other control character inside a message (a
+path can hold one) is escaped, Python warnings are silenced (a value they would warn about ends in
+an error of its own), and an exception refgpt did not expect — a bug — is still one line,
+``refgpt: internal error: …``, exit status 3 (set REFGPT_TRACEBACK=1 to see the traceback).
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import warnings
 
 from ..errors import RefGPTError
 from ..version import __version__
@@ -22,8 +26,13 @@ COMMANDS = (predict, inspect, generate, attribute, golden, compare, steer, lens,
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # argparse's usage errors: one line, exit status 2
-        sys.stderr.write(f"refgpt: error: {message}\n")
+        sys.stderr.write(f"refgpt: error: {one_line(message)}\n")
         raise SystemExit(2)
+
+
+def one_line(message) -> str:
+    """``message`` with every control character (newline, carriage return, …) escaped."""
+    return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in str(message))
 
 
 def common_options() -> argparse.ArgumentParser:
@@ -51,20 +60,31 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            return _main(argv)
+        except RefGPTError as error:
+            sys.stderr.write(f"refgpt: error: {one_line(error)}\n")
+            return 1
+        except BrokenPipeError:  # `refgpt inspect … | head`: the reader left; that is not an error
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush at exit
+            return 0
+        except (OSError, MemoryError) as error:  # after BrokenPipeError, which is an OSError too
+            sys.stderr.write(f"refgpt: error: {one_line(error)}\n")
+            return 1
+        except KeyboardInterrupt:
+            return 130
+        except Exception as error:  # a bug in refgpt: still one line, unless asked for the traceback
+            if os.environ.get("REFGPT_TRACEBACK"):
+                raise
+            sys.stderr.write(f"refgpt: internal error (please report): {type(error).__name__}: {one_line(error)}\n")
+            return 3
+
+
+def _main(argv) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        return args.run(args)
-    except RefGPTError as error:
-        sys.stderr.write(f"refgpt: error: {error}\n")
-        return 1
-    except BrokenPipeError:  # `refgpt inspect … | head`: the reader left; that is not an error
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush at exit
-        return 0
-    except (OSError, MemoryError) as error:  # after BrokenPipeError, which is an OSError too
-        sys.stderr.write(f"refgpt: error: {error}\n")
-        return 1
-    except KeyboardInterrupt:
-        return 130
+    return args.run(args)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ subcommand that takes a token reads it here (``add_token_argument``, ``token_arg
 from __future__ import annotations
 
 import argparse
+import math
 import re
 
 from ..decomposition import token_id
@@ -30,14 +31,22 @@ def count(text: str) -> int:
     return _whole(text, 0)
 
 
-def non_negative_float(text: str) -> float:
-    """argparse type: a number ≥ 0."""
+def finite_float(text: str) -> float:
+    """argparse type: a finite number (not nan, not inf)."""
     try:
         value = float(text)
     except ValueError:
-        value = -1.0
+        value = math.nan
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, found {text!r}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    """argparse type: a finite number ≥ 0."""
+    value = finite_float(text)
     if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be a number ≥ 0, found {text!r}")
+        raise argparse.ArgumentTypeError(f"must be a finite number ≥ 0, found {text!r}")
     return value
 
 

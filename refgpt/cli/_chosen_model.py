@@ -10,10 +10,9 @@ starts the same way: :func:`header` for tables, :func:`print_json` for ``--json`
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 
+from .. import strict_json
 from ..checkpoint import load
 from ..dtypes import COMPUTE_DTYPES
 from ..default_model import default_model_path, is_untrained
@@ -90,5 +89,5 @@ def header(model, args=None, tokens=None, detail="") -> list[str]:
 
 def print_json(model, answer: dict) -> int:
     """Print a --json answer: which model (``model_json``), then ``answer``; exit status 0."""
-    print(json.dumps({**model_json(model), **answer}, indent=2))
+    print(strict_json.dumps({**model_json(model), **answer}, indent=2))
     return 0

@@ -4,15 +4,19 @@
     refgpt compare golden.safetensors hf.safetensors --map hf --profile float32
     refgpt compare golden.safetensors acts.bin --map llmc --json
 
-Prints a table of every tensor in forward order (max abs and relative error, float32 ulps, the
-share of elements out of tolerance) and names the first tensor out of tolerance. Exit status 0
-when everything is within tolerance, 1 otherwise.
+Prints a table of every tensor in forward order, then every gradient in backward order (max abs
+and relative error, the largest error over its tolerance, the mean signed error over the bias
+bound, the share of elements out of tolerance; the golden's own error when it is certified) and
+names the first tensor out of tolerance. A ``.bin`` candidate with ``--map llmc`` is llm.c's: a raw
+acts_memory dump, refgpt's llm.c dump (tokens, activations and gradients), or a debug state. Exit
+status 0 when everything is within tolerance, 1 otherwise.
 """
 
 from __future__ import annotations
 
 from ..oracle import comparison as oracle
 from ..oracle.name_maps import MAPS
+from ._arguments import non_negative_float
 
 
 def add_parser(subparsers, common):
@@ -20,9 +24,10 @@ def add_parser(subparsers, common):
                               description="Compare CANDIDATE's tensors with REFERENCE's (a golden file) and name the "
                               "first tensor out of tolerance. Exit status 0 if all are within tolerance, 1 if not.")
     p.add_argument("reference", metavar="REFERENCE", help="golden file written by `refgpt golden`")
-    p.add_argument("candidate", metavar="CANDIDATE", help=".safetensors or .npz (or llm.c acts .bin with --map llmc)")
-    p.add_argument("--atol", type=float, help="absolute tolerance (with --rtol: |c − r| ≤ atol + rtol·|r|)")
-    p.add_argument("--rtol", type=float, help="relative tolerance")
+    p.add_argument("candidate", metavar="CANDIDATE", help=".safetensors or .npz (or an llm.c .bin with --map llmc: "
+                   "acts_memory, refgpt's llm.c dump, or a debug state)")
+    p.add_argument("--atol", type=non_negative_float, help="absolute tolerance (with --rtol: |c − r| ≤ atol + rtol·|r|)")
+    p.add_argument("--rtol", type=non_negative_float, help="relative tolerance")
     p.add_argument("--profile", choices=sorted(oracle.UNIT_ROUNDOFF),
                    help="tolerances from a format's unit roundoff (default: the candidate's precision)")
     p.add_argument("--map", dest="name_map", choices=MAPS, default="refgpt",

@@ -32,7 +32,7 @@ def add_parser(subparsers, common):
                    help="how many tokens to add (default 20)")
     p.add_argument("--temperature", type=non_negative_float, default=1.0, help="0 = greedy (default 1)")
     p.add_argument("--top-k", type=positive_int, default=None, metavar="K", help="sample only from the K most likely")
-    p.add_argument("--seed", type=int, default=0, help="seed of the sampler (default 0)")
+    p.add_argument("--seed", type=count, default=0, help="seed of the sampler (default 0)")
     p.set_defaults(run=run, usage_error=p.error)
 
 

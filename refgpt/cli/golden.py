@@ -1,14 +1,22 @@
-"""``refgpt golden``: write every activation of one forward pass to a golden file.
+"""``refgpt golden``: write every activation of one forward pass (and with --backward every
+gradient) to a golden file.
 
     refgpt golden "The quick brown fox" -o golden.safetensors --model DIR
     refgpt golden --tokens ids.txt -o golden.safetensors --names 'blocks.*.hook_resid_post'
+    refgpt golden --model gpt2_124M.bin --tokens gpt2_124M_debug_state.bin --backward -o golden.safetensors
 
-TEXT is tokenized with the model's tokenizer; ``--tokens FILE`` reads ids instead: a ``.npy``
-integer array [pos] or [batch, pos], or text with whitespace-separated ids, one sequence per line.
+``--model`` is an HF directory or an llm.c checkpoint (``.bin``, refgpt/oracle/llmc.py). TEXT is
+tokenized with the model's tokenizer (``--tokenizer DIR`` with vocab.json and merges.txt gives
+one to an llm.c checkpoint; llm.c's ``gpt2_tokenizer.bin`` only decodes, so it names the tokens
+in the output but cannot encode TEXT). ``--tokens FILE`` reads ids instead: a ``.npy`` integer
+array [pos] or [batch, pos]; text with whitespace-separated ids, one sequence per line; an llm.c
+debug state or refgpt llm.c dump (x and its targets y); an llm.c data shard (the first
+``--tokens-shape B,T`` batch, as llm.c's dataloader reads it); or raw ids with ``--tokens-dtype``.
 """
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -31,6 +39,19 @@ def add_parser(subparsers, common):
     p.add_argument("--names", metavar="PATTERN", action="append",
                    help="keep only tensors matching this glob (repeatable), e.g. 'blocks.*.hook_resid_post'; "
                         "tokens, logits, log_probs and loss are always kept")
+    p.add_argument("--tokens-dtype", choices=sorted(RAW_TOKEN_DTYPES),
+                   help="--tokens FILE holds raw little-endian ids of this type (no header)")
+    p.add_argument("--tokens-shape", metavar="B,T",
+                   help="batch and length for raw ids and llm.c data shards (default: one sequence of all the "
+                        "raw ids; for a shard 1,min(n_ctx, 64))")
+    p.add_argument("--tokenizer", metavar="PATH", help="llm.c's gpt2_tokenizer.bin (decodes only) or a directory "
+                   "with vocab.json and merges.txt")
+    p.add_argument("--backward", action="store_true",
+                   help="also write the mean loss and ∂loss/∂ every parameter, activation and the logits")
+    p.add_argument("--certify", action="store_true",
+                   help="recompute everything in extended precision and store each tensor's measured error")
+    p.add_argument("--debug-state", metavar="FILE",
+                   help="also write llm.c's gpt2_124M_debug_state.bin for the same tokens (x, y, logits, loss, grads)")
     p.set_defaults(run=run, usage_error=p.error)
     return p
 
@@ -38,46 +59,176 @@ def add_parser(subparsers, common):
 def run(args) -> int:
     if (args.text is None) == (args.tokens is None):
         args.usage_error("give either TEXT or --tokens FILE")
-    model = load_chosen(args)
-    tokens = read_tokens(args.tokens) if args.tokens else tokens_of(model, args)
+    model, llmc_tokenizer = load_model(args)
+    targets, source = None, "TEXT"
+    if args.tokens:
+        tokens, targets, source = read_tokens(args.tokens, args.tokens_dtype, _shape(args), model.cfg)
+    else:
+        tokens = tokens_of(model, args)
     names = golden.select(model, args.names) if args.names else None
-    tokens, _ = model.check_tokens(tokens)  # [batch, pos]
-    # Streamed: each tensor goes to the file as the forward pass makes it (GPT-2 XL's golden at
-    # full context is larger than the machine's memory).
-    path = golden.write_streamed(args.output, model, tokens, names, command=["refgpt", *sys.argv[1:]])
+    command = ["refgpt", *sys.argv[1:]]
+    if args.backward or args.certify:  # gradients and certificates are made whole, then written
+        g = golden.make(model, tokens, names, command=command, targets=targets, backward=args.backward)
+        if args.certify:
+            from ..oracle import certify
+
+            certify.add_certificate(g, model, tokens, targets)
+        path = golden.write(args.output, g)
+    else:  # streamed: each tensor goes to the file as the forward pass makes it (GPT-2 XL's golden
+        # at full context is larger than the machine's memory); read back mapped, for the summary
+        path = golden.write_streamed(args.output, model, tokens, names, command=command, targets=targets)
+        g = golden.read(path)
     size = path.stat().st_size
-    count, shape, dtype = len(golden.layout(model, tokens.shape, names)), list(tokens.shape), model.dtype.name
+    shape = list(np.asarray(g.tensors["tokens"]).shape)
+    lines = [f"wrote {path}: {len(g.tensors)} tensors, {size / 2**20:.1f} MiB, tokens {shape}, {g.metadata['dtype']}",
+             f"tokens: {source}"]
+    if args.backward:
+        lines.append(f"backward: mean loss {float(g.tensors['loss_mean']):.9g} over "
+                     f"{np.asarray(g.tensors['loss']).size} targets; "
+                     f"{sum(k.startswith('grad.') for k in g.tensors)} gradients")
+    if args.certify:
+        lines.append(certify.summary(g))
+    if tokenizer_note := _decoded(llmc_tokenizer, tokens):
+        lines.append(tokenizer_note)
+    debug = None
+    if args.debug_state:
+        from ..oracle import llmc
+
+        x, y, convention = llmc.debug_state_tokens(g.tensors["tokens"], targets)
+        debug = str(llmc.write_debug_state(args.debug_state, model, x, targets=y))
+        lines.append(f"wrote {debug}: llm.c debug state, {convention}")
     if args.json:
-        return print_json(model, {"path": str(path), "tensors": count, "bytes": size, "tokens_shape": shape,
-                                  "dtype": dtype})
+        return print_json(model, {"path": str(path), "tensors": len(g.tensors), "bytes": size, "tokens_shape": shape,
+                                  "dtype": g.metadata["dtype"], "tokens_source": source, "backward": args.backward,
+                                  "certified": args.certify, "debug_state": debug})
     if note := untrained_note(model):
         print(note)
-    print(f"wrote {path}: {count} tensors, {size / 2**20:.1f} MiB, tokens {shape}, {dtype}")
+    print("\n".join(lines))
     return 0
 
 
-def read_tokens(path) -> np.ndarray:
-    """Token ids from a .npy file or from text (whitespace-separated, one sequence per line)."""
+def load_model(args):
+    """(model, llm.c tokenizer or None): ``--model`` an HF directory (load_chosen) or an llm.c
+    checkpoint file; ``--tokenizer`` a directory (the model's tokenizer) or llm.c's (decodes only)."""
+    from ..oracle import llmc
+    from ..tokenizer import Tokenizer
+
+    path = Path(args.model) if args.model is not None else None
+    if path is not None and path.is_file():
+        model = llmc.read_model(path, dtype=args.dtype)
+        model.source = path
+    else:
+        model = load_chosen(args)
+    llmc_tokenizer = None
+    if args.tokenizer:
+        t = Path(args.tokenizer)
+        if t.is_dir():
+            model.tokenizer = Tokenizer.from_dir(t)
+        elif t.is_file():
+            llmc_tokenizer = llmc.read_tokenizer(t)
+            if len(llmc_tokenizer.tokens) != model.cfg.d_vocab:
+                raise RefGPTError(f"{t}: {len(llmc_tokenizer.tokens)} tokens, the model's vocabulary has "
+                                  f"{model.cfg.d_vocab}")
+        else:
+            raise RefGPTError(f"{t}: tokenizer not found")
+    if args.text is not None and model.tokenizer is None:
+        what = "an llm.c tokenizer holds each token's bytes, not the BPE merges: it decodes, it cannot encode TEXT"
+        raise RefGPTError(f"{path if path else 'the model'} has no tokenizer to encode TEXT"
+                          f"{': ' + what if args.tokenizer else ''}; give --tokens FILE (e.g. llm.c's debug state), "
+                          f"or --tokenizer DIR with vocab.json and merges.txt")
+    return model, llmc_tokenizer
+
+
+def _decoded(tok, tokens):
+    if tok is None:
+        return None
+    first = np.asarray(tokens).reshape(-1, np.asarray(tokens).shape[-1])[0]
+    text = tok.decode_bytes(first[:40]).decode("utf-8", errors="replace")
+    return f"text of the first row (llm.c tokenizer): {text!r}{' …' if len(first) > 40 else ''}"
+
+
+def _shape(args):
+    if args.tokens_shape is None:
+        return None
+    try:
+        B, T = (int(v) for v in args.tokens_shape.split(","))
+    except ValueError:
+        args.usage_error(f"argument --tokens-shape: expected B,T (two integers), found {args.tokens_shape!r}")
+    if B < 1 or T < 1:
+        args.usage_error(f"argument --tokens-shape: B and T must be ≥ 1, found {args.tokens_shape!r}")
+    return B, T
+
+
+RAW_TOKEN_DTYPES = {"int32": "<i4", "uint16": "<u2", "int64": "<i8", "uint32": "<u4"}
+
+
+def read_tokens(path, dtype=None, shape=None, cfg=None):
+    """(tokens, targets or None, where they came from) from a token file (module docstring)."""
+    from ..oracle import llmc, llmc_dump
+
     path = Path(path)
     if not path.is_file():
         raise RefGPTError(f"{path}: token file not found")
+    if dtype is not None:
+        return _raw_tokens(path, dtype, shape), None, f"raw {dtype} ids from {path}"
+    magic = llmc_dump.file_magic(path) if path.suffix != ".npy" else None
+    if magic == llmc.STATE_MAGIC:
+        s = llmc.read_debug_state(path, cfg.d_vocab)
+        return s.x, s.y, f"x [B, T] = {list(s.x.shape)} and its targets y of llm.c's debug state {path}"
+    if magic == llmc_dump.DUMP_MAGIC:
+        d = llmc_dump.read_dump(path, cfg)
+        return d["tokens"], d.get("targets"), f"the tokens{' and targets' if 'targets' in d else ''} of the dump {path}"
+    if magic == llmc.SHARD_MAGIC:
+        B, T = shape if shape is not None else (1, min(cfg.n_ctx, 64))
+        x, y = llmc.read_data_shard(path, B, T)
+        return x, y, f"llm.c's first batch B×T = {B}×{T} of the data shard {path}: x and targets y (B·T + 1 tokens)"
+    if magic in (llmc.MODEL_MAGIC, llmc.TOKENIZER_MAGIC):
+        raise RefGPTError(f"{path}: {llmc._WHAT[magic]}, not tokens"
+                          f"{': pass it as --model' if magic == llmc.MODEL_MAGIC else ': pass it as --tokenizer'}")
+    return _text_or_npy_tokens(path), None, f"{path}"
+
+
+def _raw_tokens(path, dtype, shape):
+    itemsize = np.dtype(RAW_TOKEN_DTYPES[dtype]).itemsize
+    size = path.stat().st_size
+    if size == 0 or size % itemsize:
+        raise RefGPTError(f"{path}: {size} bytes is not a whole number of {dtype} ids ({itemsize} bytes each)")
+    ids = np.fromfile(path, dtype=RAW_TOKEN_DTYPES[dtype]).astype(np.int64)  # [n]
+    if shape is None:
+        return ids
+    if ids.size != shape[0] * shape[1]:
+        raise RefGPTError(f"{path}: {ids.size} {dtype} ids, but --tokens-shape {shape[0]},{shape[1]} needs "
+                          f"{shape[0] * shape[1]}")
+    return ids.reshape(shape)
+
+
+def _text_or_npy_tokens(path) -> np.ndarray:
+    """Token ids from a .npy file or from text: whitespace-separated whole numbers in ASCII digits
+    (not "١", "²" or "1_000", which Python's int() would take), one sequence per line."""
     if path.suffix == ".npy":
         try:
             tokens = np.load(path, allow_pickle=False)
-        except (ValueError, OSError) as error:
-            raise RefGPTError(f"{path}: not a readable .npy file ({error})") from None
-        if tokens.dtype.kind not in "iu":
+        except (ValueError, OSError, EOFError) as error:
+            raise RefGPTError(f"{path}: not a readable .npy file ({str(error).splitlines()[0] if str(error) else 'truncated'})") from None
+        if tokens.dtype == bool or tokens.dtype.kind not in "iu":
             raise RefGPTError(f"{path}: token ids must be integers, found {tokens.dtype}")
         return tokens
+    try:
+        text = path.read_text(encoding="utf-8")
+        if "\x00" in text:
+            raise UnicodeDecodeError("utf-8", b"\x00", 0, 1, "NUL byte")
+    except UnicodeDecodeError:
+        raise RefGPTError(f"{path}: a binary file, not text ids: give --tokens-dtype int32|uint16 for raw ids, "
+                          f"or an llm.c debug state, data shard or dump, or a .npy array") from None
     rows = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
+    for n, line in enumerate(text.splitlines(), 1):
+        words = line.split()
+        if not words:
             continue
-        try:
-            rows.append([int(word) for word in line.split()])
-        except ValueError:
-            bad = next(w for w in line.split() if not w.lstrip("-").isdigit())
-            raise RefGPTError(f"{path}, line {n}: {bad!r} is not an integer token id") from None
+        bad = next((w for w in words if not re.fullmatch(r"[0-9]{1,18}", w)), None)
+        if bad is not None:
+            raise RefGPTError(f"{path}, line {n}: {bad!r:.40} is not an integer token id")
+        rows.append([int(word) for word in words])
     if not rows:
         raise RefGPTError(f"{path}: no token ids")
     if len({len(r) for r in rows}) != 1:

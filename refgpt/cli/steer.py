@@ -20,7 +20,7 @@ import numpy as np
 from ..activations import softmax
 from ..analysis.interventions import steering_vector
 from ..analysis.measurements import injection_ratio, kl_divergence, norm
-from ._arguments import count
+from ._arguments import count, finite_float
 from ._chosen_model import add_text_arguments, header, load_chosen, print_json, token_json, token_text, tokens_of
 from ._table import table
 
@@ -48,7 +48,7 @@ def add_parser(subparsers, common):
     p.add_argument("--plus", required=True, metavar="TEXT", help="the prompt to steer towards")
     p.add_argument("--minus", required=True, metavar="TEXT", help="the prompt to steer away from")
     p.add_argument("--layer", type=int, required=True, metavar="L", help="the block whose input stream is steered")
-    p.add_argument("--coeff", type=float, default=1.0, metavar="C", help="the coefficient (default 1)")
+    p.add_argument("--coeff", type=finite_float, default=1.0, metavar="C", help="the coefficient (default 1)")
     p.add_argument("--plot", metavar="FILE", help="save the residual-norm figure (PNG) to FILE")
     p.add_argument("--generate", type=count, default=0, metavar="N",
                    help="also continue TEXT by N greedy tokens, steered and unsteered, side by side")

@@ -1,9 +1,12 @@
 """The oracle: golden files, comparisons that name the first divergence, and foreign formats.
 
 - ``golden`` — every activation of one forward pass, written to a safetensors file any language reads.
+- ``gradients`` — with ``--backward``, the loss and ∂loss/∂ every parameter, activation and the logits.
+- ``certify`` — with ``--certify``, the golden's own error, measured against extended precision.
 - ``comparison`` — a candidate's tensors against a golden: the first tensor out of tolerance.
 - ``name_maps`` — other implementations' tensor names (HF, TransformerLens, llm.c) → refgpt's.
-- ``llmc`` — llm.c's binary checkpoint, tokenizer and debug-state formats, read and written.
+- ``llmc`` — llm.c's binary checkpoint, tokenizer, debug-state and data-shard formats, read and written.
+- ``llmc_dump`` — a dump of an llm.c run (tokens, activations, gradients), and llm.c's gradient names.
 
 ``refgpt.oracle.compare(reference, candidate)`` is ``comparison.compare``.
 """

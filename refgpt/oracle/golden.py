@@ -7,9 +7,13 @@ holding, under refgpt's names (refgpt/oracle/name_maps.py):
     every hook point's activation (or those selected), each LayerNorm's output (``….out``)
     logits, log_probs [batch, pos, d_vocab], loss [batch, pos − 1]
 
-and, in the header's ``__metadata__`` (strings; JSON where structured): the refgpt version, the
-model's config, the sha256 of each weight file, the dtype, the NumPy and BLAS versions, the
-command line, and the **conditioning** of every tensor.
+— targets and loss are [batch, pos] when the tokens come with their own targets (llm.c's y) —
+and with ``backward`` the mean loss ``loss_mean`` and every gradient ``grad.*``
+(refgpt/oracle/gradients.py); in the header's ``__metadata__`` (strings; JSON where structured):
+the refgpt version, the model's config, the sha256 of each weight file, the dtype, the NumPy and
+BLAS versions, the command line, whether the targets were given, the **conditioning** c_X and the
+RMS error r_X of every tensor, and with ``--certify`` the golden's own error
+(refgpt/oracle/certify.py).
 
 Conditioning. How far a correct float32 implementation may land from the float64 truth depends
 on the tensor, not only on float32: an attention pattern computed from scores of size 100 inherits
@@ -18,17 +22,19 @@ at most 1. So the golden writer runs the forward pass a second time in float32 a
 tensor X,
 
     c_X = max |X_float32 − X_float64| / 2⁻²⁴        (in units of float32's roundoff)
+    r_X = RMS(X_float32 − X_float64) / 2⁻²⁴         (the same error's root mean square)
 
 a measured condition number of X for this model and these tokens. The oracle (refgpt/oracle/comparison.py)
 scales its tolerances by it, for every format: to first order a forward error is proportional to
 the unit roundoff, so c_X·u_bf16 is the error a bfloat16 pass makes where c_X·u_f32 is a float32
-pass's (docs/oracle.md measures how well this holds).
+pass's (docs/oracle.md measures how well this holds). c_X bounds each element's error, r_X the
+bias of a whole tensor (comparison.py, the bias bound).
 
-Streaming. ``write_streamed`` (what ``refgpt golden`` runs) never holds the file: the header goes
-first (every shape follows from the config, ``layout``), then each tensor as the forward pass,
-driven a stage at a time by ``stream``, makes it; the float32 pass for the conditioning runs
-beside it and fills the room left for it in the header. ``write(make(…))`` writes the same bytes
-from memory (tests/oracle/test_streaming.py).
+Streaming. ``write_streamed`` (what ``refgpt golden`` runs for a forward golden) never holds the
+file: the header goes first (every shape follows from the config, ``layout``), then each tensor as
+the forward pass, driven a stage at a time by ``stream``, makes it; the float32 pass for c_X and r_X
+runs beside it and fills the room left for them in the header. ``write(make(…))`` writes the same
+bytes from memory (tests/oracle/test_streaming.py).
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import json
+import math
 import platform
 import sys
 from dataclasses import dataclass, field
@@ -48,10 +55,13 @@ from ..cache import ActivationCache
 from ..checkpoint import load as load_checkpoint, weight_files
 from ..config import Config
 from ..dtypes import widen_bfloat16
-from ..errors import RefGPTError
+from .. import strict_json
+from ..atomic_write import write_atomically
+from ..errors import RefGPTError, RefGPTTypeError
 from ..hooks import HookRun
 from ..ln_views import cached_output
 from ..model import Model
+from .gradients import compute_gradients
 from ..safetensors_file import SafetensorsFile, SafetensorsWriter, header_bytes
 from ..version import __version__
 from .name_maps import forward_order
@@ -59,7 +69,6 @@ from .name_maps import forward_order
 FORMAT = "refgpt-golden"
 FORMAT_VERSION = "1"
 F32_ROUNDOFF = 2.0**-24
-
 
 @dataclass
 class Golden:
@@ -79,12 +88,41 @@ class Golden:
     @property
     def config(self) -> Config | None:
         text = self.metadata.get("config")
-        return Config.from_hf(json.loads(text), source="golden config") if text else None
+        if not text:
+            return None
+        return Config.from_hf(strict_json.loads(text, "golden metadata 'config'"), source="golden config")
 
     @property
     def conditioning(self) -> dict[str, float]:
-        """c_X per tensor (see the module docstring); empty if the file has none."""
-        return json.loads(self.metadata.get("conditioning", "{}"))
+        """c_X per tensor (see the module docstring), each a finite number ≥ 0; empty if the file
+        has none."""
+        return checked_conditioning(strict_json.loads(self.metadata.get("conditioning", "{}"),
+                                                      "golden metadata 'conditioning'"))
+
+    @property
+    def golden_error(self) -> dict[str, float]:
+        """This file's own measured error per tensor, relative to its scale (``--certify``,
+        refgpt/oracle/certify.py); empty if the file has none."""
+        return checked_conditioning(strict_json.loads(self.metadata.get("golden_error", "{}"),
+                                                      "golden metadata 'golden_error'"), "golden metadata 'golden_error'")
+
+    @property
+    def error_rms(self) -> dict[str, float]:
+        """r_X per tensor: the RMS error of refgpt's float32 pass, in units of 2⁻²⁴; empty if none."""
+        return checked_conditioning(strict_json.loads(self.metadata.get("error_rms", "{}"),
+                                                      "golden metadata 'error_rms'"), "golden metadata 'error_rms'")
+
+
+def checked_conditioning(values, where="golden metadata 'conditioning'") -> dict[str, float]:
+    """``values`` as {tensor name: number} (c_X, r_X or a golden error), refusing anything but
+    finite numbers ≥ 0: a NaN or infinite c_X would pass every tensor, a negative one fail identical
+    files."""
+    if not isinstance(values, dict):
+        raise RefGPTError(f"{where}: expected an object of tensor name → number, found {type(values).__name__}")
+    for name, c in values.items():
+        if isinstance(c, bool) or not isinstance(c, (int, float)) or not 0 <= c < math.inf:
+            raise RefGPTError(f"{where}: the value of {name!r} must be a finite number ≥ 0, found {c!r:.40}")
+    return {name: float(c) for name, c in values.items()}
 
 
 # ---- computing ----------------------------------------------------------------------------------
@@ -103,6 +141,8 @@ def select(model: Model, patterns) -> list[str]:
     names = golden_names(model)
     if patterns is None:
         return names
+    if not isinstance(patterns, (str, list, tuple)) or not all(isinstance(p, str) for p in ([patterns] if isinstance(patterns, str) else patterns)):
+        raise RefGPTTypeError(f"names: expected glob patterns (str or a list of str), found {patterns!r:.60}")
     patterns = [patterns] if isinstance(patterns, str) else list(patterns)
     keep = {"tokens", "targets", "logits", "log_probs", "loss"}
     chosen = [n for n in names if n in keep or any(fnmatch.fnmatchcase(n, p) for p in patterns)]
@@ -113,24 +153,58 @@ def select(model: Model, patterns) -> list[str]:
     return chosen
 
 
-def compute(model: Model, tokens, names=None, fwd_hooks=()) -> dict[str, np.ndarray]:
+def compute(model: Model, tokens, names=None, fwd_hooks=(), targets=None, backward=False) -> dict[str, np.ndarray]:
     """The golden tensors (``names`` from :func:`golden_names`; None: all) of one forward pass,
-    in forward order.
+    and with ``backward`` the loss and every gradient (refgpt/oracle/gradients.py).
 
     ``fwd_hooks`` run as in ``model.run_with_hooks``: the golden values are what flowed, which is
-    how tests build a candidate with an error injected at a known place.
+    how tests build a candidate with an error injected at a known place (the backward pass ignores
+    them). ``targets`` [batch, pos]: one target per input position, as llm.c's y (default: the
+    next token inside ``tokens``, [batch, pos − 1]).
     """
-    out = dict(stream(model, tokens, names, fwd_hooks))
-    return {name: out[name] for name in forward_order(out)}
+    tokens, _ = model.check_tokens(tokens)  # [batch, pos]
+    if names is not None and (isinstance(names, str) or not isinstance(names, (list, tuple))
+                              or not all(isinstance(n, str) for n in names)):
+        raise RefGPTTypeError(f"names: expected a list of golden tensor names, found {names!r:.60}")
+    targets = check_golden_targets(model, tokens, targets)  # [batch, pos − 1] or [batch, pos]
+    wanted = golden_names(model) if names is None else list(names)
+    hooks = set(model.hook_names)
+    need = {n for n in wanted if n in hooks}
+    need |= {n[: -len("out")] + "hook_normalized" for n in wanted if n.endswith(".out")}
+    logits, cache = model.run_with_cache(tokens, names=sorted(need), fwd_hooks=fwd_hooks)  # [batch, pos, d_vocab]
+    log_probs = log_softmax(logits)  # [batch, pos, d_vocab]
+    b_idx, t_idx = np.indices(targets.shape)  # [batch, pos − 1] (or [batch, pos]) each
+    out = {}
+    for name in forward_order(wanted):
+        if name == "tokens":
+            out[name] = tokens
+        elif name == "targets":
+            out[name] = targets  # [batch, pos − 1] (or [batch, pos])
+        elif name == "logits":
+            out[name] = logits
+        elif name == "log_probs":
+            out[name] = log_probs
+        elif name == "loss":
+            out[name] = -log_probs[b_idx, t_idx, targets]  # [batch, pos − 1] (or [batch, pos])
+        elif name.endswith(".out"):
+            out[name] = cached_output(cache, name[: -len("out")])  # "blocks.3.ln1." or "ln_final."
+        elif name in hooks:
+            out[name] = np.asarray(cache[name])
+        else:
+            raise RefGPTError(f"golden: {name!r} is not a tensor of this model's golden file")
+    if backward:
+        out.update(compute_gradients(model, tokens, targets))
+    return out
 
 
-def stream(model: Model, tokens, names=None, fwd_hooks=()):
+def stream(model: Model, tokens, names=None, fwd_hooks=(), targets=None):
     """Yield (name, tensor) for the golden tensors of one forward pass as it makes them, one stage
     at a time (the embedding, each block, the unembedding): only one stage's activations are ever
     held, which is what lets ``write_streamed`` write GPT-2 XL's 32 GB golden on a 24 GB machine.
-    ``compute`` is ``dict(stream(…))``, so streamed and in-memory goldens are the same numbers.
+    The same forward pass as ``compute`` (without ``backward``): the same numbers.
     """
     tokens, _ = model.check_tokens(tokens)  # [batch, pos]
+    targets = check_golden_targets(model, tokens, targets)  # [batch, pos − 1] or [batch, pos]
     wanted = set(_checked_names(model, names))
     hooks = set(model.hook_names)
     need = {n for n in wanted if n in hooks}
@@ -155,10 +229,10 @@ def stream(model: Model, tokens, names=None, fwd_hooks=()):
         if "log_probs" in wanted:
             yield "log_probs", log_probs
         if "loss" in wanted:
-            b_idx, t_idx = np.indices((tokens.shape[0], tokens.shape[1] - 1))  # [batch, pos − 1] each
-            yield "loss", -log_probs[b_idx, t_idx, tokens[:, 1:]]  # [batch, pos − 1]
+            b_idx, t_idx = np.indices(targets.shape)  # [batch, pos − 1] (or [batch, pos]) each
+            yield "loss", -log_probs[b_idx, t_idx, targets]  # [batch, pos − 1] (or [batch, pos])
     if "targets" in wanted:
-        yield "targets", tokens[:, 1:]  # [batch, pos − 1]
+        yield "targets", targets  # [batch, pos − 1] (or [batch, pos])
 
 
 def _stage_tensors(model, run, wanted):
@@ -185,7 +259,7 @@ def _checked_names(model, names):
     return list(names)
 
 
-def layout(model: Model, tokens_shape, names=None) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
+def layout(model: Model, tokens_shape, names=None, targets_given=False) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
     """name → (dtype, shape) of every golden tensor, in file (forward) order, from the config and
     the tokens' shape [batch, pos] alone: what lets the header be written before the pass."""
     cfg, dtype = model.cfg, model.dtype
@@ -195,9 +269,10 @@ def layout(model: Model, tokens_shape, names=None) -> dict[str, tuple[np.dtype, 
                  "hook_q": heads, "hook_k": heads, "hook_v": heads, "hook_z": heads,
                  "hook_attn_scores": (batch, cfg.n_heads, pos, pos), "hook_pattern": (batch, cfg.n_heads, pos, pos),
                  "hook_pre": (batch, pos, cfg.d_mlp), "hook_post": (batch, pos, cfg.d_mlp)}
-    whole = {"tokens": (np.dtype(np.int64), (batch, pos)), "targets": (np.dtype(np.int64), (batch, pos - 1)),
+    n_targets = pos if targets_given else pos - 1  # one per input (llm.c's y), or the next tokens
+    whole = {"tokens": (np.dtype(np.int64), (batch, pos)), "targets": (np.dtype(np.int64), (batch, n_targets)),
              "logits": (dtype, (batch, pos, cfg.d_vocab)), "log_probs": (dtype, (batch, pos, cfg.d_vocab)),
-             "loss": (dtype, (batch, pos - 1))}
+             "loss": (dtype, (batch, n_targets))}
     out = {}
     for name in forward_order(_checked_names(model, names)):
         suffix = name.rsplit(".", 1)[-1]
@@ -205,16 +280,7 @@ def layout(model: Model, tokens_shape, names=None) -> dict[str, tuple[np.dtype, 
     return out
 
 
-def conditioning(model: Model, tokens, names=None) -> dict[str, float]:
-    """c_X = max|X_float32 − X_float64| / 2⁻²⁴ for every float golden tensor X."""
-    c = {}
-    for name, _, r, x in _side_by_side(model, tokens, names):
-        if r.dtype.kind == "f":
-            c[name] = _max_error_in_f32_roundoffs(r, x)
-    return {name: c[name] for name in forward_order(c)}
-
-
-def _side_by_side(model: Model, tokens, names):
+def _side_by_side(model: Model, tokens, names, targets=None):
     """Yield (name, the golden tensor, its float64 value, its float32 value): the model's pass, a
     float64 pass and a float32 pass of the same weights, run a stage at a time side by side
     (``stream``), so only a stage's activations of each are held. A pass that would repeat another
@@ -223,7 +289,7 @@ def _side_by_side(model: Model, tokens, names):
     exact = model if model.dtype == np.float64 and not hooked else Model(model.cfg, dict(model.params), dtype="float64")
     rounded = model if model.dtype == np.float32 and not hooked else float32_twin(model)  # weights rounded as a float32 port rounds them
     passes = list(dict.fromkeys([model, exact, rounded]))  # the distinct models
-    for tensors in zip(*(stream(m, tokens, names) for m in passes), strict=True):
+    for tensors in zip(*(stream(m, tokens, names, targets=targets) for m in passes), strict=True):
         made = dict(zip(passes, tensors))
         name = tensors[0][0]
         assert all(t[0] == name for t in tensors), tensors  # every pass makes the same tensors in the same order
@@ -249,38 +315,77 @@ def float32_twin(model: Model) -> Model:
     return Model(model.cfg, params, dtype="float32")
 
 
-def _max_error_in_f32_roundoffs(r, x, rows=1 << 16):
-    """max |x − r| / 2⁻²⁴ over the finite entries of r (attention scores: the causal part), a
-    block of rows at a time so that no float64 copy of a whole tensor is made."""
-    r2, x2 = as_rows(r), as_rows(x)  # [rows, last]
-    step = max(1, rows // max(1, r2.shape[1]))
-    worst = [0.0]
-    for i in range(0, len(r2), step):
-        ri, xi = r2[i:i + step], x2[i:i + step].astype(np.float64)  # [rows, last]
-        finite = np.isfinite(ri)  # [rows, last]
-        if finite.any():
-            worst.append(np.abs(xi[finite] - ri[finite]).max())  # NaN, if any, propagates
-    return float(np.max(worst)) / F32_ROUNDOFF
-
-
 def as_rows(a: np.ndarray) -> np.ndarray:
     """``a`` as a 2-D [rows, last axis] array (a view when ``a`` is contiguous; a scalar is [1, 1])."""
     return a.reshape(int(np.prod(a.shape[:-1], dtype=np.int64)), a.shape[-1]) if a.ndim else a.reshape(1, 1)
 
 
-def make(model: Model, tokens, names=None, command=None) -> Golden:
-    """The golden file's contents for ``model`` on ``tokens``, with its metadata."""
-    return Golden(compute(model, tokens, names), metadata(model, tokens, names, command))
+
+def check_golden_targets(model: Model, tokens, targets) -> np.ndarray:
+    """``targets`` as int64 [batch, pos] (one per input, llm.c's y), or the next tokens
+    [batch, pos − 1] when None."""
+    if targets is None:
+        return tokens[:, 1:]  # [batch, pos − 1]
+    t = np.asarray(targets)
+    if t.ndim == 1 and tokens.shape[0] == 1:
+        t = t[None]  # [1, pos]
+    if t.dtype == bool or t.dtype.kind not in "iu":
+        raise RefGPTError(f"targets: must be integer token ids, found dtype {t.dtype}")
+    if t.shape != tokens.shape:
+        raise RefGPTError(f"targets: shape {list(t.shape)}, expected {list(tokens.shape)} (one per input token, "
+                          f"as llm.c's y), or none for next-token targets inside the tokens")
+    if t.size and (t.min() < 0 or t.max() >= model.cfg.d_vocab):
+        raise RefGPTError(f"targets: ids must be in [0, {model.cfg.d_vocab}), found {int(t.min())}..{int(t.max())}")
+    return t.astype(np.int64)
 
 
-def metadata(model: Model, tokens, names=None, command=None) -> dict[str, str]:
-    """A golden file's ``__metadata__``: provenance, and the conditioning (a float32 pass beside a
-    float64 one)."""
-    return {**provenance(model, command), "conditioning": json.dumps(conditioning(model, tokens, names))}
+def conditioning(model: Model, tokens, names=None, targets=None, backward=False) -> dict[str, float]:
+    """c_X = max|X_float32 − X_float64| / 2⁻²⁴ for every float golden tensor X."""
+    return float32_errors(model, tokens, names, targets, backward)[0]
+
+
+def float32_errors(model: Model, tokens, names=None, targets=None, backward=False, reference=None):
+    """(c_X, r_X) per float golden tensor X: the largest and the root-mean-square error of
+    refgpt's own float32 pass against float64, both in units of 2⁻²⁴ (refgpt/oracle/comparison.py
+    bounds a candidate's error elementwise by the first and its bias by the second).
+    ``reference``: the float64 tensors, when already computed."""
+    params = dict(model.params)
+    rounded = float32_twin(model)  # the same weights, rounded as a float32 port rounds them
+    if reference is None or model.dtype != np.float64:
+        exact = Model(model.cfg, params, dtype="float64")
+        reference = compute(exact, tokens, names, targets=targets, backward=backward)
+    ref = reference
+    f32 = compute(rounded, tokens, names, targets=targets, backward=backward)
+    c, rms = {}, {}
+    for name, r in ref.items():
+        if r.dtype.kind == "f":
+            c[name], rms[name] = float32_error(r, f32[name])
+    return c, rms
+
+
+def float32_error(r, x) -> tuple[float, float]:
+    """(c_X, r_X) of one tensor: the largest and the RMS |x − r| over the finite entries of the
+    float64 ``r`` (attention scores: the causal part), in units of 2⁻²⁴."""
+    x = x.astype(np.float64)  # [...]
+    finite = np.isfinite(r)  # attention scores: compare the causal part only
+    err = np.abs(x[finite] - r[finite])  # [n_compared]
+    if not err.size:
+        return 0.0, 0.0
+    return float(err.max() / F32_ROUNDOFF), float(np.sqrt(np.mean(err**2)) / F32_ROUNDOFF)
+
+
+def make(model: Model, tokens, names=None, command=None, targets=None, backward=False) -> Golden:
+    """The golden file's contents for ``model`` on ``tokens``, with its metadata; with ``backward``
+    also the mean loss and every gradient (refgpt/oracle/gradients.py)."""
+    tensors = compute(model, tokens, names, targets=targets, backward=backward)
+    cond, rms = float32_errors(model, tokens, names, targets, backward, reference=tensors)
+    metadata = {**provenance(model, command), "conditioning": json.dumps(cond), "error_rms": json.dumps(rms),
+                "targets": "given" if targets is not None else "next token"}
+    return Golden(tensors, metadata)
 
 
 def provenance(model: Model, command=None) -> dict[str, str]:
-    """Who made a golden file, from what, with what: every metadata entry but the conditioning."""
+    """Who made a golden file, from what, with what: the metadata before the measured errors."""
     return {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -299,7 +404,7 @@ def _weight_hashes(model: Model) -> dict[str, str]:
     if model.source is None:
         return {}
     hashes = {}
-    for path in weight_files(model.source):
+    for path in [model.source] if model.source.is_file() else weight_files(model.source):  # an llm.c .bin, or HF's
         h = hashlib.sha256()
         with open(path, "rb") as f:
             for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -323,13 +428,15 @@ def write(path, golden: Golden) -> Path:
     """Write ``golden`` as a safetensors file: tensors in forward order, C-contiguous, metadata as
     strings. The same bytes as ``write_streamed`` writes for the same pass."""
     shapes = {name: (np.asarray(a).dtype, np.shape(a)) for name, a in golden.tensors.items()}
-    with SafetensorsWriter(path, shapes, golden.metadata, _header_length(shapes, golden.metadata)) as out:
-        for name, a in golden.tensors.items():
-            out.write(name, a)
-    return Path(path)
+    def fill(tmp):
+        with SafetensorsWriter(tmp, shapes, golden.metadata, _header_length(shapes, golden.metadata)) as out:
+            for name, a in golden.tensors.items():
+                out.write(name, a)
+
+    return write_atomically(path, fill)
 
 
-def write_streamed(path, model: Model, tokens, names=None, command=None) -> Path:
+def write_streamed(path, model: Model, tokens, names=None, command=None, targets=None) -> Path:
     """Make and write a golden file without ever holding it, in one pass.
 
     The header (every tensor's name, dtype and shape, known from the config) goes first, with room
@@ -339,27 +446,34 @@ def write_streamed(path, model: Model, tokens, names=None, command=None) -> Path
     activations of each pass."""
     tokens, _ = model.check_tokens(tokens)  # [batch, pos]
     names = _checked_names(model, names)
-    shapes = layout(model, tokens.shape, names)
-    meta = {**provenance(model, command), "conditioning": "{}"}
-    c = {}
-    with SafetensorsWriter(path, shapes, meta, _header_length(shapes, meta)) as out:
-        for name, tensor, r, x in _side_by_side(model, tokens, names):
-            out.write(name, tensor)
-            if r.dtype.kind == "f":
-                c[name] = _max_error_in_f32_roundoffs(r, x)
-        out.metadata = {**meta, "conditioning": json.dumps({name: c[name] for name in forward_order(c)})}
-    return Path(path)
+    shapes = layout(model, tokens.shape, names, targets_given=targets is not None)
+    meta = {**provenance(model, command), "conditioning": "{}", "error_rms": "{}",
+            "targets": "given" if targets is not None else "next token"}
+
+    def fill(tmp):
+        c, rms = {}, {}
+        with SafetensorsWriter(tmp, shapes, meta, _header_length(shapes, meta)) as out:
+            for name, tensor, r, x in _side_by_side(model, tokens, names, targets):
+                out.write(name, tensor)
+                if r.dtype.kind == "f":
+                    c[name], rms[name] = float32_error(r, x)
+            order = forward_order(c)
+            out.metadata = {**meta, "conditioning": json.dumps({n: c[n] for n in order}),
+                            "error_rms": json.dumps({n: rms[n] for n in order})}
+
+    return write_atomically(path, fill)
 
 
 def _header_length(shapes, meta) -> int:
     """The header's length in a golden file: as long as the longest conditioning could make it
-    (every c_X written in 24 characters, the longest a float's repr takes), so that the streamed
+    (every c_X and r_X written in 24 characters, the longest a float's repr takes), so that the streamed
     writer can leave room for the conditioning before it is measured, and both writers agree."""
-    if "conditioning" not in meta:
+    measured = [key for key in ("conditioning", "error_rms") if key in meta]
+    if not measured:
         return 0
     floats = [name for name, (dtype, _) in shapes.items() if np.dtype(dtype).kind == "f"]
     longest = "{" + ", ".join(f"{json.dumps(name)}: {'9' * 24}" for name in floats) + "}"
-    return len(header_bytes(shapes, {**meta, "conditioning": longest}))
+    return len(header_bytes(shapes, {**meta, **{key: longest for key in measured}}))
 
 
 def read(path) -> Golden:
@@ -376,4 +490,9 @@ def read(path) -> Golden:
         if dtypes[name] == "BF16":
             a = widen_bfloat16(a)
         tensors[name] = a
-    return Golden(tensors, dict(st.metadata), dtypes, st)
+    golden = Golden(tensors, dict(st.metadata), dtypes, st)
+    try:  # the metadata is checked now, not when compare first needs it
+        golden.config, golden.conditioning, golden.error_rms, golden.golden_error
+    except RefGPTError as error:
+        raise RefGPTError(f"{path}: {error}") from None
+    return golden

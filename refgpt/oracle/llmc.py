@@ -34,6 +34,7 @@ the 23 ActivationTensors back to back, which ``refgpt compare --map llmc`` compa
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,16 +42,17 @@ import numpy as np
 
 from ..activations import log_softmax
 from ..config import Config
+from ..atomic_write import write_atomically
 from ..dtypes import round_to_bfloat16, widen_bfloat16
 from ..errors import RefGPTError
 from ..model import Model
 
-MODEL_MAGIC, STATE_MAGIC, TOKENIZER_MAGIC = 20240326, 20240327, 20240328
+MODEL_MAGIC, STATE_MAGIC, TOKENIZER_MAGIC, SHARD_MAGIC = 20240326, 20240327, 20240328, 20240520
 MODEL_VERSIONS = {3: "float32", 5: "bfloat16"}
 HEADER_INTS = 256
 _HEADER_BYTES = 4 * HEADER_INTS
 _WHAT = {MODEL_MAGIC: "an llm.c model checkpoint", STATE_MAGIC: "an llm.c debug state",
-         TOKENIZER_MAGIC: "an llm.c tokenizer", 20240520: "an llm.c token data shard"}
+         TOKENIZER_MAGIC: "an llm.c tokenizer", SHARD_MAGIC: "an llm.c token data shard"}
 
 PARAMETERS = ("wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
               "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb")
@@ -165,13 +167,15 @@ def write_model(path, model: Model, dtype: str = "float32", padded_vocab_size: i
     if Vp < V:
         raise RefGPTError(f"padded vocabulary {Vp} is smaller than the vocabulary {V}")
     t["wte"] = np.concatenate([t["wte"], np.zeros((Vp - V, C), t["wte"].dtype)])  # [Vp, C]
-    path = Path(path)
-    with open(path, "wb") as f:
-        f.write(_header(MODEL_MAGIC, versions[dtype], cfg.n_ctx, V, cfg.n_layers, cfg.n_heads, C, Vp))
-        for name in PARAMETERS:
-            a = np.asarray(t[name], dtype=np.float32)
-            f.write((round_to_bfloat16(a) if dtype == "bfloat16" else a).astype("<u2" if dtype == "bfloat16" else "<f4").tobytes())
-    return path
+
+    def write(tmp):
+        with open(tmp, "wb") as f:
+            f.write(_header(MODEL_MAGIC, versions[dtype], cfg.n_ctx, V, cfg.n_layers, cfg.n_heads, C, Vp))
+            for name in PARAMETERS:
+                a = np.asarray(t[name], dtype=np.float32)
+                f.write((round_to_bfloat16(a) if dtype == "bfloat16" else a).astype("<u2" if dtype == "bfloat16" else "<f4").tobytes())
+
+    return write_atomically(path, write)
 
 
 def read_model(path, dtype="float64") -> Model:
@@ -190,7 +194,7 @@ def read_model(path, dtype="float64") -> Model:
         raise RefGPTError(f"{path}: header padded_vocab_size = {Vp} is smaller than vocab_size = {V}")
     shapes = parameter_shapes(maxT, Vp, L, C)
     itemsize = 4 if version == 3 else 2
-    n = sum(int(np.prod(s)) for s in shapes.values())
+    n = sum(math.prod(s) for s in shapes.values())
     _check_size(path, body, n * itemsize, f"{L} layers of width {C} (vocab {Vp}, {n:,} parameters)")
     if len(body) > n * itemsize:
         raise RefGPTError(f"{path}: {len(body) - n * itemsize} bytes after the last parameter: not a "
@@ -199,7 +203,7 @@ def read_model(path, dtype="float64") -> Model:
     flat = flat if version == 3 else widen_bfloat16(flat)  # [n] float32
     t, offset = {}, 0
     for name, shape in shapes.items():
-        size = int(np.prod(shape))
+        size = math.prod(shape)
         t[name] = flat[offset: offset + size].reshape(shape)
         offset += size
     if not np.isfinite(flat).all():
@@ -263,9 +267,7 @@ def write_tokenizer(path, tokenizer) -> Path:
         if not 0 < len(b) < 256:
             raise RefGPTError(f"token {i} is {len(b)} bytes; llm.c stores lengths in one byte (1..255)")
         out += bytes([len(b)]) + b
-    path = Path(path)
-    path.write_bytes(bytes(out))
-    return path
+    return write_atomically(path, lambda tmp: tmp.write_bytes(bytes(out)))
 
 
 def read_tokenizer(path) -> LlmcTokenizer:
@@ -309,27 +311,29 @@ class DebugState:
     grads: np.ndarray | None  # every parameter's gradient, flat in checkpoint order; None if absent
 
 
-def write_debug_state(path, model: Model, tokens, grads: bool = True) -> Path:
-    """Write llm.c's debug state for ``tokens`` [B, T + 1]: x = tokens[:, :-1], y = tokens[:, 1:],
-    refgpt's logits and mean loss on x, and (unless ``grads=False``) every parameter's gradient
-    (``llmc_gradients``), in float32."""
-    tokens, _ = model.check_tokens(tokens)  # [B, T + 1]
-    if tokens.shape[1] < 2:
-        raise RefGPTError("debug state: tokens need at least 2 positions (inputs x and next-token targets y)")
-    x, y = tokens[:, :-1], tokens[:, 1:]  # [B, T] each
+def write_debug_state(path, model: Model, tokens, grads: bool = True, targets=None) -> Path:
+    """Write llm.c's debug state for ``tokens`` [B, T + 1] (x = tokens[:, :-1], y = tokens[:, 1:]),
+    or ``tokens`` [B, T] = x with ``targets`` [B, T] = y (``debug_state_tokens`` checks which, and
+    says it): refgpt's logits and mean loss on x, and (unless ``grads=False``) every
+    parameter's gradient (``llmc_gradients``), in float32."""
+    x, y, _ = debug_state_tokens(tokens, targets)
+    x, _ = model.check_tokens(x)  # [B, T]
+    y, _ = model.check_tokens(y)  # [B, T]
     logits = model(x)  # [B, T, V]
     logp = log_softmax(logits)  # [B, T, V]
     loss = -np.take_along_axis(logp, y[..., None], axis=-1).mean()  # scalar: mean over [B, T]
     B, T = x.shape
-    path = Path(path)
-    with open(path, "wb") as f:
-        f.write(_header(STATE_MAGIC, 2, B, T))
-        f.write(x.astype("<i4").tobytes() + y.astype("<i4").tobytes())
-        f.write(np.asarray(logits, "<f4").tobytes() + np.asarray([loss], "<f4").tobytes())
-        if grads:  # ---- the gradients (issue 8) ----
-            for name, g in llmc_gradients(model, x, y).items():
-                f.write(np.asarray(g, "<f4").tobytes())
-    return path
+
+    def write(tmp):
+        with open(tmp, "wb") as f:
+            f.write(_header(STATE_MAGIC, 2, B, T))
+            f.write(x.astype("<i4").tobytes() + y.astype("<i4").tobytes())
+            f.write(np.asarray(logits, "<f4").tobytes() + np.asarray([loss], "<f4").tobytes())
+            if grads:  # ---- the gradients (issue 8) ----
+                for name, g in llmc_gradients(model, x, y).items():
+                    f.write(np.asarray(g, "<f4").tobytes())
+
+    return write_atomically(path, write)
 
 
 def llmc_gradients(model: Model, x, y, padded_vocab_size: int | None = None) -> dict[str, np.ndarray]:
@@ -367,6 +371,54 @@ def read_debug_state(path, vocab_size: int) -> DebugState:
                       logits.reshape(B, T, vocab_size), loss, grads)
 
 
+def debug_state_tokens(tokens, targets=None):
+    """(x, y, what was understood) for a debug state, from one of llm.c's two conventions:
+
+    - ``tokens`` [B, T + 1] and no ``targets``: each row holds its inputs and, last, the next token
+      of its last input: x = tokens[:, :-1], y = tokens[:, 1:] (train_gpt2.py's B×(T+1) batches);
+    - ``tokens`` [B, T] = x and ``targets`` [B, T] = y, as a golden file made from llm.c's files
+      holds them.
+
+    A golden file's tokens [B, T] with its next-token targets [B, T − 1] are neither: they give a
+    debug state of T − 1 positions, which is said in the returned text, never silently."""
+    x = np.asarray(tokens)
+    if x.ndim == 1:
+        x = x[None]  # [1, pos]
+    if targets is not None:
+        y = np.asarray(targets)
+        y = y[None] if y.ndim == 1 else y
+        if y.shape == x.shape:
+            return x, y, f"x = tokens [{x.shape[0]}, {x.shape[1]}], y = targets [B, T] (one per input, llm.c's)"
+        if y.shape == (x.shape[0], x.shape[1] - 1):
+            return (x[:, :-1], y, f"tokens [B, T] = [{x.shape[0]}, {x.shape[1]}] with next-token targets [B, T − 1]: "
+                    f"read as B×(T+1) = {x.shape[0]}×({x.shape[1] - 1}+1): x = tokens[:, :-1], y = targets; "
+                    f"the debug state has T = {x.shape[1] - 1}, one position fewer than the golden")
+        raise RefGPTError(f"debug state: targets {list(y.shape)} fit neither tokens {list(x.shape)} (B×T, llm.c's y) "
+                          f"nor next-token targets [B, T − 1]")
+    if x.shape[1] < 2:
+        raise RefGPTError("debug state: tokens need at least 2 positions (inputs x and next-token targets y)")
+    return (x[:, :-1], x[:, 1:], f"tokens [B, T+1] = [{x.shape[0]}, {x.shape[1]}]: B×(T+1) convention, "
+            f"x = tokens[:, :-1], y = tokens[:, 1:], T = {x.shape[1] - 1}")
+
+
+def read_data_shard(path, B: int, T: int, start: int = 0):
+    """llm.c's token data shard (dev/data/data_common.py: magic 20240520, version 1, header[2] = the
+    number of tokens, then uint16 ids) → llm.c's first batch from ``start``: x [B, T] and y [B, T]
+    from B·T + 1 consecutive tokens (x = buf[:-1], y = buf[1:], as llm.c's dataloader reads them)."""
+    path = Path(path)
+    header, body = _read_header(path, SHARD_MAGIC)
+    version, n = int(header[1]), int(header[2])
+    if version != 1:
+        raise RefGPTError(f"{path}: data shard version {version}; refgpt reads version 1 (GPT-2, uint16 ids)")
+    if len(body) != 2 * n:
+        raise RefGPTError(f"{path}: header says {n} tokens ({2 * n} bytes), the file holds {len(body)} bytes")
+    if B < 1 or T < 1 or start < 0 or start + B * T + 1 > n:
+        raise RefGPTError(f"{path}: a batch B×T = {B}×{T} from token {start} needs {start + B * T + 1} tokens, "
+                          f"the shard has {n}")
+    buf = np.frombuffer(body, dtype="<u2", count=B * T + 1, offset=2 * start).astype(np.int64)  # [B·T + 1]
+    return buf[:-1].reshape(B, T), buf[1:].reshape(B, T)
+
+
 # ---- activations --------------------------------------------------------------------------------
 
 
@@ -388,7 +440,7 @@ def read_activations(path, cfg: Config, B: int, T: int) -> dict[str, np.ndarray]
     if not path.is_file():
         raise RefGPTError(f"{path}: file not found")
     n_floats, rem = divmod(path.stat().st_size, 4)
-    fixed = sum(int(np.prod(s)) for k, s in activation_shapes(cfg, B, T, 0).items())
+    fixed = sum(math.prod(s) for k, s in activation_shapes(cfg, B, T, 0).items())
     Vp, odd = divmod(n_floats - fixed, 2 * B * T)
     if rem or odd or Vp < cfg.d_vocab:
         raise RefGPTError(f"{path}: {path.stat().st_size} bytes is not llm.c's acts_memory for B={B}, T={T} "
@@ -398,7 +450,7 @@ def read_activations(path, cfg: Config, B: int, T: int) -> dict[str, np.ndarray]
     flat = np.fromfile(path, dtype="<f4")  # [n_floats]
     out, offset = {}, 0
     for name, shape in activation_shapes(cfg, B, T, Vp).items():
-        size = int(np.prod(shape))
+        size = math.prod(shape)
         out[name] = flat[offset: offset + size].reshape(shape)
         offset += size
     return out
@@ -419,7 +471,8 @@ def write_activations(path, golden_tensors: dict, cfg: Config, Vp: int | None = 
         return np.concatenate([a, np.zeros((B, T, Vp - V), a.dtype)], axis=-1)
 
     losses = np.zeros((B, T))  # [B, T]
-    losses[:, :-1] = g["loss"]  # the last target is past the golden tokens: left 0
+    loss = np.asarray(g["loss"])  # [B, T − 1], or [B, T] with llm.c's targets
+    losses[:, : loss.shape[1]] = loss  # without llm.c's targets the last is past the golden's tokens: left 0
     qkv = lambda l: np.concatenate([np.asarray(g[f"blocks.{l}.attn.hook_{x}"]).reshape(B, T, -1) for x in "qkv"], -1)
     acts = {
         "encoded": g["blocks.0.hook_resid_pre"], "ln1": stack("ln1.out"),
@@ -434,8 +487,10 @@ def write_activations(path, golden_tensors: dict, cfg: Config, Vp: int | None = 
         "lnf_rstd": 1 / np.asarray(g["ln_final.hook_scale"])[..., 0],
         "logits": pad(np.asarray(g["logits"])), "probs": pad(np.exp(np.asarray(g["log_probs"]))), "losses": losses,
     }
-    path = Path(path)
-    with open(path, "wb") as f:
-        for name, shape in activation_shapes(cfg, B, T, Vp).items():
-            f.write(np.asarray(acts[name], "<f4").reshape(shape).tobytes())
-    return path
+
+    def write(tmp):
+        with open(tmp, "wb") as f:
+            for name, shape in activation_shapes(cfg, B, T, Vp).items():
+                f.write(np.asarray(acts[name], "<f4").reshape(shape).tobytes())
+
+    return write_atomically(path, write)

@@ -34,8 +34,10 @@ The maps:
           ``preatt`` holds the scaled scores, and llm.c never writes its masked (future)
           entries, so they become −∞ here and are never compared; logits and probs have
           llm.c's padded vocabulary Vp and are cut to the real one; ``losses`` [B, T] uses
-          targets y = the next token, so its last position (whose target refgpt never saw) is
-          dropped.
+          targets y = the next token, so against a golden made without llm.c's targets its last
+          position (whose target that golden never saw) is dropped. ``residual3`` of block L is
+          also ``blocks.{L+1}.hook_resid_pre``. Gradients (``grads.*``, ``grads_acts.*``):
+          refgpt/oracle/llmc_dump.py.
 """
 
 from __future__ import annotations
@@ -51,7 +53,6 @@ from ..errors import RefGPTError
 MAPS = ("refgpt", "hf", "tl", "llmc")
 
 
-
 def _with_ln_outputs(names):
     """Hook names in forward order, each LayerNorm's output (``ln1.out``) after its x̂."""
     return tuple(x for name in names for x in
@@ -63,9 +64,93 @@ BLOCK_ORDER = _with_ln_outputs(hook_points.BLOCK)
 _BEFORE = ("tokens", *hook_points.EMBED)
 _AFTER = _with_ln_outputs(hook_points.FINAL) + ("logits", "log_probs", "probs", "targets", "loss", "loss_mean")
 
+#: Gradients in a golden file: ``grad.`` + the name of what was differentiated (a hook point,
+#: a LayerNorm's ``….out``, ``logits``, or a parameter's TransformerLens name), ∂(mean loss)/∂ it.
+GRAD = "grad."
+
+#: A block's gradients in the order its backward pass computes them: an op's output gradient,
+#: then its parameters' gradients, then the gradient of its input (which is the previous op's
+#: output). A wrong backward of one op is first seen at the entry right after its output's.
+BLOCK_BACKWARD_ORDER = (
+    ["hook_resid_post", "hook_mlp_out", "mlp.W_out", "mlp.b_out", "mlp.hook_post", "mlp.hook_pre",
+     "mlp.W_in", "mlp.b_in", "ln2.out", "ln2.w", "ln2.b", "ln2.hook_normalized", "ln2.hook_scale",
+     "ln2.hook_mean", "hook_resid_mid", "hook_attn_out", "attn.W_O", "attn.b_O", "attn.hook_z",
+     "attn.hook_v", "attn.hook_pattern", "attn.hook_attn_scores", "attn.hook_q", "attn.hook_k"]
+    + [f"attn.{w}_{x}" for x in "QKV" for w in ("W", "b")]
+    + ["ln1.out", "ln1.w", "ln1.b", "ln1.hook_normalized", "ln1.hook_scale", "ln1.hook_mean",
+       "hook_resid_pre"]
+)
+_GRAD_HEAD = ("logits", "unembed.W_U", "unembed.b_U", "ln_final.out", "ln_final.w", "ln_final.b",
+              "ln_final.hook_normalized", "ln_final.hook_scale", "ln_final.hook_mean")
+_GRAD_TAIL = ("hook_embed", "hook_pos_embed", "embed.W_E", "pos_embed.W_pos", "tied_W_E")
+
+
+def backward_key(name: str) -> tuple:
+    """Sort key of a gradient's target ``name`` (without ``grad.``): the order in which the
+    backward pass computes ∂loss/∂ it, from the logits back to the embeddings."""
+    if name in _GRAD_HEAD:
+        return (0, _GRAD_HEAD.index(name))
+    layer, rest = hook_points.split(name)
+    if layer is not None and rest in BLOCK_BACKWARD_ORDER:
+        return (1, -layer, BLOCK_BACKWARD_ORDER.index(rest))
+    if name in _GRAD_TAIL:
+        return (2, _GRAD_TAIL.index(name))
+    return (3, name)
+
+
+def is_gradient(name: str) -> bool:
+    return name.startswith(GRAD)
+
+
+#: Within a block: which op's backward computes the gradient of each tensor.
+_BLOCK_BACKWARD_OP = {
+    "mlp.W_out": "the MLP's output projection (W_out)", "mlp.b_out": "the MLP's output projection (W_out)",
+    "mlp.hook_post": "the MLP's output projection (W_out)", "mlp.hook_pre": "the activation (GELU)",
+    "mlp.W_in": "the MLP's input projection (W_in)", "mlp.b_in": "the MLP's input projection (W_in)",
+    "ln2.out": "the MLP's input projection (W_in)", "hook_resid_mid": "ln2 (its ∂input, plus the residual)",
+    "hook_attn_out": "ln2 (its ∂input, plus the residual)", "attn.W_O": "attention's output projection (W_O)",
+    "attn.b_O": "attention's output projection (W_O)", "attn.hook_z": "attention's output projection (W_O)",
+    "attn.hook_v": "z = pattern·v", "attn.hook_pattern": "z = pattern·v", "attn.hook_attn_scores": "the softmax",
+    "attn.hook_q": "the scores q·kᵀ·scale", "attn.hook_k": "the scores q·kᵀ·scale",
+    "ln1.out": "the Q/K/V projections", "hook_resid_pre": "ln1 (its ∂input, plus the residual)",
+    **{f"attn.{w}_{x}": "the Q/K/V projections" for x in "QKV" for w in "Wb"},
+    **{f"ln{n}.{h}": f"ln{n}'s affine part (w ⊙ x̂ + b)" for n in (1, 2) for h in ("w", "b", "hook_normalized")},
+    **{f"ln{n}.{h}": f"ln{n}'s normalization" for n in (1, 2) for h in ("hook_scale", "hook_mean")},
+}
+
+
+def backward_op(name: str, n_layers: int | None = None) -> str | None:
+    """The op whose backward computes gradient ``name`` ("grad.…"): where to look when it is the
+    first gradient out of tolerance. None for a name that is not a known gradient."""
+    if not name.startswith(GRAD):
+        return None
+    name = name[len(GRAD):]
+    fixed = {"logits": "the loss (softmax cross-entropy)", "unembed.W_U": "the unembedding",
+             "unembed.b_U": "the unembedding", "ln_final.out": "the unembedding",
+             "ln_final.w": "ln_final's affine part", "ln_final.b": "ln_final's affine part",
+             "ln_final.hook_normalized": "ln_final's affine part", "ln_final.hook_scale": "ln_final's normalization",
+             "ln_final.hook_mean": "ln_final's normalization", "embed.W_E": "the token embedding (a scatter-add)",
+             "pos_embed.W_pos": "the position embedding (a sum over the batch)",
+             "tied_W_E": "the embedding and the unembedding (their sum)"}
+    if name in fixed:
+        return fixed[name]
+    if name in ("hook_embed", "hook_pos_embed"):
+        return "blocks.0.ln1 (its ∂input, plus the residual)"
+    layer, rest = hook_points.split(name)
+    if layer is None:
+        return None
+    if rest in ("hook_resid_post", "hook_mlp_out"):
+        last = n_layers is not None and layer == n_layers - 1
+        return "ln_final (its ∂input)" if last else f"blocks.{layer + 1}.ln1 (its ∂input, plus the residual)"
+    op = _BLOCK_BACKWARD_OP.get(rest)
+    return f"blocks.{layer}: {op}" if op else None
+
 
 def forward_key(name: str) -> tuple:
-    """Sort key: the order in which the forward pass computes ``name``; unknown names last."""
+    """Sort key: the order in which the forward pass computes ``name``, then every gradient in the
+    order the backward pass computes it (``backward_key``); unknown names last within each."""
+    if name.startswith(GRAD):
+        return (5, *backward_key(name[len(GRAD):]))
     if name in _BEFORE:
         return (0, _BEFORE.index(name))
     layer, rest = hook_points.split(name)
@@ -81,11 +166,17 @@ def forward_order(names) -> list[str]:
 
 
 def layer_of(name: str) -> int | None:
-    return hook_points.split(name)[0]
+    return hook_points.split(name[len(GRAD):] if name.startswith(GRAD) else name)[0]
 
 
 def axes(name: str, ndim: int) -> tuple[str, ...]:
     """What each axis of a tensor means, for naming the place an error was found."""
+    if name.startswith(GRAD):
+        name = name[len(GRAD):]
+        last = name.rsplit(".", 1)[-1]
+        param = _PARAM_AXES.get(last) if not last.startswith(("hook_", "out")) else None
+        if param is not None:
+            return param if len(param) == ndim else tuple(f"axis{i}" for i in range(ndim))
     labels = hook_points.axes(name)  # a hook point's; pos of scores and pattern = the query position
     if labels is None:
         if name in ("logits", "log_probs", "probs"):
@@ -97,6 +188,15 @@ def axes(name: str, ndim: int) -> tuple[str, ...]:
     return labels if len(labels) == ndim else tuple(f"axis{i}" for i in range(ndim))
 
 
+_PARAM_AXES = {"W_E": ("token", "d_model"), "tied_W_E": ("token", "d_model"), "W_pos": ("pos", "d_model"),
+               "W_U": ("d_model", "token"), "b_U": ("token",), "w": ("d_model",), "b": ("d_model",),
+               "W_Q": ("head", "d_model", "d_head"), "W_K": ("head", "d_model", "d_head"),
+               "W_V": ("head", "d_model", "d_head"), "b_Q": ("head", "d_head"), "b_K": ("head", "d_head"),
+               "b_V": ("head", "d_head"), "W_O": ("head", "d_head", "d_model"), "b_O": ("d_model",),
+               "W_in": ("d_model", "d_mlp"), "b_in": ("d_mlp",), "W_out": ("d_mlp", "d_model"),
+               "b_out": ("d_model",)}
+
+
 @dataclass(frozen=True)
 class ModelShape:
     """What a map needs to know about the reference model to split stacked tensors."""
@@ -104,6 +204,7 @@ class ModelShape:
     n_layers: int
     n_heads: int
     d_vocab: int
+    config: object = None  # the reference's Config, when known: needed to map parameter gradients
 
 
 def to_refgpt(tensors: dict, name_map: str, shape: ModelShape) -> tuple[dict, list[str]]:
@@ -119,7 +220,15 @@ _TL_EXTRA = {"unembed.hook_in": "ln_final.out", "unembed.hook_out": "logits"}
 
 
 def _from_tl(tensors, shape):
-    return {_TL_EXTRA.get(k, k): v for k, v in tensors.items()}, []
+    out = {}
+    for k, v in tensors.items():
+        if k.endswith("_grad"):  # TL's run_with_cache(incl_bwd=True): "blocks.0.hook_resid_pre_grad"
+            out[GRAD + _TL_EXTRA.get(k[: -len("_grad")], k[: -len("_grad")])] = v
+        elif k.endswith(".grad"):  # a parameter's .grad under its TL name: "blocks.0.attn.W_Q.grad"
+            out[GRAD + k[: -len(".grad")]] = v
+        else:
+            out[_TL_EXTRA.get(k, k)] = v
+    return out, []
 
 
 # ---- Hugging Face ------------------------------------------------------------------------------
@@ -136,6 +245,10 @@ def hf_hidden_state_name(i: int, n_layers: int) -> str:
 
 def _from_hf(tensors, shape):
     out, notes = {}, []
+    grads = {k[: -len(".grad")]: v for k, v in tensors.items() if k.endswith(".grad")}
+    tensors = {k: v for k, v in tensors.items() if not k.endswith(".grad")}
+    if grads:
+        out.update(_hf_gradients(grads, shape))
     for key, value in tensors.items():
         m = _HF_INDEXED.fullmatch(key)
         if key == "hidden_states":
@@ -155,6 +268,38 @@ def _from_hf(tensors, shape):
         else:
             out[key] = value
     return out, notes
+
+
+def _hf_gradients(grads, shape):
+    """torch ``.grad`` of HF parameters (``transformer.h.0.attn.c_attn.weight.grad``), of
+    ``hidden_states.i`` (after ``retain_grad()``) and of ``logits`` → ``grad.*``."""
+    from ..checkpoint import to_circuits
+
+    out, params = {}, {}
+    for key, value in grads.items():
+        m = _HF_INDEXED.fullmatch(key)
+        if key == "logits":
+            out[GRAD + "logits"] = value
+        elif m and m.group(1) == "hidden_states":
+            out[GRAD + hf_hidden_state_name(int(m.group(2)), shape.n_layers)] = value
+        else:
+            params[key.removeprefix("transformer.")] = np.asarray(value)
+    if not params:
+        return out
+    cfg = shape.config
+    if cfg is None:
+        raise RefGPTError("HF parameter gradients need a refgpt golden file as the reference (its config "
+                          "says how to split c_attn into heads)")
+    try:
+        p = to_circuits(params, cfg)
+    except KeyError as missing:
+        raise RefGPTError(f"HF parameter gradients: {missing.args[0]}.grad is missing; give every "
+                          f"parameter's .grad (or none)") from None
+    if cfg.tie_word_embeddings and "lm_head.weight" not in params:
+        out[GRAD + "tied_W_E"] = p.pop("embed.W_E")  # wte.grad: the one matrix's two uses summed
+        p.pop("unembed.W_U")
+    out.update({GRAD + k: v for k, v in p.items()})
+    return out
 
 
 # ---- llm.c ------------------------------------------------------------------------------------
@@ -184,7 +329,7 @@ def _from_llmc(tensors, shape):
             if a.shape[0] != shape.n_layers:
                 raise RefGPTError(f"llm.c {key}: stacked over {a.shape[0]} layers, the reference model has {shape.n_layers}")
             for L in range(shape.n_layers):
-                out.update(_llmc_layer(key, a[L], L, NH))
+                out.update(_llmc_layer(key, a[L], L, NH, shape.n_layers))
         elif key == "encoded":
             out["blocks.0.hook_resid_pre"] = a  # [B, T, C] = wte[x] + wpe
         elif key in ("lnf_mean", "lnf_rstd"):
@@ -198,14 +343,13 @@ def _from_llmc(tensors, shape):
                 notes.append(f"llm.c {key}: padded vocabulary {a.shape[-1]} cut to {V}")
             out[key] = a[..., :V]  # [B, T, V]
         elif key == "losses":
-            out["loss"] = a[:, :-1]  # [B, T − 1]: the last target is past refgpt's tokens
-            notes.append("llm.c losses: last position dropped (its target is the token after the input)")
+            out["loss"] = a  # [B, T]; against a golden without llm.c's targets, compare drops the last position
         else:
             out[key] = a
     return out, notes
 
 
-def _llmc_layer(key, a, L, n_heads):
+def _llmc_layer(key, a, L, n_heads, n_layers):
     b = f"blocks.{L}."
     if key.endswith(("_mean", "_rstd")):
         return _llmc_stat(b + key[:3] + ".", key[4:], a)
@@ -220,6 +364,8 @@ def _llmc_layer(key, a, L, n_heads):
         scores = np.array(a, dtype=np.float64)  # [B, head, T, T]
         scores[..., np.triu(np.ones((T, T), dtype=bool), 1)] = -np.inf  # never written by llm.c
         return {b + "attn.hook_attn_scores": scores}
+    if key == "residual3" and L + 1 < n_layers:  # block L's output is block L + 1's input
+        return {b + "hook_resid_post": a, f"blocks.{L + 1}.hook_resid_pre": a}
     return {b + _LLMC_STACKED[key]: a}
 
 

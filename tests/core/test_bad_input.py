@@ -167,8 +167,62 @@ def test_fewer_layers_in_config_than_tensors(ckpt):
 
 def test_more_layers_in_config_than_tensors(ckpt):
     edit_config(ckpt, n_layer=3)
-    with raises("'h.2.ln_1.weight' is missing"):
+    with raises("config.json says n_layer=3, but the checkpoint holds 2 blocks"):
         refgpt.load(ckpt)
+
+
+def test_a_million_layers_fail_fast(ckpt):
+    """Refused before any n_layer-long structure is built (it took 38 s and gigabytes before)."""
+    import time
+
+    edit_config(ckpt, n_layer=1_000_000)
+    start = time.process_time()
+    with raises("n_layer=1000000, but the checkpoint holds 2 blocks"):
+        refgpt.load(ckpt)
+    assert time.process_time() - start < 5  # a generous bound on a check that takes milliseconds
+
+
+def test_a_model_too_big_for_the_machine_is_refused_before_allocating(ckpt):
+    edit_config(ckpt, n_layer=1_000_000, n_embd=768, n_head=12, vocab_size=50257)
+    with raises(r"config.json: this model needs at least [\d,.]+ GiB .* but the machine has [\d,.]+ GiB available"):
+        refgpt.load(ckpt)
+    with raises("this model needs at least"):
+        refgpt.Model(Config(d_model=2**16, n_layers=2**14, n_heads=1, d_mlp=1, d_vocab=1, n_ctx=1), {})
+
+
+@pytest.mark.parametrize("edit,match", [
+    ({"layer_norm_epsilon": float("inf")}, "Infinity is not a JSON number"),
+    ({"layer_norm_epsilon": 0}, "layer_norm_epsilon must be a finite number > 0"),
+    ({"layer_norm_epsilon": -1e-5}, "layer_norm_epsilon must be a finite number > 0"),
+    ({"layer_norm_epsilon": 1e308 * 10}, "Infinity is not a JSON number"),
+    ({"n_layer": True}, "n_layers must be a positive integer, found True"),
+    ({"n_embd": 8.0}, "d_model must be a positive integer, found 8.0"),
+    ({"activation_function": ["gelu"]}, r"unknown activation_function \['gelu'\]"),
+    ({"model_type": ["gpt2"]}, r"model_type is \['gpt2'\]"),
+    ({"add_cross_attention": "no"}, "add_cross_attention must be true or false"),
+    ({"n_positions": 2**40}, "n_ctx=1099511627776 is larger than any GPT-2"),
+    ({"tie_word_embeddings": 1}, "tie_word_embeddings must be true or false, found 1"),
+])
+def test_config_types_and_ranges(ckpt, edit, match):
+    edit_config(ckpt, **edit)
+    with raises(match):
+        refgpt.load(ckpt)
+
+
+@pytest.mark.parametrize("text,match", [
+    ('{"n_layer": ' + "9" * 5000 + "}", "config.json: not valid JSON .*4300 digits|config.json: .*digits"),
+    ("[" * 100_000, "config.json: JSON nested too deeply"),
+    ('{"n_layer": 2, "n_layer": 3}', "config.json: key 'n_layer' appears twice"),
+])
+def test_config_json_that_python_would_misread(ckpt, text, match):
+    (ckpt / "config.json").write_text(text)
+    with raises(match):
+        refgpt.load(ckpt)
+
+
+def test_a_huge_integer_from_python_is_shown_short():
+    with raises("an integer of 16,610 bits"):
+        Config(d_model=10**5000, n_layers=1, n_heads=1, d_mlp=1, d_vocab=1, n_ctx=1)
 
 
 def test_unknown_activation(ckpt):
@@ -233,3 +287,75 @@ def test_hook_returning_wrong_shape_or_dtype(model):
         model.run_with_hooks([1, 2], fwd_hooks=[("blocks.0.hook_resid_pre", lambda a, n: a[..., :7])])
     with raises("returned float32, expected float64 \\(refgpt does not cast silently\\)"):
         model.run_with_hooks([1, 2], fwd_hooks=[("blocks.0.hook_resid_pre", lambda a, n: a.astype(np.float32))])
+
+
+# ---- ambiguous checkpoints (issue 12) ------------------------------------------------------------
+
+
+def test_a_weight_stored_with_and_without_the_prefix_is_ambiguous(tmp_path, model):
+    tensors = {k: v.astype(np.float32) for k, v in hf_tensors(model).items()}
+    tensors["ln_f.bias"] = tensors["transformer.ln_f.bias"] + 1  # a second, different copy
+    ckpt = save_checkpoint(model, tmp_path / "m", tensors=tensors)
+    with raises(r"tensor '(transformer\.)?ln_f.bias' is stored twice: also as '(transformer\.)?ln_f.bias'.*ambiguous"):
+        refgpt.load(ckpt)
+
+
+def sharded(tmp_path, model, mutate=lambda shards, index: None):
+    """A two-shard checkpoint with an index, after ``mutate(shards, index)``."""
+    from safetensors.numpy import save_file
+
+    directory = save_checkpoint(model, tmp_path / "s")
+    (directory / "model.safetensors").unlink()
+    tensors = {k: v.astype(np.float32) for k, v in hf_tensors(model).items()}
+    names = sorted(tensors)
+    shards = {"a.safetensors": {k: tensors[k] for k in names[::2]},
+              "b.safetensors": {k: tensors[k] for k in names[1::2]}}
+    index = {"metadata": {}, "weight_map": {k: f for f, part in shards.items() for k in part}}
+    mutate(shards, index)
+    for f, part in shards.items():
+        save_file(part, str(directory / f))
+    (directory / "model.safetensors.index.json").write_text(
+        index if isinstance(index, str) else json.dumps(index))
+    return directory
+
+
+def test_a_sharded_checkpoint_loads(tmp_path, model):
+    loaded = refgpt.load(sharded(tmp_path, model), tokenizer=False)
+    assert np.array_equal(loaded.params["blocks.1.mlp.W_in"], model.params["blocks.1.mlp.W_in"].astype(np.float32))
+
+
+def _in_both(shards, index):
+    shards["b.safetensors"]["transformer.wte.weight"] = shards["a.safetensors"].get(
+        "transformer.wte.weight", shards["b.safetensors"].get("transformer.wte.weight"))
+    shards["a.safetensors"]["transformer.wte.weight"] = shards["b.safetensors"]["transformer.wte.weight"]
+
+
+@pytest.mark.parametrize("mutate,match", [
+    (_in_both, r"holds tensor 'transformer.wte.weight', which the shard index places in"),
+    (lambda s, i: i["weight_map"].update({"transformer.h.0.ln_1.weight": "c.safetensors"}), "names shard 'c.safetensors', which does not exist"),
+    (lambda s, i: i.update(weight_map={}), "'weight_map' must be a non-empty object"),
+    (lambda s, i: i.update(weight_map=[]), "'weight_map' must be a non-empty object"),
+    (lambda s, i: i["weight_map"].update({"transformer.wte.weight": 3}), r"weight_map\['transformer.wte.weight'\] must be a file name"),
+    (lambda s, i: i["weight_map"].update({"transformer.wte.weight": "../a.safetensors"}), "must be a file name beside the index"),
+    (lambda s, i: i["weight_map"].update({"extra.tensor": "a.safetensors"}), "lists tensor 'extra.tensor', but the shard does not hold it"),
+    (lambda s, i: s["a.safetensors"].update(stray=np.zeros(1, np.float32)), "holds tensor 'stray', which the shard index does not list"),
+])
+def test_shard_index_problems_are_errors(tmp_path, model, mutate, match):
+    with raises(match):
+        refgpt.load(sharded(tmp_path, model, mutate), tokenizer=False)
+
+
+@pytest.mark.parametrize("text,match", [
+    ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+    ('{"weight_map": {"a": "a.safetensors", "a": "b.safetensors"}}', "key 'a' appears twice"),
+    ("\xff", "not a valid shard index: not valid JSON \\(not UTF-8 text"),
+])
+def test_broken_shard_index_json(tmp_path, model, text, match):
+    with raises(match):
+        refgpt.load(_with_index(tmp_path, model, text))
+
+
+def _with_index(tmp_path, model, text):
+    directory = sharded(tmp_path, model)
+    (directory / "model.safetensors.index.json").write_text(text, encoding="latin-1")
+    return directory

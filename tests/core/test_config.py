@@ -40,10 +40,11 @@ def test_activation_must_be_known():
         cfg(act_fn="gelu_old")
 
 
-def test_eps_must_be_a_number_at_least_zero():
-    assert cfg(eps=0).eps == 0 and cfg(eps=0.0).eps == 0.0 and cfg(eps=1).eps == 1
-    for bad in (-1e-5, math.nan, True, "1e-5", None):
-        with pytest.raises(RefGPTError, match="config: layer_norm_epsilon must be a number ≥ 0"):
+def test_eps_must_be_a_finite_number_above_zero():
+    """ε = 0 makes a constant vector's LayerNorm 0/0; ε = ∞ makes every LayerNorm output its bias."""
+    assert cfg(eps=1e-300).eps == 1e-300 and cfg(eps=1).eps == 1
+    for bad in (0, 0.0, -1e-5, math.nan, math.inf, True, "1e-5", None):
+        with pytest.raises(RefGPTError, match="config: layer_norm_epsilon must be a finite number > 0"):
             cfg(eps=bad)
 
 

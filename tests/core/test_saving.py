@@ -74,6 +74,10 @@ def test_save_refuses_what_an_hf_checkpoint_cannot_hold(tmp_path):
         refgpt.save(with_b_U, tmp_path / "b")
     with pytest.raises(RefGPTError, match="dtype"):
         refgpt.save(random_model(CFG), tmp_path / "c", dtype="float16")
+    with pytest.raises(RefGPTError, match=r"^save: config would set n_ctx, n_embd, which the model itself fixes "
+                                          r"\(n_ctx=9, n_embd=12\)$"):
+        refgpt.save(random_model(CFG), tmp_path / "d", config={"n_embd": 16, "n_ctx": 1024, "n_layer": 2})
+    assert not (tmp_path / "d").exists()
 
 
 def test_save_into_something_that_is_not_a_directory_is_one_line(tmp_path):
@@ -98,7 +102,7 @@ def test_a_failed_write_leaves_no_file_and_no_temporary(tmp_path, monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setattr(saving, "save_file", broken)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(refgpt.RefGPTError, match=r"model.safetensors': cannot write \(disk full\)"):
         refgpt.save(random_model(CFG), tmp_path / "m")
     assert list((tmp_path / "m").iterdir()) == []
 

@@ -116,28 +116,6 @@ def test_release_drops_pages_but_not_values(tmp_path):
     assert isinstance(g.file, SafetensorsFile)
 
 
-def test_compare_in_small_chunks_gives_the_same_report(tmp_path, monkeypatch):
-    """The oracle compares a block of rows at a time; its verdict, first and worst elements must
-    not depend on the block size."""
-    model = random_model(CFG, seed=4)
-    ref = golden.write_streamed(tmp_path / "ref.safetensors", model, TOKENS, command=["t"])
-    m32 = random_model(CFG, seed=4, dtype="float32")
-
-    def inject(a, name):
-        a = a.copy()
-        a[1, 5, 3] += 0.05
-        a[0, 2, 1] += 0.01
-        return a
-
-    cand = golden.compute(m32, TOKENS, fwd_hooks=[("blocks.1.hook_resid_mid", inject)])
-    whole = comparison.compare(ref, cand).to_dict()
-    monkeypatch.setattr(comparison, "_CHUNK", 7)
-    chunked = comparison.compare(ref, cand).to_dict()
-    assert chunked == whole
-    assert whole["first_divergence"]["name"] == "blocks.1.hook_resid_mid"
-    assert whole["first_divergence"]["first_bad"]["index"] == (0, 2, 1)
-
-
 def test_float32_twin_of_a_float32_checkpoint_is_the_mapped_file(tmp_path):
     """The conditioning pass's float32 weights: mapped from a float32 checkpoint (no copy) when the
     model holds that file's weights unchanged; rounded copies otherwise. The same numbers either way."""

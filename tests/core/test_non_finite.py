@@ -1,0 +1,142 @@
+"""Non-finite guards: a forward pass that turns finite input into NaN/±∞ raises at the first hook
+point where it appeared; non-finite or out-of-range arguments are refused up front; bad types are
+RefGPTTypeErrors (RefGPTError and TypeError)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from random_models import random_model
+from refgpt import Config, RefGPTError
+from refgpt.analysis.interventions import add_vector
+from refgpt.errors import RefGPTTypeError, real_number
+from refgpt.tokenizer import Tokenizer, bytes_to_unicode
+
+CFG = Config(d_model=8, n_layers=2, n_heads=2, d_mlp=12, d_vocab=257, n_ctx=6)
+
+# The poisoned forward passes warn on their way to the error; the error is what is tested.
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+TOKENS = np.array([1, 2, 3, 4])
+
+
+@pytest.fixture(scope="module")
+def model():
+    return random_model(CFG, seed=4)
+
+
+@pytest.mark.parametrize("hook,value", [
+    ("blocks.1.hook_resid_mid", np.inf), ("blocks.0.mlp.hook_post", np.nan), ("blocks.0.attn.hook_v", -np.inf),
+])
+def test_a_non_finite_activation_is_named_at_its_first_hook_point(model, hook, value):
+    def poison(a, name):
+        a = a.copy()
+        a[..., 0] = value
+        return a
+
+    with pytest.raises(RefGPTError, match=rf"produced (nan|inf|-inf) at {hook} \(index \[0, 0"):
+        model.run_with_hooks(TOKENS, fwd_hooks=[(hook, poison)])
+
+
+def test_an_overflow_is_named_where_it_happens(model):
+    with np.errstate(over="ignore"):
+        with pytest.raises(RefGPTError, match="produced -?inf at blocks.0.hook_attn_out"):
+            model.run_with_hooks(TOKENS, fwd_hooks=[("blocks.0.hook_attn_out", lambda a, n: a * 1e308 * 1e10)])
+
+
+def test_the_guard_works_with_a_kv_cache_and_leaves_it_consistent(model):
+    past = model.kv_cache()
+    model(TOKENS[:2], past=past)
+    with pytest.raises(RefGPTError, match="at blocks.1.hook_resid_post"):
+        model.run_with_hooks(TOKENS[2:], fwd_hooks=[("blocks.1.hook_resid_post", lambda a, n: a + np.inf)], past=past)
+
+
+def test_masked_attention_scores_are_not_a_non_finite_value(model):
+    logits, cache = model.run_with_cache(TOKENS)
+    assert np.isneginf(cache["blocks.0.attn.hook_attn_scores"]).any() and np.isfinite(logits).all()
+
+
+def test_huge_but_finite_sums_do_not_raise(model):
+    """The cheap check sums the logits; an overflowing sum of finite logits is re-checked, not refused."""
+    big = model.run_with_hooks(TOKENS, fwd_hooks=[("ln_final.hook_normalized", lambda a, n: a * 1e150)])
+    assert np.isfinite(big).all() and not np.isfinite(np.sum(big * 1e160))
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"temperature": float("inf")}, "temperature must be a finite number"),
+    ({"temperature": float("nan")}, "temperature must be a finite number"),
+    ({"temperature": -1.0}, "temperature must be ≥ 0"),
+    ({"temperature": 1e-320}, "temperature 1e-320 is so small"),
+    ({"temperature": "1"}, "temperature must be a number"),
+    ({"top_k": True}, "top_k must be a whole number ≥ 1"),
+    ({"top_k": 2.0}, "top_k must be a whole number ≥ 1"),
+    ({"seed": -1}, "seed must be a whole number ≥ 0"),
+    ({"seed": 1.5}, "seed must be a whole number ≥ 0"),
+])
+def test_generate_refuses_bad_arguments_up_front(model, kwargs, match):
+    with pytest.raises(RefGPTError, match=match):
+        model.generate(TOKENS[:2], 2, stop_at_eos=False, verbose=False, **kwargs)
+
+
+@pytest.mark.parametrize("coeff,match", [
+    (float("nan"), "coefficient must be a finite number"), (float("inf"), "coefficient must be a finite number"),
+    (1e308, "overflows float64"), (True, "coefficient must be a finite number"),
+])
+def test_add_vector_refuses_non_finite_coefficients(model, coeff, match):
+    with pytest.raises(RefGPTError, match=match):
+        add_vector(model, TOKENS, np.full(CFG.d_model, 10.0), 0, coeff=coeff)
+
+
+def test_real_number():
+    assert real_number(3, "x", least=0) == 3.0
+    with pytest.raises(RefGPTTypeError):
+        real_number(None, "x")
+    assert issubclass(RefGPTTypeError, TypeError) and issubclass(RefGPTTypeError, RefGPTError)
+
+
+def test_token_ids_must_be_integers(model):
+    symbols = [bytes_to_unicode()[b] for b in range(256)]  # id = byte: "a" is 97
+    tok = Tokenizer({**{c: i for i, c in enumerate(symbols)}, "ab": 256}, [("a", "b")])
+    with pytest.raises(RefGPTTypeError, match="token id True at position 0 is not an integer"):
+        tok.decode([True])
+    with pytest.raises(RefGPTTypeError, match="305.7"):
+        tok.decode([1, 305.7])
+    with pytest.raises(RefGPTTypeError):
+        tok.decode("ab")
+    with pytest.raises(RefGPTTypeError):
+        tok.decode(5)
+    model.tokenizer = tok
+    with pytest.raises(RefGPTTypeError, match="to_string: token ids must be integers, found dtype float64"):
+        model.to_string([305.7])
+    with pytest.raises(RefGPTTypeError, match="dtype bool"):
+        model.to_string([True])
+    assert model.to_string(np.array([97, 98])) == "ab"
+
+
+# ---- Python-API misuse: RefGPTError (RefGPTTypeError for a wrong type), never a raw exception -----
+
+
+def _misuses(model):
+    from refgpt import Model, load, save
+    from refgpt.oracle import comparison, golden
+
+    T, Z = np.array([1, 2, 3]), {"logits": np.zeros((1, 2, 3))}
+    return {
+        "load(123)": lambda: load(123), "Model(cfg, None)": lambda: Model(CFG, None),
+        "Model(None, {})": lambda: Model(None, {}), "model(ragged)": lambda: model([[1, 2], [3]]),
+        "model([2**70])": lambda: model([2**70]), "names=5": lambda: model.run_with_cache(T, names=5),
+        "fwd_hooks=5": lambda: model.run_with_hooks(T, fwd_hooks=5),
+        "Config.from_json(5)": lambda: Config.from_json(5), "compare(5, 6)": lambda: comparison.compare(5, 6),
+        "compare(strings)": lambda: comparison.compare({"logits": "x"}, {"logits": "y"}),
+        "compare(atol='x')": lambda: comparison.compare(Z, Z, atol="x"),
+        "golden.make(names=5)": lambda: golden.make(model, T, names=5), "golden.read(5)": lambda: golden.read(5),
+        "cache[5]": lambda: model.run_with_cache(T)[1][5], "kv_cache('a')": lambda: model.kv_cache("a"),
+        "save(model, 5)": lambda: save(model, 5),
+    }
+
+
+def test_python_api_misuse_is_a_refgpt_error(model):
+    for name, misuse in _misuses(model).items():
+        with pytest.raises(RefGPTError) as info:
+            misuse()
+        assert "\n" not in str(info.value), name
