@@ -68,8 +68,15 @@ def check_page(rows, page: str) -> list[str]:
             if value not in lines:
                 problems.append(f"{name}: the page has no line {value!r}")
         elif kind == "exact":
-            if not re.search(re.escape(value) + r"\s+\(" + name + r"\b", page):
+            # every "(name" on the page must follow the value: a second quote of a row is checked too
+            tags = list(re.finditer(r"\(" + name + r"\b", page))
+            if not tags:
                 problems.append(f"{name}: the page does not quote {value!r} ({name})")
+            for tag in tags:
+                before = page[:tag.start()].rstrip()
+                if not before.endswith(value) or before == page[:tag.start()]:
+                    line = page.count("\n", 0, tag.start()) + 1
+                    problems.append(f"{name}: line {line} tags {before[-len(value) - 10:]!r}, not {value!r} ({name})")
         else:
             stated = re.search(r"(1e-?\d+)\s+\(" + name + r"\b", page)
             if not stated or not value < float(stated.group(1)):

@@ -35,7 +35,7 @@ OUT = HERE / "figures"
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))
 from make_decomposition_numbers import bound, check_page  # noqa: E402  (the same row kinds)
-from steering_bounds import propagated_bound  # noqa: E402  (§5's bound, as the tests compute it)
+from steering_bounds import op, propagated_bound  # noqa: E402  (§5's bound, as the tests compute it)
 
 PROMPT = "The cat sat on the mat."
 LAYER, POSITION = 1, 5  # inject into the stream entering block 1, at the 6th token (' the')
@@ -67,6 +67,7 @@ def minus(text: str) -> str:
 def power(k: float) -> str:
     """10⁴ for k = 1e4 (1 for k = 1)."""
     e = int(round(np.log10(k)))
+    assert np.isclose(k, 10.0**e), f"{k:g} is not a power of ten"  # 10^8.5 must not print as 10⁸
     return "1" if e == 0 else f"10{str(e).translate(SUPERSCRIPT)}"
 
 
@@ -116,7 +117,8 @@ def stream_numbers(S: Setting, figures: bool) -> dict:
             "S3": ("exact", f"{elsewhere.min():.2f}–{elsewhere.max():.2f}"),
             "S4": ("exact", f"{at_p.min():.3f}–{at_p.max():.3f}"),
             "S5": ("exact", f"{added[0].min():.0f}–{added[0].max():.0f}"),
-            "S6": ("exact", f"{first.min():.1f}–{first.max():.1f}")}
+            "S6": ("exact", f"{first.min():.1f}–{first.max():.1f}"),
+            "S27": ("exact", f"{np.linalg.norm(S.clean[f'blocks.{LAYER}.hook_resid_pre'][0, POSITION]):.0f}")}
     lens = logit_lens(cache).top(1)[0][:, 0, :, 0]  # [stream, pos]
     clean_lens = logit_lens(S.clean).top(1)[0][:, 0, :, 0]  # [stream, pos]
     quote = lambda ids: ", ".join(f"`{model.to_string([int(i)])!r}`" for i in ids)  # noqa: E731
@@ -134,7 +136,7 @@ def stream_numbers(S: Setting, figures: bool) -> dict:
 
 def convergence_numbers(S: Setting, figures: bool) -> dict:
     model, p = S.model, S.model.params
-    W_U, w_f, n, eps = np.linalg.norm(p["unembed.W_U"], 2), np.max(np.abs(p["ln_final.w"])), model.cfg.d_model, model.cfg.eps
+    W_U, w_f, n, eps = op(p["unembed.W_U"]), np.max(np.abs(p["ln_final.w"])), model.cfg.d_model, model.cfg.eps
     D = np.linalg.norm(S.d - S.d.mean())
     last = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
     at_p, later, bound3 = [], [], []
@@ -214,6 +216,7 @@ def actadd_numbers(figures: bool) -> dict:
     rows = {"S17": ("exact", ", ".join(f"{delta[j]:.1f}" for j in steered_rows)),
             "S18": ("exact", ", ".join(f"{stream[j]:.1f}" for j in steered_rows)),
             "S19": ("exact", ", ".join(f"{stream[j] / delta[j]:.2f}" for j in steered_rows)),
+            "S28": ("exact", f"c/{stream[steered_rows[0]] / delta[steered_rows[0]]:.2f}"),  # the figure's axis note
             "table unsteered": ("line", f"| 0 (unsteered) | 0 | 0 | {kl_divergence(clean_logits[-1], limit_logits[-1]):.2e} | "
                                         f"{shown(unsteered)} |")}
     settled = None
@@ -236,7 +239,7 @@ def actadd_numbers(figures: bool) -> dict:
     # (≈ 10⁻¹⁶); fitted over 10³ ≤ c ≤ 10⁶, where it stands far above that.
     fit = (ACTADD_CURVE >= 1e3) & (ACTADD_CURVE <= 1e6)
     rows["S21"] = ("exact", minus(f"{np.polyfit(np.log(ACTADD_CURVE[fit]), np.log(curve_limit[fit]), 1)[0]:.3f}"))
-    rows["S26"] = ("exact", power(ACTADD_CURVE[np.flatnonzero(curve_limit <= 1e-15)[0]]))
+    rows["S26"] = ("exact", sci(ACTADD_CURVE[np.flatnonzero(curve_limit <= 1e-15)[0]], 1))  # the curve's c: 10^(j/2)
     curve_limit = np.where(curve_limit > 1e-15, curve_limit, np.nan)  # below: rounding, left out
     if figures:
         from refgpt.analysis.plots import convergence_figure

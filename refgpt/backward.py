@@ -155,7 +155,7 @@ def block_backward(model, L, grad, cache, act_backward, g_params, g_acts, point)
     g_acts[b + "hook_attn_out"] = g_attn = point(b + "hook_attn_out", grad)  # [batch, pos, d_model]
     a = attention_backward(g_attn, cached_output(cache, b + "ln1."), attn_w,
                            cache[b + "attn.hook_q"], cache[b + "attn.hook_k"], cache[b + "attn.hook_v"],
-                           cache[b + "attn.hook_pattern"], cache[b + "attn.hook_z"], cfg.attn_scale(L),
+                           cache[b + "attn.hook_pattern"], cache[b + "attn.hook_z"], cfg.score_scale(L),
                            point.scope(b + "attn."))
     h, dh, d = cfg.n_heads, cfg.d_head, cfg.d_model
     for x in "QKV":  # flat [d_model, head·d_head] → [head, d_model, d_head]

@@ -166,7 +166,13 @@ class Config:
     def d_head(self) -> int:
         return self.d_model // self.n_heads
 
-    def attn_scale(self, layer: int) -> float:
+    @property
+    def attn_scale(self) -> float:
+        """TransformerLens's ``cfg.attn_scale``: what the scores QKᵀ are *divided* by, √d_head (1
+        without ``use_attn_scale``), before any per-layer factor. The forward uses ``score_scale``."""
+        return self.d_head ** 0.5 if self.use_attn_scale else 1.0
+
+    def score_scale(self, layer: int) -> float:
         """The factor the attention scores QKᵀ of block ``layer`` are multiplied by.
 
         HF folds both scalings into one factor, √d_head⁻¹ / (layer + 1), and multiplies; refgpt does

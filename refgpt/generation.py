@@ -12,11 +12,12 @@ torch's sampler in TransformerLens, whose random numbers differ.
 
 The keywords are TransformerLens's ``generate``: a list of texts is left-padded (padding.py), so
 every row's next token follows its own last real token; with ``stop_at_eos`` a row that has
-produced ``eos_token_id`` gets only ``eos_token_id`` after it, and generation ends once every row
-has. ``return_type="input"`` returns what came in: text for text, tokens for tokens.
+produced ``eos_token_id`` gets only that id after it (for a list of ids: the tokenizer's EOS, as
+TransformerLens), and generation ends once every row has. ``return_type="input"`` returns what
+came in: text for text, tokens for tokens.
 
 Hooks active around ``generate`` (``with model.hooks(...)`` or ``with intervention:``) apply to
-every step. A hook marked ``takes_start`` is told which absolute positions each step computes
+every step. A hook reads which absolute positions each step computes from ``hook.start``
 (refgpt/hooks.py), so an edit of the prompt's positions — an ActAdd steering vector — is made
 once, in the prompt's pass, and every generated token sees it through the KV cache.
 """
@@ -37,12 +38,12 @@ def generate(model, input="", max_new_tokens: int = 10, stop_at_eos: bool = True
              verbose: bool = True, seed=None):
     """``input`` (text, a list of texts, or tokens [pos] / [batch, pos]) followed by up to
     ``max_new_tokens`` new tokens. ``verbose`` is accepted; refgpt shows no progress bar."""
+    side = inputs.resolve_padding_side(model, padding_side)
     text_in = inputs.is_text(input)
     if text_in:
-        batched_list = isinstance(input, (list, tuple)) and len(input) > 1
-        input = model.to_tokens(input, prepend_bos=prepend_bos, padding_side="left" if batched_list else padding_side)
-        if batched_list:
-            padding_side = "left"
+        if isinstance(input, (list, tuple)) and len(input) > 1:
+            side = "left"  # as TransformerLens: a batch of texts is left-padded, whatever padding_side says
+        input = model.to_tokens(input, prepend_bos=prepend_bos, padding_side=side)
     tokens, batched = model.check_tokens(input)
     if return_type not in ("input", "str", "tokens"):
         raise RefGPTError(f"generate: return_type must be 'input', 'str' or 'tokens', found {return_type!r}")
@@ -59,9 +60,8 @@ def generate(model, input="", max_new_tokens: int = 10, stop_at_eos: bool = True
     freq_penalty = real_number(freq_penalty, "generate: freq_penalty")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0):
         raise RefGPTError(f"generate: seed must be a whole number ≥ 0 or None, found {seed!r:.60}")
-    stop_tokens = _stop_tokens(model, stop_at_eos, eos_token_id)
+    stop_tokens, filler = _stop_tokens(model, stop_at_eos, eos_token_id)
 
-    side = inputs.resolve_padding_side(model, padding_side)
     mask = None  # TransformerLens's initial attention mask: the pads of a batch, on its padding side
     if model.tokenizer is not None and model.tokenizer.pad_token_id is not None and (side == "left" or len(tokens) > 1):
         mask = attention_mask_from_tokens(tokens, model.tokenizer.pad_token_id,
@@ -77,7 +77,7 @@ def generate(model, input="", max_new_tokens: int = 10, stop_at_eos: bool = True
         greedy = not do_sample or temperature == 0
         chosen = choose(logits, 0 if greedy else temperature, top_k, rng, top_p, freq_penalty, out)  # [batch]
         if stop_tokens:
-            chosen[finished] = stop_tokens[0]
+            chosen[finished] = filler
             finished |= np.isin(chosen, stop_tokens)
         step, step_mask = chosen[:, None], np.ones_like(chosen[:, None])  # [batch, 1], a new token is never a pad
         out = np.concatenate([out, step], axis=1)  # [batch, pos + 1]
@@ -90,18 +90,22 @@ def generate(model, input="", max_new_tokens: int = 10, stop_at_eos: bool = True
     return out if batched else out[0]
 
 
-def _stop_tokens(model, stop_at_eos, eos_token_id) -> list[int]:
+def _stop_tokens(model, stop_at_eos, eos_token_id) -> tuple[list[int], int | None]:
+    """(the ids that end a row, the id a finished row gets from then on), as TransformerLens: the
+    one ``eos_token_id``; for a list of them the tokenizer's EOS if it has one, else the first."""
     if not stop_at_eos:
-        return []
+        return [], None
+    tokenizer_eos = model.tokenizer.eos_token_id if model.tokenizer is not None else None
     if eos_token_id is None:
-        eos_token_id = model.tokenizer.eos_token_id if model.tokenizer is not None else None
+        eos_token_id = tokenizer_eos
         if eos_token_id is None:
             raise RefGPTError("generate: stop_at_eos=True needs eos_token_id= (this model has no tokenizer "
                               "with <|endoftext|>), or pass stop_at_eos=False")
-    ids = [int(eos_token_id)] if isinstance(eos_token_id, (int, np.integer)) else [int(i) for i in eos_token_id]
+    one = isinstance(eos_token_id, (int, np.integer))
+    ids = [int(eos_token_id)] if one else [int(i) for i in eos_token_id]
     if not ids or not all(0 <= i < model.cfg.d_vocab for i in ids):
         raise RefGPTError(f"generate: eos_token_id must be ids in [0, {model.cfg.d_vocab}), found {eos_token_id!r}")
-    return ids
+    return ids, (ids[0] if one or tokenizer_eos is None else tokenizer_eos)
 
 
 def choose(logits, temperature, top_k, rng, top_p=None, freq_penalty=0.0, previous=None):

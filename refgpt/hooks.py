@@ -9,7 +9,7 @@ edits included.
 A hook is ``fn(activation, hook)`` returning a replacement array, or None to keep the activation
 (an in-place edit of the array also flows downstream). ``hook`` is the model's ``HookPoint`` for
 that name: it has ``hook.name``, ``hook.layer()`` and ``hook.ctx`` (a dict that lives as long as
-the model, cleared by ``reset_hooks``), as in TransformerLens. A HookPoint *is* also its name (a
+the model, cleared by ``reset_hooks``), as in TransformerLens, and ``hook.start`` (below). A HookPoint *is* also its name (a
 ``str`` subclass), so hooks written ``fn(activation, name)`` for refgpt < 0.2 keep working:
 ``name == "blocks.0.hook_resid_pre"``, ``name.startswith(...)``. The hook is passed positionally.
 
@@ -19,8 +19,10 @@ hook's output silently.
 Absolute positions. In a pass given a KVCache the activations hold only the new positions, so
 row 0 of an activation is position ``run.start`` (the positions already cached), not position 0.
 A hook that edits given positions (a steering vector at the prompt's front positions) must know
-this: mark it with ``fn.takes_start = True`` and it is called ``fn(activation, hook, start=s)``,
-s the absolute position of the activation's first row (0 in an ordinary pass).
+this: it reads ``hook.start``, the absolute position of the activation's first row in the pass
+now running (0 in an ordinary pass). It is refgpt's addition to TransformerLens's HookPoint (TL's
+KV-cached hooks cannot tell), set by the pass before it calls the hooks on that point; a plain
+``fn(activation, hook)`` reads it like ``hook.name``.
 
 Hooks live on the model's hook points (``model.hook_dict``), as in TransformerLens:
 ``add_hook(name_or_filter, fn, dir="fwd"|"bwd", is_permanent=False, prepend=False)``,
@@ -63,6 +65,7 @@ class HookPoint(str):
     def __new__(cls, name: str):
         point = super().__new__(cls, name)
         point.ctx, point.fwd_hooks, point.bwd_hooks = {}, [], []
+        point.start = 0  # the absolute position of row 0 of the activation the hooks see now
         return point
 
     @property
@@ -160,7 +163,8 @@ class HookRun:
     def __call__(self, name: str, activation: np.ndarray) -> np.ndarray:
         for fn in self.hooks.get(name, ()):
             hook = self.points[name]
-            result = fn(activation, hook, start=self.start) if getattr(fn, "takes_start", False) else fn(activation, hook)
+            hook.start = self.start  # set before each hook: a hook may run a pass of its own
+            result = fn(activation, hook)
             if result is not None:
                 activation = _checked_replacement(name, activation, result)
         if name in self.cache_names:
@@ -256,10 +260,10 @@ class HookRegistry:
         """``with model.hooks(fwd_hooks=[…]):`` every pass inside runs them; on the way out (even on
         an exception) this level's hooks go, unless ``reset_hooks_end=False``. The names are
         checked here, before the ``with`` is entered."""
-        chosen = [(direction, self._hookable(n, f"{direction}_hooks"), fn)
+        chosen = [(direction, n, fn)
                   for direction, entries in (("fwd", fwd_hooks), ("bwd", bwd_hooks))
                   for selector, fn in hook_entries(entries, f"{direction}_hooks")
-                  for n in select_names(selector, self._selectable(selector), f"{direction}_hooks")]
+                  for n in self.chosen_names(selector, f"{direction}_hooks")]
         return self._hooks_context(chosen, reset_hooks_end, clear_contexts)
 
     @contextlib.contextmanager
@@ -274,9 +278,12 @@ class HookRegistry:
                 self.reset_hooks(clear_contexts, including_permanent=False, level=self.context_level)
             self.context_level -= 1
 
-    def _selectable(self, selector):
-        """A predicate picks among the points reached now; a name may be any point (then checked)."""
-        return self.hook_names if callable(selector) else list(self.hook_dict)
+    def chosen_names(self, selector, what) -> list[str]:
+        """The hook points a selector (a name, names, a predicate; None: all) picks: a predicate
+        among the points the forward reaches now; a name must be one of them (``_hookable``)."""
+        if selector is None or callable(selector):
+            return select_names(selector, self.hook_names, what)
+        return [self._hookable(n, what) for n in select_names(selector, list(self.hook_dict), what)]
 
     def _hookable(self, name, what):
         """``name`` if this model computes it now; a RefGPTError naming the cfg switch otherwise."""

@@ -83,15 +83,7 @@ def tokens_and_padding(model, input, prepend_bos=None, padding_side=None, attent
         # Into a KV cache, right pads would sit between this chunk and the next: mask them, as
         # TransformerLens does (one row alone has no pads: a trailing <|endoftext|> is text).
         mask = padding.attention_mask_from_tokens(tokens, pad, resolve_prepend_bos(model, prepend_bos), "right")
-    if past is not None:
-        past.check(tokens.shape[0], tokens.shape[1])
-        if past.mask is None and (mask is None or mask.all()):
-            return tokens, batched, None
-        full = past.attention_mask(mask, tokens.shape[1])  # [batch, keys]
-        return tokens, batched, Padding.of(full, tokens.shape[1], model.dtype)
-    if mask is None or mask.all():
-        return tokens, batched, None
-    return tokens, batched, Padding.of(mask, tokens.shape[1], model.dtype)
+    return tokens, batched, padding_of(model, mask, tokens.shape, past)
 
 
 def residual_input(model, resid, tokens=None, attention_mask=None, past=None):
@@ -106,11 +98,18 @@ def residual_input(model, resid, tokens=None, attention_mask=None, past=None):
         if tokens.shape != array.shape[:2]:
             raise RefGPTError(f"tokens: shape {list(tokens.shape)} does not match the stream's {list(array.shape[:2])}")
     mask = None if attention_mask is None else padding.check_attention_mask(attention_mask, array.shape[:2])
+    return array, True, tokens, padding_of(model, mask, array.shape[:2], past)
+
+
+def padding_of(model, mask, shape, past=None):
+    """The Padding of a pass over ``shape`` = [batch, pos] new positions with ``mask`` [batch, pos]
+    (or None) after what ``past`` (a KVCache, or None) holds; None when no key is a pad: those
+    passes take the plain causal path, bit for bit."""
     if past is not None:
-        past.check(array.shape[0], array.shape[1])
-        if past.mask is not None or mask is not None:
-            return array, True, tokens, Padding.of(past.attention_mask(mask, array.shape[1]), array.shape[1], model.dtype)
-        return array, True, tokens, None
+        past.check(*shape)
+        if past.mask is None and (mask is None or mask.all()):
+            return None
+        return Padding.of(past.attention_mask(mask, shape[1]), shape[1], model.dtype)  # mask: [batch, keys]
     if mask is None or mask.all():
-        return array, True, tokens, None
-    return array, True, tokens, Padding.of(mask, array.shape[1], model.dtype)
+        return None
+    return Padding.of(mask, shape[1], model.dtype)

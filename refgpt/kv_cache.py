@@ -10,7 +10,7 @@ positions. Buffers are allocated for n_ctx positions up front, so an append copi
 rows. During an incremental step the hooks and the activation cache see the new positions only:
 ``hook_q/k/v/z`` and the residual stream are [batch, new, ...], while ``hook_attn_scores`` and
 ``hook_pattern`` are [batch, head, new, past + new] (the new queries against every key). A hook
-marked ``takes_start`` is told the absolute position of the first new row (refgpt/hooks.py): that
+reads the absolute position of the first new row as ``hook.start`` (refgpt/hooks.py): that
 is how a steering vector on the prompt's positions is added once, when they are computed, and
 reaches every later token through the cached keys and values.
 """

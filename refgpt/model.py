@@ -21,6 +21,7 @@ import functools
 from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
+from typing import NamedTuple
 
 import numpy as np
 from numpy.lib.array_utils import byte_bounds
@@ -35,7 +36,7 @@ from .config import Config
 from .dtypes import compute_dtype
 from .errors import RefGPTError, RefGPTTypeError
 from .generation import generate
-from .hooks import HookPoint, HookRegistry, HookRun, select_names
+from .hooks import HookPoint, HookRegistry, HookRun
 from .kv_cache import KVCache
 from .layernorm import layer_norm
 from .loss import lm_cross_entropy_loss
@@ -43,6 +44,14 @@ from .mlp import mlp
 from .text import TextMethods
 
 RETURN_TYPES = ("logits", "loss", "both", None)
+
+
+class Output(NamedTuple):
+    """What ``return_type="both"`` returns, as TransformerLens's ``Output``: ``logits, loss = …``
+    or ``.logits``, ``.loss``."""
+
+    logits: np.ndarray
+    loss: np.ndarray
 
 
 def param_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
@@ -183,8 +192,8 @@ class Model(TextMethods, HookRegistry, CircuitMethods):
         ``prepend_bos``, ``padding_side``) or token ids [pos] / [batch, pos].
 
         ``return_type``: "logits" ([batch, pos, d_vocab]; [pos, d_vocab] for unbatched ids),
-        "loss" (mean next-token loss; [batch, pos − 1] with ``loss_per_token``), "both" (logits,
-        loss) or None. ``attention_mask`` [batch, pos]: 1 real, 0 pad (refgpt/padding.py).
+        "loss" (mean next-token loss; [batch, pos − 1] with ``loss_per_token``), "both" (an
+        ``Output(logits, loss)``) or None. ``attention_mask`` [batch, pos]: 1 real, 0 pad (refgpt/padding.py).
         ``start_at_layer``: ``input`` is the residual stream [batch, pos, d_model] entering that
         block (``tokens`` then give the loss). ``stop_at_layer``: return the stream entering that
         block instead of logits. ``past_kv_cache`` (or ``past``): a KVCache holding the earlier
@@ -213,7 +222,7 @@ class Model(TextMethods, HookRegistry, CircuitMethods):
         activation, from ``loss_and_grads``. The other keywords go to the forward pass."""
         if names is not None and names_filter is not None:
             raise RefGPTError("run_with_cache: pass names_filter= or its alias names=, not both")
-        selected = select_names(names_filter if names is None else names, self.hook_names, "run_with_cache names_filter")
+        selected = self.chosen_names(names_filter if names is None else names, "run_with_cache names_filter")
         with self.hooks(fwd_hooks, (), reset_hooks_end, clear_contexts):
             out, cache = self._run(*model_args, cache_names=selected, **model_kwargs)
             if incl_bwd:
@@ -272,15 +281,17 @@ class Model(TextMethods, HookRegistry, CircuitMethods):
             if not finite:
                 self._raise_at_first_non_finite(tokens, past, start, last_only, padding)
         cache = ActivationCache(run.cache, self)
-        if stop_at_layer is not None or return_type is None:
-            return (None if return_type is None and stop_at_layer is None else logits), cache
+        if stop_at_layer is not None:
+            return logits, cache  # the stream entering block stop_at_layer, whatever return_type says (as TL)
+        if return_type is None:
+            return None, cache
         if return_type == "logits":
             return (logits if batched else logits[0]), cache
         if tokens is None:
             raise RefGPTError(f"return_type={return_type!r} with start_at_layer needs tokens= for the loss")
         loss = lm_cross_entropy_loss(logits, tokens, None if padding is None else padding.mask[:, -tokens.shape[1]:],
                                      per_token=loss_per_token)
-        return (loss if return_type == "loss" else ((logits if batched else logits[0]), loss)), cache
+        return (loss if return_type == "loss" else Output(logits if batched else logits[0], loss)), cache
 
     def _raise_at_first_non_finite(self, tokens, past, start, last_only, padding):
         """The logits hold NaN or ±∞ (or only their sum overflowed): run again, checking every hook
@@ -355,7 +366,7 @@ class Model(TextMethods, HookRegistry, CircuitMethods):
             x = self.per_head_inputs(b, resid_pre, ln, point)  # (x_q, x_k, x_v) [batch, pos, head, d_model] each
         else:
             x = layer_norm(resid_pre, ln["ln1.w"], ln["ln1.b"], cfg.eps, point.scope(b + "ln1."))  # [batch, pos, d_model]
-        attn_out = attention(x, attn_w, cfg.n_heads, cfg.attn_scale(L), point.scope(b + "attn."), past_kv, bias,
+        attn_out = attention(x, attn_w, cfg.n_heads, cfg.score_scale(L), point.scope(b + "attn."), past_kv, bias,
                              cfg.use_attn_result)  # [batch, pos, d_model]
         attn_out = point(b + "hook_attn_out", attn_out)  # [batch, pos, d_model]
         resid_mid = point(b + "hook_resid_mid", resid_pre + attn_out)  # [batch, pos, d_model]

@@ -69,8 +69,11 @@ def check_attention_mask(mask, shape) -> np.ndarray:
         array = array[None]
     if tuple(array.shape) != tuple(shape):
         raise RefGPTError(f"attention_mask: shape {list(array.shape)} does not match tokens {list(shape)}")
-    if array.dtype != bool and array.dtype.kind not in "iuf" or not np.isin(array, (0, 1)).all():
-        raise RefGPTError("attention_mask: must hold only 0 (pad) and 1 (real token)")
+    if array.dtype != bool and array.dtype.kind not in "iuf":
+        raise RefGPTError(f"attention_mask: must be numbers (0 pad, 1 real token), found dtype {array.dtype}")
+    if not np.isin(array, (0, 1)).all():
+        bad = array[~np.isin(array, (0, 1))].reshape(-1)[0]
+        raise RefGPTError(f"attention_mask: must hold only 0 (pad) and 1 (real token), found {bad.item()!r}")
     return array.astype(np.int64)
 
 

@@ -56,6 +56,28 @@ def refgpt_cli() -> RefgptCLI:
     return RefgptCLI()
 
 
+@pytest.fixture(scope="session")
+def _tl_pair_once(tmp_path_factory):
+    import peers
+
+    peers.require_peers()
+    import tl_port
+
+    return tl_port.gpt2_pair(tmp_path_factory.mktemp("tl_gpt2"), seed=5, n_layers=7)  # 7: TL's test_left_padding reads "k6a"
+
+
+@pytest.fixture
+def tl_pair(_tl_pair_once):
+    """(refgpt Model, TransformerLens HookedTransformer): one random float64 GPT-2 with d_vocab 50,257
+    and GPT-2's tokenizer (tests/tl_port.py), built once for all the ported TransformerLens tests and
+    reset to ``from_pretrained("gpt2")``'s state (BOS, right padding, no hooks, switches off) around
+    each test. A peer fixture: it skips without the ``peers`` extra."""
+    import tl_port
+
+    yield tl_port.reset(_tl_pair_once)
+    tl_port.reset(_tl_pair_once)
+
+
 @pytest.fixture
 def hf_env(tmp_path, monkeypatch):
     """An empty HF cache of the test's own (HF_HUB_CACHE, returned), online, with the hub endpoint at a

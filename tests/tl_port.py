@@ -7,6 +7,9 @@ twice from one HF checkpoint: refgpt loads the directory, TransformerLens 3.9 is
 tests/peers.py and given the HF tokenizer (``set_tokenizer``, ``default_prepend_bos=True``, as
 ``from_pretrained("gpt2")`` sets it). Each ported body runs on both and the numbers are compared.
 
+The pair is built once per session (tests/conftest.py's ``tl_pair`` fixture: one 50,257-token
+model pair for all four files) and ``reset`` to ``from_pretrained("gpt2")``'s state around each test.
+
 Import only after ``peers.require_peers()``.
 """
 
@@ -55,6 +58,22 @@ def gpt2_pair(directory, seed=0, n_layers=2, n_embd=16, n_head=2, n_positions=64
         tl.set_tokenizer(GPT2TokenizerFast.from_pretrained(str(directory)))
     tl.cfg.default_prepend_bos = True
     return refgpt.load(directory), tl
+
+
+#: TransformerLens's switches for optional hook points; off in ``from_pretrained("gpt2")``.
+SWITCHES = ("use_attn_result", "use_split_qkv_input", "use_attn_in", "use_hook_mlp_in", "use_hook_tokens")
+
+
+def reset(pair):
+    """Both models back to ``from_pretrained("gpt2")``'s state: BOS prepended, right padding, no
+    hooks (permanent ones included), no contexts, every optional hook point off."""
+    for model in pair:
+        model.reset_hooks(including_permanent=True)
+        model.cfg.default_prepend_bos = True
+        model.tokenizer.padding_side = "right"
+        for switch in SWITCHES:
+            setattr(model.cfg, switch, False)
+    return pair
 
 
 def N(x) -> np.ndarray:

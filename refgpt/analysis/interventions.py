@@ -193,7 +193,8 @@ def injection_limit(model, direction, layer: int, position: int) -> Intervention
     if isinstance(position, bool) or not isinstance(position, (int, np.integer)):
         raise RefGPTError(f"position must be an integer, found {position!r}")
 
-    def replace(normalized, hook_name, start=0):
+    def replace(normalized, hook):
+        hook_name, start = hook.name, hook.start
         new = normalized.shape[1]
         if start == 0 and not -new <= position < new:
             raise RefGPTError(f"{hook_name}: position {position} is outside a prompt of {new} positions")
@@ -206,8 +207,6 @@ def injection_limit(model, direction, layer: int, position: int) -> Intervention
         out = normalized.copy()  # [batch, pos, d_model]
         out[:, at, :] = limit.astype(normalized.dtype, copy=False)  # [batch, d_model]
         return out
-
-    replace.takes_start = True
 
     names = [f"blocks.{M}.ln{i}.hook_normalized" for M in range(first, model.cfg.n_layers) for i in (1, 2)]
     return Intervention(model, [(name, replace) for name in names + ["ln_final.hook_normalized"]],
@@ -253,8 +252,8 @@ def patch(model, tokens, source_cache, names, positions=None) -> Intervention:
 
 # ---- the hook functions ----------------------------------------------------------------------
 #
-# Each is marked ``takes_start`` (refgpt/hooks.py): it is told the absolute position of its
-# activation's first row. In an ordinary pass that is 0 and the activation holds the whole
+# Each reads ``hook.start`` (refgpt/hooks.py), the absolute position of its activation's first
+# row. In an ordinary pass that is 0 and the activation holds the whole
 # sequence; in a KV-cached step it holds only the new positions. A hook edits the positions it
 # was made for that lie in the rows it sees, and nothing else: under generation the prompt's
 # positions are edited once, in the pass that computes them, and later tokens see the edit
@@ -285,7 +284,8 @@ def _rows_here(where, start, new):
 def _adder(rows, where, what, n_pos=None):
     """A hook adding rows[i] at absolute position where[i] of a [batch, pos, d_model] activation."""
 
-    def add(resid, name, start=0):
+    def add(resid, hook):
+        name, start = hook.name, hook.start
         if start == 0:  # the pass that computes the prompt must hold every edited position
             if n_pos is not None and resid.shape[1] < n_pos:
                 raise RefGPTError(f"{name}: this intervention was made for prompts of {n_pos} positions, "
@@ -300,7 +300,6 @@ def _adder(rows, where, what, n_pos=None):
         out[:, local, :] += rows[inside].astype(resid.dtype, copy=False)  # [batch, m, d_model]
         return out
 
-    add.takes_start = True
     return add
 
 
@@ -309,7 +308,8 @@ def _patcher(source, where, name):
     attention scores and patterns, whose key axis is fitted to the run's by ``_fit_keys``)."""
     axis = position_axis(name)
 
-    def replace(activation, hook_name, start=0):
+    def replace(activation, hook):
+        hook_name, start = hook.name, hook.start
         heads_differ = axis == 2 and source.shape[1] != activation.shape[1]
         rest_differs = axis == 1 and source.shape[2:] != activation.shape[2:]
         if source.shape[0] not in (1, activation.shape[0]) or heads_differ or rest_differs:
@@ -331,7 +331,6 @@ def _patcher(source, where, name):
         out[tuple(index)] = np.broadcast_to(src.astype(activation.dtype, copy=False), out[tuple(index)].shape)
         return out
 
-    replace.takes_start = True
     return replace
 
 

@@ -169,7 +169,7 @@ def convergence_figure(ks, errors: dict, path=None, title=None, ylabel="error",
         first = int(np.argmax(np.all(np.isfinite(table), axis=0)))  # the first k every line has
         anchor = 0.3 * float(np.min(table[:, first]))
         guide = anchor * (ks[first] / ks) ** guide_power  # [k]
-        power = "" if guide_power == 1 else f"^{guide_power:g}"
+        power = "" if guide_power == 1 else f"$^{{{guide_power:g}}}$"  # a superscript, as 1/c² on the pages
         ax.loglog(ks[first:], guide[first:], ls=":", color="0.3", lw=1.4,
                   label=f"guide ∝ 1/{symbol}{power} (slope −{guide_power:g})")
     ax.set_xlabel(xlabel)

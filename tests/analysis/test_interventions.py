@@ -10,6 +10,7 @@ from random_models import random_model
 from refgpt import Config, RefGPTError, Tokenizer
 from refgpt.analysis.interventions import add_vector, injection_limit, patch, space_token, steering_vector
 from refgpt.analysis.measurements import injection_ratio, kl_divergence, resid_norms, streams
+from refgpt.hooks import HookPoint
 from refgpt.tokenizer import BYTE_TO_CHAR, ENDOFTEXT
 
 CFG = Config(d_model=12, n_layers=3, n_heads=3, d_mlp=20, d_vocab=257, n_ctx=16)
@@ -211,7 +212,7 @@ def test_a_coefficient_the_stream_cannot_hold_is_an_error(dtype):
     m = random_model(CFG, seed=2, dtype=dtype)
     big = float(np.finfo(dtype).max)
     ok = add_vector(m, TOKENS, np.full(12, 0.5), 0, [1], coeff=big)  # 0.5·max is representable
-    assert np.all(np.isfinite(ok.hooks[0][1](np.zeros((2, 7, 12), m.dtype), "x")[:, 1]))
+    assert np.all(np.isfinite(ok.hooks[0][1](np.zeros((2, 7, 12), m.dtype), HookPoint("x"))[:, 1]))
     for coeff in (4 * big, np.inf, np.nan, "1"):
         with pytest.raises(RefGPTError, match="overflows|finite number"):
             add_vector(m, TOKENS, np.full(12, 0.5), 0, [1], coeff=coeff)

@@ -1,5 +1,5 @@
 """Steered generation: interventions on prompt positions under the KV cache (refgpt/hooks.py
-``takes_start``, refgpt/analysis/interventions.py "Under generation").
+``hook.start``, refgpt/analysis/interventions.py "Under generation").
 
 The property: greedy generation with a KV cache inside ``with intervention:`` gives the tokens of
 a greedy loop that recomputes the whole steered forward pass, prompt and generated tokens, at

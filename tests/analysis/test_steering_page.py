@@ -5,6 +5,7 @@ its figures; every row it prints must be on the page as quoted (tests/doc_pages.
 
 from __future__ import annotations
 
+import json
 import re
 
 import numpy as np
@@ -28,9 +29,9 @@ def test_every_number_on_the_steering_page_comes_from_the_script(script_and_page
 
 
 def test_the_whole_model_is_finite_and_at_its_limit_at_the_thresholds(script_and_page):
-    """§7: with the page's unit d, every finite k in float64 (up to the largest, 1.8·10³⁰⁸) and
-    k up to ‖k·d‖₁ = 0.99·max in float32 give finite logits and the limit model's top tokens at
-    and after p; a k whose k·d the dtype cannot hold is refused."""
+    """§7: with the page's unit d, k = 10³⁰⁰, the ‖·‖₁ edge and the largest finite k (1.8·10³⁰⁸) in
+    float64, and k = 10³⁵ and the ‖·‖₁ edge (‖k·d‖₁ = 0.99·max) in float32, give finite logits and
+    the limit model's top tokens at and after p; a k whose k·d the dtype cannot hold is refused."""
     script, _ = script_and_page
     s64, s32 = script.Setting("float64"), script.Setting("float32")
     for k in (1e300, float(np.finfo(np.float64).max), script.l1_edge(s64)):
@@ -53,3 +54,17 @@ def test_every_figure_on_a_page_is_drawn_by_its_script(script_name, page_name):
     for name in figures:
         assert (DOCS / "figures" / name).is_file(), name
         assert name in source, f"{name} is not written by docs/{script_name}"
+
+
+def test_the_pages_reproduce_command_prints_its_table_row(refgpt_cli):
+    """The `refgpt steer … --coeff 100 --generate 15` line the page gives prints the continuations
+    of the table's unsteered and c = 10² rows."""
+    page = (DOCS / "steering.md").read_text(encoding="utf-8")
+    command = next(line.strip() for line in page.splitlines() if line.strip().startswith("refgpt steer"))
+    args = re.findall(r'"[^"]*"|\S+', command)[1:]
+    out = refgpt_cli(*[a.strip('"') for a in args], "--json")
+    assert out.returncode == 0, out.stderr
+    generated = json.loads(out.stdout)["generate"]
+    rows = {line.split("|")[1].strip(): line for line in page.splitlines() if line.startswith("| ") and line.endswith("` |")}  # the ActAdd table
+    assert f"`{generated['unsteered']['continuation']!r}`" in rows["0 (unsteered)"]
+    assert f"`{generated['steered']['continuation']!r}`" in rows["10²"]

@@ -282,6 +282,17 @@ def test_unknown_hook_name(model):
         model.run_with_cache([1, 2], names=["blocks.9.hook_resid_pre"])
 
 
+@pytest.mark.parametrize("selector", [3, 2.5, b"hook_embed"])
+def test_hook_selector_of_a_wrong_type(model, selector):
+    # TransformerLens raises ValueError or TypeError; refgpt a RefGPTError naming the selector
+    with raises("run_with_cache names_filter: expected a hook name, a list of names, a predicate"):
+        model.run_with_cache([1, 2], names_filter=selector)
+    with raises("add_hook: expected a hook name"):
+        model.add_hook(selector, lambda a, hook: None)
+    with raises("fwd_hooks: expected a hook name"):
+        model.run_with_hooks([1, 2], fwd_hooks=[(selector, lambda a, hook: None)])
+
+
 def test_hook_returning_wrong_shape_or_dtype(model):
     with raises(r"hook at blocks.0.hook_resid_pre: returned shape \[1, 2, 7\], expected \[1, 2, 8\]"):
         model.run_with_hooks([1, 2], fwd_hooks=[("blocks.0.hook_resid_pre", lambda a, n: a[..., :7])])

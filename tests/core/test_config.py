@@ -59,12 +59,14 @@ def test_flags_must_be_booleans(name):
 
 def test_attention_scale():
     c = cfg(d_model=8, n_heads=2)  # d_head 4
-    assert [c.attn_scale(L) for L in (0, 1)] == [0.5, 0.5]
-    assert cfg(use_attn_scale=False).attn_scale(3) == 1.0
+    assert [c.score_scale(L) for L in (0, 1)] == [0.5, 0.5]
+    assert cfg(use_attn_scale=False).score_scale(3) == 1.0
     inv = cfg(scale_attn_by_inverse_layer_idx=True)
-    assert [inv.attn_scale(L) for L in (0, 1, 3)] == [0.5, 0.25, 0.125]
-    assert cfg(use_attn_scale=False, scale_attn_by_inverse_layer_idx=True).attn_scale(2) == 1 / 3
-    assert cfg(d_model=9, n_heads=1).attn_scale(0) == 9 ** -0.5
+    assert [inv.score_scale(L) for L in (0, 1, 3)] == [0.5, 0.25, 0.125]
+    assert cfg(use_attn_scale=False, scale_attn_by_inverse_layer_idx=True).score_scale(2) == 1 / 3
+    assert cfg(d_model=9, n_heads=1).score_scale(0) == 9 ** -0.5
+    assert cfg(d_model=9, n_heads=1).attn_scale == 3.0  # TransformerLens's: the divisor √d_head
+    assert cfg(d_model=9, n_heads=1, use_attn_scale=False).attn_scale == 1.0
 
 
 def test_from_hf_translates_and_fills_defaults():
@@ -111,3 +113,12 @@ def test_from_json(tmp_path):
     path.write_bytes(b"\xff\xfe")
     with pytest.raises(RefGPTError, match="config.json: not valid JSON"):
         Config.from_json(path)
+
+
+def test_config_is_frozen_and_from_json_takes_a_string(tmp_path):
+    c = cfg()
+    with pytest.raises(RefGPTError, match="d_model is fixed once the Config is made"):
+        c.d_model = 16
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"n_embd": 8, "n_layer": 1, "n_head": 2}))
+    assert Config.from_json(str(path)).d_model == 8

@@ -68,15 +68,15 @@ def test_generate_greedy_and_seeded():
         model(np.arange(10), past=past)
 
 
-def test_a_hook_marked_takes_start_is_told_where_its_rows_start():
-    """refgpt/hooks.py: row 0 of a KV-cached step's activation is position ``start``."""
+def test_a_hook_reads_where_its_rows_start_from_hook_start():
+    """refgpt/hooks.py: row 0 of a KV-cached step's activation is position ``hook.start``; a
+    TransformerLens-style ``fn(activation, hook)`` reads it like ``hook.name``."""
     model = random_model(Config(d_model=8, n_layers=1, n_heads=2, d_mlp=8, d_vocab=11, n_ctx=10), seed=2)
     starts = []
 
-    def hook(activation, name, start):
-        starts.append((start, activation.shape[1]))
+    def hook(activation, hook):
+        starts.append((hook.start, activation.shape[1]))
 
-    hook.takes_start = True
     past = model.kv_cache(1)
     for chunk in ([[1, 2, 3]], [[4]], [[5, 6]]):
         model.run_with_hooks(np.array(chunk), fwd_hooks=[("hook_embed", hook)], past=past)

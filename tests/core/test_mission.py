@@ -179,3 +179,19 @@ def test_layernorm_is_finite_and_correct_up_to_the_l1_edge(dtype, n):
     u = np.finfo(dtype).eps / 2
     allowance = np.max(np.abs(w)) * np.sqrt(n) * (n + 3) * u * (np.max(np.abs(d)) / np.std(d) + np.sqrt(n)) * 2
     assert np.linalg.norm(out.astype(np.float64) - limit) <= allowance + u * np.linalg.norm(limit)
+
+
+def test_textbook_sum_of_squares_overflows_float32_from_about_7e17_at_n_768():
+    """§6: at n = 768, ‖Px‖² overflows float32 once |xᵢ| ≳ √(max/n) ≈ 6.7·10¹⁷ (every entry that
+    size), while refgpt's scaled σ stays finite and equal to |xᵢ|·√(1 + ε/xᵢ²) = |xᵢ| there."""
+    n, big = 768, float(np.finfo(np.float32).max)
+    edge = np.sqrt(big / n)  # n·edge² = max
+    assert f"{edge:.0e}" == "7e+17"
+    signs = np.where(np.arange(n) % 2 == 0, 1.0, -1.0)  # [n] centred already: Px = x
+    for factor, overflows in ((0.97, False), (1.03, True)):
+        x = (factor * edge * signs).astype(np.float32)[None]  # [1, n]
+        with np.errstate(over="ignore"):
+            textbook = np.sqrt(np.mean(x * x, axis=-1) + np.float32(1e-5))  # [1]
+        assert np.isinf(textbook[0]) == overflows, factor
+        sigma = centered_scale(x, np.float32(1e-5))  # [1, 1]
+        assert np.isfinite(sigma).all() and abs(float(sigma[0, 0]) / (factor * edge) - 1) <= 4 * np.finfo(np.float32).eps

@@ -125,6 +125,11 @@ def test_bad_masks_and_sides_are_refused():
         MODEL(tokens, attention_mask=np.ones((1, 2)))
     with pytest.raises(RefGPTError, match="only 0"):
         MODEL(tokens, attention_mask=np.array([[1, 2, 1]]))
+    with pytest.raises(RefGPTError, match=r"only 0 \(pad\) and 1 \(real token\), found 0.5"):
+        MODEL(tokens, attention_mask=np.array([[1, 0.5, 1]]))
+    for bad in (np.array([["1", "1", "1"]]), np.array([[1, None, 1]], dtype=object)):
+        with pytest.raises(RefGPTError, match=f"attention_mask: must be numbers .*found dtype {bad.dtype}"):
+            MODEL(tokens, attention_mask=bad)
     with pytest.raises(RefGPTError, match="padding_side must be 'left' or 'right'"):
         MODEL(tokens, padding_side="middle")
     bare = random_model(MODEL.cfg)

@@ -33,9 +33,9 @@ prompt = "Hello World!"
 embed = lambda name: name == "hook_embed"  # noqa: E731
 
 
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    return tl_port.gpt2_pair(tmp_path_factory.mktemp("gpt2"), seed=5)
+@pytest.fixture
+def pair(tl_pair):
+    return tl_pair  # built once per session, reset around each test (tests/conftest.py)
 
 
 @pytest.fixture(params=["refgpt", "tl"])
@@ -236,6 +236,35 @@ def test_remove_hook(model):
     assert len(model.hook_dict["hook_embed"].fwd_hooks) == 0
     model.run_with_hooks(prompt, fwd_hooks=[])
     assert c.count == 0
+
+
+def test_contexts_levels_and_cache_object_as_tl(model):
+    # Not a TL test: the hook-registry keywords docs/transformerlens.md §1 calls "same", run on both
+    name = "blocks.0.hook_resid_pre"
+    assert {"hook_embed", name, "ln_final.hook_normalized"} <= {hp.name for hp in model.hook_points()}
+    hp = model.hook_dict[name]
+
+    def count(x, hook):
+        hook.ctx["n"] = hook.ctx.get("n", 0) + 1
+
+    model.add_hook(name, count)
+    model(prompt)
+    assert hp.ctx == {"n": 1}
+    model.reset_hooks(clear_contexts=False)
+    assert hp.ctx == {"n": 1} and not hp.fwd_hooks
+    model.clear_contexts()
+    assert hp.ctx == {}
+    model.add_hook(name, count, level=1)
+    model.add_hook(name, count, level=2)
+    model.reset_hooks(level=2)  # only level 2's hook goes
+    model(prompt)
+    assert len(hp.fwd_hooks) == 1 and hp.ctx == {"n": 1}
+    model.reset_hooks()
+    model.run_with_hooks(prompt, fwd_hooks=[(name, count)], clear_contexts=True)
+    assert hp.ctx == {} and not hp.fwd_hooks
+    _, cache_dict = model.run_with_cache(prompt, names_filter=name, return_cache_object=False)
+    assert type(cache_dict) is dict and list(cache_dict) == [name]
+    assert np.array_equal(N(model.to_tokens(prompt, move_to_device=False)), N(model.to_tokens(prompt)))
 
 
 def test_conditional_hooks(model):

@@ -27,9 +27,9 @@ from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache 
 PROMPTS = ["Hello world!", "How are you today?", "I'm fine, thank you.", "I am happy."]
 
 
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    return tl_port.gpt2_pair(tmp_path_factory.mktemp("gpt2"), seed=3, n_layers=7)
+@pytest.fixture
+def pair(tl_pair):
+    return tl_pair  # built once per session, reset around each test (tests/conftest.py)
 
 
 def reset(pair, side="right"):
@@ -266,9 +266,23 @@ def test_generate_batch_greedy_equals_tl(pair, use_past_kv_cache):
         tokens = tl.to_tokens(prompts, padding_side="left")
         got = ref.generate(N(tokens), stop_at_eos=stop_at_eos, padding_side="left", **kw)
         assert np.array_equal(got, N(tl.generate(tokens, stop_at_eos=stop_at_eos, padding_side="left", **kw)))
+    batch = ref.generate(prompts, return_type="tokens", stop_at_eos=False, **kw)
     for i, p in enumerate(prompts):  # each row as if alone
         alone = ref.generate(p, return_type="tokens", stop_at_eos=False, **kw)
-        assert np.array_equal(ref.generate(prompts, return_type="tokens", stop_at_eos=False, **kw)[i, -6:], alone[0, -6:])
+        assert np.array_equal(batch[i, -6:], alone[0, -6:])
+
+
+def test_generate_fills_finished_rows_as_tl(pair):
+    # Not a TL test: a row that stops early is filled with the id TL fills it with, for one
+    # eos_token_id (that id) and for a list of them (the tokenizer's <|endoftext|>)
+    ref, tl = reset(pair)
+    prompts = ["Hello world!", "The quick brown fox jumps"]
+    kw = dict(max_new_tokens=4, do_sample=False, verbose=False, return_type="tokens")
+    first = ref.generate(prompts, stop_at_eos=False, **kw)[:, -4]  # each row's first new token
+    for eos in (int(first[0]), [int(first[0]), 13], (13, int(first[0]))):
+        got = ref.generate(prompts, eos_token_id=eos, **kw)
+        assert np.array_equal(got, N(tl.generate(prompts, eos_token_id=eos, **kw)))
+        assert got[0, -1] == (eos if isinstance(eos, int) else 50256)
 
 
 # ---- TransformerLens/tests/acceptance/test_generate_batch.py ------------------------------------

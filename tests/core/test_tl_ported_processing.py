@@ -25,9 +25,9 @@ from refgpt import processing  # noqa: E402
 from transformer_lens.weight_processing import ProcessWeights  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    return tl_port.gpt2_pair(tmp_path_factory.mktemp("gpt2"), seed=11, n_layers=2)
+@pytest.fixture
+def pair(tl_pair):
+    return tl_pair  # built once per session, reset around each test (tests/conftest.py)
 
 
 def tl_state(tl):
@@ -118,6 +118,11 @@ def test_cfg_fields_are_tl_for_gpt2(pair):
     for field in ("default_prepend_bos", "normalization_type", "positional_embedding_type", "original_architecture",
                   "d_model", "n_layers", "n_heads", "d_head", "d_mlp", "d_vocab", "d_vocab_out", "n_ctx", "act_fn",
                   "eps", "use_attn_result", "use_split_qkv_input", "use_hook_mlp_in", "use_attn_in",
-                  "use_hook_tokens", "attention_dir"):
+                  "use_hook_tokens", "attention_dir", "n_key_value_heads"):
         assert getattr(ref.cfg, field) == getattr(tl.cfg, field), field
     assert str(ref.cfg.device) == str(tl.cfg.device) == "cpu"
+    # DEPARTURE (docs/transformerlens.md 2.22): TL wraps GPT-2's tokenizer to add BOS itself;
+    # refgpt's tokenizer never does (to_tokens adds it), and the field says so
+    assert tl.cfg.tokenizer_prepends_bos and tl.tokenizer.encode("") == [50256]
+    assert not ref.cfg.tokenizer_prepends_bos and ref.tokenizer.encode("") == []
+    assert ref.cfg.attn_scale == tl.cfg.attn_scale == ref.cfg.d_head ** 0.5  # a divisor, as TL's

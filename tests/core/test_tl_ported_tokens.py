@@ -20,9 +20,9 @@ from tl_port import N  # noqa: E402
 from refgpt import RefGPTError  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    return tl_port.gpt2_pair(tmp_path_factory.mktemp("gpt2"), seed=14)
+@pytest.fixture
+def pair(tl_pair):
+    return tl_pair  # built once per session, reset around each test (tests/conftest.py)
 
 
 def both(pair):

@@ -84,6 +84,10 @@ def test_unknown_and_switched_off_points_are_refused(model):
         model.add_hook("blocks.0.hook_resid_pr", lambda a, h: None)
     with pytest.raises(RefGPTError, match="use_attn_result"):
         model.add_hook("blocks.0.attn.hook_result", lambda a, h: None)
+    with pytest.raises(RefGPTError, match="run_with_cache names_filter: 'blocks.0.hook_mlp_in' exists only with "
+                                          "model.cfg.use_hook_mlp_in = True"):
+        model.run_with_cache("abc", names_filter=["blocks.0.hook_resid_pre", "blocks.0.hook_mlp_in"])
+    assert "blocks.0.hook_mlp_in" not in model.run_with_cache("abc", names_filter=lambda n: "mlp_in" in n)[1]
     model.set_use_split_qkv_input(True)
     with pytest.raises(RefGPTError, match="one ln1 per block"):
         model.loss_and_grads("abc")
@@ -181,13 +185,29 @@ def test_forward_keywords(model):
     tokens = model.to_tokens(["abc", "de"])
     logits, loss = model(tokens, return_type="both")
     assert np.array_equal(logits, model(tokens)) and loss == model(tokens, return_type="loss")
+    both = model(tokens, return_type="both")  # TransformerLens's Output: a named tuple
+    assert both.logits is both[0] and both.loss is both[1]
     per_token = model(tokens, return_type="loss", loss_per_token=True)
     assert per_token.shape == (2, 3) and per_token.mean() == pytest.approx(loss, rel=1e-15)
     resid = model(tokens, stop_at_layer=1)
     assert np.array_equal(resid, model.run_with_cache(tokens)[1]["blocks.1.hook_resid_pre"])
+    assert np.array_equal(model(tokens, stop_at_layer=1, return_type=None), resid)  # TL: stop_at_layer wins
+    assert model(tokens, return_type=None) is None
     assert np.array_equal(model(resid, start_at_layer=1), logits)
     with pytest.raises(RefGPTError, match="return_type"):
         model(tokens, return_type="probs")
+
+
+def test_a_residual_input_into_a_kv_cache_reads_padding_as_a_token_input_does(model):
+    tokens = model.to_tokens(["abc", "dca"])  # no pads
+    resid = model(tokens, stop_at_layer=0)  # [batch, pos, d_model], the stream entering block 0
+    for mask in (None, np.ones((2, 4), int)):  # an all-ones mask is no mask: the plain causal path
+        past = model.kv_cache(2)
+        assert np.array_equal(model(resid, start_at_layer=0, attention_mask=mask, past_kv_cache=past), model(tokens))
+        assert past.mask is None
+    past = model.kv_cache(2)
+    padded = model(resid, start_at_layer=0, attention_mask=[[1, 1, 1, 1], [0, 1, 1, 1]], past_kv_cache=past)
+    assert past.mask is not None and np.array_equal(padded[0], model(tokens)[0])
 
 
 def test_generate_keywords(model):
@@ -203,6 +223,9 @@ def test_generate_keywords(model):
                                             stop_at_eos=False))
     with pytest.raises(RefGPTError, match="top_p"):
         model.generate("ab", 2, top_p=1.5)
+    for input in ("ab", ["ab", "c"], model.to_tokens(["ab", "c"])):  # a list of texts is left-padded anyway
+        with pytest.raises(RefGPTError, match="padding_side must be 'left' or 'right', found 'middle'"):
+            model.generate(input, 2, padding_side="middle")
 
 
 # ---- cache methods ----------------------------------------------------------------------------------
