@@ -2,7 +2,8 @@
 
     python benchmarks/mutation.py                         # every module in MODULES
     python benchmarks/mutation.py attention layernorm     # some modules
-    python benchmarks/mutation.py --only-survivors benchmarks/mutation.json   # rerun old survivors
+    python benchmarks/mutation.py --only-survivors benchmarks/MUTATION.json   # rerun old survivors
+    python benchmarks/mutation.py --merge a.json b.json --rev COMMIT             # one report of several runs
 
 For each module it makes every mutant (one small edit of the source), runs that module's tests
 (``MODULES`` maps each module to the test files that should notice) with ``pytest -x`` and a
@@ -10,12 +11,13 @@ timeout, and records whether the tests failed (killed), timed out (killed: an en
 noticed) or passed (survived). Each survivor is looked up in ``EQUIVALENT``, the reviewed table
 of mutants that compute the same numbers (dead code, a speed path with identical results, …),
 each with its reason; the rest are real gaps. It writes benchmarks/MUTATION.md and
-benchmarks/mutation.json. Not part of CI: it takes about an hour on two cores.
+benchmarks/MUTATION.json. Not part of CI: on two busy shared cores the five modules of the last report took about 70
+minutes with three jobs; every module, several hours.
 
 Mutants run in a copy of the tree (``--workdir``, default a temporary directory), never in the
 checkout, under ``nice``, ``--jobs`` at a time (default 1).
 
-Why a mutator of our own, ~300 lines, rather than mutmut or cosmic-ray: mutmut 3 rewrites every
+Why a mutator of our own (this file), rather than mutmut or cosmic-ray: mutmut 3 rewrites every
 function of the package into trampolines in a ``mutants/`` copy and picks tests from its own
 coverage run of the whole suite, and cosmic-ray needs a session database and a config per
 module; neither has the NumPy-specific operators this issue asks for (``keepdims``/``axis``
@@ -69,9 +71,10 @@ _OLD_FAST = ["tests/core/test_model_invariants.py", "tests/core/test_kv_cache.py
              "tests/core/test_bad_input.py"]
 _OLD_PEERS = ["tests/core/test_peers_hf.py", "tests/core/test_peers_tl.py"]
 _NEW_PEERS = ["tests/core/test_peers_boundaries.py"]
-NEW = {"tests/core/test_forward_paths.py", "tests/core/test_activations.py", "tests/core/test_config.py",
+NEW = {"tests/core/test_forward_paths.py", "tests/core/test_forward_reference.py", "tests/core/test_activations.py",
+       "tests/core/test_config.py",
        "tests/core/test_checkpoint.py", *_NEW_PEERS}
-_PATHS = ["tests/core/test_forward_paths.py"]
+_PATHS = ["tests/core/test_forward_reference.py", "tests/core/test_forward_paths.py"]
 _BACKWARD_TESTS = [["tests/core/test_backward.py"]]
 MODULES = {
     "layernorm": [_OLD_FAST + ["tests/core/test_ln_views.py"], _PATHS, _OLD_PEERS + ["tests/core/test_mission.py"], _NEW_PEERS],
@@ -93,18 +96,24 @@ MODULES = {
 
 
 def before(m: "Mutant", stages) -> str:
-    """The outcome under the tests from before issue 13, from the stage that killed the mutant:
-    killed if a stage of older tests did; survived if it survived or only the last stage (new
-    peer tests, run after every older test passed) killed it; if a new stage killed it before an
-    older stage ran, the older stage is run again alone (``resolve_before``)."""
+    """The outcome under the tests from before issue 13, from the test that killed the mutant
+    (older tests run first within a stage): killed if an older test did; survived if it survived,
+    or if a new test killed it when no older test was left to run; "unknown" if older tests of a
+    later stage did not run — ``resolve_before`` then runs them alone."""
     if m.before_outcome:
         return m.before_outcome
     if m.outcome not in ("killed", "timeout"):
         return "survived"
-    if not set(stages[m.stage]) <= NEW:
+    if m.killer.split("::")[0] not in NEW:
         return "killed"
     later_old = [t for stage in stages[m.stage + 1:] for t in stage if t not in NEW]
     return "unknown" if later_old else "survived"
+
+
+def fast_first(stages):
+    """Two stages instead of four: every NumPy-only test, then every peer test (older tests first
+    in each). Kills sooner, but leaves "before" unknown for mutants only new tests kill."""
+    return [stages[0] + stages[1], stages[2] + stages[3]] if len(stages) == 4 else stages
 
 
 #: functions named *_backward inside a forward module are measured against the backward's tests.
@@ -140,6 +149,7 @@ class Mutant:
     before_outcome: str = ""  # set by resolve_before
     source: str = ""  # the mutated line, as written
     occurrence: int = 1  # the n-th mutant with this module, function, line text and edit
+    fast_first: bool = False  # run with --fast-first (two stages)
 
     @property
     def key(self) -> str:
@@ -418,7 +428,8 @@ def _baseline(tree, stages) -> list[float]:
 
 
 def run(modules, jobs, workdir: Path, only: dict[str, str] | None, timeout_factor: float, rev: str | None = None,
-        skip_backward: bool = False, resolve_before: bool = True, sample: int = 1, progress=None):
+        skip_backward: bool = False, resolve_before: bool = True, sample: int = 1, progress=None,
+        two_stages: bool = False):
     trees = [_copy_tree(workdir / f"tree{j}", rev) for j in range(jobs)]
     results: list[Mutant] = []
     for module in modules:
@@ -435,6 +446,8 @@ def run(modules, jobs, workdir: Path, only: dict[str, str] | None, timeout_facto
             mutants = mutants[::sample]
         stages = {unit: (_BACKWARD_TESTS if unit == BACKWARD_UNIT else MODULES[module])
                   for unit in {m.unit for m, _ in mutants}}
+        if two_stages:
+            stages = {unit: fast_first(st) for unit, st in stages.items()}
         timeouts = {unit: [timeout_factor * t + 30 for t in _baseline(trees[0], st)] for unit, st in stages.items()}
         print(f"{module}: {len(mutants)} mutants; unmutated tests {timeouts}", flush=True)
         free = list(trees)
@@ -444,6 +457,7 @@ def run(modules, jobs, workdir: Path, only: dict[str, str] | None, timeout_facto
             tree = free.pop()
             try:
                 (tree / path).write_text(new_source)
+                mutant.fast_first = two_stages
                 mutant.outcome, mutant.seconds, mutant.killer, mutant.stage = _pytest(
                     tree, stages[mutant.unit], timeouts[mutant.unit])
                 if resolve_before and not mutant.before_outcome and before(mutant, stages[mutant.unit]) == "unknown":
@@ -473,11 +487,48 @@ def run(modules, jobs, workdir: Path, only: dict[str, str] | None, timeout_facto
 # ---- the report -------------------------------------------------------------------------------
 
 #: Reviewed survivors that compute the same numbers, key (Mutant.key) → reason.
-EQUIVALENT: dict[str, str] = {}
+_SCALE = "layernorm:centered_scale: e = np.clip(e, 0, np.finfo(dtype).maxexp - 2) :: "
+_PEAK = ("layernorm:centered_scale: peak = np.maximum(centered.max(axis=-1, keepdims=True), "
+         "-centered.min(axis=-1, keepdims=True)) :: ")
+_SEEN = "attention:attend_in_blocks: seen = start + min(i + rows, pos) :: "
+_POWERS = ("σ is computed as √(mean (c·2⁻ᵉ)² + ε·2⁻²ᵉ) · 2ᵉ, and scaling by a power of two commutes with "
+           "rounding (no overflow, no underflow of what matters): any e that keeps (c·2⁻ᵉ)² finite gives "
+           "the same bits")
+EQUIVALENT: dict[str, str] = {
+    "attention:causal_bias: @functools.lru_cache(maxsize=8) :: 8 → 9":
+        "the size of the cache of masks: which masks are remembered, not their values",
+    "attention:causal_bias: @functools.lru_cache(maxsize=8) :: 8 → 7":
+        "the size of the cache of masks: which masks are remembered, not their values",
+    _SEEN + "min(i + rows, pos) → max(i + rows, pos)":
+        "every block then reads all keys and the causal mask zeroes the extra ones exactly (exp(−∞) = 0): "
+        "the same function with more work, sums over more exact zeros (rounding only)",
+    _SEEN + "min(i + rows, pos) → min(pos, i + rows)": "min is symmetric",
+    "attention:attend_in_blocks: zh[:, :, i:i + rows] = softmax(scores, in_place=True) @ vh[:, :, :seen] :: True → False":
+        "softmax into a new array instead of the block's own scores buffer: the same numbers",
+    _PEAK + "np.maximum(centered.max(axis=-1, keepdims=True), -centered.min(axis=-1, keepdims=True)) → "
+            "np.maximum(-centered.min(axis=-1, keepdims=True), centered.max(axis=-1, keepdims=True))":
+        "np.maximum is symmetric",
+    _PEAK + "-centered.min(axis=-1, keepdims=True) → centered.min(axis=-1, keepdims=True)":
+        "peak becomes max c instead of max |c|; a centered row has max c ≥ |min c|/(n − 1), so the "
+        "power of two is at most ~n too small, (c·2⁻ᵉ)² < n² stays finite, and " + _POWERS,
+    _SCALE + "0 → 1":
+        "an extra factor 2 of scaling down for small rows: " + _POWERS + "; only (c/2)² below 2⁻¹⁰²² "
+        "could differ, and there ε·2⁻² dominates it unless ε = 0 (where the original loses σ to underflow too)",
+    _SCALE + "0 → -1":
+        "scaling up by at most 2 for small rows: " + _POWERS,
+    _SCALE + "np.finfo(dtype).maxexp - 2 → np.finfo(dtype).maxexp + 2":
+        "matters only for max|c| ≥ 2^(maxexp − 3); 2⁻ᵉ is then subnormal but exact, c·2⁻ᵉ is normal, "
+        "ε·2⁻²ᵉ underflows to 0 where ε ≪ var anyway, and σ·2ᵉ is representable: the same bits",
+    _SCALE + "2 → 3": "the same clip one power of two lower (see maxexp − 2 → maxexp + 2): " + _POWERS,
+    _SCALE + "2 → 1": "the same clip one power of two higher (see maxexp − 2 → maxexp + 2)",
+    'config:from_hf: raise RefGPTError(str(error).replace("config:", f"{source}:", 1)) from None :: 1 → 2':
+        "an error text: every Config message starts with the one 'config:' that is replaced",
+}
 
 
 def _stages_of(m):
-    return _BACKWARD_TESTS if m.unit == BACKWARD_UNIT else MODULES[m.module]
+    stages = _BACKWARD_TESTS if m.unit == BACKWARD_UNIT else MODULES[m.module]
+    return fast_first(stages) if m.fast_first else stages
 
 
 def score(results):
@@ -497,6 +548,11 @@ def score(results):
         else:
             row["survived"] += 1
     return table
+
+
+def _describe(m):
+    edit = "delete" if m.operator == "delete" else f"{m.operator} `{m.before}` → `{m.after}`"
+    return f"`{m.module}.py:{m.line}` `{m.source}`: {edit}"
 
 
 def _pct(a, b):
@@ -525,31 +581,52 @@ def write_report(results, md: Path, js: Path, note: str = ""):
         if m.outcome in ("killed", "timeout"):
             continue
         verdict = f"equivalent: {EQUIVALENT[m.key]}" if m.key in EQUIVALENT else f"**not equivalent** ({m.outcome})"
-        lines.append(f"- `{m.module}.py:{m.line}` `{m.source}`: {m.operator} `{m.before}` → `{m.after}` — {verdict}")
+        lines.append(f"- {_describe(m)} — {verdict}")
     lines += ["", "## Killed only by the tests issue 13 added", ""]
     for m in results:
         if m.outcome in ("killed", "timeout") and before(m, _stages_of(m)) != "killed":
-            lines.append(f"- `{m.module}.py:{m.line}` `{m.source}`: {m.operator} `{m.before}` → `{m.after}` "
-                         f"— by `{m.killer}`")
+            lines.append(f"- {_describe(m)} — by `{m.killer}`")
     md.write_text("\n".join(lines) + "\n")
     js.write_text(json.dumps({"score": table, "mutants": [asdict(m) | {"key": m.key} for m in results]},
                              indent=1, ensure_ascii=False) + "\n")
 
 
+def _load(path: Path, rev: str | None = None) -> list[Mutant]:
+    """A mutation.json's mutants; a missing ``source`` is filled in from the module as of commit
+    ``rev`` (the one the run mutated), or as checked out."""
+    mutants = [Mutant(**{k: v for k, v in m.items() if k != "key"}) for m in json.loads(path.read_text())["mutants"]]
+    for m in mutants:
+        if not m.source and m.line:
+            text = (subprocess.run(["git", "show", f"{rev}:{module_path(m.module)}"], cwd=ROOT, capture_output=True,
+                                   text=True, check=True).stdout if rev else (ROOT / module_path(m.module)).read_text())
+            m.source = text.splitlines()[m.line - 1].split("  #")[0].strip()
+    keys = {}
+    for m in mutants:  # occurrences, as make_mutants numbers them
+        m.occurrence = 1
+        m.occurrence = keys[m.key] = keys.get(m.key, 0) + 1
+    return mutants
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("modules", nargs="*", default=list(MODULES))
+    ap.add_argument("modules", nargs="*", default=None)
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--workdir", type=Path, default=None)
     ap.add_argument("--only-survivors", type=Path, default=None,
                     help="a previous mutation.json: rerun only its survivors, keep its killed mutants")
     ap.add_argument("--timeout-factor", type=float, default=3.0)
+    ap.add_argument("--fast-first", action="store_true",
+                    help="all NumPy-only tests, then all peer tests; no rerun of older tests for the 'before' score")
+    ap.add_argument("--merge", type=Path, nargs="*", default=[], help="earlier mutation.json files to report with this run")
+    ap.add_argument("--note", default="", help="a paragraph for the report (what was measured, where)")
     ap.add_argument("--sample", type=int, default=1, help="only every n-th mutant (a quicker estimate)")
     ap.add_argument("--skip-backward", action="store_true", help="leave out the *_backward functions of forward modules")
     ap.add_argument("--rev", default=None, help="test the tree of this commit (e.g. the tests before a change)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "MUTATION.md")
     ap.add_argument("--list", action="store_true", help="only list the mutants")
     args = ap.parse_args(argv)
+    if args.modules is None or (not args.modules and not args.merge):
+        args.modules = list(MODULES)
     if args.list:
         for module in args.modules:
             for m, _ in make_mutants(module, (ROOT / module_path(module)).read_text()):
@@ -557,17 +634,22 @@ def main(argv=None):
         return
     only, kept = None, []
     if args.only_survivors:
-        old = [Mutant(**{k: v for k, v in m.items() if k != "key"}) for m in json.loads(args.only_survivors.read_text())["mutants"]]
+        old = _load(args.only_survivors, args.rev)
         only = {m.key: before(m, _stages_of(m)) for m in old if m.outcome not in ("killed", "timeout")}
         kept = [m for m in old if m.outcome in ("killed", "timeout") or m.module not in args.modules]
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="refgpt-mutation-"))
-    note = f"Every {args.sample}-th mutant only (--sample {args.sample})." if args.sample > 1 else ""
+    note = args.note + (f" Every {args.sample}-th mutant only (--sample {args.sample})." if args.sample > 1 else "")
 
     def save(results):
         write_report(kept + results, args.out, args.out.with_suffix(".json"), note)
 
+    for path in args.merge:
+        kept += _load(path, args.rev)
+    if not args.modules:
+        save([])
+        return
     run(args.modules, args.jobs, workdir, only, args.timeout_factor, args.rev, args.skip_backward,
-        sample=args.sample, progress=save)
+        sample=args.sample, progress=save, resolve_before=not args.fast_first, two_stages=args.fast_first)
 
 
 if __name__ == "__main__":

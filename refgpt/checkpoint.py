@@ -140,6 +140,8 @@ def read_hf_tensors(files: list[Path], cfg: Config, dtype: np.dtype,
         if st.shape(name) != shape:
             raise RefGPTError(_explain_shape(st.path, name, st.shape(name), shape))
         tensors[key] = st.float_tensor(name, dtype)
+        if st.raw(name).dtype != dtype:  # converted (e.g. float32 stored, float64 computed): a copy,
+            st.release(name)  # so the stored bytes' pages go; one copy of the weights is held, not two
     return tensors
 
 

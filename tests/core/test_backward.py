@@ -128,7 +128,8 @@ def test_every_gradient_entry_matches_central_differences():
         assert rel_err(grads.activations[name], numeric) <= FD_TOL, name
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# 27 examples: each takes 6 losses per direction instead of 4 (the error bound), so the time 40 took before
+@settings(max_examples=27, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cfg=configs(max_layers=2, max_width=12), seed=st.integers(0, 2**32 - 1),
        scale=st.sampled_from([0.1, 0.5, 1.0]), b_U=st.booleans(), data=st.data())
 def test_gradients_match_central_differences_along_random_directions(cfg, seed, scale, b_U, data):

@@ -113,3 +113,12 @@ def test_from_json(tmp_path):
     path.write_bytes(b"\xff\xfe")
     with pytest.raises(RefGPTError, match="config.json: not valid JSON"):
         Config.from_json(path)
+
+
+def test_config_is_frozen_and_from_json_takes_a_string(tmp_path):
+    c = cfg()
+    with pytest.raises(RefGPTError, match="d_model is fixed once the Config is made"):
+        c.d_model = 16
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"n_embd": 8, "n_layer": 1, "n_head": 2}))
+    assert Config.from_json(str(path)).d_model == 8

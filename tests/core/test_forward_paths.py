@@ -175,3 +175,19 @@ def test_hooks_context_lets_errors_through_and_always_removes_its_hooks(model):
     assert np.array_equal(model(tokens), clean)
     with pytest.raises(RefGPTError, match="not a hook point"):
         model.hooks([("blocks.0.hook_nothing", lambda a, n: a)])
+
+
+@pytest.mark.parametrize("names", [["scores"], ["pattern"], ["scores", "pattern"]])
+def test_cached_scores_stay_scores_and_pattern_is_their_softmax(model, names):
+    """softmax reuses the scores' buffer only when nobody holds the scores."""
+    tokens = tokens_of(70, 2)
+    wanted = [f"blocks.1.attn.hook_{n if n == 'pattern' else 'attn_scores'}" for n in names]
+    logits, cache = model.run_with_cache(tokens, names=wanted)
+    assert rel_err(logits, model(tokens)) <= TOL[model.dtype.name]
+    _, full = model.run_with_cache(tokens, names=["blocks.1.attn.hook_attn_scores", "blocks.1.attn.hook_pattern"])
+    scores, pattern = full["blocks.1.attn.hook_attn_scores"], full["blocks.1.attn.hook_pattern"]
+    assert np.isneginf(scores[0, 0, 0, 1:]).all() and (scores[0, 0, 5, :6] != pattern[0, 0, 5, :6]).all()
+    e = np.exp(scores - scores.max(-1, keepdims=True))
+    assert rel_err(pattern, e / e.sum(-1, keepdims=True)) <= 10 * np.finfo(model.dtype).eps
+    for name in wanted:
+        assert np.array_equal(cache[name], full[name]), name
