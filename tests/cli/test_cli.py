@@ -250,7 +250,7 @@ def broken_vocab(d):
     (broken_safetensors, r"model\.safetensors"),
     (broken_config, r"config\.json: not valid JSON"),
     (no_tokenizer, r"no tokenizer"),
-    (broken_vocab, r"vocab\.json, line 1"),
+    (broken_vocab, r"vocab\.json: not valid JSON \(line 1"),
 ])
 @pytest.mark.parametrize("command", ["predict", "inspect"])
 def test_a_broken_checkpoint_is_one_line_and_status_1(refgpt_cli, plain_checkpoint, breakage, message, command):
