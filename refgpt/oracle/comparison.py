@@ -174,7 +174,8 @@ def load(source, name_map="refgpt", shape: ModelShape | None = None):
         raise RefGPTError(f"{path}: file not found")
     if path.suffix == ".npz":
         try:
-            with np.load(path, allow_pickle=False) as z:
+            # The file is opened here, not by np.load, which leaks its handle when the zip is broken.
+            with open(path, "rb") as handle, np.load(handle, allow_pickle=False) as z:
                 return {k: z[k] for k in z.files}, {}, None
         except (ValueError, OSError, EOFError, KeyError, zipfile.BadZipFile, NotImplementedError) as error:
             raise RefGPTError(f"{path}: not a readable .npz file ({type(error).__name__}: "

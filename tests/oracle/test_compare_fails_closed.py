@@ -3,6 +3,7 @@ broken file is an error or a failure — never "OK"."""
 
 from __future__ import annotations
 
+import gc
 import json
 import warnings
 
@@ -118,3 +119,17 @@ def test_a_reference_near_float64s_maximum_is_judged_without_a_warning(reference
     assert same.ok and not other.ok
     result = next(t for t in same.tensors if t.name == "blocks.1.hook_resid_post")
     assert result.rms == 0.0 and np.isfinite(result.bias_tolerance)
+
+
+
+def test_a_broken_npz_closes_its_file(tmp_path):
+    """np.load(path) leaves its file to be closed at deallocation when the zip is broken (a
+    ResourceWarning, "unclosed file"); refgpt opens the file itself and closes it."""
+    path = tmp_path / "c.npz"
+    path.write_bytes(b"PK\x03\x04 not a zip")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        with pytest.raises(RefGPTError, match="not a readable .npz file"):
+            oracle.load(path)
+        gc.collect()
+    assert not [w for w in caught if issubclass(w.category, ResourceWarning)]
