@@ -35,6 +35,7 @@ largest KL divergence are reported too. Integer tensors (tokens) must be equal.
 
 from __future__ import annotations
 
+import math
 import zipfile
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -439,7 +440,77 @@ def _with_derived(ref, cand, conditioning):
     return ref
 
 
+#: Each tensor is judged in blocks of whole rows (its last axis) of at most this many bytes of float64,
+#: so comparing needs a few blocks of memory, not a few copies of the largest tensor (issue 17).
+BLOCK_BYTES = 32 * 2**20
+
+
+def _as_rows(x):
+    """``x`` seen as [rows, last] (a scalar as [1, 1]), a view when ``x`` is contiguous."""
+    return x.reshape(1, 1) if x.ndim == 0 else x.reshape(math.prod(x.shape[:-1]), x.shape[-1])
+
+
+def _row_blocks(rows, last):
+    """(start, stop) of consecutive blocks of rows, each at most BLOCK_BYTES of float64 (at least one row)."""
+    step = max(1, BLOCK_BYTES // (8 * max(1, last)))
+    return [(a, min(a + step, rows)) for a in range(0, rows, step)] or [(0, 0)]
+
+
+def _sum(parts) -> float:
+    """Σ of per-block float64 sums, each block's sum rounded once more (math.fsum of the block sums,
+    exactly rounded); inf/NaN propagate as in a plain sum."""
+    if all(map(math.isfinite, parts)):
+        try:
+            return math.fsum(parts)
+        except OverflowError:  # finite block sums whose total overflows: ±inf, as a plain sum gives
+            pass
+    return float(sum(parts))
+
+
+class _RootMeanSquare:
+    """RMS of finite values given block by block: whole-tensor ``_rms(x)``, √mean(x²), equal to rounding.
+
+    Σx² is kept twice: plainly, and scaled by the largest |x| so far (rescaled when a larger one
+    arrives), so that when the plain sum overflows, max|x|·√mean((x/max|x|)²) is still there."""
+
+    def __init__(self):
+        self.n, self.plain, self.top, self.scaled = 0, [], 0.0, 0.0
+
+    def add(self, x):
+        self.n += x.size
+        if not x.size:
+            return
+        with np.errstate(over="ignore"):
+            self.plain.append(float(np.sum(np.square(x))))
+        top = float(np.max(np.abs(x)))
+        if top > self.top:
+            self.scaled *= (self.top / top) ** 2
+            self.top = top
+        if 0.0 < self.top < np.inf:
+            self.scaled += float(np.sum(np.square(x / self.top)))
+
+    def value(self) -> float:
+        plain = math.sqrt(_sum(self.plain) / self.n)
+        if math.isfinite(plain):
+            return plain
+        if not math.isfinite(self.top):  # as _rms: inf·√mean((x/inf)²) is NaN
+            return math.nan
+        return self.top * math.sqrt(self.scaled / self.n)
+
+
 def _compare_tensor(name, r, c, tol, conditioning, ref, error_rms=None) -> TensorResult:
+    """Judge candidate ``c`` against reference ``r`` block of rows by block of rows (BLOCK_BYTES).
+
+    Whole-tensor, the judgement is (X = r, or log-softmax of both for the logits; masked: not compared)
+
+        err = |c − r|,  limit = atol + rtol·|r|,  bad = err > limit,  first/worst = first bad, largest err/limit
+        max_abs = max err,  max_over_tol = max err/limit,  frac_out = #bad / #compared
+        mean_error = Σ(c − r)/n,  rms = √(Σ err²/n),  RMS(X_ref) = √(Σ r²/n)    (the bias bound)
+
+    Maxima, counts and the first element are the same numbers blocked; the three sums are summed per
+    block and then exactly (math.fsum), so they differ from numpy's pairwise whole-tensor sum by
+    rounding only: relative ≤ (⌈log₂ n⌉ + ⌈log₂ b⌉ + 1)·2⁻⁵³ of Σ|terms| (b: elements in a block).
+    atol needs S_X = max|X_ref| before any block is judged: a first pass finds it."""
     res = TensorResult(name, layer_of(name), "ok", list(r.shape), list(c.shape))
     if c.shape != r.shape and r.ndim >= 1 and r.shape[0] == 1 and c.shape == r.shape[1:]:
         c = c[None]  # a candidate without the batch axis, for a batch of one
@@ -447,59 +518,113 @@ def _compare_tensor(name, r, c, tol, conditioning, ref, error_rms=None) -> Tenso
     if c.shape != r.shape:
         res.status = "shape mismatch"
         return res
+    r2, c2 = _as_rows(r), _as_rows(c)  # [rows, last]
+    rows, last = r2.shape
+    blocks = _row_blocks(rows, last)
+
+    def index(a, k):  # flat index k in the block starting at row a → index into r
+        return tuple(int(i) for i in np.unravel_index(a * last + int(k), r.shape))
+
     if r.dtype.kind in "iub" or c.dtype.kind in "iub":
-        differ = np.argwhere(r != c)  # [n_differ, ndim]
-        if len(differ):
-            i = tuple(int(k) for k in differ[0])
+        n_differ, first = 0, None
+        for a, b in blocks:
+            differ = np.flatnonzero(r2[a:b] != c2[a:b])  # [n_differ in block]
+            if first is None and len(differ):
+                first = index(a, differ[0])
+            n_differ += len(differ)
+        if n_differ:
             res.status = "values differ"
-            res.frac_out = float(len(differ) / r.size)
-            res.first_bad = res.worst = Element(i, _where(name, i), float(r[i]), float(c[i]), 0.0)
+            res.frac_out = float(n_differ / r.size)
+            res.first_bad = res.worst = Element(first, _where(name, first), float(r[first]), float(c[first]), 0.0)
         return res
-    r64, c64 = r.astype(np.float64), c.astype(np.float64)  # [...]
-    compared = np.isfinite(r64)  # attention scores: the causal part
-    if is_gradient(name) and name.endswith("attn.hook_pattern"):
-        compared &= np.tril(np.ones(r.shape[-2:], dtype=bool))  # [pos, key_pos]
+    causal = is_gradient(name) and name.endswith("attn.hook_pattern")
+    if causal:
         res.notes.append("∂pattern compared on the causal part (above the diagonal no loss depends on it through "
                          "the softmax; llm.c never computes it)")
-    judged_name, jr, jc = name, r64, c64
+    judged_name = name
+    ref_log_probs = None
     if name == "logits":  # shift-invariant: judge log-softmax against log-softmax
-        jc = log_softmax(c64)
-        jr = np.asarray(ref["log_probs"], np.float64) if "log_probs" in ref else log_softmax(r64)  # [batch, pos, d_vocab]
+        if "log_probs" in ref:
+            ref_log_probs = _as_rows(np.asarray(ref["log_probs"]))  # [rows, d_vocab]
         judged_name = "log_probs" if "log_probs" in conditioning else "logits"
         res.notes.append("judged shift-invariantly: log-softmax of the logits")
-    scale = tensor_scale(name, jr[compared], ref)
+
+    def block(a, b):  # the block's compared mask, raw and judged values
+        r64, c64 = r2[a:b].astype(np.float64), c2[a:b].astype(np.float64)  # [block, last]
+        compared = np.isfinite(r64)  # attention scores: the causal part
+        if causal:
+            pos = (np.arange(a, b) % r.shape[-2])[:, None]  # [block, 1] query position of each row
+            compared &= np.arange(last)[None, :] <= pos  # [block, last] key_pos ≤ pos
+        jr, jc = r64, c64
+        if name == "logits":
+            jc = log_softmax(c64)
+            jr = ref_log_probs[a:b].astype(np.float64) if ref_log_probs is not None else log_softmax(r64)
+        return compared, r64, c64, jr, jc
+
+    top_judged = top_raw = 0.0  # max|X_ref| over the compared part: judged (for atol) and raw (max_rel)
+    for a, b in blocks:
+        compared, r64, _, jr, _ = block(a, b)
+        top_judged = float(np.max([top_judged, np.max(np.abs(jr[compared]), initial=0.0)]))
+        top_raw = float(np.max([top_raw, np.max(np.abs(r64[compared]), initial=0.0)]))
+    scale = tensor_scale(name, np.array([top_judged]), ref)
     if tol["profile"]:
         u = tol["unit_roundoff"]
         res.rtol = GROWTH * u
         res.atol = GROWTH * u * (conditioning.get(judged_name, 0.0) + scale)
     else:
         res.rtol, res.atol = tol["rtol"], tol["atol"]
-    with np.errstate(invalid="ignore"):  # −∞ − −∞ in the masked part, which is not compared
-        diff = np.where(compared, np.abs(c64 - r64), 0.0)  # [...] raw error, reported
-        jdiff = np.where(compared, np.abs(jc - jr), 0.0)  # [...] judged error
-    diff = np.where(np.isnan(diff), np.inf, diff)  # [...] a NaN candidate is infinitely wrong
-    jdiff = np.where(np.isnan(jdiff), np.inf, jdiff)  # [...]
-    if name == "probs" and tol["profile"]:  # |Δp| = p·|Δlog p|: log_probs' tolerance, relative to p
-        limit = (res.atol + res.rtol) * np.abs(np.where(compared, jr, 0.0)) + GROWTH * tol["unit_roundoff"] * _F32_TINY
+    if name == "probs" and tol["profile"]:
         res.notes.append("probabilities judged relative to p: |Δp| ≤ p·(log_probs' tolerance)")
-    else:
-        limit = res.atol + res.rtol * np.abs(np.where(compared, jr, 0.0))  # [...]
-    bad = jdiff > limit  # [...]
-    res.max_abs = float(diff.max(initial=0.0))
-    res.max_rel = res.max_abs / tensor_scale(name, r64[compared], ref)
-    res.max_over_tol = float(np.max(np.where(compared, jdiff / np.maximum(limit, _F32_TINY * _F32_TINY), 0.0),
-                                    initial=0.0))
-    n = int(compared.sum())
-    res.frac_out = float(bad.sum() / n) if n else 0.0
-    if bad.any():
+    n = n_bad = 0
+    max_abs = max_over_tol = 0.0
+    worst_ratio = None
+    signed, err_rms, ref_rms, all_finite = [], _RootMeanSquare(), _RootMeanSquare(), True
+    for a, b in blocks:
+        compared, r64, c64, jr, jc = block(a, b)
+        with np.errstate(invalid="ignore"):  # −∞ − −∞ in the masked part, which is not compared
+            diff = np.where(compared, np.abs(c64 - r64), 0.0)  # [block, last] raw error, reported
+            jdiff = np.where(compared, np.abs(jc - jr), 0.0)  # [block, last] judged error
+        diff = np.where(np.isnan(diff), np.inf, diff)  # a NaN candidate is infinitely wrong
+        jdiff = np.where(np.isnan(jdiff), np.inf, jdiff)
+        if name == "probs" and tol["profile"]:  # |Δp| = p·|Δlog p|: log_probs' tolerance, relative to p
+            limit = (res.atol + res.rtol) * np.abs(np.where(compared, jr, 0.0)) + GROWTH * tol["unit_roundoff"] * _F32_TINY
+        else:
+            limit = res.atol + res.rtol * np.abs(np.where(compared, jr, 0.0))  # [block, last]
+        bad = jdiff > limit  # [block, last]
+        max_abs = max(max_abs, float(diff.max(initial=0.0)))
+        max_over_tol = float(np.max([max_over_tol, np.max(np.where(
+            compared, jdiff / np.maximum(limit, _F32_TINY * _F32_TINY), 0.0), initial=0.0)]))
+        n += int(compared.sum())
+        n_bad += int(bad.sum())
+        ratio = np.where(bad, jdiff / np.maximum(limit, _F32_TINY), -1.0)  # [block, last]
+        k = int(np.argmax(ratio)) if ratio.size else None  # argmax: first of the largest (or first NaN)
+        if k is not None and (worst_ratio is None or (not np.isnan(worst_ratio) and
+                                                      (np.isnan(ratio.flat[k]) or ratio.flat[k] > worst_ratio))):
+            worst_ratio, res.worst = ratio.flat[k], _element(name, index(a, k), np.unravel_index(k, bad.shape),
+                                                             jr, jc, limit)
+        if bad.any() and res.first_bad is None:
+            k = int(np.argmax(bad))
+            res.first_bad = _element(name, index(a, k), np.unravel_index(k, bad.shape), jr, jc, limit)
+        if tol["profile"]:
+            jc_in, jr_in = jc[compared], jr[compared]  # [compared in block]
+            all_finite = all_finite and bool(np.isfinite(jc_in).all())
+            if all_finite:
+                with np.errstate(over="ignore", invalid="ignore"):
+                    signed.append(float(np.sum(jc_in - jr_in)))
+                err_rms.add(jdiff[compared])
+                ref_rms.add(jr_in)
+    res.max_abs = max_abs
+    res.max_rel = res.max_abs / tensor_scale(name, np.array([top_raw]), ref)
+    res.max_over_tol = max_over_tol
+    res.frac_out = float(n_bad / n) if n else 0.0
+    if n_bad:
         res.status = "out of tolerance"
-        first = np.unravel_index(int(np.argmax(bad)), bad.shape)
-        worst = np.unravel_index(int(np.argmax(np.where(bad, jdiff / np.maximum(limit, _F32_TINY), -1.0))), bad.shape)
-        res.first_bad = _element(name, first, jr, jc, limit)
-        res.worst = _element(name, worst, jr, jc, limit)
+    else:
+        res.worst = None
     if tol["profile"] and n and error_rms is not None:
-        _check_systematic(res, jr[compared], jc[compared], jdiff[compared], tol["unit_roundoff"],
-                          error_rms.get(judged_name, 0.0))
+        _check_systematic(res, n, all_finite, _sum(signed) / n if all_finite else math.nan,
+                          err_rms.value() if all_finite else math.inf, ref_rms.value() if all_finite else 0.0,
+                          tol["unit_roundoff"], error_rms.get(judged_name, 0.0))
     return res
 
 
@@ -537,7 +662,11 @@ def bias_bound(u, r_X, r) -> float:
     """The most a correct port's mean signed error at a tensor with reference values ``r`` may be
     (``_check_systematic``); 0 when the tensor is too small or only rounding noise to judge."""
     n = r.size
-    ref_rms = _rms(r) if n else 0.0
+    return _bias_bound(u, r_X, n, _rms(r) if n else 0.0)
+
+
+def _bias_bound(u, r_X, n, ref_rms) -> float:
+    """``bias_bound`` given the number of elements n and RMS(X_ref)."""
     if n < BIAS_MIN_ELEMENTS or ref_rms <= r_X * 2.0**-24:  # only rounding noise: no bias to see
         return 0.0
     return BIAS_GROWTH * u * (r_X + ref_rms) * max(1.0, np.sqrt(BIAS_FULL_ELEMENTS / n))
@@ -555,7 +684,7 @@ def _rms(x) -> float:
     return top * float(np.sqrt(np.mean(np.square(x / top))))
 
 
-def _check_systematic(res, r, c, err, u, r_X) -> None:
+def _check_systematic(res, n, finite, mean_error, rms, ref_rms, u, r_X) -> None:
     """Flag an error that is too *systematic* to be rounding, though each element is in tolerance.
 
     A correct port's error at X is a sum of roundings of either sign: its RMS over the tensor is
@@ -576,11 +705,14 @@ def _check_systematic(res, r, c, err, u, r_X) -> None:
     there, and ∂loss/∂b_K, 0 in exact arithmetic) are not judged. A bug
     whose bias is within this bound and whose elements are within the elementwise tolerance is
     indistinguishable from rounding.
+
+    ``n`` compared elements, ``finite``: the candidate is finite there; ``mean_error`` = mean(cand − ref),
+    ``rms`` = RMS(|cand − ref|), ``ref_rms`` = RMS(X_ref), accumulated by ``_compare_tensor``.
     """
-    finite = np.isfinite(c).all()
-    res.rms = _rms(err) if finite else float("inf")
-    res.mean_error = float(np.mean(c - r)) if finite else float("nan")
-    res.bias_tolerance = bias_bound(u, r_X, r) if finite and not is_zero_in_exact_arithmetic(res.name) else 0.0
+    res.rms = rms if finite else float("inf")
+    res.mean_error = mean_error if finite else float("nan")
+    res.bias_tolerance = (_bias_bound(u, r_X, n, ref_rms) if finite and not is_zero_in_exact_arithmetic(res.name)
+                          else 0.0)
     if res.bias_tolerance and abs(res.mean_error) > res.bias_tolerance and res.ok:
         res.status = "systematic error"
         res.notes.append(f"every element is within tolerance, but the mean signed error {res.mean_error:.3g} is "
@@ -592,9 +724,10 @@ def _where(name, index):
     return dict(zip(axes(name, len(index)), (int(i) for i in index)))
 
 
-def _element(name, index, r, c, limit):
-    i = tuple(int(k) for k in index)
-    return Element(i, _where(name, i), float(r[i]), float(c[i]), float(limit[i]))
+def _element(name, index, local, r, c, limit):
+    """The element at ``index`` of the tensor, which is at ``local`` in the block ``r``, ``c``, ``limit``."""
+    local = tuple(int(k) for k in local)
+    return Element(index, _where(name, index), float(r[local]), float(c[local]), float(limit[local]))
 
 
 def _top_k(x, k):
@@ -616,26 +749,37 @@ def _top_k(x, k):
 
 
 def _logits_summary(ref, cand) -> LogitsSummary:
-    def logp(t):
-        if "logits" in t:
-            return log_softmax(np.asarray(t["logits"], np.float64))
-        return np.asarray(t["log_probs"], np.float64)
+    """Top-1 agreement, top-5 overlap, max KL(ref ‖ cand) and the largest shift of the logits' mean
+    over positions, block of rows by block of rows. Whole-tensor, with lr, lc = log-softmax of each:
 
-    lr, lc = logp(ref), logp(cand)  # [batch, pos, d_vocab]
-    if lr.shape != lc.shape:
+        top1 = mean(argmax lr == argmax lc),  top5 = mean |top5(lr) ∩ top5(lc)|/5,
+        KL = max Σ_v e^lr·(lr − lc),  shift = max |mean_v(logits_c − logits_r)|"""
+    def rows(t):
+        return _as_rows(np.asarray(t["logits"] if "logits" in t else t["log_probs"]))  # [batch·pos, d_vocab]
+
+    r2, c2 = rows(ref), rows(cand)
+    if np.shape(ref["logits"] if "logits" in ref else ref["log_probs"]) != \
+            np.shape(cand["logits"] if "logits" in cand else cand["log_probs"]):
         return None
-    k = min(5, lr.shape[-1])
-    top_r = _top_k(lr.reshape(-1, lr.shape[-1]), k).reshape(*lr.shape[:-1], k)  # [batch, pos, k]
-    top_c = _top_k(lc.reshape(-1, lc.shape[-1]), k).reshape(*lc.shape[:-1], k)  # [batch, pos, k]
-    overlap = (top_r[..., :, None] == top_c[..., None, :]).any(-1).mean(-1)  # [batch, pos]
-    with np.errstate(invalid="ignore"):
-        kl = np.sum(np.exp(lr) * (lr - lc), axis=-1)  # [batch, pos]
-    shift = 0.0
-    if "logits" in ref and "logits" in cand:
-        d = np.asarray(cand["logits"], np.float64) - np.asarray(ref["logits"], np.float64)  # [batch, pos, d_vocab]
-        shift = float(np.max(np.abs(d.mean(-1))))
-    return LogitsSummary(float(np.mean(top_r[..., 0] == top_c[..., 0])), float(overlap.mean()),
-                         float(np.nan_to_num(kl, nan=np.inf).max()), shift)
+
+    def logp(t, x):
+        x = x.astype(np.float64)
+        return log_softmax(x) if "logits" in t else x
+
+    n_rows, d_vocab = r2.shape
+    k = min(5, d_vocab)
+    same_top, overlap, kl, shift = 0, [], -np.inf, 0.0
+    for a, b in _row_blocks(n_rows, d_vocab):
+        lr, lc = logp(ref, r2[a:b]), logp(cand, c2[a:b])  # [block, d_vocab]
+        top_r, top_c = _top_k(lr, k), _top_k(lc, k)  # [block, k]
+        same_top += int((top_r[:, 0] == top_c[:, 0]).sum())
+        overlap.append(float((top_r[:, :, None] == top_c[:, None, :]).any(-1).mean(-1).sum()))
+        with np.errstate(invalid="ignore"):
+            kl = float(np.max([kl, np.nan_to_num(np.sum(np.exp(lr) * (lr - lc), axis=-1), nan=np.inf).max()]))
+        if "logits" in ref and "logits" in cand:
+            d = c2[a:b].astype(np.float64) - r2[a:b].astype(np.float64)  # [block, d_vocab]
+            shift = float(np.max([shift, np.max(np.abs(d.mean(-1)))]))  # NaN propagates, as whole
+    return LogitsSummary(same_top / n_rows, _sum(overlap) / n_rows, kl, shift)
 
 
 # ---- the report as text ---------------------------------------------------------------------------
