@@ -310,3 +310,36 @@ def test_running_rms_takes_the_overflow_safe_path_across_blocks():
         rms.add(x[a:a + 7])
     assert rms.value() == pytest.approx(_rms(x), rel=32 * 2.0**-53)
     assert math.isfinite(rms.value())
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2**16), bug=st.sampled_from([None, "blocks.1.mlp.b_in", "blocks.0.ln1.w", "unembed.W_U"]),
+       rows_per_block=st.integers(1, 3), profile=st.sampled_from([None, "float64"]))
+def test_compare_reports_what_the_whole_tensor_compare_reported(tmp_path_factory, monkeypatch, seed, bug,
+                                                                rows_per_block, profile):
+    """End to end: a streamed golden (with c_X and r_X) against a float32 pass, maybe with a small bug,
+    compared with blocks of a few rows and with the whole-tensor judgement: the same report."""
+    from random_models import random_model
+    from refgpt import Config, Model
+    from refgpt.oracle import golden
+
+    cfg = Config(d_model=16, n_layers=2, n_heads=2, d_mlp=32, d_vocab=20, n_ctx=8)
+    tokens = np.random.default_rng(seed).integers(0, cfg.d_vocab, (2, 8))
+    model = random_model(cfg, seed=seed)
+    path = golden.write_streamed(tmp_path_factory.mktemp("g") / "g.safetensors", model, tokens, command=["t"])
+    params = dict(model.params)
+    if bug:
+        params[bug] = params[bug] * (1 + 3e-6)  # a few float32 ulps: a systematic, not elementwise, error
+    candidate = golden.compute(Model(cfg, params, dtype="float32"), tokens)
+    monkeypatch.setattr(comparison, "BLOCK_BYTES", 8 * rows_per_block)  # 8 bytes a row: blocks of rows_per_block rows
+    blocked = comparison.compare(path, candidate, profile=profile)
+    monkeypatch.setattr(comparison, "_compare_tensor", whole_compare_tensor)
+    monkeypatch.setattr(comparison, "_logits_summary", whole_logits_summary)
+    whole = comparison.compare(path, candidate, profile=profile)
+    assert [t.name for t in blocked.tensors] == [t.name for t in whole.tensors]
+    for b, w in zip(blocked.tensors, whole.tensors):
+        _assert_same(b, w)
+    assert blocked.logits.top5_agreement == pytest.approx(whole.logits.top5_agreement, rel=8 * 2.0**-53)
+    np.testing.assert_equal(dataclasses.asdict(dataclasses.replace(
+        blocked.logits, top5_agreement=whole.logits.top5_agreement)), dataclasses.asdict(whole.logits))
+    assert blocked.ok == whole.ok and blocked.notes == whole.notes
