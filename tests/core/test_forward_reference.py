@@ -39,7 +39,7 @@ def textbook_logits(model, tokens):
         q = np.einsum("pd,hde->hpe", h, p[b + "attn.W_Q"]) + p[b + "attn.b_Q"][:, None]  # [head, pos, d_head]
         k = np.einsum("pd,hde->hpe", h, p[b + "attn.W_K"]) + p[b + "attn.b_K"][:, None]
         v = np.einsum("pd,hde->hpe", h, p[b + "attn.W_V"]) + p[b + "attn.b_V"][:, None]
-        scores = np.einsum("hqe,hke->hqk", q, k) * cfg.attn_scale(L)  # [head, query, key]
+        scores = np.einsum("hqe,hke->hqk", q, k) * cfg.score_scale(L)  # [head, query, key]
         scores[:, future] = -np.inf
         pattern = np.exp(scores - scores.max(-1, keepdims=True))
         pattern /= pattern.sum(-1, keepdims=True)
