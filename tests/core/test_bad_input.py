@@ -12,6 +12,7 @@ import pytest
 import refgpt
 from random_models import hf_tensors, random_model, save_checkpoint
 from refgpt import Config, RefGPTError
+from refgpt.errors import RefGPTTypeError
 
 CFG = Config(d_model=8, n_layers=2, n_heads=2, d_mlp=12, d_vocab=11, n_ctx=6)
 
@@ -188,6 +189,14 @@ def test_a_model_too_big_for_the_machine_is_refused_before_allocating(ckpt):
         refgpt.load(ckpt)
     with raises("this model needs at least"):
         refgpt.Model(Config(d_model=2**16, n_layers=2**14, n_heads=1, d_mlp=1, d_vocab=1, n_ctx=1), {})
+
+
+def test_model_takes_a_config_and_a_mapping_of_arrays(model):
+    params = dict(model.params)
+    with pytest.raises(RefGPTTypeError, match="Model: cfg must be a refgpt.Config, found dict"):
+        refgpt.Model(dict(vars(CFG)), params)
+    with pytest.raises(RefGPTTypeError, match="Model: params must be a mapping of name → array, found list"):
+        refgpt.Model(CFG, list(params.items()))
 
 
 @pytest.mark.parametrize("edit,match", [
