@@ -379,3 +379,16 @@ def _with_index(tmp_path, model, text):
     directory = sharded(tmp_path, model)
     (directory / "model.safetensors.index.json").write_text(text, encoding="latin-1")
     return directory
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in matmul:RuntimeWarning")  # the overflow tested
+def test_logits_that_overflow_in_the_unembedding_are_refused_naming_the_logits(model):
+    """Every hook point finite, the logits not: the unembedding's sum overflowed (float32 here)."""
+    params = dict(model.params)
+    params["ln_final.w"] = np.zeros(CFG.d_model)
+    params["ln_final.b"] = np.ones(CFG.d_model)  # the final stream: all ones
+    params["unembed.W_U"] = np.full((CFG.d_model, CFG.d_vocab), 1e38)  # 8 · 1e38 > float32's max
+    big = refgpt.Model(CFG, params, dtype="float32")
+    with raises(r"the forward pass produced inf in the logits \(index \[0, 0, 0\]\) from finite input: "
+                "the unembedding overflowed"):
+        big(np.array([[1, 2]]))
