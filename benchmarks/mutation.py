@@ -35,7 +35,8 @@ Operators (``mutants``):
   ``axis=0`` / ``axis=-2``);
 - slice bounds: a bound b → b + 1, b − 1, or dropped;
 - calls: ``min`` ↔ ``max``; the first two positional arguments swapped (unless one is a constant:
-  ``point("hook_q", q)`` swapped only fails, and costs a test run);
+  ``point("hook_q", q)`` swapped only fails, and costs a test run; or both are the same expression,
+  ``reshape(d, d)``: no mutant at all);
 - statements deleted (→ ``pass``): expression statements, augmented assignments, ``raise``,
   ``if``, ``for``, assignments into a subscript or attribute, and re-assignments of a name that
   is already bound in the function.
@@ -221,7 +222,8 @@ def _replacements(node, parents, bound) -> list[tuple[str, ast.AST]]:
             c = copy.copy(node)
             c.func = ast.Name("max" if node.func.id == "min" else "min", ast.Load())
             out.append(("call", c))
-        if len(node.args) >= 2 and not any(isinstance(a, (ast.Starred, ast.Constant)) for a in node.args[:2]):
+        if (len(node.args) >= 2 and not any(isinstance(a, (ast.Starred, ast.Constant)) for a in node.args[:2])
+                and ast.dump(node.args[0]) != ast.dump(node.args[1])):  # reshape(d, d) swapped is itself
             c = copy.copy(node)
             c.args = [node.args[1], node.args[0], *node.args[2:]]
             out.append(("swap args", c))
