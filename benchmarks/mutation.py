@@ -66,15 +66,19 @@ ROOT = Path(__file__).resolve().parent.parent
 # module → stages of tests that should notice a wrong module. A stage runs only if the ones before
 # it passed (``pytest -x``: the first failure ends it), so cheap NumPy-only tests come first and the
 # peer tests (importing torch, transformers and TransformerLens alone takes ~5 CPU-seconds) last.
-# The tests issue 13 added (``NEW``) run after the older ones of the same cost, so that one run
+# The tests issue 13 added, and the core tests added since (``NEW``), run after the older ones of the same cost, so that one run
 # tells the score before them too (``before``, below).
 _OLD_FAST = ["tests/core/test_model_invariants.py", "tests/core/test_kv_cache.py", "tests/core/test_hooks_and_cache.py",
              "tests/core/test_bad_input.py"]
 _OLD_PEERS = ["tests/core/test_peers_hf.py", "tests/core/test_peers_tl.py"]
 _NEW_PEERS = ["tests/core/test_peers_boundaries.py"]
+# Core tests added since issue 13 was filed (issues 12, 14, 16 and the TL ports): NumPy-only, then peers.
+_LATER_FAST = ["tests/core/test_non_finite.py", "tests/core/test_tl_semantics.py", "tests/core/test_hook_points.py",
+               "tests/core/test_padding.py"]
+_LATER_PEERS = ["tests/core/test_tl_ported_hooks_cache.py"]
 NEW = {"tests/core/test_forward_paths.py", "tests/core/test_forward_reference.py", "tests/core/test_activations.py",
        "tests/core/test_config.py",
-       "tests/core/test_checkpoint.py", *_NEW_PEERS}
+       "tests/core/test_checkpoint.py", *_NEW_PEERS, *_LATER_FAST, *_LATER_PEERS}
 _PATHS = ["tests/core/test_forward_reference.py", "tests/core/test_forward_paths.py"]
 _BACKWARD_TESTS = [["tests/core/test_backward.py"]]
 MODULES = {
@@ -83,8 +87,8 @@ MODULES = {
     "mlp": [_OLD_FAST, _PATHS, _OLD_PEERS, _NEW_PEERS],
     "activations": [_OLD_FAST, ["tests/core/test_activations.py"] + _PATHS, _OLD_PEERS, _NEW_PEERS],
     "linear": [_OLD_FAST, _PATHS, _OLD_PEERS, _NEW_PEERS],
-    "model": [_OLD_FAST, _PATHS + ["tests/core/test_checkpoint.py"],
-              _OLD_PEERS + ["tests/core/test_mission.py", "tests/core/test_default_model.py"], _NEW_PEERS],
+    "model": [_OLD_FAST, _PATHS + ["tests/core/test_checkpoint.py"] + _LATER_FAST,
+              _OLD_PEERS + ["tests/core/test_mission.py", "tests/core/test_default_model.py"], _NEW_PEERS + _LATER_PEERS],
     "checkpoint": [["tests/core/test_bad_input.py", "tests/core/test_processing.py"], ["tests/core/test_checkpoint.py"],
                    ["tests/core/test_peers_hf.py", "tests/core/test_default_model.py"], _NEW_PEERS],
     "config": [["tests/core/test_bad_input.py"], ["tests/core/test_config.py"],
@@ -584,7 +588,7 @@ def write_report(results, md: Path, js: Path, note: str = ""):
             continue
         verdict = f"equivalent: {EQUIVALENT[m.key]}" if m.key in EQUIVALENT else f"**not equivalent** ({m.outcome})"
         lines.append(f"- {_describe(m)} — {verdict}")
-    lines += ["", "## Killed only by the tests issue 13 added", ""]
+    lines += ["", "## Killed only by the tests issue 13 added (and the core tests added since)", ""]
     for m in results:
         if m.outcome in ("killed", "timeout") and before(m, _stages_of(m)) != "killed":
             lines.append(f"- {_describe(m)} — by `{m.killer}`")
