@@ -527,6 +527,14 @@ EQUIVALENT: dict[str, str] = {
         "ε·2⁻²ᵉ underflows to 0 where ε ≪ var anyway, and σ·2ᵉ is representable: the same bits",
     _SCALE + "2 → 3": "the same clip one power of two lower (see maxexp − 2 → maxexp + 2): " + _POWERS,
     _SCALE + "2 → 1": "the same clip one power of two higher (see maxexp − 2 → maxexp + 2)",
+    "checkpoint:hf_tensors: [p[tl + f\"attn.W_{x}\"].transpose(1, 0, 2).reshape(d, d) for x in \"QKV\"], axis=1) :: "
+    "p[tl + f'attn.W_{x}'].transpose(1, 0, 2).reshape(d, d) → p[tl + f'attn.W_{x}'].transpose(1, 0, 2).reshape(d, d)":
+        "reshape(d, d) with its two (equal) arguments swapped is the same code (the mutator no longer makes it)",
+    "activations:<module>: _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi) :: "
+    "1.0 / math.sqrt(2.0 * math.pi) → 1.0 * math.sqrt(2.0 * math.pi)":
+        "not in the forward: only gelu_backward reads 1/√(2π) (a module constant, so --skip-backward does not "
+        "see it as backward); tests/core/test_backward.py::test_activation_derivatives_match_central_differences "
+        "kills it",
     'config:from_hf: raise RefGPTError(str(error).replace("config:", f"{source}:", 1)) from None :: 1 → 2':
         "an error text: every Config message starts with the one 'config:' that is replaced",
 }
