@@ -530,11 +530,18 @@ EQUIVALENT: dict[str, str] = {
     "checkpoint:hf_tensors: [p[tl + f\"attn.W_{x}\"].transpose(1, 0, 2).reshape(d, d) for x in \"QKV\"], axis=1) :: "
     "p[tl + f'attn.W_{x}'].transpose(1, 0, 2).reshape(d, d) → p[tl + f'attn.W_{x}'].transpose(1, 0, 2).reshape(d, d)":
         "reshape(d, d) with its two (equal) arguments swapped is the same code (the mutator no longer makes it)",
-    "activations:<module>: _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi) :: "
-    "1.0 / math.sqrt(2.0 * math.pi) → 1.0 * math.sqrt(2.0 * math.pi)":
-        "not in the forward: only gelu_backward reads 1/√(2π) (a module constant, so --skip-backward does not "
-        "see it as backward); tests/core/test_backward.py::test_activation_derivatives_match_central_differences "
-        "kills it",
+    **{f"activations:<module>: _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi) :: {edit}":
+       "not in the forward: only gelu_backward reads 1/√(2π) (a module constant, so --skip-backward does not "
+       "see it as backward); tests/core/test_backward.py::test_activation_derivatives_match_central_differences "
+       "kills it (checked by hand for / → *)"
+       for edit in ("1.0 / math.sqrt(2.0 * math.pi) → 1.0 * math.sqrt(2.0 * math.pi)", "1.0 → 1.1",
+                    "2.0 * math.pi → 2.0 / math.pi", "2.0 → 2.2")},
+    "activations:sigmoid: return np.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e)) :: x >= 0 → x > 0":
+        "at x = 0 both branches give 1/(1 + 1) = ½ exactly (e = e⁰ = 1): the same numbers",
+    "activations:_gelu_new_into: np.multiply(x, x, out=t) :: np.multiply(x, x, out=t) → np.multiply(x, x, out=t)":
+        "multiply(x, x) with its two (equal) arguments swapped is the same code (the mutator no longer makes it)",
+    'model:_flatten_block: attn["W_O"] = p[b + "attn.W_O"].reshape(-1, d) :: -1 → -2':
+        "NumPy (2.4) reads any negative size in reshape as the one inferred dimension: the same array",
     'config:from_hf: raise RefGPTError(str(error).replace("config:", f"{source}:", 1)) from None :: 1 → 2':
         "an error text: every Config message starts with the one 'config:' that is replaced",
 }
