@@ -392,3 +392,9 @@ def test_logits_that_overflow_in_the_unembedding_are_refused_naming_the_logits(m
     with raises(r"the forward pass produced inf in the logits \(index \[0, 0, 0\]\) from finite input: "
                 "the unembedding overflowed"):
         big(np.array([[1, 2]]))
+
+
+@pytest.mark.parametrize("tokens", [[[1, 2], [3]], [[1, 2], 3]])
+def test_ragged_or_too_big_token_lists_are_refused(model, tokens):
+    with raises("tokens: not a rectangular integer array"):
+        model(tokens)
