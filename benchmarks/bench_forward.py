@@ -27,6 +27,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
+sys.path.insert(0, str(REPO))
 
 import naive_forward  # noqa: E402
 import refgpt  # noqa: E402
@@ -41,14 +42,57 @@ def flops(T, d=768, L=12, d_mlp=3072, V=50257):
     return dense + L * 4 * T * T * d
 
 
+#: The clock: wall time, or with REFGPT_BENCH_CLOCK=cpu the process's CPU time, which on an
+#: oversubscribed machine still measures the work done when both sides run one thread
+#: (OPENBLAS_NUM_THREADS=1 REFGPT_BENCH_THREADS=1; a waiting BLAS thread spins and would count).
+CLOCK = os.environ.get("REFGPT_BENCH_CLOCK", "wall")
+_now = time.process_time if CLOCK == "cpu" else time.perf_counter
+
+
 def median_seconds(fn, repeats):
     fn()  # warm up: page in weights, fill caches
     times = []
     for _ in range(repeats):
-        t = time.perf_counter()
+        t = _now()
         fn()
-        times.append(time.perf_counter() - t)
+        times.append(_now() - t)
     return statistics.median(times)
+
+
+def paired_medians(ours, theirs, repeats):
+    """Median seconds of ``ours`` and ``theirs`` run alternately (after a warm-up of each), so that
+    both see the same machine: on a shared machine only such side-by-side ratios mean anything."""
+    ours(), theirs()
+    a, b = [], []
+    for _ in range(repeats):
+        t = _now()
+        ours()
+        a.append(_now() - t)
+        t = _now()
+        theirs()
+        b.append(_now() - t)
+    return statistics.median(a), statistics.median(b)
+
+
+#: Batched throughput: (batch, T) shapes, issue 17.
+BATCHED = ((8, 128), (32, 128))
+
+
+def batched_throughput(model, torch_model, dtype, repeats=3) -> list[dict]:
+    """Tokens per second of a forward pass over batch × T tokens, refgpt beside torch."""
+    import torch
+
+    rows = []
+    for batch, T in BATCHED:
+        tokens = np.random.default_rng(batch).integers(0, 50257, (batch, T))
+        t_tokens = torch.tensor(tokens)
+        with torch.no_grad():
+            ours, theirs = paired_medians(lambda: model(tokens), lambda: torch_model(t_tokens), repeats)
+        rows.append({"dtype": dtype, "batch": batch, "T": T, "refgpt_tokens_per_s": batch * T / ours,
+                     "torch_tokens_per_s": batch * T / theirs, "time_ratio_to_torch": ours / theirs})
+        print(f"{dtype:>8} batch {batch:>2} × T={T}: refgpt {batch * T / ours:8.0f} tok/s  torch "
+              f"{batch * T / theirs:8.0f} tok/s  time ratio {ours / theirs:5.2f}", flush=True)
+    return rows
 
 
 def repeats_for(T):
@@ -74,22 +118,25 @@ def make_checkpoint(directory):
     return model
 
 
-def run(lengths=LENGTHS, dtypes=DTYPES) -> dict:
+def run(lengths=LENGTHS, dtypes=DTYPES, naive=True, extras=True) -> dict:
+    """The forward table (refgpt and torch alternating, medians), batched throughput, and with
+    ``extras`` the cache / decoding / load measurements; ``naive``: time the naive forward too."""
     import torch
+
+    from machine import blas_kernel
 
     threads = int(os.environ.get("REFGPT_BENCH_THREADS", os.cpu_count() or 1))
     torch.set_num_threads(threads)
-    try:
-        from threadpoolctl import threadpool_info
-        blas = [(i["internal_api"], i["num_threads"], i.get("architecture")) for i in threadpool_info()]
-    except ImportError:
-        blas = "threadpoolctl not installed"
-    results = {"threads": threads, "blas": blas, "numpy": np.__version__, "torch": torch.__version__,
-               "forward": [], "extras": {}}
+    if CLOCK == "cpu" and (threads != 1 or os.environ.get("OPENBLAS_NUM_THREADS") != "1"):
+        raise SystemExit("REFGPT_BENCH_CLOCK=cpu needs OPENBLAS_NUM_THREADS=1 REFGPT_BENCH_THREADS=1")
+    results = {"threads": threads, "blas": blas_kernel(), "numpy": np.__version__, "torch": torch.__version__,
+               "clock": CLOCK, "forward": [], "batched": [], "extras": {}}
     with tempfile.TemporaryDirectory() as tmp:
         hf = make_checkpoint(tmp)
-        results["extras"]["load_float32_s"] = median_seconds(lambda: refgpt.load(tmp, dtype="float32"), 5)
-        results["extras"]["load_float64_s"] = median_seconds(lambda: refgpt.load(tmp, dtype="float64"), 3)
+        naive_on = naive
+        if extras:
+            results["extras"]["load_float32_s"] = median_seconds(lambda: refgpt.load(tmp, dtype="float32"), 5)
+            results["extras"]["load_float64_s"] = median_seconds(lambda: refgpt.load(tmp, dtype="float64"), 3)
         for dtype in dtypes:
             peak = gemm_peak(dtype)
             results[f"gemm_peak_gflops_{dtype}"] = peak
@@ -100,17 +147,18 @@ def run(lengths=LENGTHS, dtypes=DTYPES) -> dict:
                 tokens = np.random.default_rng(T).integers(0, 50257, (1, T))
                 t_tokens = torch.tensor(tokens)
                 r = repeats_for(T)
-                ours = median_seconds(lambda: model(tokens), r)
                 with torch.no_grad():
-                    theirs = median_seconds(lambda: torch_model(t_tokens), r)
-                naive = median_seconds(lambda: naive_forward.forward(tokens[0], naive_w, 12, 12), max(1, r // 2))
+                    ours, theirs = paired_medians(lambda: model(tokens), lambda: torch_model(t_tokens), r)
+                naive = (median_seconds(lambda: naive_forward.forward(tokens[0], naive_w, 12, 12), max(1, r // 2))
+                         if naive_on else float("nan"))
                 gflops = flops(T) / ours / 1e9
                 row = {"dtype": dtype, "T": T, "refgpt_ms": ours * 1e3, "torch_ms": theirs * 1e3,
                        "naive_ms": naive * 1e3, "ratio_to_torch": ours / theirs,
                        "naive_ratio_to_torch": naive / theirs, "gflops": gflops, "share_of_peak": gflops / peak}
                 results["forward"].append(row)
                 print(_row(row), flush=True)
-            if dtype == "float64":
+            results["batched"] += batched_throughput(model, torch_model, dtype)
+            if dtype == "float64" and extras:
                 results["extras"].update(_cache_and_decode(model))
             del model, torch_model, naive_w
             gc.collect()
@@ -121,8 +169,7 @@ def _cache_and_decode(model):
     """run_with_cache vs forward, a full cache's memory, KV-cache decoding (float64, T = 1024 / 512)."""
     out = {}
     tokens = np.random.default_rng(1).integers(0, 50257, (1, 1024))
-    plain = median_seconds(lambda: model(tokens), 3)
-    cached = median_seconds(lambda: model.run_with_cache(tokens), 3)
+    plain, cached = paired_medians(lambda: model(tokens), lambda: model.run_with_cache(tokens), 3)
     out["run_with_cache_over_forward"] = cached / plain
     gc.collect()
     tracemalloc.start()

@@ -158,7 +158,8 @@ def softmax(x, in_place=False):
 def log_softmax(x):
     """log softmax over the last axis, in x's dtype, stable: x − max − log Σ exp(x − max)."""
     shifted = x - x.max(axis=-1, keepdims=True)  # [..., n] ≤ 0
-    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))  # [..., n]
+    shifted -= np.log(np.exp(shifted).sum(axis=-1, keepdims=True))  # [..., n], in place: one array fewer at the peak
+    return shifted
 
 
 ACTIVATIONS = {

@@ -11,8 +11,9 @@ For each head h, with x the LayerNorm'd residual stream [pos, d_model]:
 
 The heads are computed together. W_Q [head, d_model, d_head] holds the same numbers as one
 [d_model, head·d_head] matrix, so q for every head is one matrix product; Σ_h z[h]·W_O[h] is one
-product of z [pos, head·d_head] with W_O seen as [head·d_head, d_model]. The model hands this
-module its weights in that flat layout (``Model.block_weights``).
+product of z [pos, head·d_head] with W_O seen as [head·d_head, d_model]; and q, k, v are one
+product with W_Q | W_K | W_V side by side (as GPT-2's checkpoints store them, c_attn). The model
+hands this module its weights in that flat layout (``Model.block_weights``).
 
 ``attention_backward`` (beside the forward) takes the gradient back through every line above.
 """
@@ -28,8 +29,9 @@ from .linear import affine
 
 
 def attention(x, w, n_heads, scale, point, past=None, bias=None, per_head_result=False):
-    """One block's attention. ``w``: W_Q, W_K, W_V [d_model, head·d_head], b_Q, b_K, b_V
-    [head·d_head], W_O [head·d_head, d_model], b_O [d_model]. ``point`` is the hook point.
+    """One block's attention. ``w``: W_QKV = W_Q | W_K | W_V [d_model, 3·head·d_head] and b_QKV
+    (or only W_Q, W_K, W_V [d_model, head·d_head] and b_Q, b_K, b_V [head·d_head], joined here),
+    W_O [head·d_head, d_model], b_O [d_model]. ``point`` is the hook point.
     ``past(k, v)``, in incremental decoding, stores the new keys and values and returns all of them.
     ``bias``: None (causal), or padding's [batch, 1, query, key] bias (refgpt/padding.py).
     ``per_head_result`` (TransformerLens's use_attn_result): make each head's z[h]·W_O[h]
@@ -44,10 +46,11 @@ def attention(x, w, n_heads, scale, point, past=None, bias=None, per_head_result
         v = point("hook_v", per_head_affine(x_v, w["W_V"], w["b_V"], n_heads))  # [batch, pos, head, d_head]
     else:
         batch, pos, _ = x.shape
-        heads = (batch, pos, n_heads, -1)
-        q = point("hook_q", affine(x, w["W_Q"], w["b_Q"]).reshape(heads))  # [batch, pos, head, d_head]
-        k = point("hook_k", affine(x, w["W_K"], w["b_K"]).reshape(heads))  # [batch, pos, head, d_head]
-        v = point("hook_v", affine(x, w["W_V"], w["b_V"]).reshape(heads))  # [batch, pos, head, d_head]
+        # q = x·W_Q + b_Q, k = x·W_K + b_K, v = x·W_V + b_V, as one product with W_Q | W_K | W_V:
+        qkv = affine(x, *fused_qkv(w)).reshape(batch, pos, 3, n_heads, -1)  # [batch, pos, q|k|v, head, d_head]
+        q = point("hook_q", qkv[:, :, 0])  # [batch, pos, head, d_head]
+        k = point("hook_k", qkv[:, :, 1])  # [batch, pos, head, d_head]
+        v = point("hook_v", qkv[:, :, 2])  # [batch, pos, head, d_head]
 
     if past is not None:
         k, v = past(k, v)  # [batch, key, head, d_head]: the earlier positions' keys, then these
@@ -66,6 +69,15 @@ def attention(x, w, n_heads, scale, point, past=None, bias=None, per_head_result
         result = point("hook_result", np.einsum("bphd,hdm->bphm", z, W_O))  # [batch, pos, head, d_model]
         return result.sum(axis=2) + w["b_O"]  # [batch, pos, d_model]
     return affine(z.reshape(batch, pos, -1), w["W_O"], w["b_O"])  # [batch, pos, d_model]
+
+
+def fused_qkv(w):
+    """(W_QKV, b_QKV) of a block's weights ``w``: as the model keeps them (a view of the checkpoint's
+    c_attn), or joined from W_Q, W_K, W_V and b_Q, b_K, b_V (a copy) when ``w`` has only those."""
+    if "W_QKV" in w:
+        return w["W_QKV"], w["b_QKV"]
+    return (np.concatenate([w["W_Q"], w["W_K"], w["W_V"]], axis=-1),  # [d_model, 3·head·d_head]
+            np.concatenate([w["b_Q"], w["b_K"], w["b_V"]]))  # [3·head·d_head]
 
 
 def per_head_affine(x, W, b, n_heads):
@@ -112,7 +124,11 @@ def attend_in_blocks(qh, kh, vh, bias=None, rows=64):
     for i in range(0, pos, rows):
         seen = start + min(i + rows, pos)  # this block's queries see keys 0 … seen − 1
         scores = qh[:, :, i:i + rows] @ kh[:, :, :seen].transpose(0, 1, 3, 2)  # [batch, head, rows, seen]
-        scores += bias[..., i:i + rows, :seen]  # [batch, head, rows, seen]
+        if padded:
+            scores += bias[..., i:i + rows, :seen]  # [batch, head, rows, seen]
+        else:  # the causal bias is 0 left of the block's own square: add only its last columns
+            diagonal = max(0, seen - rows)
+            scores[..., diagonal:] += bias[i:i + rows, diagonal:seen]  # [batch, head, rows, seen − diagonal]
         pattern = (padded_softmax if padded else softmax)(scores, in_place=True)  # [batch, head, rows, seen]
         zh[:, :, i:i + rows] = pattern @ vh[:, :, :seen]  # [batch, head, rows, d_head]
     return zh

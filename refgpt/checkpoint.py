@@ -140,6 +140,8 @@ def read_hf_tensors(files: list[Path], cfg: Config, dtype: np.dtype,
         if st.shape(name) != shape:
             raise RefGPTError(_explain_shape(st.path, name, st.shape(name), shape))
         tensors[key] = st.float_tensor(name, dtype)
+        if st.raw(name).dtype != dtype:  # converted (e.g. float32 stored, float64 computed): a copy,
+            st.release(name)  # so the stored bytes' pages go; one copy of the weights is held, not two
     return tensors
 
 
@@ -226,11 +228,24 @@ def load(path: str | Path, dtype="float64", tokenizer=True, process=None):
     (refgpt.processing).
     """
     directory = as_path(path, "load: path")
+    dtype = compute_dtype(dtype)
+    try:
+        return _load(path, directory, dtype, tokenizer, process)
+    except OSError as error:  # ENAMETOOLONG, EACCES, ELOOP, …: the file system refused a path
+        raise RefGPTError(f"{_shown(error.filename or directory)}: cannot open ({error.strerror or error})") from None
+
+
+def _shown(path, limit: int = 120) -> str:
+    """``path`` for an error message: a path too long for the file system is shown by its start."""
+    text = str(path)
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} characters)"
+
+
+def _load(path, directory: Path, dtype, tokenizer, process):
     if not directory.is_dir():  # a hub name? (the HTTP client's imports cost ~0.1 s: only then)
         from .hub import resolve
 
         directory = resolve(path)
-    dtype = compute_dtype(dtype)
     cfg = Config.from_json(directory / "config.json")
     cfg.check_fits_in_memory(dtype.itemsize, source=str(directory / "config.json"))
     weight_map = _weight_map(directory) if _is_sharded(directory) else None

@@ -22,7 +22,11 @@ A hook that edits given positions (a steering vector at the prompt's front posit
 this: it reads ``hook.start``, the absolute position of the activation's first row in the pass
 now running (0 in an ordinary pass). It is refgpt's addition to TransformerLens's HookPoint (TL's
 KV-cached hooks cannot tell), set by the pass before it calls the hooks on that point; a plain
-``fn(activation, hook)`` reads it like ``hook.name``.
+``fn(activation, hook)`` reads it like ``hook.name``. In a padded pass the rows of a batch do not
+share positions: a left-padded row's first real token is position 0 (TransformerLens's and HF's
+count, refgpt/padding.py). Then ``hook.positions`` [batch, new] holds each row's absolute position
+of each activation row (−1 at a pad); it is None in an unpadded pass, where every row's positions
+are ``hook.start + arange(new)``.
 
 Hooks live on the model's hook points (``model.hook_dict``), as in TransformerLens:
 ``add_hook(name_or_filter, fn, dir="fwd"|"bwd", is_permanent=False, prepend=False)``,
@@ -66,6 +70,7 @@ class HookPoint(str):
         point = super().__new__(cls, name)
         point.ctx, point.fwd_hooks, point.bwd_hooks = {}, [], []
         point.start = 0  # the absolute position of row 0 of the activation the hooks see now
+        point.positions = None  # [batch, new] each row's positions in a padded pass (−1: pad); None unpadded
         return point
 
     @property
@@ -153,8 +158,9 @@ def hook_entries(entries, what="fwd_hooks"):
 class HookRun:
     """The ``point`` of one forward pass: the hooks on each hook point, then caching."""
 
-    def __init__(self, hook_dict: dict[str, HookPoint], cache_names=(), start: int = 0):
+    def __init__(self, hook_dict: dict[str, HookPoint], cache_names=(), start: int = 0, positions=None):
         self.start = start  # the absolute position of the activations' first row (> 0 after a KV cache)
+        self.positions = positions  # [batch, new] each row's token positions, −1 at pads; None: unpadded
         self.points = {name: hp for name, hp in hook_dict.items() if hp.fwd_hooks}
         self.hooks: dict[str, list[Hook]] = {name: [h.hook for h in hp.fwd_hooks] for name, hp in self.points.items()}
         self.cache_names = set(cache_names)
@@ -163,7 +169,7 @@ class HookRun:
     def __call__(self, name: str, activation: np.ndarray) -> np.ndarray:
         for fn in self.hooks.get(name, ()):
             hook = self.points[name]
-            hook.start = self.start  # set before each hook: a hook may run a pass of its own
+            hook.start, hook.positions = self.start, self.positions  # set before each hook: a hook may run a pass of its own
             result = fn(activation, hook)
             if result is not None:
                 activation = _checked_replacement(name, activation, result)

@@ -34,6 +34,10 @@ class Padding:
     real: np.ndarray  # [batch, pos] bool: is each new token real?
     bias: np.ndarray  # [batch, 1, pos, keys] added to the attention scores
 
+    def hook_positions(self) -> np.ndarray:
+        """[batch, pos] each new token's position, −1 at a pad: what hooks see as ``hook.positions``."""
+        return np.where(self.real, self.positions, -1)
+
     @classmethod
     def of(cls, mask, pos: int, dtype) -> "Padding":
         start = mask.shape[1] - pos

@@ -24,6 +24,7 @@ from types import MappingProxyType
 from typing import NamedTuple
 
 import numpy as np
+from numpy.lib.array_utils import byte_bounds
 
 from . import hook_points, inputs
 from .activations import ACTIVATIONS
@@ -68,6 +69,26 @@ def param_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
                        b + "mlp.W_out": (m, d), b + "mlp.b_out": (d,)})
     shapes.update({"ln_final.w": (d,), "ln_final.b": (d,), "unembed.W_U": (d, cfg.d_vocab)})
     return shapes
+
+
+def side_by_side(parts):
+    """[A | B | C] joined along the last axis: a view when the parts already lie side by side in
+    one buffer (HF's c_attn holds W_Q | W_K | W_V so), otherwise a copy."""
+    first, last = parts[0], parts[-1]
+    width = first.shape[-1] * first.itemsize  # bytes of one row of one part
+    root = first
+    while isinstance(root.base, np.ndarray):
+        root = root.base
+    lay_side_by_side = (
+        first.strides[-1] == first.itemsize
+        and (first.ndim == 1 or first.strides[0] == len(parts) * width)  # a row of [A | B | C] is contiguous
+        and all(p.shape == first.shape and p.strides == first.strides and p.dtype == first.dtype
+                and byte_bounds(p)[0] == byte_bounds(first)[0] + i * width for i, p in enumerate(parts))
+        and byte_bounds(root)[0] <= byte_bounds(first)[0] and byte_bounds(last)[1] <= byte_bounds(root)[1])
+    if lay_side_by_side:
+        shape = (*first.shape[:-1], len(parts) * first.shape[-1])
+        return np.lib.stride_tricks.as_strided(first, shape, first.strides, writeable=False)
+    return np.concatenate(parts, axis=-1)
 
 
 class Model(TextMethods, HookRegistry, CircuitMethods):
@@ -143,14 +164,20 @@ class Model(TextMethods, HookRegistry, CircuitMethods):
         """Block L's weights in the layout of ``block_weights``.
 
         Attention weights are flattened over heads, W_Q [head, d_model, d_head] → [d_model,
-        head·d_head] and W_O → [head·d_head, d_model]. For weights read from an HF checkpoint
-        this is a view of the stored c_attn matrix; otherwise it is copied once, here.
+        head·d_head] and W_O → [head·d_head, d_model], and W_Q | W_K | W_V side by side are
+        ``W_QKV`` [d_model, 3·head·d_head] (b_QKV likewise), so that q, k and v are one matrix
+        product. For weights read from an HF checkpoint this is a view of the stored c_attn
+        matrix; otherwise it is copied once, here, and W_Q, W_K, W_V are views of it.
         """
         p, b = self.params, f"blocks.{L}."
         d = self.cfg.d_model
         ln = {k: p[b + k] for k in ("ln1.w", "ln1.b", "ln2.w", "ln2.b")}
-        attn = {f"W_{x}": p[b + f"attn.W_{x}"].transpose(1, 0, 2).reshape(d, -1) for x in "QKV"}  # [d_model, head·d_head]
-        attn.update({f"b_{x}": p[b + f"attn.b_{x}"].reshape(-1) for x in "QKV"})  # [head·d_head]
+        W = [p[b + f"attn.W_{x}"].transpose(1, 0, 2).reshape(d, -1) for x in "QKV"]  # [d_model, head·d_head] each
+        bias = [p[b + f"attn.b_{x}"].reshape(-1) for x in "QKV"]  # [head·d_head] each
+        attn = {"W_QKV": side_by_side(W), "b_QKV": side_by_side(bias)}  # [d_model, 3·head·d_head], [3·head·d_head]
+        n = W[0].shape[-1]
+        for i, x in enumerate("QKV"):  # views of the fused matrix: W_Q | W_K | W_V
+            attn[f"W_{x}"], attn[f"b_{x}"] = attn["W_QKV"][..., i * n:(i + 1) * n], attn["b_QKV"][i * n:(i + 1) * n]
         attn["W_O"] = p[b + "attn.W_O"].reshape(-1, d)  # [head·d_head, d_model]
         attn["b_O"] = p[b + "attn.b_O"]  # [d_model]
         mlp = {k: p[b + "mlp." + k] for k in ("W_in", "b_in", "W_out", "b_out")}
@@ -246,7 +273,7 @@ class Model(TextMethods, HookRegistry, CircuitMethods):
         else:
             resid, batched, tokens, padding = inputs.residual_input(self, input, tokens, attention_mask, past)
         start = past.length if past is not None else 0
-        run = HookRun(self.hook_dict, cache_names, start=start)
+        run = HookRun(self.hook_dict, cache_names, start=start, positions=_hook_positions(padding))
         logits = self.forward_pass(tokens, run, past, last_only, padding, start_at_layer, stop_at_layer, resid)
         if start_at_layer is None and stop_at_layer is None:
             with np.errstate(over="ignore", invalid="ignore"):
@@ -272,7 +299,7 @@ class Model(TextMethods, HookRegistry, CircuitMethods):
         attention scores is expected). The hooks run a second time; a KV cache is rewound first."""
         if past is not None:
             past.length = start  # the cache is rewritten with the same positions
-        run = _FirstNonFinite(self.hook_dict, start=start)
+        run = _FirstNonFinite(self.hook_dict, start=start, positions=_hook_positions(padding))
         try:
             logits = self.forward_pass(tokens, run, past, last_only, padding)  # [batch, pos, d_vocab]
         except _NonFinite as found:
@@ -291,7 +318,6 @@ class Model(TextMethods, HookRegistry, CircuitMethods):
         each hook point; ``past`` a KVCache holding the positions before these, or None; ``padding``
         an inputs.Padding or None. From ``start_at_layer`` on ``resid`` is the stream entering that
         block; with ``stop_at_layer`` the stream entering that block is returned."""
-        p = self.params
         pos = (tokens if resid is None else resid).shape[1]
         if resid is None:
             resid = self.embed(tokens, point, past.length if past is not None else 0, padding)  # [batch, pos, d_model]
@@ -302,6 +328,11 @@ class Model(TextMethods, HookRegistry, CircuitMethods):
             past.advance(pos)
         if stop_at_layer is not None:
             return resid
+        return self.unembed(resid, point, last_only)  # [batch, pos, d_vocab]
+
+    def unembed(self, resid, point, last_only=False):
+        """Logits from the final stream: ln_final(resid)·W_U (+ b_U if the model has one)."""
+        p = self.params
         final = layer_norm(resid, p["ln_final.w"], p["ln_final.b"], self.cfg.eps, point.scope("ln_final."))  # [batch, pos, d_model]
         if last_only:
             final = final[:, -1:]  # [batch, 1, d_model]
@@ -415,6 +446,10 @@ class Model(TextMethods, HookRegistry, CircuitMethods):
         n = sum(a.size for a in self.params.values()) - (c.d_vocab * c.d_model if c.tie_word_embeddings else 0)
         return (f"Model(d_model={c.d_model}, n_layers={c.n_layers}, n_heads={c.n_heads}, d_vocab={c.d_vocab}, "
                 f"n_ctx={c.n_ctx}, act_fn={c.act_fn!r}, dtype={self.dtype.name}, params={n:,})")
+
+
+def _hook_positions(padding):
+    return None if padding is None else padding.hook_positions()
 
 
 class _NonFinite(Exception):

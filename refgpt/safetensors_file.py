@@ -35,6 +35,7 @@ at fault where it can, and the reference's reason otherwise.
 
 from __future__ import annotations
 
+import json
 import mmap
 from pathlib import Path
 
@@ -119,6 +120,16 @@ class SafetensorsFile:
         flat = np.frombuffer(self._map, dtype=DTYPES[code][0], count=count, offset=self._data_start + begin)
         return flat.reshape(shape)
 
+    def release(self, name: str) -> None:
+        """Drop the tensor's pages from this process's memory; touched again, they are read again
+        from the file. (Mapped pages otherwise stay resident until the kernel needs the memory.)"""
+        code, shape, begin = self._entries[name]
+        start = self._data_start + begin
+        end = start + int(np.prod(shape, dtype=np.int64)) * DTYPES[code][0].itemsize
+        first = start - start % mmap.PAGESIZE
+        if end > first and hasattr(mmap, "MADV_DONTNEED"):
+            self._map.madvise(mmap.MADV_DONTNEED, first, end - first)
+
     def float_tensor(self, name: str, dtype: np.dtype) -> np.ndarray:
         """The tensor in ``dtype`` (float32 or float64), checked to be a finite float tensor.
 
@@ -198,3 +209,108 @@ def _reference_refusal(path: Path) -> str | None:
     except OSError as error:
         return f"cannot read ({error.strerror or error})"
 
+# ---- writing, one tensor at a time ------------------------------------------------------------
+
+_CODE_OF_DTYPE = {dtype.newbyteorder("<"): code for code, (dtype, _) in DTYPES.items() if code != "BF16"}
+
+
+def header_bytes(layout: dict[str, tuple[np.dtype, tuple[int, ...]]], metadata: dict[str, str], length=0) -> bytes:
+    """The 8-byte length and JSON header of a file holding ``layout`` (name → (dtype, shape)),
+    the tensors laid out one after another in the layout's order. The JSON is padded with spaces
+    to a multiple of 8 bytes, as the reference writer pads it, so every tensor starts aligned, and
+    to at least ``length`` bytes in all (room for metadata known only later)."""
+    header: dict = {"__metadata__": dict(metadata)} if metadata else {}
+    offset = 0
+    for name, (dtype, shape) in layout.items():
+        dtype = np.dtype(dtype).newbyteorder("<") if np.dtype(dtype).itemsize > 1 else np.dtype(dtype)
+        if dtype not in _CODE_OF_DTYPE:
+            raise RefGPTError(f"tensor {name!r}: dtype {dtype} has no safetensors code")
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        header[name] = {"dtype": _CODE_OF_DTYPE[dtype], "shape": [int(d) for d in shape],
+                        "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    text = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    text += b" " * max(0, length - 8 - len(text))
+    text += b" " * (-len(text) % 8)
+    return len(text).to_bytes(8, "little") + text
+
+
+class SafetensorsWriter:
+    """Write a safetensors file tensor by tensor, never holding more than the tensor at hand.
+
+    Every tensor's name, dtype and shape is given up front (``layout``, in file order), so the
+    header goes first; ``write(name, array)`` then puts each tensor's bytes at its place, in any
+    order. ``header_length`` leaves room in the header: ``metadata`` may then be replaced until
+    ``close``, which rewrites the header (it must still fit). The file appears under its name only
+    when every tensor has been written (``close``, or the end of a ``with`` block); until then it
+    is ``NAME.partial``, removed on any error::
+
+        with SafetensorsWriter(path, {"x": (np.float64, (2, 3))}, {"note": "…"}) as w:
+            w.write("x", x)
+    """
+
+    def __init__(self, path, layout: dict, metadata: dict | None = None, header_length: int = 0):
+        self.path = Path(path)
+        self._layout = {name: (np.dtype(dtype), tuple(shape)) for name, (dtype, shape) in layout.items()}
+        self.metadata = self._written_metadata = dict(metadata or {})
+        header = header_bytes(self._layout, self.metadata, header_length)
+        self._header_length = len(header)
+        self._offsets, offset = {}, len(header)
+        for name, (dtype, shape) in self._layout.items():
+            self._offsets[name] = offset
+            offset += int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        self._partial = self.path.with_name(self.path.name + ".partial")
+        try:
+            self._file = open(self._partial, "wb")
+        except OSError as error:
+            raise RefGPTError(f"{self.path}: cannot write ({error.strerror})") from None
+        self._file.write(header)
+        self._file.truncate(offset)
+        self._pending = set(self._layout)
+
+    def write(self, name: str, array: np.ndarray) -> None:
+        """Put ``array``'s bytes (C order, little-endian) at ``name``'s place in the file."""
+        if name not in self._layout:
+            raise RefGPTError(f"{self.path}: tensor {name!r} is not in the header")
+        dtype, shape = self._layout[name]
+        array = np.asarray(array)
+        if array.dtype != dtype or array.shape != shape:
+            raise RefGPTError(f"{self.path}: tensor {name!r} is {array.dtype} {list(array.shape)}, "
+                              f"the header says {dtype} {list(shape)}")
+        data = np.ascontiguousarray(array, dtype=dtype.newbyteorder("<"))  # a copy only if strided
+        self._file.seek(self._offsets[name])
+        self._file.write(memoryview(data.reshape(-1)).cast("B"))
+        self._pending.discard(name)
+
+    def close(self) -> Path:
+        """Finish the file: every tensor must have been written."""
+        if self.metadata != self._written_metadata and not self._pending:
+            header = header_bytes(self._layout, self.metadata, self._header_length)
+            if len(header) != self._header_length:
+                self.abort()
+                raise RefGPTError(f"{self.path}: the metadata outgrew the room left for it in the header "
+                                  f"({len(header)} > {self._header_length} bytes)")
+            self._file.seek(0)
+            self._file.write(header)
+        self._file.close()
+        if self._pending:
+            self._partial.unlink(missing_ok=True)
+            missing = [n for n in self._layout if n in self._pending]
+            raise RefGPTError(f"{self.path}: {len(missing)} tensor(s) never written, e.g. {missing[:3]}")
+        self._partial.replace(self.path)
+        return self.path
+
+    def abort(self) -> None:
+        """Give up: close and remove the partial file."""
+        self._file.close()
+        self._partial.unlink(missing_ok=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, value, traceback):
+        if kind is None:
+            self.close()
+        else:
+            self.abort()
+        return False

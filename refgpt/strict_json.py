@@ -17,8 +17,10 @@ import math
 from .errors import RefGPTError
 
 
-def loads(text: str | bytes, where: str):
-    """Parse ``text`` as strict JSON; any problem is a one-line ``RefGPTError`` naming ``where``."""
+def loads(text: str | bytes, where: str, duplicate=None):
+    """Parse ``text`` as strict JSON; any problem is a one-line ``RefGPTError`` naming ``where``.
+    ``duplicate(key)``, if given, words the message for a key that appears twice (a tokenizer
+    names the token and its line)."""
     if isinstance(text, bytes):
         try:
             text = text.decode("utf-8")
@@ -29,7 +31,7 @@ def loads(text: str | bytes, where: str):
         seen = {}
         for key, value in pairs:
             if key in seen:
-                raise RefGPTError(f"{where}: key {key!r} appears twice in one JSON object")
+                raise RefGPTError(duplicate(key) if duplicate else f"{where}: key {key!r} appears twice in one JSON object")
             seen[key] = value
         return seen
 

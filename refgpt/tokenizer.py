@@ -37,6 +37,7 @@ from pathlib import Path
 
 import regex
 
+from refgpt import strict_json
 from refgpt.errors import RefGPTError, RefGPTTypeError
 
 #: GPT-2's pre-tokenizer: contractions, letters, digits, other symbols (each optionally
@@ -319,34 +320,14 @@ def _read_text(path: Path) -> str:
 
 
 def _parse_vocab(text: str, path: Path) -> dict:
-    """Parse a JSON object, refusing duplicate keys (``json`` would silently keep the last)."""
-    def no_duplicates(pairs: list) -> dict:
-        seen = {}
-        for key, value in pairs:
-            if key in seen:
-                raise RefGPTError(f"{path}{_line_of(text, key, 2)}: token {key!r} appears twice")
-            seen[key] = value
-        return seen
-
-    try:
-        vocab = json.loads(text, object_pairs_hook=no_duplicates, parse_constant=_no_constant)
-    except json.JSONDecodeError as err:
-        raise RefGPTError(f"{path}, line {err.lineno}, column {err.colno}: not valid JSON "
-                          f"({err.msg})") from None
-    except RecursionError:
-        raise RefGPTError(f"{path}: JSON nested too deeply") from None
-    except ValueError as err:  # an integer too long to convert, or NaN/Infinity
-        if isinstance(err, RefGPTError):
-            raise
-        raise RefGPTError(f"{path}: not valid JSON ({err})") from None
+    """Parse a JSON object strictly (refgpt/strict_json.py: ``json`` would silently keep the last
+    of two equal tokens), naming a repeated token and its line."""
+    vocab = strict_json.loads(text, str(path),
+                              duplicate=lambda key: f"{path}{_line_of(text, key, 2)}: token {key!r} appears twice")
     if not isinstance(vocab, dict):
         raise RefGPTError(f"{path}, line 1: expected a JSON object mapping token strings to "
                           f"ids, got {type(vocab).__name__}")
     return vocab
-
-
-def _no_constant(name):
-    raise ValueError(f"{name} is not a JSON number")
 
 
 def _parse_merges(text: str, path: Path) -> tuple[list[tuple[str, str]], list[int]]:

@@ -33,6 +33,12 @@ the pass that computes them, once: with a KV cache (``model.generate`` inside ``
 intervention:``) that is the pass over the prompt, and each later step, which computes only the
 new token, sees the edited positions through the cached keys and values — exactly as a full
 recomputation of the steered forward pass would (tests/analysis/test_steered_generation.py).
+
+**Padded batches.** Positions are each row's own: in a left-padded batch they count from the row's
+first real token (``hook.positions``, refgpt/hooks.py), so ``add_vector``, ``steering_vector`` and
+``injection_limit`` edit every row where they would edit it alone
+(tests/analysis/test_padded_steering.py). ``patch`` refuses a left-padded run: its source cache
+is indexed by column, the run's rows by position.
 """
 
 from __future__ import annotations
@@ -81,7 +87,9 @@ class SteeringVector(Intervention):
     """An ActAdd steering vector: ``vector`` [pos, d_model], already multiplied by ``coeff``.
 
     As an intervention it adds ``vector`` to the first ``len(vector)`` positions of
-    ``blocks.{layer}.hook_resid_pre`` of every prompt it runs on (a shorter prompt is an error).
+    ``blocks.{layer}.hook_resid_pre`` of every prompt it runs on (a shorter prompt is an error). In
+    a padded batch each row's positions count from its first real token, as TransformerLens and HF
+    count them: a left-padded row is steered where it would be steered alone, not at its pads.
     """
 
     def __init__(self, model, vector, layer: int, coeff: float, plus, minus):
@@ -195,17 +203,22 @@ def injection_limit(model, direction, layer: int, position: int) -> Intervention
 
     def replace(normalized, hook):
         hook_name, start = hook.name, hook.start
-        new = normalized.shape[1]
-        if start == 0 and not -new <= position < new:
-            raise RefGPTError(f"{hook_name}: position {position} is outside a prompt of {new} positions")
+        at = _row_positions(hook, normalized)  # [batch, pos]
+        if start == 0:
+            held = at.max(axis=1) + 1  # [batch] each row's prompt length (its real tokens)
+            short = np.flatnonzero(~((-held <= position) & (position < held)))
+            if len(short):
+                raise RefGPTError(f"{hook_name}: position {position} is outside a prompt of {held[short[0]]} "
+                                  f"positions{_which_row(hook, short[0])}")
         if position < 0 and start > 0:
             raise RefGPTError(f"{hook_name}: a position counted from the end ({position}) is ambiguous "
                               "once a KV cache holds earlier positions")
-        at = position % new if start == 0 else position - start
-        if not 0 <= at < new:
+        wanted = position % held if position < 0 else np.full(len(at), position)  # [batch]
+        hit = at == wanted[:, None]  # [batch, pos]
+        if not hit.any():
             return None  # computed in an earlier pass (KV cache), replaced there
         out = normalized.copy()  # [batch, pos, d_model]
-        out[:, at, :] = limit.astype(normalized.dtype, copy=False)  # [batch, d_model]
+        out[hit] = limit.astype(normalized.dtype, copy=False)  # [hits, d_model]
         return out
 
     names = [f"blocks.{M}.ln{i}.hook_normalized" for M in range(first, model.cfg.n_layers) for i in (1, 2)]
@@ -281,23 +294,41 @@ def _rows_here(where, start, new):
     return inside, where[inside] - start
 
 
+def _row_positions(hook, activation) -> np.ndarray:
+    """[batch, pos] the absolute position of each row of a [batch, pos, …] activation in each
+    prompt: counted from the row's first real token in a padded pass (``hook.positions``, −1 at
+    pads, so a left-padded row is edited where it would be edited alone), else start + index."""
+    if hook.positions is not None:
+        return hook.positions
+    return np.broadcast_to(hook.start + np.arange(activation.shape[1]), activation.shape[:2])
+
+
+def _which_row(hook, b) -> str:
+    return "" if hook.positions is None else f" (batch row {int(b)}, counted from its first real token)"
+
+
 def _adder(rows, where, what, n_pos=None):
-    """A hook adding rows[i] at absolute position where[i] of a [batch, pos, d_model] activation."""
+    """A hook adding rows[i] at absolute position where[i] of a [batch, pos, d_model] activation
+    (each batch row's own positions: a left-padded row is steered from its first real token)."""
 
     def add(resid, hook):
         name, start = hook.name, hook.start
+        at = _row_positions(hook, resid)  # [batch, pos]
         if start == 0:  # the pass that computes the prompt must hold every edited position
             if n_pos is not None and resid.shape[1] < n_pos:
                 raise RefGPTError(f"{name}: this intervention was made for prompts of {n_pos} positions, "
                                   f"found {resid.shape[1]}")
-            if resid.shape[1] <= int(where.max()):
+            held = at.max(axis=1) + 1  # [batch] each row's prompt length (its real tokens)
+            short = np.flatnonzero(held <= int(where.max()))
+            if len(short):
                 raise RefGPTError(f"{name}: the {what} needs at least {int(where.max()) + 1} positions, "
-                                  f"the prompt has {resid.shape[1]}")
-        inside, local = _rows_here(where, start, resid.shape[1])
-        if not inside.any():
-            return None  # positions computed in an earlier pass (KV cache): already added there
-        out = resid.copy()  # [batch, pos, d_model]
-        out[:, local, :] += rows[inside].astype(resid.dtype, copy=False)  # [batch, m, d_model]
+                                  f"the prompt has {held[short[0]]}{_which_row(hook, short[0])}")
+        out = None
+        for row, p in zip(rows, where):  # distinct positions
+            hit = at == p  # [batch, pos]; none: computed in an earlier pass (KV cache), added there
+            if hit.any():
+                out = resid.copy() if out is None else out  # [batch, pos, d_model]
+                out[hit] += row.astype(resid.dtype, copy=False)  # [hits, d_model]
         return out
 
     return add
@@ -310,6 +341,10 @@ def _patcher(source, where, name):
 
     def replace(activation, hook):
         hook_name, start = hook.name, hook.start
+        if hook.positions is not None and _left_padded(hook, activation.shape[axis]):
+            raise RefGPTError(f"patch {hook_name}: the run is left-padded: its rows' positions start at "
+                              "each row's first real token, the source cache's at its first column, so "
+                              "which values belong where is ambiguous; patch unpadded or right-padded runs")
         heads_differ = axis == 2 and source.shape[1] != activation.shape[1]
         rest_differs = axis == 1 and source.shape[2:] != activation.shape[2:]
         if source.shape[0] not in (1, activation.shape[0]) or heads_differ or rest_differs:
@@ -332,6 +367,12 @@ def _patcher(source, where, name):
         return out
 
     return replace
+
+
+def _left_padded(hook, new) -> bool:
+    """Does some real token of this pass sit at a column other than its position (pads before it)?"""
+    at = hook.positions  # [batch, new]
+    return bool(np.any((at >= 0) & (at != hook.start + np.arange(new))))
 
 
 def _fit_keys(rows, keys, name):

@@ -157,7 +157,8 @@ def convergence_figure(ks, errors: dict, path=None, title=None, ylabel="error",
                        xlabel="coefficient k of the injected vector", guide_power=1, symbol="k"):
     """Errors against k on log–log axes, one line per entry of ``errors`` (label → [len(ks)]),
     with a dotted 1/k^guide_power guide just below the lowest line at the first k where every
-    line has a value (no guide for ``guide_power=None``). NaN entries are left out of a line."""
+    line has a value (no guide for ``guide_power=None``, nor when no k has a value on every line:
+    it would be anchored on a NaN). NaN entries are left out of a line."""
     ks = np.asarray(ks, dtype=np.float64)
     fig = _figure(7.4, 4.8)
     ax = fig.add_subplot()
@@ -165,8 +166,9 @@ def convergence_figure(ks, errors: dict, path=None, title=None, ylabel="error",
     table = np.array([np.asarray(err, dtype=np.float64) for err in errors.values()])  # [line, k]
     for label, err, colour in zip(errors, table, colours, strict=True):
         ax.loglog(ks, err, marker="o", ms=4, lw=1.5, color=colour, label=label)
-    if guide_power is not None:
-        first = int(np.argmax(np.all(np.isfinite(table), axis=0)))  # the first k every line has
+    complete = np.flatnonzero(np.all(np.isfinite(table), axis=0))  # [k'] the k every line has
+    if guide_power is not None and len(complete):
+        first = int(complete[0])
         anchor = 0.3 * float(np.min(table[:, first]))
         guide = anchor * (ks[first] / ks) ** guide_power  # [k]
         power = "" if guide_power == 1 else f"$^{{{guide_power:g}}}$"  # a superscript, as 1/c² on the pages

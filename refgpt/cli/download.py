@@ -8,6 +8,7 @@ and TransformerLens's ``from_pretrained(NAME)``.
 from __future__ import annotations
 
 import argparse
+import sys
 
 from ..errors import RefGPTError
 from ..hf_cache import parse_name
@@ -50,7 +51,11 @@ def run(args) -> int:
         if "@" in args.name and args.revision != revision:
             raise RefGPTError(f"two revisions: {args.name!r} and --revision {args.revision!r}")
         revision = args.revision
-    snapshot, files = download_files(repo_id, revision)
+    try:
+        snapshot, files = download_files(repo_id, revision)
+    except KeyboardInterrupt:  # exit 130 (refgpt.cli.main); say what became of the bytes already here
+        sys.stderr.write("refgpt: interrupted; the partial download is kept and resumes next time\n")
+        raise
     rows = [f"  {f.filename:<36} {f.size:>14,} bytes  {'sha256' if len(f.etag) == 64 else 'git sha1'} "
             f"{f.etag}" for f in files]
     print("\n".join([f"{repo_id}@{revision} = commit {files[0].commit}: every file's hash checked", *rows,

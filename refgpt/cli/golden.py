@@ -66,13 +66,18 @@ def run(args) -> int:
     else:
         tokens = tokens_of(model, args)
     names = golden.select(model, args.names) if args.names else None
-    g = golden.make(model, tokens, names, command=["refgpt", *sys.argv[1:]], targets=targets,
-                    backward=args.backward)
-    if args.certify:
-        from ..oracle import certify
+    command = ["refgpt", *sys.argv[1:]]
+    if args.backward or args.certify:  # gradients and certificates are made whole, then written
+        g = golden.make(model, tokens, names, command=command, targets=targets, backward=args.backward)
+        if args.certify:
+            from ..oracle import certify
 
-        certify.add_certificate(g, model, tokens, targets)
-    path = golden.write(args.output, g)
+            certify.add_certificate(g, model, tokens, targets)
+        path = golden.write(args.output, g)
+    else:  # streamed: each tensor goes to the file as the forward pass makes it (GPT-2 XL's golden
+        # at full context is larger than the machine's memory); read back mapped, for the summary
+        path = golden.write_streamed(args.output, model, tokens, names, command=command, targets=targets)
+        g = golden.read(path)
     size = path.stat().st_size
     shape = list(np.asarray(g.tensors["tokens"]).shape)
     lines = [f"wrote {path}: {len(g.tensors)} tensors, {size / 2**20:.1f} MiB, tokens {shape}, {g.metadata['dtype']}",

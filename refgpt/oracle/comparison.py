@@ -174,7 +174,8 @@ def load(source, name_map="refgpt", shape: ModelShape | None = None):
         raise RefGPTError(f"{path}: file not found")
     if path.suffix == ".npz":
         try:
-            with np.load(path, allow_pickle=False) as z:
+            # The file is opened here, not by np.load, which leaks its handle when the zip is broken.
+            with open(path, "rb") as handle, np.load(handle, allow_pickle=False) as z:
                 return {k: z[k] for k in z.files}, {}, None
         except (ValueError, OSError, EOFError, KeyError, zipfile.BadZipFile, NotImplementedError) as error:
             raise RefGPTError(f"{path}: not a readable .npz file ({type(error).__name__}: "
@@ -214,7 +215,7 @@ def compare(reference, candidate, *, atol=None, rtol=None, profile=None, name_ma
     ref, _, ref_golden = load(reference)
     if not ref:
         raise RefGPTError("the reference holds no tensors")
-    check_reference_finite(ref)
+    check_reference_finite(ref, ref_golden)
     shape = _model_shape(ref, ref_golden)
     cand, cand_dtypes, cand_golden = load(candidate, name_map, shape)
     if cand_golden is not None and ref_golden is not None and _is_golden(cand_golden) and not _is_golden(ref_golden):
@@ -252,8 +253,10 @@ def compare(reference, candidate, *, atol=None, rtol=None, profile=None, name_ma
         error_rms = None
         notes.append("the reference records c_X but not r_X (an older golden file): the bias of each tensor is "
                      "not judged; remake it with `refgpt golden`")
-    results = [_compare_tensor(n, np.asarray(ref[n]), np.asarray(cand[n]), tol, conditioning, ref, error_rms)
-               for n in common]
+    results = []
+    for n in common:  # files are mapped: each tensor's pages are let go once compared (Golden.release)
+        results.append(_compare_tensor(n, np.asarray(ref[n]), np.asarray(cand[n]), tol, conditioning, ref, error_rms))
+        _release(n, ref_golden, cand_golden)
     certified = ref_golden.golden_error if ref_golden is not None else {}
     for t in results:
         t.golden_error = certified.get(t.name)
@@ -262,6 +265,8 @@ def compare(reference, candidate, *, atol=None, rtol=None, profile=None, name_ma
         notes.append(f"the golden is certified: each tensor's own error was measured against "
                      f"{ref_golden.metadata.get('golden_error_precision', 'extended precision')} (column 'golden err')")
     summary = _logits_summary(ref, cand) if "logits" in common or "log_probs" in common else None
+    _release("logits", ref_golden, cand_golden)
+    _release("log_probs", ref_golden, cand_golden)
     missing = [n for n in forward_order(ref) if n not in cand and n not in _DERIVED]
     unexpected = sorted(n for n in cand if n not in ref)
     return Report(results, tol, summary, missing, unexpected, notes, too_little(common, ref))
@@ -285,7 +290,14 @@ def numeric_arrays(source) -> dict[str, np.ndarray]:
     return arrays
 
 
-def check_reference_finite(ref) -> None:
+def _release(name, *goldens):
+    """Let go of the memory a compared tensor of a mapped file occupies (see Golden.release)."""
+    for g in goldens:
+        if g is not None:
+            g.release(name)
+
+
+def check_reference_finite(ref, golden=None) -> None:
     """A reference value that is NaN or ±∞ cannot judge anything: refuse it, naming the tensor.
     The one exception is −∞ in attention scores, refgpt's (and TransformerLens's) causal mask."""
     for name, value in ref.items():
@@ -295,6 +307,7 @@ def check_reference_finite(ref) -> None:
         bad = ~np.isfinite(a)
         if name.endswith("hook_attn_scores"):
             bad &= a != -np.inf
+        _release(name, golden)
         if bad.any():
             i = tuple(int(k) for k in np.argwhere(bad)[0])
             raise RefGPTError(f"the reference's {name!r} holds {a[i]} at index {list(i)} "
@@ -524,10 +537,22 @@ def bias_bound(u, r_X, r) -> float:
     """The most a correct port's mean signed error at a tensor with reference values ``r`` may be
     (``_check_systematic``); 0 when the tensor is too small or only rounding noise to judge."""
     n = r.size
-    ref_rms = float(np.sqrt(np.mean(np.square(r)))) if n else 0.0
+    ref_rms = _rms(r) if n else 0.0
     if n < BIAS_MIN_ELEMENTS or ref_rms <= r_X * 2.0**-24:  # only rounding noise: no bias to see
         return 0.0
     return BIAS_GROWTH * u * (r_X + ref_rms) * max(1.0, np.sqrt(BIAS_FULL_ELEMENTS / n))
+
+
+def _rms(x) -> float:
+    """√mean(x²) of finite values without overflow: the squares of values beyond ~1.3e154 overflow
+    float64, so then the RMS is computed as max|x|·√mean((x/max|x|)²) (the same number, scaled);
+    otherwise the plain formula, bit for bit."""
+    with np.errstate(over="ignore"):
+        plain = float(np.sqrt(np.mean(np.square(x))))
+    if np.isfinite(plain):
+        return plain
+    top = float(np.max(np.abs(x)))
+    return top * float(np.sqrt(np.mean(np.square(x / top))))
 
 
 def _check_systematic(res, r, c, err, u, r_X) -> None:
@@ -553,7 +578,7 @@ def _check_systematic(res, r, c, err, u, r_X) -> None:
     indistinguishable from rounding.
     """
     finite = np.isfinite(c).all()
-    res.rms = float(np.sqrt(np.mean(np.square(err)))) if finite else float("inf")
+    res.rms = _rms(err) if finite else float("inf")
     res.mean_error = float(np.mean(c - r)) if finite else float("nan")
     res.bias_tolerance = bias_bound(u, r_X, r) if finite and not is_zero_in_exact_arithmetic(res.name) else 0.0
     if res.bias_tolerance and abs(res.mean_error) > res.bias_tolerance and res.ok:
@@ -572,6 +597,24 @@ def _element(name, index, r, c, limit):
     return Element(i, _where(name, i), float(r[i]), float(c[i]), float(limit[i]))
 
 
+def _top_k(x, k):
+    """The indices of the k largest entries of each row, largest first, ties to the lower index:
+    ``np.argsort(-x, kind="stable")[:, :k]``, without sorting all of a 50,257-entry row. Rows
+    where the k-th value is tied or NaNs appear are sorted in full."""
+    if x.shape[-1] <= k:
+        return np.argsort(-x, axis=-1, kind="stable")[:, :k]
+    part = np.argpartition(-x, k - 1, axis=-1)[:, :k]  # [rows, k] the k largest, in no order
+    kth = np.take_along_axis(x, part, -1).min(-1, keepdims=True)  # [rows, 1] the k-th largest value
+    plain = ((x >= kth).sum(-1) == k) & ~np.isnan(x).any(-1)  # [rows] no tie at the k-th, no NaN
+    top = np.empty((len(x), k), dtype=np.intp)  # [rows, k]
+    part = np.sort(part, axis=-1)  # [rows, k] by index, so a stable sort by value breaks ties by index
+    order = np.argsort(-np.take_along_axis(x, part, -1), axis=-1, kind="stable")  # [rows, k]
+    top[plain] = np.take_along_axis(part, order, -1)[plain]
+    if not plain.all():
+        top[~plain] = np.argsort(-x[~plain], axis=-1, kind="stable")[:, :k]
+    return top
+
+
 def _logits_summary(ref, cand) -> LogitsSummary:
     def logp(t):
         if "logits" in t:
@@ -582,8 +625,8 @@ def _logits_summary(ref, cand) -> LogitsSummary:
     if lr.shape != lc.shape:
         return None
     k = min(5, lr.shape[-1])
-    top_r = np.argsort(-lr, axis=-1, kind="stable")[..., :k]  # [batch, pos, k]
-    top_c = np.argsort(-lc, axis=-1, kind="stable")[..., :k]  # [batch, pos, k]
+    top_r = _top_k(lr.reshape(-1, lr.shape[-1]), k).reshape(*lr.shape[:-1], k)  # [batch, pos, k]
+    top_c = _top_k(lc.reshape(-1, lc.shape[-1]), k).reshape(*lc.shape[:-1], k)  # [batch, pos, k]
     overlap = (top_r[..., :, None] == top_c[..., None, :]).any(-1).mean(-1)  # [batch, pos]
     with np.errstate(invalid="ignore"):
         kl = np.sum(np.exp(lr) * (lr - lc), axis=-1)  # [batch, pos]

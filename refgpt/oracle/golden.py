@@ -29,6 +29,12 @@ scales its tolerances by it, for every format: to first order a forward error is
 the unit roundoff, so c_X·u_bf16 is the error a bfloat16 pass makes where c_X·u_f32 is a float32
 pass's (docs/oracle.md measures how well this holds). c_X bounds each element's error, r_X the
 bias of a whole tensor (comparison.py, the bias bound).
+
+Streaming. ``write_streamed`` (what ``refgpt golden`` runs for a forward golden) never holds the
+file: the header goes first (every shape follows from the config, ``layout``), then each tensor as
+the forward pass, driven a stage at a time by ``stream``, makes it; the float32 pass for c_X and r_X
+runs beside it and fills the room left for them in the header. ``write(make(…))`` writes the same
+bytes from memory (tests/oracle/test_streaming.py).
 """
 
 from __future__ import annotations
@@ -45,16 +51,18 @@ from pathlib import Path
 import numpy as np
 
 from ..activations import log_softmax
-from ..checkpoint import weight_files
+from ..cache import ActivationCache
+from ..checkpoint import load as load_checkpoint, weight_files
 from ..config import Config
 from ..dtypes import widen_bfloat16
 from .. import strict_json
 from ..atomic_write import write_atomically
 from ..errors import RefGPTError, RefGPTTypeError
+from ..hooks import HookRun
 from ..ln_views import cached_output
 from ..model import Model
 from .gradients import compute_gradients
-from ..safetensors_file import SafetensorsFile
+from ..safetensors_file import SafetensorsFile, SafetensorsWriter, header_bytes
 from ..version import __version__
 from .name_maps import forward_order
 
@@ -69,6 +77,13 @@ class Golden:
     tensors: dict[str, np.ndarray]
     metadata: dict[str, str] = field(default_factory=dict)
     dtypes: dict[str, str] = field(default_factory=dict)  # stored safetensors dtype codes, when read
+    file: SafetensorsFile | None = field(default=None, repr=False, compare=False)  # the mapped file, when read
+
+    def release(self, name: str) -> None:
+        """Drop the pages of a read tensor from memory (they are read again if touched): a walk
+        over a file larger than memory then holds about one tensor at a time."""
+        if self.file is not None and name in self.tensors and name in self.dtypes:
+            self.file.release(name)
 
     @property
     def config(self) -> Config | None:
@@ -182,6 +197,130 @@ def compute(model: Model, tokens, names=None, fwd_hooks=(), targets=None, backwa
     return out
 
 
+def stream(model: Model, tokens, names=None, fwd_hooks=(), targets=None):
+    """Yield (name, tensor) for the golden tensors of one forward pass as it makes them, one stage
+    at a time (the embedding, each block, the unembedding): only one stage's activations are ever
+    held, which is what lets ``write_streamed`` write GPT-2 XL's 32 GB golden on a 24 GB machine.
+    The same forward pass as ``compute`` (without ``backward``): the same numbers.
+    """
+    tokens, _ = model.check_tokens(tokens)  # [batch, pos]
+    targets = check_golden_targets(model, tokens, targets)  # [batch, pos − 1] or [batch, pos]
+    wanted = set(_checked_names(model, names))
+    hooks = set(model.hook_names)
+    need = {n for n in wanted if n in hooks}
+    need |= {n[: -len("out")] + "hook_normalized" for n in wanted if n.endswith(".out")}
+    with model.hooks(fwd_hooks):  # the run keeps the model's hooks and these, as run_with_hooks would
+        run = HookRun(model.hook_dict, sorted(need))
+    if "tokens" in wanted:
+        yield "tokens", tokens
+    resid = model.embed(tokens, run)  # [batch, pos, d_model]
+    yield from _stage_tensors(model, run, wanted)
+    for L in range(model.cfg.n_layers):
+        resid = model.block(L, resid, run)  # [batch, pos, d_model]
+        yield from _stage_tensors(model, run, wanted)
+    logits = model.unembed(resid, run)  # [batch, pos, d_vocab]
+    yield from _stage_tensors(model, run, wanted)
+    del resid
+    if wanted & {"logits", "log_probs", "loss"}:
+        log_probs = log_softmax(logits)  # [batch, pos, d_vocab]
+        if "logits" in wanted:
+            yield "logits", logits
+        del logits
+        if "log_probs" in wanted:
+            yield "log_probs", log_probs
+        if "loss" in wanted:
+            b_idx, t_idx = np.indices(targets.shape)  # [batch, pos − 1] (or [batch, pos]) each
+            yield "loss", -log_probs[b_idx, t_idx, targets]  # [batch, pos − 1] (or [batch, pos])
+    if "targets" in wanted:
+        yield "targets", targets  # [batch, pos − 1] (or [batch, pos])
+
+
+def _stage_tensors(model, run, wanted):
+    """The golden tensors among the activations ``run`` cached in the stage just run (each
+    LayerNorm's output made from its cached x̂: w ⊙ x̂ + b), in forward order; then forget them."""
+    made = {name: np.asarray(a) for name, a in run.cache.items() if name in wanted}
+    cache = ActivationCache(run.cache, model)
+    for name in run.cache:
+        ln = name[: -len("hook_normalized")]  # "blocks.3.ln1." or "ln_final."
+        if name.endswith("hook_normalized") and ln + "out" in wanted:
+            made[ln + "out"] = cached_output(cache, ln)  # [batch, pos, d_model]
+    run.cache.clear()
+    for name in forward_order(made):
+        yield name, made.pop(name)
+
+
+def _checked_names(model, names):
+    known = golden_names(model)
+    if names is None:
+        return known
+    unknown = set(names) - set(known)
+    if unknown:
+        raise RefGPTError(f"golden: {sorted(unknown)[0]!r} is not a tensor of this model's golden file")
+    return list(names)
+
+
+def layout(model: Model, tokens_shape, names=None, targets_given=False) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
+    """name → (dtype, shape) of every golden tensor, in file (forward) order, from the config and
+    the tokens' shape [batch, pos] alone: what lets the header be written before the pass."""
+    cfg, dtype = model.cfg, model.dtype
+    batch, pos = tokens_shape
+    heads = (batch, pos, cfg.n_heads, cfg.d_head)
+    by_suffix = {"hook_mean": (batch, pos, 1), "hook_scale": (batch, pos, 1),
+                 "hook_q": heads, "hook_k": heads, "hook_v": heads, "hook_z": heads,
+                 "hook_attn_scores": (batch, cfg.n_heads, pos, pos), "hook_pattern": (batch, cfg.n_heads, pos, pos),
+                 "hook_pre": (batch, pos, cfg.d_mlp), "hook_post": (batch, pos, cfg.d_mlp)}
+    n_targets = pos if targets_given else pos - 1  # one per input (llm.c's y), or the next tokens
+    whole = {"tokens": (np.dtype(np.int64), (batch, pos)), "targets": (np.dtype(np.int64), (batch, n_targets)),
+             "logits": (dtype, (batch, pos, cfg.d_vocab)), "log_probs": (dtype, (batch, pos, cfg.d_vocab)),
+             "loss": (dtype, (batch, n_targets))}
+    out = {}
+    for name in forward_order(_checked_names(model, names)):
+        suffix = name.rsplit(".", 1)[-1]
+        out[name] = whole.get(name) or (dtype, by_suffix.get(suffix, (batch, pos, cfg.d_model)))
+    return out
+
+
+def _side_by_side(model: Model, tokens, names, targets=None):
+    """Yield (name, the golden tensor, its float64 value, its float32 value): the model's pass, a
+    float64 pass and a float32 pass of the same weights, run a stage at a time side by side
+    (``stream``), so only a stage's activations of each are held. A pass that would repeat another
+    (the model's own pass is the float64 one when it is float64 and unhooked) is run once."""
+    hooked = bool(HookRun(model.hook_dict).hooks)  # hooks on the model's hook points
+    exact = model if model.dtype == np.float64 and not hooked else Model(model.cfg, dict(model.params), dtype="float64")
+    rounded = model if model.dtype == np.float32 and not hooked else float32_twin(model)  # weights rounded as a float32 port rounds them
+    passes = list(dict.fromkeys([model, exact, rounded]))  # the distinct models
+    for tensors in zip(*(stream(m, tokens, names, targets=targets) for m in passes), strict=True):
+        made = dict(zip(passes, tensors))
+        name = tensors[0][0]
+        assert all(t[0] == name for t in tensors), tensors  # every pass makes the same tensors in the same order
+        yield name, made[model][1], made[exact][1], made[rounded][1]
+
+
+def float32_twin(model: Model) -> Model:
+    """``model`` with its weights rounded to float32.
+
+    When the weights are those of a float32 checkpoint, unchanged (checked tensor by tensor), the
+    file's memory-mapped tensors *are* the rounded weights, and the twin is loaded from it without
+    a copy: for GPT-2 XL that is 6 GB of memory not taken. Otherwise the weights are rounded
+    into a copy."""
+    params = dict(model.params)
+    if model.source is not None:
+        try:
+            stored = load_checkpoint(model.source, dtype="float32", tokenizer=False)
+        except RefGPTError:
+            stored = None
+        if (stored is not None and stored.cfg == model.cfg and set(stored.params) == set(params)
+                and all(np.array_equal(stored.params[n], params[n]) for n in params)):
+            return stored
+    return Model(model.cfg, params, dtype="float32")
+
+
+def as_rows(a: np.ndarray) -> np.ndarray:
+    """``a`` as a 2-D [rows, last axis] array (a view when ``a`` is contiguous; a scalar is [1, 1])."""
+    return a.reshape(int(np.prod(a.shape[:-1], dtype=np.int64)), a.shape[-1]) if a.ndim else a.reshape(1, 1)
+
+
+
 def check_golden_targets(model: Model, tokens, targets) -> np.ndarray:
     """``targets`` as int64 [batch, pos] (one per input, llm.c's y), or the next tokens
     [batch, pos − 1] when None."""
@@ -211,7 +350,7 @@ def float32_errors(model: Model, tokens, names=None, targets=None, backward=Fals
     bounds a candidate's error elementwise by the first and its bias by the second).
     ``reference``: the float64 tensors, when already computed."""
     params = dict(model.params)
-    rounded = Model(model.cfg, params, dtype="float32")  # the same weights, rounded as a float32 port rounds them
+    rounded = float32_twin(model)  # the same weights, rounded as a float32 port rounds them
     if reference is None or model.dtype != np.float64:
         exact = Model(model.cfg, params, dtype="float64")
         reference = compute(exact, tokens, names, targets=targets, backward=backward)
@@ -219,14 +358,20 @@ def float32_errors(model: Model, tokens, names=None, targets=None, backward=Fals
     f32 = compute(rounded, tokens, names, targets=targets, backward=backward)
     c, rms = {}, {}
     for name, r in ref.items():
-        if r.dtype.kind != "f":
-            continue
-        x = f32[name].astype(np.float64)  # [...]
-        finite = np.isfinite(r)  # attention scores: compare the causal part only
-        err = np.abs(x[finite] - r[finite])  # [n_compared]
-        c[name] = float(err.max() / F32_ROUNDOFF) if err.size else 0.0
-        rms[name] = float(np.sqrt(np.mean(err**2)) / F32_ROUNDOFF) if err.size else 0.0
+        if r.dtype.kind == "f":
+            c[name], rms[name] = float32_error(r, f32[name])
     return c, rms
+
+
+def float32_error(r, x) -> tuple[float, float]:
+    """(c_X, r_X) of one tensor: the largest and the RMS |x − r| over the finite entries of the
+    float64 ``r`` (attention scores: the causal part), in units of 2⁻²⁴."""
+    x = x.astype(np.float64)  # [...]
+    finite = np.isfinite(r)  # attention scores: compare the causal part only
+    err = np.abs(x[finite] - r[finite])  # [n_compared]
+    if not err.size:
+        return 0.0, 0.0
+    return float(err.max() / F32_ROUNDOFF), float(np.sqrt(np.mean(err**2)) / F32_ROUNDOFF)
 
 
 def make(model: Model, tokens, names=None, command=None, targets=None, backward=False) -> Golden:
@@ -234,7 +379,14 @@ def make(model: Model, tokens, names=None, command=None, targets=None, backward=
     also the mean loss and every gradient (refgpt/oracle/gradients.py)."""
     tensors = compute(model, tokens, names, targets=targets, backward=backward)
     cond, rms = float32_errors(model, tokens, names, targets, backward, reference=tensors)
-    metadata = {
+    metadata = {**provenance(model, command), "conditioning": json.dumps(cond), "error_rms": json.dumps(rms),
+                "targets": "given" if targets is not None else "next token"}
+    return Golden(tensors, metadata)
+
+
+def provenance(model: Model, command=None) -> dict[str, str]:
+    """Who made a golden file, from what, with what: the metadata before the measured errors."""
+    return {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
         "refgpt_version": __version__,
@@ -245,11 +397,7 @@ def make(model: Model, tokens, names=None, command=None, targets=None, backward=
         "blas": json.dumps(_blas()),
         "python_version": platform.python_version(),
         "command": json.dumps(list(sys.argv) if command is None else list(command)),
-        "conditioning": json.dumps(cond),
-        "error_rms": json.dumps(rms),
-        "targets": "given" if targets is not None else "next token",
     }
-    return Golden(tensors, metadata)
 
 
 def _weight_hashes(model: Model) -> dict[str, str]:
@@ -277,11 +425,55 @@ def _blas() -> dict:
 
 
 def write(path, golden: Golden) -> Path:
-    """Write ``golden`` as a safetensors file (tensors C-contiguous, metadata as strings)."""
-    from safetensors.numpy import save_file
+    """Write ``golden`` as a safetensors file: tensors in forward order, C-contiguous, metadata as
+    strings. The same bytes as ``write_streamed`` writes for the same pass."""
+    shapes = {name: (np.asarray(a).dtype, np.shape(a)) for name, a in golden.tensors.items()}
+    def fill(tmp):
+        with SafetensorsWriter(tmp, shapes, golden.metadata, _header_length(shapes, golden.metadata)) as out:
+            for name, a in golden.tensors.items():
+                out.write(name, a)
 
-    tensors = {name: np.require(a, requirements=["C"]) for name, a in golden.tensors.items()}  # 0-d stays 0-d
-    return write_atomically(path, lambda tmp: save_file(tensors, str(tmp), metadata=dict(golden.metadata)))
+    return write_atomically(path, fill)
+
+
+def write_streamed(path, model: Model, tokens, names=None, command=None, targets=None) -> Path:
+    """Make and write a golden file without ever holding it, in one pass.
+
+    The header (every tensor's name, dtype and shape, known from the config) goes first, with room
+    left for the conditioning; each tensor is written as the forward pass makes it, while a float32
+    pass beside it measures the conditioning, which fills the header at the end. Memory: the
+    weights (a float32 checkpoint's are mapped, not copied, for the float32 pass) and one stage's
+    activations of each pass."""
+    tokens, _ = model.check_tokens(tokens)  # [batch, pos]
+    names = _checked_names(model, names)
+    shapes = layout(model, tokens.shape, names, targets_given=targets is not None)
+    meta = {**provenance(model, command), "conditioning": "{}", "error_rms": "{}",
+            "targets": "given" if targets is not None else "next token"}
+
+    def fill(tmp):
+        c, rms = {}, {}
+        with SafetensorsWriter(tmp, shapes, meta, _header_length(shapes, meta)) as out:
+            for name, tensor, r, x in _side_by_side(model, tokens, names, targets):
+                out.write(name, tensor)
+                if r.dtype.kind == "f":
+                    c[name], rms[name] = float32_error(r, x)
+            order = forward_order(c)
+            out.metadata = {**meta, "conditioning": json.dumps({n: c[n] for n in order}),
+                            "error_rms": json.dumps({n: rms[n] for n in order})}
+
+    return write_atomically(path, fill)
+
+
+def _header_length(shapes, meta) -> int:
+    """The header's length in a golden file: as long as the longest conditioning could make it
+    (every c_X and r_X written in 24 characters, the longest a float's repr takes), so that the streamed
+    writer can leave room for the conditioning before it is measured, and both writers agree."""
+    measured = [key for key in ("conditioning", "error_rms") if key in meta]
+    if not measured:
+        return 0
+    floats = [name for name, (dtype, _) in shapes.items() if np.dtype(dtype).kind == "f"]
+    longest = "{" + ", ".join(f"{json.dumps(name)}: {'9' * 24}" for name in floats) + "}"
+    return len(header_bytes(shapes, {**meta, **{key: longest for key in measured}}))
 
 
 def read(path) -> Golden:
@@ -298,7 +490,7 @@ def read(path) -> Golden:
         if dtypes[name] == "BF16":
             a = widen_bfloat16(a)
         tensors[name] = a
-    golden = Golden(tensors, dict(st.metadata), dtypes)
+    golden = Golden(tensors, dict(st.metadata), dtypes, st)
     try:  # the metadata is checked now, not when compare first needs it
         golden.config, golden.conditioning, golden.error_rms, golden.golden_error
     except RefGPTError as error:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import warnings
 from types import SimpleNamespace
 
 import numpy as np
@@ -81,6 +82,17 @@ def test_convergence_figure_is_log_log_with_a_one_over_k_guide(plots, tmp_path):
     assert ax.get_xscale() == ax.get_yscale() == "log"
     guide = ax.get_lines()[-1].get_ydata()
     assert np.allclose(guide * ks, guide[0])  # slope −1
+
+
+def test_convergence_figure_anchors_no_guide_on_nan(plots):
+    ks = np.logspace(0, 3, 4)
+    apart = {"early": [1, 0.1, np.nan, np.nan], "late": [np.nan, np.nan, 0.01, 0.001]}  # no k has both
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        lines = plots.convergence_figure(ks, apart).axes[0].get_lines()
+        assert len(lines) == 2  # the two curves; a guide anchored on min(NaN) would be all NaN
+        one_missing = plots.convergence_figure(ks, {**apart, "all": 1 / ks, "none": np.full(4, np.nan)})
+    assert len(one_missing.axes[0].get_lines()) == 4  # an all-NaN line has no k: still no guide
 
 
 def test_attribution_bars_take_any_object_with_labels_and_values(plots, tmp_path):

@@ -250,7 +250,7 @@ def broken_vocab(d):
     (broken_safetensors, r"model\.safetensors"),
     (broken_config, r"config\.json: not valid JSON"),
     (no_tokenizer, r"no tokenizer"),
-    (broken_vocab, r"vocab\.json, line 1"),
+    (broken_vocab, r"vocab\.json: not valid JSON \(line 1"),
 ])
 @pytest.mark.parametrize("command", ["predict", "inspect"])
 def test_a_broken_checkpoint_is_one_line_and_status_1(refgpt_cli, plain_checkpoint, breakage, message, command):
@@ -267,6 +267,7 @@ def test_a_broken_checkpoint_is_one_line_and_status_1(refgpt_cli, plain_checkpoi
     (["predict"], 2, r"the following arguments are required: TEXT"),
     (["inspect", TEXT, "--unknown"], 2, r"unrecognized arguments: --unknown"),
     (["predict", TEXT, "--model", "/nonexistent/gpt2"], 1, r"/nonexistent/gpt2: model directory not found"),
+    (["predict", TEXT, "--model", "x" * 5000], 1, r"x{120}… \(5000 characters\): cannot open \(File name too long\)"),
     # The default vocabulary has no merge of "x" with "x": one token per x.
     (["inspect", "x" * 129], 1, r"TEXT is 129 tokens long, but the model's context holds at most 128"),
     (["predict", "x" * 128, "--bos"], 1, r"TEXT is 129 tokens long"),

@@ -133,3 +133,13 @@ def test_the_readmes_real_gpt2_commands(refgpt_cli, hf_env, hub):
         assert status == 0
     assert out.startswith(f"model: {hf_env}/models--gpt2/snapshots/{hub.commit} (float64)")
     assert "`~/.cache/huggingface/hub/models--gpt2/`" in section and "`refs/main`" in section
+
+
+def test_an_interrupted_download_says_the_partial_file_is_kept(refgpt_cli, monkeypatch):
+    def interrupted(repo_id, revision):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("refgpt.cli.download.download_files", interrupted)
+    status, out, err = refgpt_cli.in_process("download", "gpt2")
+    assert status == 130 and out == ""
+    assert err == "refgpt: interrupted; the partial download is kept and resumes next time\n"

@@ -43,6 +43,25 @@ def test_missing_model_directory(tmp_path):
         refgpt.load(tmp_path / "nowhere")
 
 
+@pytest.mark.parametrize("name", ["x" * 5000, "y" * 300])  # ENAMETOOLONG: the whole path, one component
+def test_a_path_the_file_system_refuses_is_one_error_naming_it(tmp_path, name):
+    with raises(r"^[^\n]*(x|y){20}[^\n]*: cannot open \(File name too long\)$"):
+        refgpt.load(name if len(name) > 4096 else tmp_path / name)
+
+
+def test_an_unreadable_config_is_one_error_naming_it(ckpt, monkeypatch):  # EACCES (the tests may run as root)
+    real = type(ckpt).read_bytes
+
+    def refuse(path):
+        if path.name == "config.json":
+            raise PermissionError(13, "Permission denied", str(path))
+        return real(path)
+
+    monkeypatch.setattr(type(ckpt), "read_bytes", refuse)
+    with raises(r"config\.json: cannot open \(Permission denied\)$"):
+        refgpt.load(ckpt)
+
+
 def test_missing_weights_file(ckpt):
     (ckpt / "model.safetensors").unlink()
     with raises("no model.safetensors or model.safetensors.index.json"):

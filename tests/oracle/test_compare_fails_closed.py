@@ -3,7 +3,9 @@ broken file is an error or a failure — never "OK"."""
 
 from __future__ import annotations
 
+import gc
 import json
+import warnings
 
 import numpy as np
 import pytest
@@ -103,3 +105,31 @@ def test_truncated_npz_is_one_line(reference, tmp_path):
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
     with pytest.raises(RefGPTError, match="c.npz: not a readable .npz file"):
         oracle.compare(reference, path)
+
+
+@pytest.mark.parametrize("value", [1e300, 1.7e308, -np.finfo(np.float64).max])
+def test_a_reference_near_float64s_maximum_is_judged_without_a_warning(reference, value):
+    resid = np.array(reference.tensors["blocks.1.hook_resid_post"])
+    resid[0, 2, 3] = value  # finite, legitimate input: its square overflows float64
+    huge = edited(reference, {"blocks.1.hook_resid_post": resid})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        same, other = oracle.compare(huge, huge.tensors), oracle.compare(huge, reference.tensors)
+        same.table(), other.table()
+    assert same.ok and not other.ok
+    result = next(t for t in same.tensors if t.name == "blocks.1.hook_resid_post")
+    assert result.rms == 0.0 and np.isfinite(result.bias_tolerance)
+
+
+
+def test_a_broken_npz_closes_its_file(tmp_path):
+    """np.load(path) leaves its file to be closed at deallocation when the zip is broken (a
+    ResourceWarning, "unclosed file"); refgpt opens the file itself and closes it."""
+    path = tmp_path / "c.npz"
+    path.write_bytes(b"PK\x03\x04 not a zip")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        with pytest.raises(RefGPTError, match="not a readable .npz file"):
+            oracle.load(path)
+        gc.collect()
+    assert not [w for w in caught if issubclass(w.category, ResourceWarning)]

@@ -1,0 +1,46 @@
+"""q, k and v as one product (issue 17): W_QKV = W_Q | W_K | W_V is a view of the checkpoint's
+c_attn when loaded from HF's layout, one copy otherwise, and ``side_by_side`` only ever returns a
+view when the parts really lie side by side in one buffer."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import refgpt
+from random_models import random_model, save_checkpoint
+from refgpt import Config
+from refgpt.model import side_by_side
+
+CFG = Config(d_model=12, n_layers=2, n_heads=3, d_mlp=20, d_vocab=17, n_ctx=9)
+
+
+def test_fused_qkv_is_a_view_of_c_attn(tmp_path):
+    model = refgpt.load(save_checkpoint(random_model(CFG, seed=1), tmp_path))
+    _, w, _ = model.block_weights(1)
+    assert not w["W_QKV"].flags.owndata and not w["W_QKV"].flags.writeable
+    assert np.shares_memory(w["W_QKV"], model.params["blocks.1.attn.W_V"])
+    for i, x in enumerate("QKV"):
+        flat = model.params[f"blocks.1.attn.W_{x}"].transpose(1, 0, 2).reshape(CFG.d_model, -1)
+        assert np.array_equal(w["W_QKV"][:, i * CFG.d_model:(i + 1) * CFG.d_model], flat)
+        assert np.array_equal(w["b_QKV"][i * CFG.d_model:(i + 1) * CFG.d_model], model.params[f"blocks.1.attn.b_{x}"].reshape(-1))
+
+
+def test_fused_qkv_of_circuits_params_is_one_copy_the_parts_view():
+    model = random_model(CFG, seed=2)
+    _, w, _ = model.block_weights(0)
+    assert w["W_QKV"].flags.owndata and np.shares_memory(w["W_Q"], w["W_QKV"]) and np.shares_memory(w["b_K"], w["b_QKV"])
+    expected = np.concatenate([model.params[f"blocks.0.attn.W_{x}"].transpose(1, 0, 2).reshape(CFG.d_model, -1)
+                               for x in "QKV"], axis=1)
+    assert np.array_equal(w["W_QKV"], expected)
+
+
+def test_side_by_side_views_only_adjacent_parts():
+    W = np.arange(5 * 12.0).reshape(5, 12)
+    view = side_by_side([W[:, :4], W[:, 4:8], W[:, 8:]])
+    assert not view.flags.owndata and np.array_equal(view, W)
+    for parts in ([W[:, :4], W[:, 8:], W[:, 4:8]],  # out of order
+                  [W[:, :4], W[:, 4:8]],  # a row of the two is not a row of W
+                  [W[:, :4], np.ones((5, 4)), W[:, 8:]],  # not one buffer
+                  [W[::2, :4], W[::2, 4:8], W[::2, 8:]]):  # every other row: still adjacent, rows strided
+        joined = side_by_side(parts)
+        assert np.array_equal(joined, np.concatenate(parts, axis=-1))

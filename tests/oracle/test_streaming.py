@@ -1,0 +1,143 @@
+"""Streaming goldens and comparisons (issue 17): ``write_streamed`` writes the same bytes as the
+in-memory ``write(make(…))``, one forward stage at a time; the reference ``safetensors`` package
+reads the files; ``compare`` walking a tensor a block of rows at a time gives the same report as
+one block per tensor."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from safetensors import safe_open
+from safetensors.numpy import load_file
+
+import refgpt
+from random_models import model_and_tokens, random_model, save_checkpoint
+from refgpt import Config, Model, RefGPTError
+from refgpt.oracle import comparison, golden
+from refgpt.safetensors_file import SafetensorsFile, SafetensorsWriter
+
+CFG = Config(d_model=16, n_layers=3, n_heads=2, d_mlp=32, d_vocab=20, n_ctx=8)
+TOKENS = np.array([[3, 1, 4, 1, 5, 9, 2, 6], [5, 3, 5, 8, 9, 7, 9, 3]])
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=model_and_tokens(), dtype=st.sampled_from(["float64", "float32"]),
+       names=st.sampled_from([None, ["blocks.*.hook_resid_post"], ["*ln1*", "blocks.0.*"], ["*attn_scores"]]))
+def test_streamed_golden_is_the_in_memory_golden_byte_for_byte(tmp_path, case, dtype, names):
+    model, tokens = case
+    if dtype == "float32":
+        model = type(model)(model.cfg, dict(model.params), dtype="float32")
+    chosen = golden.select(model, names) if names else None
+    in_memory = golden.write(tmp_path / "a.safetensors", golden.make(model, tokens, chosen, command=["t"]))
+    streamed = golden.write_streamed(tmp_path / "b.safetensors", model, tokens, chosen, command=["t"])
+    assert in_memory.read_bytes() == streamed.read_bytes()
+    assert not list(tmp_path.glob("*.partial"))
+
+
+def test_the_reference_safetensors_package_reads_a_streamed_golden(tmp_path):
+    model = random_model(CFG, seed=5)
+    path = golden.write_streamed(tmp_path / "g.safetensors", model, TOKENS, command=["t"])
+    expected = golden.compute(model, TOKENS)
+    tensors = load_file(str(path))
+    assert set(tensors) == set(expected)
+    for name, value in expected.items():
+        assert tensors[name].dtype == value.dtype and np.array_equal(tensors[name], value), name
+    with safe_open(str(path), "np") as f:
+        meta = f.metadata()
+    assert meta["format"] == "refgpt-golden" and json.loads(meta["command"]) == ["t"]
+    assert set(json.loads(meta["conditioning"])) == {n for n, a in expected.items() if a.dtype.kind == "f"}
+    assert list(golden.read(path).tensors) == list(expected)  # stored in forward order
+
+
+def test_layout_from_the_config_matches_the_tensors_made():
+    model = random_model(CFG, seed=1)
+    made = golden.compute(model, TOKENS[:, :5])
+    assert {n: (a.dtype, a.shape) for n, a in made.items()} == golden.layout(model, (2, 5))
+    assert list(golden.layout(model, (2, 5))) == list(made)
+
+
+def test_stream_holds_one_stage_at_a_time():
+    """Block L's tensors come out before block L + 1 starts: nothing waits for the whole pass."""
+    model = random_model(CFG, seed=2)
+    started = []
+    hook = ("blocks.{}.hook_resid_pre", lambda a, name: started.append(name))
+    hooks = [(hook[0].format(L), hook[1]) for L in range(CFG.n_layers)]
+    for name, _ in golden.stream(model, TOKENS, fwd_hooks=hooks):
+        if name.startswith("blocks."):
+            assert len(started) == int(name.split(".")[1]) + 1, name
+
+
+def test_writer_fails_closed_and_leaves_no_file(tmp_path):
+    layout = {"a": (np.float64, (2, 3)), "b": (np.int64, (4,))}
+    path = tmp_path / "x.safetensors"
+    with pytest.raises(RefGPTError, match="never written.*'b'"):
+        with SafetensorsWriter(path, layout) as w:
+            w.write("a", np.zeros((2, 3)))
+    with pytest.raises(RefGPTError, match="'a' is float32 \\[2, 3\\], the header says float64"):
+        with SafetensorsWriter(path, layout) as w:
+            w.write("a", np.zeros((2, 3), np.float32))
+    with pytest.raises(RefGPTError, match="'c' is not in the header"):
+        with SafetensorsWriter(path, layout) as w:
+            w.write("c", np.zeros(1))
+    assert list(tmp_path.iterdir()) == []
+    with SafetensorsWriter(path, layout, {"k": "v"}) as w:  # any order, strided input
+        w.write("b", np.arange(8)[::2])
+        w.write("a", np.arange(6.0).reshape(3, 2).T)
+    got = load_file(str(path))
+    assert np.array_equal(got["a"], np.arange(6.0).reshape(3, 2).T) and np.array_equal(got["b"], [0, 2, 4, 6])
+
+
+def test_writer_metadata_filled_in_at_the_end_must_fit_its_room(tmp_path):
+    layout = {"a": (np.float64, (2,))}
+    path = tmp_path / "x.safetensors"
+    with SafetensorsWriter(path, layout, {"c": ""}, header_length=200) as w:
+        w.write("a", np.ones(2))
+        w.metadata = {"c": "x" * 50}
+    with safe_open(str(path), "np") as f:
+        assert f.metadata() == {"c": "x" * 50} and np.array_equal(f.get_tensor("a"), np.ones(2))
+    with pytest.raises(RefGPTError, match="outgrew the room"):
+        with SafetensorsWriter(tmp_path / "y.safetensors", layout, {"c": ""}, header_length=80) as w:
+            w.write("a", np.ones(2))
+            w.metadata = {"c": "x" * 500}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.safetensors"]
+
+
+def test_release_drops_pages_but_not_values(tmp_path):
+    model = random_model(CFG, seed=3)
+    path = golden.write_streamed(tmp_path / "g.safetensors", model, TOKENS, command=["t"])
+    g = golden.read(path)
+    before = np.array(g.tensors["blocks.1.attn.hook_pattern"])
+    g.release("blocks.1.attn.hook_pattern")
+    assert np.array_equal(g.tensors["blocks.1.attn.hook_pattern"], before)
+    assert isinstance(g.file, SafetensorsFile)
+
+
+def test_float32_twin_of_a_float32_checkpoint_is_the_mapped_file(tmp_path):
+    """The conditioning pass's float32 weights: mapped from a float32 checkpoint (no copy) when the
+    model holds that file's weights unchanged; rounded copies otherwise. The same numbers either way."""
+    ckpt = save_checkpoint(random_model(CFG, seed=6), tmp_path / "m")  # float32 on disk
+    model = refgpt.load(ckpt)  # float64
+    twin = golden.float32_twin(model)
+    rounded = Model(model.cfg, dict(model.params), dtype="float32")
+    for name, value in rounded.params.items():
+        assert twin.params[name].dtype == np.float32 and np.array_equal(twin.params[name], value), name
+    assert not twin.params["blocks.0.mlp.W_in"].flags.owndata  # a view of the mapped file
+    changed = dict(model.params)
+    changed["blocks.0.mlp.b_in"] = changed["blocks.0.mlp.b_in"] + 2.0**-40  # not a float32 number any more
+    edited = Model(model.cfg, changed, source=ckpt)
+    assert golden.float32_twin(edited).params["blocks.0.mlp.W_in"].flags.owndata
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), width=st.integers(1, 30), ties=st.booleans(), nan=st.booleans())
+def test_top_k_is_the_first_k_of_a_stable_argsort(seed, width, ties, nan):
+    rng = np.random.default_rng(seed)
+    x = rng.integers(0, 4, (6, width)).astype(float) if ties else rng.standard_normal((6, width))
+    if nan:
+        x[2, rng.integers(0, width)] = np.nan
+    k = min(5, width)
+    assert np.array_equal(comparison._top_k(x, k), np.argsort(-x, axis=-1, kind="stable")[:, :k])
