@@ -35,7 +35,8 @@ Operators (``mutants``):
   ``axis=0`` / ``axis=-2``);
 - slice bounds: a bound b → b + 1, b − 1, or dropped;
 - calls: ``min`` ↔ ``max``; the first two positional arguments swapped (unless one is a constant:
-  ``point("hook_q", q)`` swapped only fails, and costs a test run);
+  ``point("hook_q", q)`` swapped only fails, and costs a test run; or both are the same expression,
+  ``reshape(d, d)``: no mutant at all);
 - statements deleted (→ ``pass``): expression statements, augmented assignments, ``raise``,
   ``if``, ``for``, assignments into a subscript or attribute, and re-assignments of a name that
   is already bound in the function.
@@ -65,15 +66,19 @@ ROOT = Path(__file__).resolve().parent.parent
 # module → stages of tests that should notice a wrong module. A stage runs only if the ones before
 # it passed (``pytest -x``: the first failure ends it), so cheap NumPy-only tests come first and the
 # peer tests (importing torch, transformers and TransformerLens alone takes ~5 CPU-seconds) last.
-# The tests issue 13 added (``NEW``) run after the older ones of the same cost, so that one run
+# The tests issue 13 added, and the core tests added since (``NEW``), run after the older ones of the same cost, so that one run
 # tells the score before them too (``before``, below).
 _OLD_FAST = ["tests/core/test_model_invariants.py", "tests/core/test_kv_cache.py", "tests/core/test_hooks_and_cache.py",
              "tests/core/test_bad_input.py"]
 _OLD_PEERS = ["tests/core/test_peers_hf.py", "tests/core/test_peers_tl.py"]
 _NEW_PEERS = ["tests/core/test_peers_boundaries.py"]
+# Core tests added since issue 13 was filed (issues 12, 14, 16 and the TL ports): NumPy-only, then peers.
+_LATER_FAST = ["tests/core/test_non_finite.py", "tests/core/test_tl_semantics.py", "tests/core/test_hook_points.py",
+               "tests/core/test_padding.py"]
+_LATER_PEERS = ["tests/core/test_tl_ported_hooks_cache.py"]
 NEW = {"tests/core/test_forward_paths.py", "tests/core/test_forward_reference.py", "tests/core/test_activations.py",
        "tests/core/test_config.py",
-       "tests/core/test_checkpoint.py", *_NEW_PEERS}
+       "tests/core/test_checkpoint.py", *_NEW_PEERS, *_LATER_FAST, *_LATER_PEERS}
 _PATHS = ["tests/core/test_forward_reference.py", "tests/core/test_forward_paths.py"]
 _BACKWARD_TESTS = [["tests/core/test_backward.py"]]
 MODULES = {
@@ -82,8 +87,8 @@ MODULES = {
     "mlp": [_OLD_FAST, _PATHS, _OLD_PEERS, _NEW_PEERS],
     "activations": [_OLD_FAST, ["tests/core/test_activations.py"] + _PATHS, _OLD_PEERS, _NEW_PEERS],
     "linear": [_OLD_FAST, _PATHS, _OLD_PEERS, _NEW_PEERS],
-    "model": [_OLD_FAST, _PATHS + ["tests/core/test_checkpoint.py"],
-              _OLD_PEERS + ["tests/core/test_mission.py", "tests/core/test_default_model.py"], _NEW_PEERS],
+    "model": [_OLD_FAST, _PATHS + ["tests/core/test_checkpoint.py"] + _LATER_FAST,
+              _OLD_PEERS + ["tests/core/test_mission.py", "tests/core/test_default_model.py"], _NEW_PEERS + _LATER_PEERS],
     "checkpoint": [["tests/core/test_bad_input.py", "tests/core/test_processing.py"], ["tests/core/test_checkpoint.py"],
                    ["tests/core/test_peers_hf.py", "tests/core/test_default_model.py"], _NEW_PEERS],
     "config": [["tests/core/test_bad_input.py"], ["tests/core/test_config.py"],
@@ -221,7 +226,8 @@ def _replacements(node, parents, bound) -> list[tuple[str, ast.AST]]:
             c = copy.copy(node)
             c.func = ast.Name("max" if node.func.id == "min" else "min", ast.Load())
             out.append(("call", c))
-        if len(node.args) >= 2 and not any(isinstance(a, (ast.Starred, ast.Constant)) for a in node.args[:2]):
+        if (len(node.args) >= 2 and not any(isinstance(a, (ast.Starred, ast.Constant)) for a in node.args[:2])
+                and ast.dump(node.args[0]) != ast.dump(node.args[1])):  # reshape(d, d) swapped is itself
             c = copy.copy(node)
             c.args = [node.args[1], node.args[0], *node.args[2:]]
             out.append(("swap args", c))
@@ -521,6 +527,21 @@ EQUIVALENT: dict[str, str] = {
         "ε·2⁻²ᵉ underflows to 0 where ε ≪ var anyway, and σ·2ᵉ is representable: the same bits",
     _SCALE + "2 → 3": "the same clip one power of two lower (see maxexp − 2 → maxexp + 2): " + _POWERS,
     _SCALE + "2 → 1": "the same clip one power of two higher (see maxexp − 2 → maxexp + 2)",
+    "checkpoint:hf_tensors: [p[tl + f\"attn.W_{x}\"].transpose(1, 0, 2).reshape(d, d) for x in \"QKV\"], axis=1) :: "
+    "p[tl + f'attn.W_{x}'].transpose(1, 0, 2).reshape(d, d) → p[tl + f'attn.W_{x}'].transpose(1, 0, 2).reshape(d, d)":
+        "reshape(d, d) with its two (equal) arguments swapped is the same code (the mutator no longer makes it)",
+    **{f"activations:<module>: _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi) :: {edit}":
+       "not in the forward: only gelu_backward reads 1/√(2π) (a module constant, so --skip-backward does not "
+       "see it as backward); tests/core/test_backward.py::test_activation_derivatives_match_central_differences "
+       "kills it (checked by hand for / → *)"
+       for edit in ("1.0 / math.sqrt(2.0 * math.pi) → 1.0 * math.sqrt(2.0 * math.pi)", "1.0 → 1.1",
+                    "2.0 * math.pi → 2.0 / math.pi", "2.0 → 2.2")},
+    "activations:sigmoid: return np.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e)) :: x >= 0 → x > 0":
+        "at x = 0 both branches give 1/(1 + 1) = ½ exactly (e = e⁰ = 1): the same numbers",
+    "activations:_gelu_new_into: np.multiply(x, x, out=t) :: np.multiply(x, x, out=t) → np.multiply(x, x, out=t)":
+        "multiply(x, x) with its two (equal) arguments swapped is the same code (the mutator no longer makes it)",
+    'model:_flatten_block: attn["W_O"] = p[b + "attn.W_O"].reshape(-1, d) :: -1 → -2':
+        "NumPy (2.4) reads any negative size in reshape as the one inferred dimension: the same array",
     'config:from_hf: raise RefGPTError(str(error).replace("config:", f"{source}:", 1)) from None :: 1 → 2':
         "an error text: every Config message starts with the one 'config:' that is replaced",
 }
@@ -582,7 +603,7 @@ def write_report(results, md: Path, js: Path, note: str = ""):
             continue
         verdict = f"equivalent: {EQUIVALENT[m.key]}" if m.key in EQUIVALENT else f"**not equivalent** ({m.outcome})"
         lines.append(f"- {_describe(m)} — {verdict}")
-    lines += ["", "## Killed only by the tests issue 13 added", ""]
+    lines += ["", "## Killed only by the tests issue 13 added (and the core tests added since)", ""]
     for m in results:
         if m.outcome in ("killed", "timeout") and before(m, _stages_of(m)) != "killed":
             lines.append(f"- {_describe(m)} — by `{m.killer}`")

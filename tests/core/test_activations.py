@@ -16,7 +16,7 @@ import math
 import numpy as np
 import pytest
 
-from refgpt.activations import ACTIVATIONS, sigmoid
+from refgpt.activations import ACTIVATIONS, log_softmax, sigmoid
 
 
 def _sigmoid(x):
@@ -66,3 +66,17 @@ def test_sigmoid_does_not_overflow_and_is_symmetric():
     assert s[3] == 0.5 and s[-1] == 1.0 and s[0] == 0.0
     assert np.allclose(s + sigmoid(-x), 1, rtol=0, atol=1e-16)
     assert s[2] == pytest.approx(1 / (1 + math.e), rel=1e-15)
+
+
+def test_log_softmax_is_per_row_over_the_last_axis():
+    """Each row [..., n] on its own (rows 1000 apart: the max is subtracted per row, keepdims),
+    against x − m − log Σ exp(x − m) one number at a time; bound as above, with |m| for the shift."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(2, 3, 5)) * 4 + 1000.0 * np.arange(6).reshape(2, 3, 1)  # [2, 3, 5]: not square
+    got = log_softmax(x)
+    assert got.shape == x.shape
+    for row, out in zip(x.reshape(-1, 5), got.reshape(-1, 5)):
+        m = max(row)
+        lse = m + math.log(math.fsum(math.exp(v - m) for v in row))
+        for v, o in zip(row, out):
+            assert abs(o - (v - lse)) <= 8 * np.finfo(np.float64).eps / 2 * (abs(v) + abs(m) + 1)

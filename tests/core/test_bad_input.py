@@ -12,6 +12,7 @@ import pytest
 import refgpt
 from random_models import hf_tensors, random_model, save_checkpoint
 from refgpt import Config, RefGPTError
+from refgpt.errors import RefGPTTypeError
 
 CFG = Config(d_model=8, n_layers=2, n_heads=2, d_mlp=12, d_vocab=11, n_ctx=6)
 
@@ -209,6 +210,14 @@ def test_a_model_too_big_for_the_machine_is_refused_before_allocating(ckpt):
         refgpt.Model(Config(d_model=2**16, n_layers=2**14, n_heads=1, d_mlp=1, d_vocab=1, n_ctx=1), {})
 
 
+def test_model_takes_a_config_and_a_mapping_of_arrays(model):
+    params = dict(model.params)
+    with pytest.raises(RefGPTTypeError, match="Model: cfg must be a refgpt.Config, found dict"):
+        refgpt.Model(dict(vars(CFG)), params)
+    with pytest.raises(RefGPTTypeError, match="Model: params must be a mapping of name → array, found list"):
+        refgpt.Model(CFG, list(params.items()))
+
+
 @pytest.mark.parametrize("edit,match", [
     ({"layer_norm_epsilon": float("inf")}, "Infinity is not a JSON number"),
     ({"layer_norm_epsilon": 0}, "layer_norm_epsilon must be a finite number > 0"),
@@ -389,3 +398,22 @@ def _with_index(tmp_path, model, text):
     directory = sharded(tmp_path, model)
     (directory / "model.safetensors.index.json").write_text(text, encoding="latin-1")
     return directory
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in matmul:RuntimeWarning")  # the overflow tested
+def test_logits_that_overflow_in_the_unembedding_are_refused_naming_the_logits(model):
+    """Every hook point finite, the logits not: the unembedding's sum overflowed (float32 here)."""
+    params = dict(model.params)
+    params["ln_final.w"] = np.zeros(CFG.d_model)
+    params["ln_final.b"] = np.ones(CFG.d_model)  # the final stream: all ones
+    params["unembed.W_U"] = np.full((CFG.d_model, CFG.d_vocab), 1e38)  # 8 · 1e38 > float32's max
+    big = refgpt.Model(CFG, params, dtype="float32")
+    with raises(r"the forward pass produced inf in the logits \(index \[0, 0, 0\]\) from finite input: "
+                "the unembedding overflowed"):
+        big(np.array([[1, 2]]))
+
+
+@pytest.mark.parametrize("tokens", [[[1, 2], [3]], [[1, 2], 3]])
+def test_ragged_token_lists_are_refused(model, tokens):
+    with raises("tokens: not a rectangular integer array"):
+        model(tokens)

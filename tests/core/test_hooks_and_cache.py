@@ -113,3 +113,12 @@ def test_hooks_context_manager(model):
         inside = model(TOKENS)
         assert not np.allclose(inside, clean)
     np.testing.assert_array_equal(model(TOKENS), clean)
+
+
+def test_remove_batch_dim_drops_the_batch_axis_of_a_single_sequence(model):
+    logits, cache = model.run_with_cache(TOKENS[:1], remove_batch_dim=True)
+    _, full = model.run_with_cache(TOKENS[:1])
+    assert logits.shape == (1, 5, CFG.d_vocab)  # the output keeps its batch axis, as TL's does
+    for name in ("hook_embed", "blocks.1.attn.hook_pattern", "ln_final.hook_scale"):
+        assert cache[name].shape == full[name].shape[1:], name
+        np.testing.assert_array_equal(cache[name], full[name][0])

@@ -82,3 +82,17 @@ def test_a_hook_reads_where_its_rows_start_from_hook_start():
         model.run_with_hooks(np.array(chunk), fwd_hooks=[("hook_embed", hook)], past=past)
     model.run_with_hooks(np.array([[1, 2]]), fwd_hooks=[("hook_embed", hook)])
     assert starts == [(0, 3), (3, 1), (4, 2), (0, 2)]
+
+
+def test_a_kv_cache_pass_runs_every_block():
+    """start_at_layer > 0 or stop_at_layer with a KV cache is refused (the cache holds every layer's
+    keys); without a cache both work."""
+    model = random_model(Config(d_model=8, n_layers=2, n_heads=2, d_mlp=12, d_vocab=11, n_ctx=6), seed=3)
+    tokens = np.array([[1, 2, 3]])
+    resid = model(tokens, stop_at_layer=1)  # [batch, pos, d_model], entering block 1
+    assert np.array_equal(model(resid, start_at_layer=1), model(tokens))
+    for kwargs in ({"start_at_layer": 1}, {"stop_at_layer": 1}):
+        past = model.kv_cache()
+        with pytest.raises(RefGPTError, match="a pass with a KV cache runs every block"):
+            model(resid if "start_at_layer" in kwargs else tokens, past_kv_cache=past, **kwargs)
+        assert past.length == 0

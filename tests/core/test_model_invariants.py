@@ -89,3 +89,19 @@ def test_float32_stays_float32_end_to_end(model_tokens):
     logits, cache = model.run_with_cache(tokens)
     assert logits.dtype == np.float32
     assert {a.dtype for a in cache.values()} == {np.dtype(np.float32)}
+
+
+def test_return_types_loss_and_both():
+    """return_type="loss" is the mean next-token loss alone; "both" is Output(logits, loss), the
+    same logits and the same loss."""
+    from random_models import random_model
+    from refgpt import Config
+    from refgpt.model import Output
+
+    model = random_model(Config(d_model=8, n_layers=1, n_heads=2, d_mlp=12, d_vocab=11, n_ctx=6), seed=4)
+    tokens = np.array([[1, 2, 3, 4]])
+    loss = model(tokens, return_type="loss")
+    both = model(tokens, return_type="both")
+    assert np.ndim(loss) == 0 and not isinstance(loss, Output)
+    assert isinstance(both, Output)
+    assert np.array_equal(both.logits, model(tokens)) and both.loss == loss
