@@ -6,9 +6,7 @@ at ln1.hook_scale."""
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
-import sys
 import textwrap
 from pathlib import Path
 
@@ -21,6 +19,7 @@ import refgpt.backward as backward
 import refgpt.layernorm as layernorm
 import refgpt.loss as loss
 import refgpt.mlp as mlp
+from doc_pages import load_script
 from refgpt import Config, Model
 from refgpt.backward import loss_and_grads
 from refgpt.oracle import comparison as oracle
@@ -30,15 +29,7 @@ from refgpt.oracle.name_maps import backward_key, forward_order
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _module(path):
-    spec = importlib.util.spec_from_file_location(Path(path).stem, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-example = _module(ROOT / "docs" / "oracle_example.py")
+example = load_script(ROOT / "docs" / "oracle_example.py")
 
 CFG = Config(d_model=32, n_layers=2, n_heads=4, d_mlp=128, d_vocab=50, n_ctx=16)
 TOKENS = np.random.default_rng(5).integers(0, CFG.d_vocab, size=(2, 12))  # [batch, pos]

@@ -5,8 +5,6 @@ tensor where refgpt has it. docs/oracle.md's worked example is checked here too.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +13,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from random_models import model_and_tokens, random_model
+from doc_pages import load_script
 from refgpt import Config, Model, RefGPTError
 from refgpt.oracle import golden, comparison as oracle
 from refgpt.oracle.name_maps import axes, forward_order, hf_hidden_state_name, to_refgpt, ModelShape
@@ -22,16 +21,8 @@ from refgpt.oracle.name_maps import axes, forward_order, hf_hidden_state_name, t
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _module(path):
-    spec = importlib.util.spec_from_file_location(Path(path).stem, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-tolerance_bench = _module(ROOT / "benchmarks" / "oracle_tolerance.py")
-example = _module(ROOT / "docs" / "oracle_example.py")
+tolerance_bench = load_script(ROOT / "benchmarks" / "oracle_tolerance.py")
+example = load_script(ROOT / "docs" / "oracle_example.py")
 
 CFG = Config(d_model=16, n_layers=3, n_heads=2, d_mlp=32, d_vocab=20, n_ctx=8)
 TOKENS = np.array([[3, 1, 4, 1, 5, 9, 2, 6], [5, 3, 5, 8, 9, 7, 9, 3]])
@@ -322,7 +313,7 @@ def _hf_setup(tmp_path, peers, seed=11):
 
 def test_hf_hidden_states_from_a_real_hf_model_match_the_golden_file(tmp_path):
     torch, peers = _peers()
-    dump = _module(ROOT / "benchmarks" / "dump_hf_tl.py")
+    dump = load_script(ROOT / "benchmarks" / "dump_hf_tl.py")
     cfg, hf, tokens = _hf_setup(tmp_path, peers)
     import refgpt
 
@@ -345,7 +336,7 @@ def test_hf_hidden_states_from_a_real_hf_model_match_the_golden_file(tmp_path):
 def test_transformer_lens_cache_matches_the_golden_file_under_the_tl_map(tmp_path):
     torch, peers = _peers()
     pytest.importorskip("transformer_lens", reason="TL name-map test needs the 'peers' extra (transformer_lens)")
-    dump = _module(ROOT / "benchmarks" / "dump_hf_tl.py")
+    dump = load_script(ROOT / "benchmarks" / "dump_hf_tl.py")
     cfg, hf, tokens = _hf_setup(tmp_path, peers, seed=12)
     import refgpt
 
