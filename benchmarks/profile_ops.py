@@ -88,7 +88,7 @@ def op_table(model, hf, dtype, T=1024, rounds=7):
     q = rng.standard_normal((1, T, H, dh)).astype(dtype)  # [batch, pos, head, d_head]
     qh = np.ascontiguousarray(q.transpose(0, 2, 1, 3))  # [batch, head, pos, d_head]
     tq = torch.from_numpy(qh)
-    scale = cfg.attn_scale(0)
+    scale = cfg.score_scale(0)
     c = math.sqrt(2.0 / math.pi)
 
     def refgpt_qkv():
