@@ -76,11 +76,13 @@ _NEW_PEERS = ["tests/core/test_peers_boundaries.py"]
 _LATER_FAST = ["tests/core/test_non_finite.py", "tests/core/test_tl_semantics.py", "tests/core/test_hook_points.py",
                "tests/core/test_padding.py"]
 _LATER_PEERS = ["tests/core/test_tl_ported_hooks_cache.py"]
-NEW = {"tests/core/test_forward_paths.py", "tests/core/test_forward_reference.py", "tests/core/test_activations.py",
+# Loading tests added since issue 13 (issue 12's fuzzing, issue 11's writer, read back).
+_LOADING = ["tests/core/test_safetensors_fuzz.py", "tests/core/test_file_fuzz.py", "tests/core/test_saving.py"]
+NEW = {*_LOADING, "tests/core/test_forward_paths.py", "tests/core/test_forward_reference.py", "tests/core/test_activations.py",
        "tests/core/test_config.py",
        "tests/core/test_checkpoint.py", *_NEW_PEERS, *_LATER_FAST, *_LATER_PEERS}
 _PATHS = ["tests/core/test_forward_reference.py", "tests/core/test_forward_paths.py"]
-_BACKWARD_TESTS = [["tests/core/test_backward.py"]]
+_BACKWARD_TESTS = [["tests/core/test_backward.py", "tests/oracle/test_gradients.py"]]
 MODULES = {
     "layernorm": [_OLD_FAST + ["tests/core/test_ln_views.py"], _PATHS, _OLD_PEERS + ["tests/core/test_mission.py"], _NEW_PEERS],
     "attention": [_OLD_FAST, _PATHS, _OLD_PEERS, _NEW_PEERS],
@@ -89,14 +91,17 @@ MODULES = {
     "linear": [_OLD_FAST, _PATHS, _OLD_PEERS, _NEW_PEERS],
     "model": [_OLD_FAST, _PATHS + ["tests/core/test_checkpoint.py"] + _LATER_FAST,
               _OLD_PEERS + ["tests/core/test_mission.py", "tests/core/test_default_model.py"], _NEW_PEERS + _LATER_PEERS],
-    "checkpoint": [["tests/core/test_bad_input.py", "tests/core/test_processing.py"], ["tests/core/test_checkpoint.py"],
+    "checkpoint": [["tests/core/test_bad_input.py", "tests/core/test_processing.py"],
+                   ["tests/core/test_checkpoint.py"] + _LOADING,
                    ["tests/core/test_peers_hf.py", "tests/core/test_default_model.py"], _NEW_PEERS],
+    "safetensors_file": [["tests/core/test_bad_input.py"], _LOADING, ["tests/core/test_default_model.py"], []],
     "config": [["tests/core/test_bad_input.py"], ["tests/core/test_config.py"],
                ["tests/core/test_peers_hf.py", "tests/core/test_default_model.py"], _NEW_PEERS],
     "kv_cache": [["tests/core/test_kv_cache.py", "tests/core/test_bad_input.py"], _PATHS, [], _NEW_PEERS],
     "backward": _BACKWARD_TESTS,
     "decomposition": [["tests/core/test_decomposition.py", "tests/core/test_mission.py"], ["tests/core/test_decomposition_tl.py"]],
-    "tokenizer": [["tests/core/test_tokenizer.py"]],
+    "tokenizer": [["tests/core/test_tokenizer.py", "tests/core/test_tl_ported_tokens.py"]],
+    "analysis.attribution": [["tests/analysis/test_attribution.py"], ["tests/cli/test_attribute_cli.py"]],
 }
 
 
