@@ -78,7 +78,9 @@ _LATER_FAST = ["tests/core/test_non_finite.py", "tests/core/test_tl_semantics.py
 _LATER_PEERS = ["tests/core/test_tl_ported_hooks_cache.py"]
 # Loading tests added since issue 13 (issue 12's fuzzing, issue 11's writer, read back).
 _LOADING = ["tests/core/test_safetensors_fuzz.py", "tests/core/test_file_fuzz.py", "tests/core/test_saving.py"]
-NEW = {*_LOADING, "tests/core/test_forward_paths.py", "tests/core/test_forward_reference.py", "tests/core/test_activations.py",
+# KV-cached decoding of padded batches (issue 16), NumPy-only.
+_PADDING = ["tests/core/test_padding.py", "tests/core/test_tl_ported_padding.py", "tests/analysis/test_steered_generation.py"]
+NEW = {*_LOADING, *_PADDING, "tests/core/test_forward_paths.py", "tests/core/test_forward_reference.py", "tests/core/test_activations.py",
        "tests/core/test_config.py",
        "tests/core/test_checkpoint.py", *_NEW_PEERS, *_LATER_FAST, *_LATER_PEERS}
 _PATHS = ["tests/core/test_forward_reference.py", "tests/core/test_forward_paths.py"]
@@ -97,7 +99,7 @@ MODULES = {
     "safetensors_file": [["tests/core/test_bad_input.py"], _LOADING, ["tests/core/test_default_model.py"], []],
     "config": [["tests/core/test_bad_input.py"], ["tests/core/test_config.py"],
                ["tests/core/test_peers_hf.py", "tests/core/test_default_model.py"], _NEW_PEERS],
-    "kv_cache": [["tests/core/test_kv_cache.py", "tests/core/test_bad_input.py"], _PATHS, [], _NEW_PEERS],
+    "kv_cache": [["tests/core/test_kv_cache.py", "tests/core/test_bad_input.py"], _PATHS + _PADDING, [], _NEW_PEERS],
     "backward": _BACKWARD_TESTS,
     "decomposition": [["tests/core/test_decomposition.py", "tests/core/test_mission.py"], ["tests/core/test_decomposition_tl.py"]],
     "tokenizer": [["tests/core/test_tokenizer.py", "tests/core/test_tl_ported_tokens.py"]],
