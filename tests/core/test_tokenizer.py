@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from refgpt.errors import RefGPTError
+from refgpt.errors import RefGPTError, RefGPTTypeError
 from refgpt.tokenizer import Tokenizer, bytes_to_unicode
 
 GPT2_DIR = Path(__file__).resolve().parents[3] / "shared" / "gpt2"
@@ -163,6 +163,15 @@ def test_decode_inverts_encode_for_any_text(gpt2, text):
     assert gpt2.decode_bytes(gpt2.encode(text)) == text.encode("utf-8")
 
 
+def test_words_are_cached_until_clear_cache():
+    """Each encoded word's ids are kept (up to cache_size words); clear_cache forgets them all."""
+    tok = Tokenizer(tiny_vocab(), TINY_MERGES)
+    ids = tok.encode(" the he")
+    assert tok._cache == {" the": (tiny_vocab()["Ġthe"],), " he": (tiny_vocab()["Ġ"], tiny_vocab()["he"])}
+    tok.clear_cache()
+    assert tok._cache == {} and tok.encode(" the he") == ids
+
+
 def test_a_tiny_cache_gives_the_same_ids_and_stays_bounded(gpt2_dir, gpt2):
     small = Tokenizer.from_dir(gpt2_dir, cache_size=3)
     text = CORPUS["prose"] + CORPUS["python"]
@@ -200,6 +209,12 @@ def test_unknown_allowed_special_name_raises(gpt2):
         gpt2.encode("x", allowed_special={"<|fake|>"})
 
 
+@pytest.mark.parametrize("allowed", [5, None])
+def test_allowed_special_of_a_wrong_type_raises(gpt2, allowed):
+    with pytest.raises(RefGPTTypeError, match="allowed_special must be 'all', a name or names"):
+        gpt2.encode("x", allowed_special=allowed)
+
+
 # ---- decoding ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("bad", [50257, -1, 10**9])
@@ -208,6 +223,12 @@ def test_decode_out_of_range_id_raises_naming_it(gpt2, bad):
         gpt2.decode([31373, bad])
     with pytest.raises(RefGPTError, match=str(bad)):
         gpt2.decode_bytes([bad])
+
+
+def test_decode_names_the_first_out_of_range_id_and_its_position(gpt2):
+    """Id 0 is a token (the byte "!"): the error is about the id after it."""
+    with pytest.raises(RefGPTError, match=r"token id 50257 at position 1 is out of range"):
+        gpt2.decode([0, 50257, -1])
 
 
 def test_decode_replaces_a_cut_character_but_decode_bytes_is_exact(gpt2):
@@ -304,6 +325,7 @@ BROKEN_FILES = {
         ('{\n' + json.dumps(tiny_vocab())[1:-1].replace(", ", ",\n") + ',\n"h": 104\n}',
          None, "vocab.json", 262),
     "vocab_id_out_of_range": (json.dumps(tiny_vocab() | {EOT: 999}), None, "vocab.json", 1),
+    "vocab_id_negative": (json.dumps(tiny_vocab() | {EOT: -1}), None, "vocab.json", 1),
     "vocab_token_not_bytes": (json.dumps(tiny_vocab() | {"a b": 260}), None, "vocab.json", 1),
     "merge_one_symbol": (None, MERGES + "Ġthe\n", "merges.txt", 5),
     "merge_three_symbols": (None, "Ġ t\nh e x\nĠt he\n", "merges.txt", 2),
