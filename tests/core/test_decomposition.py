@@ -124,9 +124,24 @@ def test_int_neuron_slice_keeps_the_neuron_axis():
     (lambda c: c.stack_head_results(pos_slice="last"), "pos_slice"),
     (lambda c: c.logit_attrs(c.decompose_resid(), 3, incorrect_tokens=[1, 2]), "same shape"),
     (lambda c: c.logit_attrs(c.decompose_resid(), 11), "outside the vocabulary"),
+    (lambda c: c.logit_attrs(c.decompose_resid(), -1), "id -1 is outside the vocabulary"),
+    (lambda c: c.logit_attrs(c.decompose_resid(), 3.0), "must be integers, found float64"),
+    (lambda c: c.logit_attrs(c.decompose_resid(), np.array([1.0, 2.0])), "must be integers, found float64"),
+    (lambda c: c.logit_attrs(c.decompose_resid(), True), "must be integers, found bool"),
 ])
 def test_bad_arguments_are_refgpt_errors(call, message):
     cfg = Config(d_model=8, n_layers=2, n_heads=2, d_mlp=12, d_vocab=11, n_ctx=6)
     _, cache = random_model(cfg).run_with_cache(np.array([[1, 2, 3]]))
     with pytest.raises(RefGPTError, match=message):
         call(cache)
+
+
+def test_token_zero_is_a_token():
+    """Ids run from 0: logit_attrs of token 0 is each row through ln_final's scale, dotted with W_U[:, 0]."""
+    cfg = Config(d_model=8, n_layers=2, n_heads=2, d_mlp=12, d_vocab=11, n_ctx=6)
+    model = random_model(cfg)
+    _, cache = model.run_with_cache(np.array([[1, 2, 3]]))
+    stack = cache.decompose_resid()  # [component, batch, pos, d_model]
+    expected = cache.apply_ln_to_stack(stack) @ model.params["unembed.W_U"][:, 0]  # [component, batch, pos]
+    assert rel_err(cache.logit_attrs(stack, 0), expected) <= TOL  # d_model products, summed in another order
+    assert np.array_equal(cache.logit_attrs(stack, [0, 0, 0]), cache.logit_attrs(stack, np.zeros((1, 3), int)))
