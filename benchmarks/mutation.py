@@ -516,6 +516,11 @@ _SEEN = "attention:attend_in_blocks: seen = start + min(i + rows, pos) :: "
 _POWERS = ("σ is computed as √(mean (c·2⁻ᵉ)² + ε·2⁻²ᵉ) · 2ᵉ, and scaling by a power of two commutes with "
            "rounding (no overflow, no underflow of what matters): any e that keeps (c·2⁻ᵉ)² finite gives "
            "the same bits")
+_CONST_SWAP = ("const(b, v) with its arguments swapped: for a vector v both compute np.full(shape, b @ v) or "
+               "np.full(shape, v @ b), a dot product of two vectors (the same products, summed by the same BLAS "
+               "kernel in an order set by the length alone: equal bit for bit, checked for lengths 1–1600, both "
+               "dtypes, unaligned starts); for v [batch, pos, d_model] the mutant's np.full(shape, v @ b) is the "
+               "original's v @ b, in the same dtype")
 EQUIVALENT: dict[str, str] = {
     "attention:causal_bias: @functools.lru_cache(maxsize=8) :: 8 → 9":
         "the size of the cache of masks: which masks are remembered, not their values",
@@ -560,6 +565,40 @@ EQUIVALENT: dict[str, str] = {
         "NumPy (2.4) reads any negative size in reshape as the one inferred dimension: the same array",
     'config:from_hf: raise RefGPTError(str(error).replace("config:", f"{source}:", 1)) from None :: 1 → 2':
         "an error text: every Config message starts with the one 'config:' that is replaced",
+    # ---- the extension: backward, decomposition, analysis.attribution, tokenizer, safetensors_file ----
+    "backward:<module>: tied: bool = field(default=False) :: False → True":
+        "the default is never read: Gradients are made in one place, backward(), which passes tied",
+    "backward:backward: tied = bool(cfg.tie_word_embeddings and np.shares_memory(p[\"unembed.W_U\"], p[\"embed.W_E\"])) :: "
+    "np.shares_memory(p['unembed.W_U'], p['embed.W_E']) → np.shares_memory(p['embed.W_E'], p['unembed.W_U'])":
+        "np.shares_memory is symmetric",
+    "decomposition:get_full_resid_decomposition: if layer > 0: :: 0 → -1":
+        "at layer 0 the branch adds an empty stack [0, batch, pos, width] (_neuron_stack and decompose_resid "
+        "return _empty for layer 0) and no labels; its dtype is the model's, which every other part already "
+        "has or exceeds (heads, embeddings and bias rows are in the model's dtype, or promoted by the "
+        "projection): concatenating it changes no value, shape or dtype",
+    "decomposition:token_id: return ids[0] :: 0 → -1":
+        "reached only when len(ids) == 1 (the line before refuses any other length): ids[-1] is ids[0]",
+    "decomposition:token_id: return int(ids.reshape(-1)[0]) :: -1 → -2":
+        "NumPy (2.4) reads any negative size in reshape as the one inferred dimension: the same array",
+    "analysis.attribution:attribute: constants, names = [const(p[\"ln_final.b\"], direction)], [\"ln_final.b\"] :: "
+    "const(p['ln_final.b'], direction) → const(direction, p['ln_final.b'])": _CONST_SWAP,
+    "analysis.attribution:attribute: b_O, b_out = const(p[blk + \"attn.b_O\"], u)[None], const(p[blk + \"mlp.b_out\"], u)[None] :: "
+    "const(p[blk + 'attn.b_O'], u) → const(u, p[blk + 'attn.b_O'])": _CONST_SWAP,
+    "analysis.attribution:attribute: b_O, b_out = const(p[blk + \"attn.b_O\"], u)[None], const(p[blk + \"mlp.b_out\"], u)[None] :: "
+    "const(p[blk + 'mlp.b_out'], u) → const(u, p[blk + 'mlp.b_out'])": _CONST_SWAP,
+    "safetensors_file:release: self._map.madvise(mmap.MADV_DONTNEED, first, end - first) :: end - first → end + first":
+        "mmap.madvise clips a length past the end of the map to the map's end: the tensor's pages are dropped, "
+        "and so are the later tensors' (each read again from the file when touched): the same bytes, more I/O",
+    'safetensors_file:_diagnose: what = "overlaps the tensor before it" if begin < covered else f"leaves a hole at byte '
+    '{covered}" :: begin < covered → begin <= covered':
+        "inside `if begin != covered`: there begin <= covered is begin < covered",
+    'safetensors_file:header_bytes: dtype = np.dtype(dtype).newbyteorder("<") if np.dtype(dtype).itemsize > 1 else '
+    'np.dtype(dtype) :: np.dtype(dtype).itemsize > 1 → np.dtype(dtype).itemsize >= 1':
+        "a one-byte dtype has no byte order ('|'): newbyteorder('<') returns an equal dtype (u1, i1, bool)",
+    "safetensors_file:float_tensor: if not DTYPES.get(code, (None, False))[1]: :: False → True":
+        "the default is read only for codes refgpt does not know (F8_E4M3, …); the file is refused either way "
+        "with a RefGPTError naming the tensor and its code, from raw() ('which refgpt does not read') "
+        "instead of here ('expected a float tensor'): an error text",
 }
 
 
