@@ -411,9 +411,23 @@ settings.load_profile("mutation")
 '''
 
 
+#: The real GPT-2 tokenizer files the tests read (tests/tl_port.py, tests/core/test_tokenizer.py): the
+#: tests find them beside the repository, which a tree copy in --workdir is not, so they are named.
+GPT2_TOKENIZER = ROOT.parent / "shared" / "gpt2"
+
+
+def test_env(tree: Path) -> dict[str, str]:
+    """The environment of a test run in a tree copy: that tree's refgpt, and GPT-2's tokenizer files
+    (without them the tokenizer's tests against real GPT-2 and tiktoken would skip, not judge)."""
+    env = dict(os.environ, PYTHONPATH=str(tree), PYTHONDONTWRITEBYTECODE="1")
+    if GPT2_TOKENIZER.is_dir():
+        env.setdefault("REFGPT_GPT2_TOKENIZER", str(GPT2_TOKENIZER))
+    return env
+
+
 def _pytest(tree: Path, stages: list[list[str]], timeouts: list[float]) -> tuple[str, float, str, int]:
     """Run the stages in order; (outcome, seconds, the first failing test, its stage)."""
-    env = dict(os.environ, PYTHONPATH=str(tree), PYTHONDONTWRITEBYTECODE="1")
+    env = test_env(tree)
     t0 = time.monotonic()
     for index, (tests, timeout) in enumerate(zip(stages, timeouts)):
         tests = [t for t in tests if (tree / t).exists()]

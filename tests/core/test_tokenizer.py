@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -13,7 +14,8 @@ from hypothesis import strategies as st
 from refgpt.errors import RefGPTError, RefGPTTypeError
 from refgpt.tokenizer import Tokenizer, bytes_to_unicode
 
-GPT2_DIR = Path(__file__).resolve().parents[3] / "shared" / "gpt2"
+# GPT-2's real files: $REFGPT_GPT2_TOKENIZER (as tests/tl_port.py reads it), else shared/gpt2 beside the repository.
+GPT2_DIR = Path(os.environ.get("REFGPT_GPT2_TOKENIZER") or Path(__file__).resolve().parents[3] / "shared" / "gpt2")
 EOT = "<|endoftext|>"
 # GPT-2's pre-tokenizer, written out here rather than imported, so the tiktoken reference below
 # does not inherit a mistake in refgpt's copy.
