@@ -585,6 +585,9 @@ EQUIVALENT: dict[str, str] = {
     "backward:backward: tied = bool(cfg.tie_word_embeddings and np.shares_memory(p[\"unembed.W_U\"], p[\"embed.W_E\"])) :: "
     "np.shares_memory(p['unembed.W_U'], p['embed.W_E']) → np.shares_memory(p['embed.W_E'], p['unembed.W_U'])":
         "np.shares_memory is symmetric",
+    **{key: "NumPy (2.4) reads any negative size in reshape as the one inferred dimension: the same array"
+       for key in ("backward:rows: return a.reshape(-1, a.shape[-1]) :: -1 → -2",
+                   "backward:backward: np.add.at(g_W_E, tokens.reshape(-1), rows(g_embed)) :: -1 → -2")},
     "decomposition:get_full_resid_decomposition: if layer > 0: :: 0 → -1":
         "at layer 0 the branch adds an empty stack [0, batch, pos, width] (_neuron_stack and decompose_resid "
         "return _empty for layer 0) and no labels; its dtype is the model's, which every other part already "
