@@ -612,6 +612,13 @@ EQUIVALENT: dict[str, str] = {
     'safetensors_file:header_bytes: dtype = np.dtype(dtype).newbyteorder("<") if np.dtype(dtype).itemsize > 1 else '
     'np.dtype(dtype) :: np.dtype(dtype).itemsize > 1 → np.dtype(dtype).itemsize >= 1':
         "a one-byte dtype has no byte order ('|'): newbyteorder('<') returns an equal dtype (u1, i1, bool)",
+    'safetensors_file:header_bytes: text += b" " * max(0, length - 8 - len(text)) :: 0 → -1':
+        "b' ' * n is b'' for every n <= 0: max(-1, x) and max(0, x) pad the same",
+    "safetensors_file:__init__: self._file.truncate(offset) :: self._file.truncate(offset) → pass":
+        "sizes the file early only: close() succeeds only once every tensor is written, and the tensors tile "
+        "[header, offset) exactly, so the writes alone fill every byte up to offset: the same file",
+    'safetensors_file:write: self._file.write(memoryview(data.reshape(-1)).cast("B")) :: -1 → -2':
+        "NumPy (2.4) reads any negative size in reshape as the one inferred dimension: the same array",
     "safetensors_file:float_tensor: if not DTYPES.get(code, (None, False))[1]: :: False → True":
         "the default is read only for codes refgpt does not know (F8_E4M3, …); the file is refused either way "
         "with a RefGPTError naming the tensor and its code, from raw() ('which refgpt does not read') "

@@ -260,6 +260,7 @@ def U8(shape, offsets):
 _ONE = json.dumps({"a": U8([1], [0, 1])}).encode()  # unpadded: its length is what the file says
 DIAGNOSES = {
     "7 bytes": (b"\x01" * 7, "truncated: 7 bytes, too short for the 8-byte header length"),
+    "just the length": (struct.pack("<Q", 0), re.compile(r"header is not valid JSON \(.+\): not a safetensors file")),
     "length over the limit": (struct.pack("<Q", 100_000_001) + b"{}",
                               "header length 100000001 exceeds 100000000 bytes: not a safetensors file"),
     "length at the limit": (struct.pack("<Q", 100_000_000) + b"{}",
@@ -281,6 +282,11 @@ DIAGNOSES = {
                        f"tensor 'a': shape must be a list of integers in [0, 2^64), found [{2**64}]"),
     "float dimension": (with_header({"a": U8([1.0], [0, 1])}, b"x"),
                         "tensor 'a': shape must be a list of integers in [0, 2^64), found [1.0]"),
+    "dimension 2^63": (with_header({"a": U8([2**63], [0, 0])}, b""),
+                       f"tensor 'a': data_offsets [0, 0] hold 0 bytes, but U8 [{2**63}] needs {2**63}"),
+    "offset 2^63": (with_header({"a": U8([1], [2**63, 2**63 + 1])}, b"x"),
+                    f"tensor 'a': truncated: its data ends at byte {2**63 + 1} of the data section, which has only 1 bytes"),
+    "float offset": (with_header({"a": U8([1], [0, 1.0])}, b"x"), "tensor 'a': data_offsets must be [begin, end], found [0, 1.0]"),
     "one offset": (with_header({"a": U8([1], [0])}, b"x"), "tensor 'a': data_offsets must be [begin, end], found [0]"),
     "negative offset": (with_header({"a": U8([1], [-1, 0])}, b"x"),
                         "tensor 'a': data_offsets must be [begin, end], found [-1, 0]"),
@@ -290,8 +296,8 @@ DIAGNOSES = {
                                     "tensor 'a': data_offsets [0, 1] hold 1 bytes, but U8 [0] needs 0"),
     "F32 short": (with_header({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 4]}}, b"1234"),
                   "tensor 'a': data_offsets [0, 4] hold 4 bytes, but F32 [2] needs 8"),
-    "tensor past the data": (with_header({"a": U8([8], [0, 8])}, b"1234"),
-                             "tensor 'a': truncated: its data ends at byte 8 of the data section, which has only 4 bytes"),
+    "tensor past the data": (with_header({"a": U8([200], [0, 200])}, b"1234"),
+                             "tensor 'a': truncated: its data ends at byte 200 of the data section, which has only 4 bytes"),
     "hole": (with_header({"__metadata__": {"k": "v"}, "a": U8([1], [1, 2])}, b"xy"),
              "tensor 'a': data_offsets [1, 2] leaves a hole at byte 0"),
     "overlap": (with_header({"a": U8([2], [0, 2]), "b": U8([1], [1, 2])}, b"xy"),
@@ -409,3 +415,56 @@ def test_the_writer_takes_any_array_like(tmp_path):
     path = tmp_path / "m.safetensors"
     path.write_bytes(BASES[0])
     assert SafetensorsFile(path).metadata == {"format": "pt"}
+
+
+def test_a_file_that_changes_after_the_reference_read_it_is_refused(tmp_path, monkeypatch):
+    """The reference validates the file, refgpt maps it: if the bytes mapped are not the ones
+    validated (here: the reference is told to accept a file with a trailing byte), refgpt refuses."""
+    import refgpt.safetensors_file as module
+
+    path = tmp_path / "f.safetensors"
+    path.write_bytes(with_header({"a": U8([1], [0, 1])}, b"xy"))
+    monkeypatch.setattr(module, "_reference_refusal", lambda path: None)
+    with pytest.raises(RefGPTError, match="f.safetensors: the file changed while it was being read$"):
+        SafetensorsFile(path)
+
+
+def test_what_numpy_cannot_hold_or_refgpt_cannot_read_is_refused_by_name(tmp_path):
+    path = tmp_path / "f.safetensors"
+    path.write_bytes(with_header({"e": U8([0, 2**63], [0, 0]),
+                                  "f8": {"dtype": "F8_E4M3", "shape": [1], "data_offsets": [0, 1]}}, b"x"))
+    assert check_agreement(path) == "both accept"
+    f = SafetensorsFile(path)
+    with pytest.raises(RefGPTError, match=r"tensor 'e' has shape \[0, 9223372036854775808\], too large for NumPy"):
+        f.raw("e")
+    with pytest.raises(RefGPTError, match="tensor 'f8' is F8_E4M3, which refgpt does not read"):
+        f.raw("f8")
+    with pytest.raises(RefGPTError, match="tensor 'f8' is F8_E4M3, expected a float tensor"):
+        f.float_tensor("f8", np.float64)
+
+
+def test_a_non_finite_weight_is_named_by_its_first_index(tmp_path):
+    path = tmp_path / "f.safetensors"
+    path.write_bytes(save({"w": np.array([1.0, np.inf, np.nan, 1e300])}))
+    f = SafetensorsFile(path)
+    with pytest.raises(RefGPTError, match=r"tensor 'w' holds inf at index \(1,\)$"):
+        f.float_tensor("w", np.float64)
+    path.write_bytes(save({"w": np.array([1.0, 1e300, -1e300])}))
+    with pytest.raises(RefGPTError, match=r"tensor 'w' holds inf at index \(1,\) \(too large for float32\)$"):
+        SafetensorsFile(path).float_tensor("w", np.float32)
+
+
+def test_the_writers_header_is_no_longer_than_asked(tmp_path):
+    """The JSON padded with fewer than 8 spaces (the reference writer's padding), or to the
+    multiple of 8 at or after ``length``; metadata as given; a dtype without a code is refused."""
+    for k in range(1, 17):
+        header = header_bytes({"x" * k: (np.float64, (1,))}, {"k": "v"})
+        assert len(header) - 8 - len(header[8:].rstrip(b" ")) < 8
+    layout = {"x": (np.float64, (1,))}
+    assert len(header_bytes(layout, {}, length=200)) == 200 and len(header_bytes(layout, {}, length=201)) == 208
+    with SafetensorsWriter(tmp_path / "w.safetensors", layout, {"k": "v"}) as w:
+        w.write("x", np.ones(1))
+    with safetensors.safe_open(str(tmp_path / "w.safetensors"), "np") as f:
+        assert f.metadata() == {"k": "v"}
+    with pytest.raises(RefGPTError, match="tensor 'c': dtype complex64 has no safetensors code"):
+        header_bytes({"c": (np.complex64, (1,))}, {})
