@@ -612,6 +612,12 @@ EQUIVALENT: dict[str, str] = {
     'safetensors_file:header_bytes: dtype = np.dtype(dtype).newbyteorder("<") if np.dtype(dtype).itemsize > 1 else '
     'np.dtype(dtype) :: np.dtype(dtype).itemsize > 1 → np.dtype(dtype).itemsize >= 1':
         "a one-byte dtype has no byte order ('|'): newbyteorder('<') returns an equal dtype (u1, i1, bool)",
+    **{key: "a dimension above 2⁶³ − 1 in a file the reference accepted means no elements (else the file would "
+            "hold ≥ 2⁶³ bytes), so without this check np.empty is reached with count 0 and refuses the shape "
+            "with ValueError ('Maximum allowed dimension exceeded'), raised as the same too_large error"
+       for key in ("safetensors_file:raw: if any(d > np.iinfo(np.intp).max for d in shape): :: "
+                   "if any(d > np.iinfo(np.intp).max for d in shape): → pass",
+                   "safetensors_file:raw: raise too_large :: raise too_large → pass")},
     'safetensors_file:header_bytes: text += b" " * max(0, length - 8 - len(text)) :: 0 → -1':
         "b' ' * n is b'' for every n <= 0: max(-1, x) and max(0, x) pad the same",
     "safetensors_file:__init__: self._file.truncate(offset) :: self._file.truncate(offset) → pass":
