@@ -588,6 +588,9 @@ EQUIVALENT: dict[str, str] = {
     **{key: "NumPy (2.4) reads any negative size in reshape as the one inferred dimension: the same array"
        for key in ("backward:rows: return a.reshape(-1, a.shape[-1]) :: -1 → -2",
                    "backward:backward: np.add.at(g_W_E, tokens.reshape(-1), rows(g_embed)) :: -1 → -2")},
+    "tokenizer:__init__: super().__init__(message) :: super().__init__(message) → pass":
+        "_EntryError(message, …): BaseException.__new__ already keeps the positional arguments (args) that "
+        "str() shows, and RefGPTError/ValueError define no __init__ of their own: the same message",
     "decomposition:get_full_resid_decomposition: if layer > 0: :: 0 → -1":
         "at layer 0 the branch adds an empty stack [0, batch, pos, width] (_neuron_stack and decompose_resid "
         "return _empty for layer 0) and no labels; its dtype is the model's, which every other part already "
