@@ -587,6 +587,7 @@ EQUIVALENT: dict[str, str] = {
         "np.shares_memory is symmetric",
     **{key: "NumPy (2.4) reads any negative size in reshape as the one inferred dimension: the same array"
        for key in ("backward:rows: return a.reshape(-1, a.shape[-1]) :: -1 → -2",
+                   "analysis.attribution:attribute: g = (u @ W_O.reshape(-1, W_O.shape[-1]).T).reshape(z.shape) :: -1 → -2",
                    "backward:backward: np.add.at(g_W_E, tokens.reshape(-1), rows(g_embed)) :: -1 → -2")},
     "tokenizer:__init__: super().__init__(message) :: super().__init__(message) → pass":
         "_EntryError(message, …): BaseException.__new__ already keeps the positional arguments (args) that "

@@ -213,6 +213,22 @@ def test_check_is_the_largest_miss_relative_to_the_logit_or_to_one():
     assert small.check() == small.check(relative=True) == 2.0 - 1.75 / 8
 
 
+def test_one_target_and_one_against_per_position_with_or_without_the_logits():
+    """ids [batch, pos] for target and against: the sum is each position's own logit difference,
+    checked against the logits given (3-D, or 2-D for one sequence) and against the cache's own."""
+    cfg = Config(d_model=8, n_layers=2, n_heads=2, d_mlp=12, d_vocab=11, n_ctx=6)
+    model = with_b_U(random_model(cfg, seed=10), 10)
+    logits, cache = model.run_with_cache(np.array([[1, 2, 3, 4, 5]]))
+    rng = np.random.default_rng(10)
+    t, a = rng.integers(11, size=(1, 5)), rng.integers(11, size=(1, 5))
+    for given in (None, logits, logits[0]):
+        result = attribute(cache, t, a, granularity="neuron", logits=given)
+        assert rel_err(result.logit, picked(logits, t, a)) <= TOL and result.check(relative=True) <= TOL
+        assert rel_err(result.total, picked(logits, t, a)) <= TOL
+    with pytest.raises(KeyError, match="'L9.attn' is not a component"):
+        result["L9.attn"]
+
+
 def test_text_targets_need_exactly_one_token():
     cfg = Config(d_model=8, n_layers=1, n_heads=2, d_mlp=12, d_vocab=257, n_ctx=6)
     model = random_model(cfg, seed=9)
