@@ -597,6 +597,10 @@ EQUIVALENT: dict[str, str] = {
         "return _empty for layer 0) and no labels; its dtype is the model's, which every other part already "
         "has or exceeds (heads, embeddings and bias rows are in the model's dtype, or promoted by the "
         "projection): concatenating it changes no value, shape or dtype",
+    "decomposition:head_results: return (z[..., None, :] @ W_O)[..., 0, :] :: 0 → -1":
+        "index −1 of an axis of length 1 (z[..., None, :] @ W_O has one row per head) is index 0",
+    "decomposition:token_id: return int(ids.reshape(-1)[0]) :: 0 → -1":
+        "reached only when ids.size == 1 (the line before refuses any other size): the last element is the first",
     "decomposition:token_id: return ids[0] :: 0 → -1":
         "reached only when len(ids) == 1 (the line before refuses any other length): ids[-1] is ids[0]",
     "decomposition:token_id: return int(ids.reshape(-1)[0]) :: -1 → -2":
