@@ -31,7 +31,9 @@ from .linear import affine
 def attention(x, w, n_heads, scale, point, past=None, bias=None, per_head_result=False):
     """One block's attention. ``w``: W_QKV = W_Q | W_K | W_V [d_model, 3·head·d_head] and b_QKV
     (or only W_Q, W_K, W_V [d_model, head·d_head] and b_Q, b_K, b_V [head·d_head], joined here),
-    W_O [head·d_head, d_model], b_O [d_model]. ``point`` is the hook point.
+    W_O [head·d_head, d_model], b_O [d_model]. ``point(name, a)`` is the hook point (a HookRun's
+    scope); ``point.watched(name)`` / ``point.hooked(name)`` say whether a hook or the cache / a
+    hook will see ``name`` (refgpt/hooks.py): the full scores and pattern are made only then.
     ``past(k, v)``, in incremental decoding, stores the new keys and values and returns all of them.
     ``bias``: None (causal), or padding's [batch, 1, query, key] bias (refgpt/padding.py).
     ``per_head_result`` (TransformerLens's use_attn_result): make each head's z[h]·W_O[h]
@@ -60,7 +62,7 @@ def attention(x, w, n_heads, scale, point, past=None, bias=None, per_head_result
     kh = np.ascontiguousarray(k.transpose(per_head))  # [batch, head, key, d_head]
     vh = np.ascontiguousarray(v.transpose(per_head))  # [batch, head, key, d_head]
     if point.watched("hook_attn_scores") or point.watched("hook_pattern"):
-        zh = attend(qh, kh, vh, point, bias)  # [batch, head, query, d_head]
+        zh = attend(qh, kh, vh, point, bias)  # [batch, head, query, d_head], the full arrays made for the hooks
     else:
         zh = attend_in_blocks(qh, kh, vh, bias)  # [batch, head, query, d_head], the same numbers
     z = point("hook_z", zh.transpose(per_head))  # [batch, pos, head, d_head]
@@ -162,16 +164,16 @@ def attend(qh, kh, vh, point, bias=None, rows=64):
         scores = point("hook_attn_scores", scores)  # [batch, head, query, key]
     if edited_scores:
         for i, seen in blocks:
-            rows_ = scores[:, :, i:i + rows]  # [batch, head, rows, key]
-            visible = seen if np.isneginf(rows_[..., seen:]).all() else keys  # a hook may have unmasked keys
-            through_pattern(i, seen, block_probabilities(rows_[..., :visible].copy(), padded))
+            hooked = scores[:, :, i:i + rows]  # [batch, head, rows, key]
+            visible = seen if np.isneginf(hooked[..., seen:]).all() else keys  # a hook may have unmasked keys
+            through_pattern(i, seen, block_probabilities(hooked[..., :visible].copy(), padded))
     if pattern is not None:
         pattern = point("hook_pattern", pattern)  # [batch, head, query, key]
     if edited_pattern:
         for i, seen in blocks:
-            rows_ = pattern[:, :, i:i + rows]  # [batch, head, rows, key]
-            visible = seen if not rows_[..., seen:].any() else keys  # a hook may have put weight on masked keys
-            zh[:, :, i:i + rows] = np.ascontiguousarray(rows_[..., :visible]) @ vh[:, :, :visible]  # [batch, head, rows, d_head]
+            hooked = pattern[:, :, i:i + rows]  # [batch, head, rows, key]
+            visible = seen if not hooked[..., seen:].any() else keys  # a hook may have put weight on masked keys
+            zh[:, :, i:i + rows] = np.ascontiguousarray(hooked[..., :visible]) @ vh[:, :, :visible]  # [batch, head, rows, d_head]
     return zh
 
 
