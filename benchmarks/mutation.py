@@ -78,7 +78,9 @@ _LATER_FAST = ["tests/core/test_non_finite.py", "tests/core/test_tl_semantics.py
 _LATER_PEERS = ["tests/core/test_tl_ported_hooks_cache.py"]
 # Loading tests added since issue 13 (issue 12's fuzzing, issue 11's writer, read back).
 _LOADING = ["tests/core/test_safetensors_fuzz.py", "tests/core/test_file_fuzz.py", "tests/core/test_saving.py"]
-NEW = {*_LOADING, "tests/core/test_forward_paths.py", "tests/core/test_forward_reference.py", "tests/core/test_activations.py",
+# KV-cached decoding of padded batches (issue 16), NumPy-only.
+_PADDING = ["tests/core/test_padding.py", "tests/core/test_tl_ported_padding.py", "tests/analysis/test_steered_generation.py"]
+NEW = {*_LOADING, *_PADDING, "tests/core/test_forward_paths.py", "tests/core/test_forward_reference.py", "tests/core/test_activations.py",
        "tests/core/test_config.py",
        "tests/core/test_checkpoint.py", *_NEW_PEERS, *_LATER_FAST, *_LATER_PEERS}
 _PATHS = ["tests/core/test_forward_reference.py", "tests/core/test_forward_paths.py"]
@@ -97,7 +99,7 @@ MODULES = {
     "safetensors_file": [["tests/core/test_bad_input.py"], _LOADING, ["tests/core/test_default_model.py"], []],
     "config": [["tests/core/test_bad_input.py"], ["tests/core/test_config.py"],
                ["tests/core/test_peers_hf.py", "tests/core/test_default_model.py"], _NEW_PEERS],
-    "kv_cache": [["tests/core/test_kv_cache.py", "tests/core/test_bad_input.py"], _PATHS, [], _NEW_PEERS],
+    "kv_cache": [["tests/core/test_kv_cache.py", "tests/core/test_bad_input.py"], _PATHS + _PADDING, [], _NEW_PEERS],
     "backward": _BACKWARD_TESTS,
     "decomposition": [["tests/core/test_decomposition.py", "tests/core/test_mission.py"], ["tests/core/test_decomposition_tl.py"]],
     "tokenizer": [["tests/core/test_tokenizer.py", "tests/core/test_tl_ported_tokens.py"]],
@@ -440,7 +442,7 @@ def _baseline(tree, stages) -> list[float]:
 
 def run(modules, jobs, workdir: Path, only: dict[str, str] | None, timeout_factor: float, rev: str | None = None,
         skip_backward: bool = False, resolve_before: bool = True, sample: int = 1, progress=None,
-        two_stages: bool = False):
+        two_stages: bool = False, offset: int = 0):
     trees = [_copy_tree(workdir / f"tree{j}", rev) for j in range(jobs)]
     results: list[Mutant] = []
     for module in modules:
@@ -454,7 +456,7 @@ def run(modules, jobs, workdir: Path, only: dict[str, str] | None, timeout_facto
         if skip_backward:
             mutants = [(m, s) for m, s in mutants if m.unit != BACKWARD_UNIT]
         if sample > 1:
-            mutants = mutants[::sample]
+            mutants = mutants[offset::sample]
         stages = {unit: (_BACKWARD_TESTS if unit == BACKWARD_UNIT else MODULES[module])
                   for unit in {m.unit for m, _ in mutants}}
         if two_stages:
@@ -646,6 +648,8 @@ def main(argv=None):
     ap.add_argument("--merge", type=Path, nargs="*", default=[], help="earlier mutation.json files to report with this run")
     ap.add_argument("--note", default="", help="a paragraph for the report (what was measured, where)")
     ap.add_argument("--sample", type=int, default=1, help="only every n-th mutant (a quicker estimate)")
+    ap.add_argument("--offset", type=int, default=0,
+                    help="with --sample n: start at the k-th mutant (runs with offsets 0 … n − 1 together cover all)")
     ap.add_argument("--skip-backward", action="store_true", help="leave out the *_backward functions of forward modules")
     ap.add_argument("--rev", default=None, help="test the tree of this commit (e.g. the tests before a change)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "MUTATION.md")
@@ -664,7 +668,8 @@ def main(argv=None):
         only = {m.key: before(m, _stages_of(m)) for m in old if m.outcome not in ("killed", "timeout")}
         kept = [m for m in old if m.outcome in ("killed", "timeout") or m.module not in args.modules]
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="refgpt-mutation-"))
-    note = args.note + (f" Every {args.sample}-th mutant only (--sample {args.sample})." if args.sample > 1 else "")
+    note = args.note + (f" Every {args.sample}-th mutant only (--sample {args.sample} --offset {args.offset})."
+                        if args.sample > 1 else "")
 
     def save(results):
         write_report(kept + results, args.out, args.out.with_suffix(".json"), note)
@@ -675,7 +680,8 @@ def main(argv=None):
         save([])
         return
     run(args.modules, args.jobs, workdir, only, args.timeout_factor, args.rev, args.skip_backward,
-        sample=args.sample, progress=save, resolve_before=not args.fast_first, two_stages=args.fast_first)
+        sample=args.sample, progress=save, resolve_before=not args.fast_first, two_stages=args.fast_first,
+        offset=args.offset)
 
 
 if __name__ == "__main__":
