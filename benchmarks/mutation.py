@@ -89,7 +89,7 @@ _BACKWARD_TESTS = [["tests/core/test_backward.py", "tests/oracle/test_gradients.
                    ["tests/core/test_tl_ported_hooks_cache.py"]]
 MODULES = {
     "layernorm": [_OLD_FAST + ["tests/core/test_ln_views.py"], _PATHS, _OLD_PEERS + ["tests/core/test_mission.py"], _NEW_PEERS],
-    "attention": [_OLD_FAST, _PATHS, _OLD_PEERS, _NEW_PEERS],
+    "attention": [_OLD_FAST, _PATHS + _LATER_FAST + _PADDING, _OLD_PEERS, _NEW_PEERS + _LATER_PEERS],
     "mlp": [_OLD_FAST, _PATHS, _OLD_PEERS, _NEW_PEERS],
     "activations": [_OLD_FAST, ["tests/core/test_activations.py"] + _PATHS, _OLD_PEERS, _NEW_PEERS],
     "linear": [_OLD_FAST, _PATHS, _OLD_PEERS, _NEW_PEERS],
@@ -544,6 +544,11 @@ EQUIVALENT: dict[str, str] = {
         "every block then reads all keys and the causal mask zeroes the extra ones exactly (exp(−∞) = 0): "
         "the same function with more work, sums over more exact zeros (rounding only)",
     _SEEN + "min(i + rows, pos) → min(pos, i + rows)": "min is symmetric",
+    "attention:attend: blocks = [(i, start + min(i + rows, pos)) for i in range(0, pos, rows)] :: "
+    "min(i + rows, pos) → min(pos, i + rows)": "min is symmetric",
+    "attention:block_probabilities: return (padded_softmax if padded else softmax)(scores, in_place=True) :: "
+    "True → False": "softmax into a new array instead of the block's own scores (every caller passes a block "
+                    "nobody else holds: attend copies it into the cached scores first): the same numbers",
     "attention:attend_in_blocks: zh[:, :, i:i + rows] = softmax(scores, in_place=True) @ vh[:, :, :seen] :: True → False":
         "softmax into a new array instead of the block's own scores buffer: the same numbers",
     _PEAK + "np.maximum(centered.max(axis=-1, keepdims=True), -centered.min(axis=-1, keepdims=True)) → "
