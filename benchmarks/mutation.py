@@ -530,11 +530,6 @@ _SEEN = "attention:attend_in_blocks: seen = start + min(i + rows, pos) :: "
 _POWERS = ("σ is computed as √(mean (c·2⁻ᵉ)² + ε·2⁻²ᵉ) · 2ᵉ, and scaling by a power of two commutes with "
            "rounding (no overflow, no underflow of what matters): any e that keeps (c·2⁻ᵉ)² finite gives "
            "the same bits")
-_CONST_SWAP = ("const(b, v) with its arguments swapped: for a vector v both compute np.full(shape, b @ v) or "
-               "np.full(shape, v @ b), a dot product of two vectors (the same products, summed by the same BLAS "
-               "kernel in an order set by the length alone: equal bit for bit, checked for lengths 1–1600, both "
-               "dtypes, unaligned starts); for v [batch, pos, d_model] the mutant's np.full(shape, v @ b) is the "
-               "original's v @ b, in the same dtype")
 EQUIVALENT: dict[str, str] = {
     "attention:causal_bias: @functools.lru_cache(maxsize=8) :: 8 → 9":
         "the size of the cache of masks: which masks are remembered, not their values",
@@ -610,12 +605,17 @@ EQUIVALENT: dict[str, str] = {
         "reached only when len(ids) == 1 (the line before refuses any other length): ids[-1] is ids[0]",
     "decomposition:token_id: return int(ids.reshape(-1)[0]) :: -1 → -2":
         "NumPy (2.4) reads any negative size in reshape as the one inferred dimension: the same array",
-    "analysis.attribution:attribute: constants, names = [const(p[\"ln_final.b\"], direction)], [\"ln_final.b\"] :: "
-    "const(p['ln_final.b'], direction) → const(direction, p['ln_final.b'])": _CONST_SWAP,
-    "analysis.attribution:attribute: b_O, b_out = const(p[blk + \"attn.b_O\"], u)[None], const(p[blk + \"mlp.b_out\"], u)[None] :: "
-    "const(p[blk + 'attn.b_O'], u) → const(u, p[blk + 'attn.b_O'])": _CONST_SWAP,
-    "analysis.attribution:attribute: b_O, b_out = const(p[blk + \"attn.b_O\"], u)[None], const(p[blk + \"mlp.b_out\"], u)[None] :: "
-    "const(p[blk + 'mlp.b_out'], u) → const(u, p[blk + 'mlp.b_out'])": _CONST_SWAP,
+    **{key: ("const(b, v) with its arguments swapped: for a vector v both compute np.full(shape, b @ v) or "
+             "np.full(shape, v @ b), a dot product of two vectors (the same products, summed by the same BLAS "
+             "kernel in an order set by the length alone: equal bit for bit, checked for lengths 1–1600, both "
+             "dtypes, unaligned starts); for v [batch, pos, d_model] the mutant's np.full(shape, v @ b) is the "
+             "original's v @ b, in the same dtype")
+       for key in ("analysis.attribution:attribute: constants, names = [const(p[\"ln_final.b\"], direction)], [\"ln_final.b\"] :: "
+                   "const(p['ln_final.b'], direction) → const(direction, p['ln_final.b'])",
+                   "analysis.attribution:attribute: b_O, b_out = const(p[blk + \"attn.b_O\"], u)[None], const(p[blk + \"mlp.b_out\"], u)[None] :: "
+                   "const(p[blk + 'attn.b_O'], u) → const(u, p[blk + 'attn.b_O'])",
+                   "analysis.attribution:attribute: b_O, b_out = const(p[blk + \"attn.b_O\"], u)[None], const(p[blk + \"mlp.b_out\"], u)[None] :: "
+                   "const(p[blk + 'mlp.b_out'], u) → const(u, p[blk + 'mlp.b_out'])")},
     "safetensors_file:release: self._map.madvise(mmap.MADV_DONTNEED, first, end - first) :: end - first → end + first":
         "mmap.madvise clips a length past the end of the map to the map's end: the tensor's pages are dropped, "
         "and so are the later tensors' (each read again from the file when touched): the same bytes, more I/O",
