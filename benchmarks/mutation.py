@@ -465,7 +465,7 @@ def _baseline(tree, stages) -> list[float]:
 
 def run(modules, jobs, workdir: Path, only: dict[str, str] | None, timeout_factor: float, rev: str | None = None,
         skip_backward: bool = False, resolve_before: bool = True, sample: int = 1, progress=None,
-        two_stages: bool = False, offset: int = 0):
+        two_stages: bool = False, offset: int = 0, fixed_timeout: float | None = None):
     trees = [_copy_tree(workdir / f"tree{j}", rev) for j in range(jobs)]
     results: list[Mutant] = []
     for module in modules:
@@ -484,7 +484,10 @@ def run(modules, jobs, workdir: Path, only: dict[str, str] | None, timeout_facto
                   for unit in {m.unit for m, _ in mutants}}
         if two_stages:
             stages = {unit: fast_first(st) for unit, st in stages.items()}
-        timeouts = {unit: [timeout_factor * t + 30 for t in _baseline(trees[0], st)] for unit, st in stages.items()}
+        if fixed_timeout:  # the unmutated tests are known to pass (e.g. the second chunk of a module): no baseline run
+            timeouts = {unit: [fixed_timeout] * len(st) for unit, st in stages.items()}
+        else:
+            timeouts = {unit: [timeout_factor * t + 30 for t in _baseline(trees[0], st)] for unit, st in stages.items()}
         print(f"{module}: {len(mutants)} mutants; unmutated tests {timeouts}", flush=True)
         free = list(trees)
 
@@ -734,6 +737,8 @@ def main(argv=None):
     ap.add_argument("--only-survivors", type=Path, default=None,
                     help="a previous mutation.json: rerun only its survivors, keep its killed mutants")
     ap.add_argument("--timeout-factor", type=float, default=3.0)
+    ap.add_argument("--timeout", type=float, default=None,
+                    help="seconds per test stage, instead of timing the unmutated tests first (they must pass)")
     ap.add_argument("--fast-first", action="store_true",
                     help="all NumPy-only tests, then all peer tests; no rerun of older tests for the 'before' score")
     ap.add_argument("--merge", type=Path, nargs="*", default=[], help="earlier mutation.json files to report with this run")
@@ -772,7 +777,7 @@ def main(argv=None):
         return
     run(args.modules, args.jobs, workdir, only, args.timeout_factor, args.rev, args.skip_backward,
         sample=args.sample, progress=save, resolve_before=not args.fast_first, two_stages=args.fast_first,
-        offset=args.offset)
+        offset=args.offset, fixed_timeout=args.timeout)
 
 
 if __name__ == "__main__":
