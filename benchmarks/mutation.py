@@ -80,7 +80,7 @@ _LATER_PEERS = ["tests/core/test_tl_ported_hooks_cache.py"]
 _LOADING = ["tests/core/test_safetensors_fuzz.py", "tests/core/test_file_fuzz.py", "tests/core/test_saving.py"]
 # KV-cached decoding of padded batches (issue 16), NumPy-only.
 _PADDING = ["tests/core/test_padding.py", "tests/core/test_tl_ported_padding.py", "tests/analysis/test_steered_generation.py"]
-NEW = {*_LOADING, *_PADDING, "tests/core/test_forward_paths.py", "tests/core/test_forward_reference.py", "tests/core/test_activations.py",
+NEW = {*_LOADING, *_PADDING, "tests/core/test_fused_qkv.py", "tests/core/test_forward_paths.py", "tests/core/test_forward_reference.py", "tests/core/test_activations.py",
        "tests/core/test_config.py",
        "tests/core/test_checkpoint.py", *_NEW_PEERS, *_LATER_FAST, *_LATER_PEERS}
 _PATHS = ["tests/core/test_forward_reference.py", "tests/core/test_forward_paths.py"]
@@ -93,7 +93,7 @@ MODULES = {
     "mlp": [_OLD_FAST, _PATHS, _OLD_PEERS, _NEW_PEERS],
     "activations": [_OLD_FAST, ["tests/core/test_activations.py"] + _PATHS, _OLD_PEERS, _NEW_PEERS],
     "linear": [_OLD_FAST, _PATHS, _OLD_PEERS, _NEW_PEERS],
-    "model": [_OLD_FAST, _PATHS + ["tests/core/test_checkpoint.py"] + _LATER_FAST,
+    "model": [_OLD_FAST, _PATHS + ["tests/core/test_checkpoint.py", "tests/core/test_fused_qkv.py"] + _LATER_FAST,
               _OLD_PEERS + ["tests/core/test_mission.py", "tests/core/test_default_model.py"], _NEW_PEERS + _LATER_PEERS],
     "checkpoint": [["tests/core/test_bad_input.py", "tests/core/test_processing.py"],
                    ["tests/core/test_checkpoint.py"] + _LOADING,
@@ -645,6 +645,11 @@ EQUIVALENT: dict[str, str] = {
         "the default is read only for codes refgpt does not know (F8_E4M3, …); the file is refused either way "
         "with a RefGPTError naming the tensor and its code, from raw() ('which refgpt does not read') "
         "instead of here ('expected a float tensor'): an error text",
+    # ---- the forward pass: model and attention (issue 13's second pass over their survivors) ----
+    **{f"attention:per_head_affine: d_model = W.shape[0] :: {edit}":
+       "W is W_Q, W_K or W_V [d_model, head·d_head], and Config refuses n_heads not dividing d_model and sets "
+       "d_head = d_model // n_heads: head·d_head = d_model, so W.shape[1] (= W.shape[-1]) is W.shape[0]"
+       for edit in ("0 → 1", "0 → -1")},
 }
 
 

@@ -46,6 +46,14 @@ def test_cache_keeps_only_what_was_asked(model):
     np.testing.assert_array_equal(logits, model(TOKENS))
 
 
+def test_names_and_its_alias_names_filter_together_are_refused(model):
+    """Two filters would be a silent guess at which one was meant (they differ here)."""
+    from refgpt import RefGPTError
+
+    with pytest.raises(RefGPTError, match="pass names_filter= or its alias names=, not both"):
+        model.run_with_cache(TOKENS, names_filter="hook_embed", names="hook_pos_embed")
+
+
 def test_unbatched_input_still_caches_a_batch_axis(model):
     logits, cache = model.run_with_cache(TOKENS[0])
     assert logits.shape == (5, CFG.d_vocab)
