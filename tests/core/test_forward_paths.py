@@ -231,6 +231,29 @@ def test_a_pattern_hook_is_honoured(model):
     assert not np.allclose(logits, model(tokens))
 
 
+@pytest.mark.parametrize("point", ["hook_attn_scores", "hook_pattern"])
+def test_a_hook_on_just_the_first_key_past_a_block_is_honoured(model, point):
+    """The edge of ``attend``'s check for edited rows: block 0 (queries 0 … 63) computes keys
+    0 … 63, and a hook gives query 3 key 64, the first key past them, and nothing else."""
+    tokens = tokens_of(65, 2)
+    L = "blocks.0.attn."
+
+    def edit(a, hook):
+        a = a.copy()  # [batch, head, query, key]
+        a[:, 0, 3, 64] = a[:, 0, 3, 3] if point == "hook_attn_scores" else 0.5
+        return a
+
+    _, cache = model.run_with_cache(tokens, fwd_hooks=[(L + point, edit)])
+    v = cache[L + "hook_v"]
+    if point == "hook_attn_scores":
+        pattern, _ = textbook_attention(cache[L + point].astype(np.float64), v)
+        assert rel_err(cache[L + "hook_pattern"], pattern) <= 10 * np.finfo(model.dtype).eps
+    pattern = cache[L + "hook_pattern"]
+    assert (pattern[:, 0, 3, 64] > 0).all()
+    z = np.einsum("bhqk,bkhd->bqhd", pattern.astype(np.float64), v)  # [batch, query, head, d_head]
+    assert rel_err(cache[L + "hook_z"], z) <= z_tolerance(model, v, keys=65)
+
+
 def test_only_the_watched_full_arrays_are_made(model):
     """A cache of the pattern alone or of the scores alone holds the same bits as a full cache."""
     tokens = tokens_of(N_CTX, 2)

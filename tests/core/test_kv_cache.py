@@ -96,3 +96,12 @@ def test_a_kv_cache_pass_runs_every_block():
         with pytest.raises(RefGPTError, match="a pass with a KV cache runs every block"):
             model(resid if "start_at_layer" in kwargs else tokens, past_kv_cache=past, **kwargs)
         assert past.length == 0
+
+
+@pytest.mark.parametrize("batch", [0, -1, True, 2.0, "2", None])
+def test_kv_cache_batch_must_be_a_whole_number_of_at_least_one(batch):
+    """Refused where it is asked for: a count below 1, a bool (True is not a count), a float, text, None."""
+    model = random_model(Config(d_model=8, n_layers=1, n_heads=2, d_mlp=12, d_vocab=11, n_ctx=6), seed=3)
+    with pytest.raises(RefGPTError, match=r"kv_cache: batch must be a whole number ≥ 1, found "):
+        model.kv_cache(batch)
+    assert model.kv_cache(2).batch == 2
