@@ -650,6 +650,31 @@ EQUIVALENT: dict[str, str] = {
        "W is W_Q, W_K or W_V [d_model, head·d_head], and Config refuses n_heads not dividing d_model and sets "
        "d_head = d_model // n_heads: head·d_head = d_model, so W.shape[1] (= W.shape[-1]) is W.shape[0]"
        for edit in ("0 → 1", "0 → -1")},
+    **{f"model:_flatten_block: n = W[0].shape[-1] :: {edit}":
+       "W[0], W[1], W[2] are W_Q, W_K, W_V flattened, each [d_model, head·d_head] = [d, d] (Config: d_head = "
+       "d_model // n_heads, n_heads divides d_model): every axis of every one of them has length d"
+       for edit in ("-1 → 0", "-1 → -2", "0 → 1", "0 → -1")},
+    "model:_flatten_block: W = [p[b + f\"attn.W_{x}\"].transpose(1, 0, 2).reshape(d, -1) for x in \"QKV\"] :: "
+    "p[b + f'attn.W_{x}'].transpose(1, 0, 2).reshape(d, -1) → p[b + f'attn.W_{x}'].transpose(1, 0, 2).reshape(-1, d)":
+        "the array has d·head·d_head = d·d elements (head·d_head = d_model): reshape(-1, d) and reshape(d, -1) "
+        "are both [d, d], in the same C order: the same array",
+    'model:_flatten_block: attn["W_O"] = p[b + "attn.W_O"].reshape(-1, d) :: '
+    "p[b + 'attn.W_O'].reshape(-1, d) → p[b + 'attn.W_O'].reshape(d, -1)":
+        "W_O [head, d_head, d_model] has d·d elements (head·d_head = d_model): reshape(d, -1) and reshape(-1, d) "
+        "are both [d, d], in the same C order: the same array",
+    **{key: "NumPy (2.4) reads any negative size in reshape as the one inferred dimension: the same array"
+       for key in ('model:_flatten_block: W = [p[b + f"attn.W_{x}"].transpose(1, 0, 2).reshape(d, -1) for x in "QKV"] :: -1 → -2',
+                   "model:check_tokens: array = array.reshape(-1, array.shape[-1]).astype(np.int64, copy=False) :: -1 → -2",
+                   'attention:attention: return affine(z.reshape(batch, pos, -1), w["W_O"], w["b_O"]) :: -1 → -2',
+                   'attention:per_head_affine: return np.einsum("bphd,dhe->bphe", x, W.reshape(d_model, n_heads, -1)) + '
+                   'b.reshape(n_heads, -1) :: -1 → -2',
+                   'attention:per_head_affine: return np.einsum("bphd,dhe->bphe", x, W.reshape(d_model, n_heads, -1)) + '
+                   'b.reshape(n_heads, -1) :: -1 → -2 #2')},
+    **{"model:side_by_side: and byte_bounds(root)[0] <= byte_bounds(first)[0] and byte_bounds(last)[1] <= "
+       f"byte_bounds(root)[1]) :: {edit} #2":
+       "root is the end of first's .base chain, so first lies inside root's memory: root's start is at or before "
+       "first's start, hence before its end ([-1] is [1]): the comparison is true either way"
+       for edit in ("0 → 1", "0 → -1")},
 }
 
 
