@@ -344,7 +344,9 @@ def make_mutants(module: str, source: str) -> list[tuple[Mutant, str]]:
             unit = BACKWARD_UNIT if function.split(".")[0].endswith("_backward") else module
             m = Mutant(module, unit, function, line, operator, before[:120], after[:120],
                        source=lines[line - 1].split("  #")[0].strip() if line else "")
-            m.occurrence = 1 + sum(o.key == m.key for o, _ in mutants)
+            # the n-th with this key text, in the order made (a line with four -1s: 1, 2, 3, 4)
+            m.occurrence = 1 + sum((o.function, o.source, o.before, o.after) == (m.function, m.source, m.before, m.after)
+                                   for o, _ in mutants)
             mutants.append((m, new_source))
     return mutants
 
@@ -490,7 +492,7 @@ def run(modules, jobs, workdir: Path, only: dict[str, str] | None, timeout_facto
                 if m.outcome not in ("killed", "timeout"):
                     print(f"  [{i + 1}/{len(mutants)}] {m.outcome} {m.function} L{m.line} {m.operator}: "
                           f"{m.before} → {m.after}", flush=True)
-        results.sort(key=lambda m: (m.module, m.line))
+        results.sort(key=lambda m: (m.module, m.line, m.occurrence))  # _load numbers them in this order
         if progress:
             progress(results)
         print(f"{module}: done", flush=True)
