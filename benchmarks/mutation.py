@@ -645,7 +645,8 @@ def _load(path: Path, rev: str | None = None) -> list[Mutant]:
     keys = {}
     for m in mutants:  # occurrences, as make_mutants numbers them
         m.occurrence = 1
-        m.occurrence = keys[m.key] = keys.get(m.key, 0) + 1
+        base = m.key
+        m.occurrence = keys[base] = keys.get(base, 0) + 1
     return mutants
 
 
