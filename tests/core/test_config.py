@@ -29,6 +29,16 @@ def test_sizes_must_be_positive_integers(name):
             cfg(**{name: bad})
 
 
+@pytest.mark.parametrize("name", ["d_model", "n_layers", "n_heads", "d_mlp", "d_vocab", "n_ctx"])
+def test_sizes_are_at_most_the_largest_32_bit_index(name):
+    """MAX_SIZE at its boundary: 2³¹ − 1 (the largest signed 32-bit index) is allowed, 2³¹ refused.
+    (A Config is numbers only: nothing is allocated.)"""
+    heads = {"n_heads": 2**31 - 1, "d_model": 2**31 - 1} if name in ("d_model", "n_heads") else {}  # 2³¹ − 1 is prime
+    assert getattr(cfg(**{name: 2**31 - 1, **heads}), name) == 2**31 - 1
+    with pytest.raises(RefGPTError, match=rf"config: {name}=2147483648 is larger than any GPT-2 refgpt can hold \(at most 2147483647\)"):
+        cfg(**{**heads, name: 2**31})
+
+
 def test_heads_must_divide_the_width():
     with pytest.raises(RefGPTError, match="config: n_head=3 does not divide n_embd=8"):
         cfg(n_heads=3)
