@@ -10,6 +10,7 @@ import math
 import pytest
 
 from refgpt import Config, RefGPTError
+from refgpt.checkpoint import expected_shapes
 
 BASE = dict(d_model=8, n_layers=2, n_heads=2, d_mlp=12, d_vocab=11, n_ctx=6)
 
@@ -65,6 +66,15 @@ def test_flags_must_be_booleans(name):
     for bad in (1, 0, "true", None):
         with pytest.raises(RefGPTError, match=f"config: {name} must be true or false, found {bad!r}"):
             cfg(**{name: bad})
+
+
+def test_n_params_counts_every_stored_weight_once():
+    """GPT-2 small holds 124,439,808 numbers (HF's num_parameters(); a tied W_U is W_Eᵀ, counted once).
+    A small config, d_mlp ≠ 4·d_model: the sizes of every tensor of its HF checkpoint, lm_head when untied."""
+    small = Config(d_model=768, n_layers=12, n_heads=12, d_mlp=3072, d_vocab=50257, n_ctx=1024)
+    assert small.n_params() == 124_439_808
+    for c in (cfg(), cfg(tie_word_embeddings=False)):
+        assert c.n_params() == sum(math.prod(shape) for shape in expected_shapes(c).values())
 
 
 def test_attention_scale():
@@ -129,6 +139,12 @@ def test_config_is_frozen_and_from_json_takes_a_string(tmp_path):
     c = cfg()
     with pytest.raises(RefGPTError, match="d_model is fixed once the Config is made"):
         c.d_model = 16
+    c.default_prepend_bos = False  # a TransformerLens switch may change, to True or False only
+    assert c.default_prepend_bos is False
+    for bad in (1, 0, None, "False"):
+        with pytest.raises(RefGPTError, match=f"config: default_prepend_bos must be True or False, found {bad!r}"):
+            c.default_prepend_bos = bad
+    assert c.default_prepend_bos is False
     path = tmp_path / "config.json"
     path.write_text(json.dumps({"n_embd": 8, "n_layer": 1, "n_head": 2}))
     assert Config.from_json(str(path)).d_model == 8
