@@ -561,6 +561,10 @@ EQUIVALENT: dict[str, str] = {
        "the other two, x.shape[-1] → x.shape[-2], give rows_in and rows_out different shapes and fail): "
        "NumPy (2.4) reads any negative size in reshape as the one inferred dimension: the same array"
        for n in ("", " #2")},
+    'checkpoint:_shown: return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} characters)" :: '
+    'len(text) <= limit → len(text) < limit':
+        "an error text: a path of exactly 120 characters is shown whole either way, the mutant adds "
+        "'… (120 characters)'; the error raised, and every number, are the same",
     'model:_flatten_block: attn["W_O"] = p[b + "attn.W_O"].reshape(-1, d) :: -1 → -2':
         "NumPy (2.4) reads any negative size in reshape as the one inferred dimension: the same array",
     'config:from_hf: raise RefGPTError(str(error).replace("config:", f"{source}:", 1)) from None :: 1 → 2':
