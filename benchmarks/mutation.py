@@ -87,7 +87,7 @@ _PATHS = ["tests/core/test_forward_reference.py", "tests/core/test_forward_paths
 _BACKWARD_TESTS = [["tests/core/test_backward.py", "tests/oracle/test_gradients.py"]]
 MODULES = {
     "layernorm": [_OLD_FAST + ["tests/core/test_ln_views.py"], _PATHS, _OLD_PEERS + ["tests/core/test_mission.py"], _NEW_PEERS],
-    "attention": [_OLD_FAST, _PATHS, _OLD_PEERS, _NEW_PEERS],
+    "attention": [_OLD_FAST, _PATHS + _LATER_FAST + _PADDING, _OLD_PEERS, _NEW_PEERS + _LATER_PEERS],
     "mlp": [_OLD_FAST, _PATHS, _OLD_PEERS, _NEW_PEERS],
     "activations": [_OLD_FAST, ["tests/core/test_activations.py"] + _PATHS, _OLD_PEERS, _NEW_PEERS],
     "linear": [_OLD_FAST, _PATHS, _OLD_PEERS, _NEW_PEERS],
@@ -444,7 +444,7 @@ def _baseline(tree, stages) -> list[float]:
 
 def run(modules, jobs, workdir: Path, only: dict[str, str] | None, timeout_factor: float, rev: str | None = None,
         skip_backward: bool = False, resolve_before: bool = True, sample: int = 1, progress=None,
-        two_stages: bool = False):
+        two_stages: bool = False, offset: int = 0, fixed_timeout: float | None = None):
     trees = [_copy_tree(workdir / f"tree{j}", rev) for j in range(jobs)]
     results: list[Mutant] = []
     for module in modules:
@@ -458,12 +458,15 @@ def run(modules, jobs, workdir: Path, only: dict[str, str] | None, timeout_facto
         if skip_backward:
             mutants = [(m, s) for m, s in mutants if m.unit != BACKWARD_UNIT]
         if sample > 1:
-            mutants = mutants[::sample]
+            mutants = mutants[offset::sample]
         stages = {unit: (_BACKWARD_TESTS if unit == BACKWARD_UNIT else MODULES[module])
                   for unit in {m.unit for m, _ in mutants}}
         if two_stages:
             stages = {unit: fast_first(st) for unit, st in stages.items()}
-        timeouts = {unit: [timeout_factor * t + 30 for t in _baseline(trees[0], st)] for unit, st in stages.items()}
+        if fixed_timeout:  # the unmutated tests are known to pass (e.g. the second chunk of a module): no baseline run
+            timeouts = {unit: [fixed_timeout] * len(st) for unit, st in stages.items()}
+        else:
+            timeouts = {unit: [timeout_factor * t + 30 for t in _baseline(trees[0], st)] for unit, st in stages.items()}
         print(f"{module}: {len(mutants)} mutants; unmutated tests {timeouts}", flush=True)
         free = list(trees)
 
@@ -519,6 +522,11 @@ EQUIVALENT: dict[str, str] = {
         "every block then reads all keys and the causal mask zeroes the extra ones exactly (exp(−∞) = 0): "
         "the same function with more work, sums over more exact zeros (rounding only)",
     _SEEN + "min(i + rows, pos) → min(pos, i + rows)": "min is symmetric",
+    "attention:attend: blocks = [(i, start + min(i + rows, pos)) for i in range(0, pos, rows)] :: "
+    "min(i + rows, pos) → min(pos, i + rows)": "min is symmetric",
+    "attention:block_probabilities: return (padded_softmax if padded else softmax)(scores, in_place=True) :: "
+    "True → False": "softmax into a new array instead of the block's own scores (every caller passes a block "
+                    "nobody else holds: attend copies it into the cached scores first): the same numbers",
     "attention:attend_in_blocks: zh[:, :, i:i + rows] = softmax(scores, in_place=True) @ vh[:, :, :seen] :: True → False":
         "softmax into a new array instead of the block's own scores buffer: the same numbers",
     _PEAK + "np.maximum(centered.max(axis=-1, keepdims=True), -centered.min(axis=-1, keepdims=True)) → "
@@ -662,11 +670,15 @@ def main(argv=None):
     ap.add_argument("--only-survivors", type=Path, default=None,
                     help="a previous mutation.json: rerun only its survivors, keep its killed mutants")
     ap.add_argument("--timeout-factor", type=float, default=3.0)
+    ap.add_argument("--timeout", type=float, default=None,
+                    help="seconds per test stage, instead of timing the unmutated tests first (they must pass)")
     ap.add_argument("--fast-first", action="store_true",
                     help="all NumPy-only tests, then all peer tests; no rerun of older tests for the 'before' score")
     ap.add_argument("--merge", type=Path, nargs="*", default=[], help="earlier mutation.json files to report with this run")
     ap.add_argument("--note", default="", help="a paragraph for the report (what was measured, where)")
     ap.add_argument("--sample", type=int, default=1, help="only every n-th mutant (a quicker estimate)")
+    ap.add_argument("--offset", type=int, default=0,
+                    help="with --sample n: start at the k-th mutant (runs with offsets 0 … n − 1 together cover all)")
     ap.add_argument("--skip-backward", action="store_true", help="leave out the *_backward functions of forward modules")
     ap.add_argument("--rev", default=None, help="test the tree of this commit (e.g. the tests before a change)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "MUTATION.md")
@@ -685,7 +697,8 @@ def main(argv=None):
         only = {m.key: before(m, _stages_of(m)) for m in old if m.outcome not in ("killed", "timeout")}
         kept = [m for m in old if m.outcome in ("killed", "timeout") or m.module not in args.modules]
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="refgpt-mutation-"))
-    note = args.note + (f" Every {args.sample}-th mutant only (--sample {args.sample})." if args.sample > 1 else "")
+    note = args.note + (f" Every {args.sample}-th mutant only (--sample {args.sample} --offset {args.offset})."
+                        if args.sample > 1 else "")
 
     def save(results):
         write_report(kept + results, args.out, args.out.with_suffix(".json"), note)
@@ -696,7 +709,8 @@ def main(argv=None):
         save([])
         return
     run(args.modules, args.jobs, workdir, only, args.timeout_factor, args.rev, args.skip_backward,
-        sample=args.sample, progress=save, resolve_before=not args.fast_first, two_stages=args.fast_first)
+        sample=args.sample, progress=save, resolve_before=not args.fast_first, two_stages=args.fast_first,
+        offset=args.offset, fixed_timeout=args.timeout)
 
 
 if __name__ == "__main__":

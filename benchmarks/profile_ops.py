@@ -180,7 +180,7 @@ def markdown(r) -> str:
              f"{'process CPU time (one thread each: the work done, whatever else the machine runs)' if r.get('clock') == 'cpu' else 'wall time'}. "
              "Each op timed alone on the forward's shapes, "
              "refgpt and torch alternating, median of rounds; ms per forward = per call × calls. "
-             "Indented rows split the attention row (over the full square, as when the pattern is cached) "
+             "Indented rows split the attention row (over the full square: the products and softmax it is made of, sized as for the whole sequence) "
              "and are not added to the total.", "",
              "| op class | calls | f32 refgpt ms | f32 torch ms | f32 ratio | f64 refgpt ms | f64 torch ms | f64 ratio |",
              "|---|---|---|---|---|---|---|---|"]

@@ -31,7 +31,9 @@ from .linear import affine
 def attention(x, w, n_heads, scale, point, past=None, bias=None, per_head_result=False):
     """One block's attention. ``w``: W_QKV = W_Q | W_K | W_V [d_model, 3·head·d_head] and b_QKV
     (or only W_Q, W_K, W_V [d_model, head·d_head] and b_Q, b_K, b_V [head·d_head], joined here),
-    W_O [head·d_head, d_model], b_O [d_model]. ``point`` is the hook point.
+    W_O [head·d_head, d_model], b_O [d_model]. ``point(name, a)`` is the hook point (a HookRun's
+    scope); ``point.watched(name)`` / ``point.hooked(name)`` say whether a hook or the cache / a
+    hook will see ``name`` (refgpt/hooks.py): the full scores and pattern are made only then.
     ``past(k, v)``, in incremental decoding, stores the new keys and values and returns all of them.
     ``bias``: None (causal), or padding's [batch, 1, query, key] bias (refgpt/padding.py).
     ``per_head_result`` (TransformerLens's use_attn_result): make each head's z[h]·W_O[h]
@@ -60,7 +62,7 @@ def attention(x, w, n_heads, scale, point, past=None, bias=None, per_head_result
     kh = np.ascontiguousarray(k.transpose(per_head))  # [batch, head, key, d_head]
     vh = np.ascontiguousarray(v.transpose(per_head))  # [batch, head, key, d_head]
     if point.watched("hook_attn_scores") or point.watched("hook_pattern"):
-        zh = attend(qh, kh, vh, point, bias)  # [batch, head, query, d_head]
+        zh = attend(qh, kh, vh, point, bias)  # [batch, head, query, d_head], the full arrays made for the hooks
     else:
         zh = attend_in_blocks(qh, kh, vh, bias)  # [batch, head, query, d_head], the same numbers
     z = point("hook_z", zh.transpose(per_head))  # [batch, pos, head, d_head]
@@ -86,20 +88,93 @@ def per_head_affine(x, W, b, n_heads):
     return np.einsum("bphd,dhe->bphe", x, W.reshape(d_model, n_heads, -1)) + b.reshape(n_heads, -1)  # [batch, pos, head, d_head]
 
 
-def attend(qh, kh, vh, point, bias=None):
-    """pattern·v with the full scores and pattern [batch, head, query, key] made, for the hooks."""
+def attend_in_blocks(qh, kh, vh, bias=None, rows=64):
+    """pattern·v when nobody looks at scores or pattern: a block of ``rows`` queries at a time.
+    The scores then never exist in full (a block stays in cache through softmax), and a block never
+    touches the keys after its last query, which halves the work of a full sequence.
+    ``bias``: None (causal) or padding's [batch, 1, query, key] bias."""
     pos, keys = qh.shape[2], kh.shape[2]
-    scores = qh @ kh.transpose(0, 1, 3, 2)  # [batch, head, query, key]
-    if bias is None:
-        scores += causal_bias(pos, keys - pos, scores.dtype)  # [batch, head, query, key], −∞ on future keys
-    else:
-        scores = scores + bias  # [batch, head, query, key], −∞ on future keys and on pads
-    scores = point("hook_attn_scores", scores)  # [batch, head, query, key]
-    # Nobody else holds the scores unless they are hooked or cached: then softmax may reuse them.
-    probabilities = softmax if bias is None else padded_softmax
-    pattern = probabilities(scores, in_place=not point.watched("hook_attn_scores"))  # [batch, head, query, key]
-    pattern = point("hook_pattern", pattern)  # [batch, head, query, key]
-    return pattern @ vh  # [batch, head, query, d_head]
+    start = keys - pos  # keys held in a KV cache before the first query
+    zh = np.empty_like(qh)  # [batch, head, query, d_head]
+    for i in range(0, pos, rows):
+        seen = start + min(i + rows, pos)  # this block's queries see keys 0 … seen − 1
+        pattern = block_probabilities(block_scores(qh, kh, bias, i, rows, seen), bias is not None)  # [batch, head, rows, seen]
+        zh[:, :, i:i + rows] = pattern @ vh[:, :, :seen]  # [batch, head, rows, d_head]
+    return zh
+
+
+def block_scores(qh, kh, bias, i, rows, seen):
+    """The scores of queries i … i + rows − 1 against keys 0 … seen − 1, bias added: a new array
+    [batch, head, rows, seen]. The plain formula: (qh @ khᵀ + bias)[:, :, i:i + rows, :seen]."""
+    scores = qh[:, :, i:i + rows] @ kh[:, :, :seen].transpose(0, 1, 3, 2)  # [batch, head, rows, seen]
+    if bias is not None:
+        scores += bias[..., i:i + rows, :seen]  # [batch, head, rows, seen]
+    else:  # the causal bias is 0 left of the block's own square: add only its last columns
+        pos = qh.shape[2]
+        diagonal = max(0, seen - rows)
+        mask = causal_bias(pos, kh.shape[2] - pos, scores.dtype)  # [query, key]
+        scores[..., diagonal:] += mask[i:i + rows, diagonal:seen]  # [batch, head, rows, seen − diagonal]
+    return scores
+
+
+def block_probabilities(scores, padded):
+    """softmax(scores) over the last axis, in place (the caller owns ``scores``); in a padded
+    batch a row that sees no key at all is 0 (``padded_softmax``)."""
+    return (padded_softmax if padded else softmax)(scores, in_place=True)  # [..., key]
+
+
+def attend(qh, kh, vh, point, bias=None, rows=64):
+    """pattern·v with the full scores and/or pattern [batch, head, query, key] made for the hook
+    points that are watched (hooked or cached), and only those.
+
+    The numbers are ``attend_in_blocks``'s, bit for bit: each block of queries is computed by the
+    same calls on the same keys 0 … seen − 1, and the full arrays receive copies, with the masked
+    keys filled in (scores −∞, pattern 0). A hook sees and may edit the full arrays, as in
+    TransformerLens. After a scores hook, a block whose masked scores are all still −∞ takes the
+    softmax of its first ``seen`` keys (exp(−∞) = 0: the same function); a block where a hook
+    unmasked a key takes the softmax of its whole rows. Likewise after a pattern hook, pattern·v
+    reads only keys < seen while the pattern beyond is all 0, and whole rows otherwise.
+    """
+    batch, heads, pos, _ = qh.shape
+    keys = kh.shape[2]
+    start = keys - pos  # keys held in a KV cache before the first query
+    padded = bias is not None
+    blocks = [(i, start + min(i + rows, pos)) for i in range(0, pos, rows)]  # queries i … i + rows − 1 see keys < seen
+    square = (batch, heads, pos, keys)
+    scores = np.empty(square, qh.dtype) if point.watched("hook_attn_scores") else None  # [batch, head, query, key]
+    pattern = np.zeros(square, qh.dtype) if point.watched("hook_pattern") else None  # [batch, head, query, key]
+    edited_scores, edited_pattern = point.hooked("hook_attn_scores"), point.hooked("hook_pattern")
+    zh = np.empty_like(qh)  # [batch, head, query, d_head]
+
+    def through_pattern(i, seen, probabilities):
+        """The block's pattern [batch, head, rows, seen or key] into the full pattern, and ·v."""
+        if pattern is not None:
+            pattern[:, :, i:i + rows, :probabilities.shape[-1]] = probabilities  # [batch, head, rows, ·]
+        if not edited_pattern:
+            zh[:, :, i:i + rows] = probabilities @ vh[:, :, :probabilities.shape[-1]]  # [batch, head, rows, d_head]
+
+    for i, seen in blocks:
+        block = block_scores(qh, kh, bias, i, rows, seen)  # [batch, head, rows, seen]
+        if scores is not None:
+            scores[:, :, i:i + rows, :seen] = block  # [batch, head, rows, seen]
+            scores[:, :, i:i + rows, seen:] = -np.inf  # [batch, head, rows, key − seen], the causal mask
+        if not edited_scores:  # nothing will change the scores: go on from the block in hand
+            through_pattern(i, seen, block_probabilities(block, padded))
+    if scores is not None:
+        scores = point("hook_attn_scores", scores)  # [batch, head, query, key]
+    if edited_scores:
+        for i, seen in blocks:
+            hooked = scores[:, :, i:i + rows]  # [batch, head, rows, key]
+            visible = seen if np.isneginf(hooked[..., seen:]).all() else keys  # a hook may have unmasked keys
+            through_pattern(i, seen, block_probabilities(hooked[..., :visible].copy(), padded))
+    if pattern is not None:
+        pattern = point("hook_pattern", pattern)  # [batch, head, query, key]
+    if edited_pattern:
+        for i, seen in blocks:
+            hooked = pattern[:, :, i:i + rows]  # [batch, head, rows, key]
+            visible = seen if not hooked[..., seen:].any() else keys  # a hook may have put weight on masked keys
+            zh[:, :, i:i + rows] = np.ascontiguousarray(hooked[..., :visible]) @ vh[:, :, :visible]  # [batch, head, rows, d_head]
+    return zh
 
 
 def padded_softmax(scores, in_place=False):
@@ -109,29 +184,6 @@ def padded_softmax(scores, in_place=False):
         pattern = softmax(scores, in_place)  # [..., key]
     pattern[np.isnan(pattern)] = 0.0
     return pattern
-
-
-def attend_in_blocks(qh, kh, vh, bias=None, rows=64):
-    """``attend`` when nobody looks at scores or pattern: a block of queries at a time. The scores
-    then never exist in full (a block stays in cache through softmax), and a block never touches
-    the keys after its last query, which halves the work of a full sequence."""
-    pos, keys = qh.shape[2], kh.shape[2]
-    start = keys - pos  # keys held in a KV cache before the first query
-    padded = bias is not None
-    if not padded:
-        bias = causal_bias(pos, start, qh.dtype)  # [query, key]
-    zh = np.empty_like(qh)  # [batch, head, query, d_head]
-    for i in range(0, pos, rows):
-        seen = start + min(i + rows, pos)  # this block's queries see keys 0 … seen − 1
-        scores = qh[:, :, i:i + rows] @ kh[:, :, :seen].transpose(0, 1, 3, 2)  # [batch, head, rows, seen]
-        if padded:
-            scores += bias[..., i:i + rows, :seen]  # [batch, head, rows, seen]
-        else:  # the causal bias is 0 left of the block's own square: add only its last columns
-            diagonal = max(0, seen - rows)
-            scores[..., diagonal:] += bias[i:i + rows, diagonal:seen]  # [batch, head, rows, seen − diagonal]
-        pattern = (padded_softmax if padded else softmax)(scores, in_place=True)  # [batch, head, rows, seen]
-        zh[:, :, i:i + rows] = pattern @ vh[:, :, :seen]  # [batch, head, rows, d_head]
-    return zh
 
 
 @functools.lru_cache(maxsize=8)

@@ -152,12 +152,15 @@ class Config:
         activations = batch * pos * (4 * self.d_model + self.n_heads * pos + self.d_mlp + self.d_vocab)
         return (self.n_params() + activations) * itemsize
 
-    def check_fits_in_memory(self, itemsize: int, source: str = "config") -> None:
-        """Refuse, before allocating anything, a model that cannot fit in this machine's memory."""
-        needed, available = self.bytes_needed(itemsize), available_memory()
+    def check_fits_in_memory(self, itemsize: int, source: str = "config", held: int = 0) -> None:
+        """Refuse, before allocating anything, a model that cannot fit in this machine's memory.
+        ``held``: bytes of weights this process already holds in the compute dtype (a Model built
+        from arrays): memory already taken, which MemAvailable no longer counts."""
+        needed, available = self.bytes_needed(itemsize) - held, available_memory()
         if available is not None and needed > available:
+            more = f" more (besides {_gib(held)} of weights already in memory)" if held else ""
             raise RefGPTError(
-                f"{source}: this model needs at least {_gib(needed)} for its weights and one forward "
+                f"{source}: this model needs at least {_gib(needed)}{more} for its weights and one forward "
                 f"pass in {8 * itemsize}-bit floats ({self.n_params():,} parameters), but the machine "
                 f"has {_gib(available)} available"
             )

@@ -181,6 +181,10 @@ class HookRun:
         """Will anyone see this activation (a hook or the cache)? If not, it may be overwritten in place."""
         return name in self.hooks or name in self.cache_names
 
+    def hooked(self, name: str) -> bool:
+        """Will a hook see this activation (and perhaps edit it, in place or by replacing it)?"""
+        return name in self.hooks
+
     def scope(self, prefix: str) -> "Scope":
         return Scope(self, prefix)
 
@@ -315,6 +319,9 @@ class Scope:
 
     def watched(self, name: str) -> bool:
         return self.run.watched(self.prefix + name)
+
+    def hooked(self, name: str) -> bool:
+        return self.run.hooked(self.prefix + name)
 
 
 def _checked_replacement(name, old, new):

@@ -108,7 +108,7 @@ class Model(TextMethods, HookRegistry, CircuitMethods):
             raise RefGPTTypeError(f"Model: params must be a mapping of name → array, found {type(params).__name__}")
         self.cfg = cfg
         self.dtype = compute_dtype(dtype)
-        cfg.check_fits_in_memory(self.dtype.itemsize)
+        cfg.check_fits_in_memory(self.dtype.itemsize, held=_bytes_held(params, self.dtype))
         self.source = Path(source) if source is not None else None
         self._tokenizer = None
         self.params = MappingProxyType(self._checked(params))  # read-only: a new model for new weights
@@ -446,6 +446,17 @@ class Model(TextMethods, HookRegistry, CircuitMethods):
         n = sum(a.size for a in self.params.values()) - (c.d_vocab * c.d_model if c.tie_word_embeddings else 0)
         return (f"Model(d_model={c.d_model}, n_layers={c.n_layers}, n_heads={c.n_heads}, d_vocab={c.d_vocab}, "
                 f"n_ctx={c.n_ctx}, act_fn={c.act_fn!r}, dtype={self.dtype.name}, params={n:,})")
+
+
+def _bytes_held(params, dtype) -> int:
+    """Bytes of the ``params`` arrays already in ``dtype`` (kept as they are, not copied), each
+    buffer counted once (a tied W_U is a view of W_E)."""
+    buffers = {}
+    for array in params.values():
+        if isinstance(array, np.ndarray) and array.dtype == dtype:
+            start = array.__array_interface__["data"][0]
+            buffers[start] = max(buffers.get(start, 0), array.nbytes)
+    return sum(buffers.values())
 
 
 def _hook_positions(padding):

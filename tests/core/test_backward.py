@@ -299,6 +299,9 @@ def test_attention_backward_matches_differences_and_masked_scores_get_zero():
         def watched(self, name):
             return True
 
+        def hooked(self, name):
+            return False
+
     attention(x, w, n_heads, 0.5, Point())
     g = attention_backward(grad, x, w, cache["hook_q"], cache["hook_k"], cache["hook_v"],
                            cache["hook_pattern"], cache["hook_z"], 0.5)

@@ -210,6 +210,30 @@ def test_a_model_too_big_for_the_machine_is_refused_before_allocating(ckpt):
         refgpt.Model(Config(d_model=2**16, n_layers=2**14, n_heads=1, d_mlp=1, d_vocab=1, n_ctx=1), {})
 
 
+def test_weights_already_in_memory_are_not_asked_for_twice(model, ckpt, monkeypatch):
+    """refgpt.load checks the whole model (weights + one pass) against MemAvailable before reading
+    the file; Model(...), built from arrays the process already holds in its dtype, must then ask
+    only for what is still to come. It asked for everything again, after the weights had taken
+    their share of MemAvailable: GPT-2 XL in float64 on a 24 GB machine (11.9 GB of weights, 12.3 GB
+    asked, 10.6 GB left) was refused though it fits."""
+    import refgpt.config
+
+    cfg, params = model.cfg, dict(model.params)
+    weights = sum({a.__array_interface__["data"][0]: a.nbytes for a in params.values()}.values())  # a tied W_U once
+    rest = cfg.bytes_needed(8) - weights  # one forward pass's activations
+    monkeypatch.setattr(refgpt.config, "available_memory", lambda: rest)
+    refgpt.Model(cfg, params)  # float64 arrays held: only the activations are still needed
+    with raises(r"needs at least [\d,.]+ GiB for its weights"):  # float32 arrays: a float64 copy is needed
+        refgpt.Model(cfg, {k: v.astype(np.float32) for k, v in params.items()})
+    with raises("needs at least"):  # the whole model before the file is read
+        refgpt.load(ckpt)
+    monkeypatch.setattr(refgpt.config, "available_memory", lambda: rest - 1)
+    with raises(r"needs at least [\d,.]+ GiB more \(besides [\d,.]+ GiB of weights already in memory\)"):
+        refgpt.Model(cfg, params)
+    monkeypatch.setattr(refgpt.config, "available_memory", lambda: cfg.bytes_needed(8))
+    assert refgpt.load(ckpt).cfg == cfg
+
+
 def test_model_takes_a_config_and_a_mapping_of_arrays(model):
     params = dict(model.params)
     with pytest.raises(RefGPTTypeError, match="Model: cfg must be a refgpt.Config, found dict"):

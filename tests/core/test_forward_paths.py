@@ -4,16 +4,21 @@ block boundary of every fast path. (The peers check the numbers themselves: test
 The fast paths and their blocks:
 - attention.attend_in_blocks: 64 query rows at a time, each block seeing keys 0 … start + its last
   query; used when no hook looks at the scores or the pattern (the plain forward). ``attend``
-  makes the full [query, key] scores instead (run_with_cache of a pattern).
+  makes the full [query, key] scores and pattern for the hooks and the cache (run_with_cache),
+  by the same blocks and the same calls, copying each block into the full arrays; so
+  run_with_cache's logits and activations equal the plain forward's bit for bit. After a hook on
+  the scores or the pattern it reads the full arrays back, a block at a time, and a block where
+  the hook unmasked a key is computed over whole rows (the hook is honoured).
 - activations.gelu_new: 64 rows of [batch·pos, d_mlp] at a time.
 - kv_cache: the new queries start at ``start`` = positions already held.
 So the lengths are 1, 63, 64, 65, 127, 128, 129 and n_ctx = 140, batched and not, and KV-cache
 chunks that start inside a block and cross one or two boundaries.
 
-Tolerance: the blocked and full paths make the same products and sums except for the masked
-keys, whose terms are exactly 0 (exp(−∞)); BLAS and NumPy may group the sums differently for a
-different number of keys, a few ulps per reduction. 1e-12 relative (float64) is the peers'
-tolerance and ~10⁴ ulps; a mutant that drops or adds one key moves a logit by ~1e-3.
+Tolerance: the KV-cached and last_only paths make the same products and sums except for the
+masked keys, whose terms are exactly 0 (exp(−∞)); BLAS and NumPy may group the sums differently
+for a different number of keys, a few ulps per reduction. 1e-12 relative (float64) is the peers'
+tolerance and ~10⁴ ulps; a mutant that drops or adds one key moves a logit by ~1e-3. The cached
+path (``attend``) and the plain one (``attend_in_blocks``) are compared bit for bit.
 """
 
 from __future__ import annotations
@@ -48,13 +53,13 @@ def tokens_of(pos, batch):
 @pytest.mark.parametrize("batch", [None, 2])
 @pytest.mark.parametrize("pos", LENGTHS)
 def test_blocked_attention_equals_full_attention(model, pos, batch):
-    """model(tokens) (blocked attention) = run_with_cache of the pattern (full attention)."""
+    """model(tokens) (blocked attention) = run_with_cache of the pattern (full arrays), bit for bit."""
     tokens = tokens_of(pos, batch)
     plain = model(tokens)
     cached, cache = model.run_with_cache(tokens, names=PATTERNS)
     assert plain.shape == cached.shape == (*np.shape(tokens), CFG.d_vocab)
     assert plain.dtype == model.dtype
-    assert rel_err(plain, cached) <= TOL[model.dtype.name]
+    assert np.array_equal(plain, cached)
     pattern = cache[PATTERNS[-1]]  # [batch, head, query, key]
     assert np.allclose(pattern.sum(-1), 1) and not np.triu(pattern[0, 0], 1).any()
 
@@ -71,6 +76,7 @@ def test_kv_cached_forward_equals_the_full_forward(model, chunks, batch):
     """Token by token and in chunks that start mid-block and cross 64 and 128, plain and cached."""
     tokens = tokens_of(N_CTX, batch)
     full = model(tokens)
+    pieced = []
     for watched in (None, PATTERNS):  # the blocked path, then the full one, with start > 0
         past = model.kv_cache(1 if batch is None else batch)
         pieces, start = [], 0
@@ -84,7 +90,9 @@ def test_kv_cached_forward_equals_the_full_forward(model, chunks, batch):
                 pieces.append(logits)
             start += n
         assert past.length == N_CTX
-        assert rel_err(np.concatenate(pieces, axis=-2), full) <= TOL[model.dtype.name]
+        pieced.append(np.concatenate(pieces, axis=-2))
+        assert rel_err(pieced[-1], full) <= TOL[model.dtype.name]
+    assert np.array_equal(*pieced)  # the cached path's numbers are the plain path's, chunk by chunk
 
 
 def test_kv_cache_refuses_another_batch_and_more_than_n_ctx(model):
@@ -118,7 +126,8 @@ def test_gelu_row_blocks_change_no_bit(rows):
 
 @pytest.mark.parametrize("start, pos", [(0, 1), (0, 65), (0, 129), (5, 60), (5, 64), (70, 70), (3, 130)])
 def test_attention_blocks_equal_full_attention_after_a_cache(start, pos):
-    """attend_in_blocks = attend for queries start … start + pos − 1 against keys 0 … start + pos − 1."""
+    """attend_in_blocks = attend (bit for bit) for queries start … start + pos − 1 against keys
+    0 … start + pos − 1."""
     rng = np.random.default_rng(start * 1000 + pos)
     qh = rng.standard_normal((2, 3, pos, 4))  # [batch, head, query, d_head]
     kh, vh = rng.standard_normal((2, 2, 3, start + pos, 4))  # [batch, head, key, d_head]
@@ -127,10 +136,109 @@ def test_attention_blocks_equal_full_attention_after_a_cache(start, pos):
         return a
 
     point.watched = lambda name: True
-    assert rel_err(attend_in_blocks(qh, kh, vh), attend(qh, kh, vh, point)) <= 1e-13
+    point.hooked = lambda name: False
+    assert np.array_equal(attend_in_blocks(qh, kh, vh), attend(qh, kh, vh, point))
     bias = causal_bias(pos, start, np.float64)  # [query, key]
     assert bias.shape == (pos, start + pos) and not bias.flags.writeable
     assert np.all(bias[:, :start + 1] == 0) and np.isneginf(bias[0, start + 1:]).all()
+
+
+ATTENTION = [f"blocks.{L}.attn.hook_{n}" for L in range(CFG.n_layers) for n in ("attn_scores", "pattern")]
+
+
+def left_padding(tokens, pads=5):
+    mask = np.ones_like(tokens)  # [batch, pos]: 1 real, 0 pad
+    mask[0, :pads] = 0
+    return mask
+
+
+@pytest.mark.parametrize("pos", [65, N_CTX])
+@pytest.mark.parametrize("padded", [False, True])
+def test_run_with_cache_is_the_plain_forward_bit_for_bit(model, pos, padded):
+    """Every activation in a full cache, and the logits, are the plain forward's bit for bit (the
+    forward's are seen through a cache of every name but the scores and pattern, which keeps the
+    plain path), also when a hook reads the scores and the pattern without changing them."""
+    tokens = tokens_of(pos, 2)
+    mask = left_padding(tokens) if padded else None
+    plain = model(tokens, attention_mask=mask)
+    others = [n for n in model.hook_names if n not in ATTENTION]
+    _, reference = model.run_with_cache(tokens, names=others, attention_mask=mask)
+    read = []
+    readers = [(name, lambda a, hook: read.append(hook.name)) for name in ATTENTION]
+    for hooks in ([], readers):
+        logits, cache = model.run_with_cache(tokens, attention_mask=mask, fwd_hooks=hooks)
+        assert np.array_equal(logits, plain)
+        for name in others:
+            assert np.array_equal(cache[name], reference[name], equal_nan=True), name
+    assert read == ATTENTION
+
+
+def textbook_attention(scores, v):
+    """softmax over whole rows, and z = pattern·v, in float64: scores [batch, head, query, key],
+    v [batch, key, head, d_head] → pattern, z [batch, query, head, d_head]."""
+    e = np.exp(scores - scores.max(-1, keepdims=True))  # [batch, head, query, key]
+    pattern = e / e.sum(-1, keepdims=True)  # [batch, head, query, key]
+    return pattern, np.einsum("bhqk,bkhd->bqhd", pattern, v)
+
+
+def z_tolerance(model, v, keys=N_CTX):
+    """|Σ_k p·v − fl(Σ_k p·v)| ≤ keys·eps·Σ_k |p|·|v| ≤ 2·keys·eps·max|v| (rows of |p| sum to ≤ 2 here)."""
+    return 2 * keys * np.finfo(model.dtype).eps * max(1.0, float(np.abs(v).max()))
+
+
+def test_a_scores_hook_that_unmasks_future_keys_is_honoured(model):
+    """TransformerLens's semantics: the pattern is the softmax of the hooked scores over whole rows,
+    z = pattern·v. Query 3 is given key 100, beyond its block's keys (that block then takes whole
+    rows); query 70 key 100, inside its block's keys; key 5 is masked in place (None returned) for
+    the queries before 128. The last block (queries 128 …) keeps the plain forward's bits."""
+    tokens = tokens_of(N_CTX, 2)
+    name, L = "blocks.1.attn.hook_attn_scores", "blocks.1.attn."
+
+    def edit(scores, hook):
+        scores[:, 0, 3, 100] = scores[:, 0, 3, 3]
+        scores[:, 1, 70, 100] = 0.5
+        scores[:, :, :128, 5] = -np.inf
+
+    _, clean = model.run_with_cache(tokens)
+    logits, cache = model.run_with_cache(tokens, fwd_hooks=[(name, edit)])
+    pattern, z = textbook_attention(cache[name].astype(np.float64), cache[L + "hook_v"])
+    assert rel_err(cache[L + "hook_pattern"], pattern) <= 10 * np.finfo(model.dtype).eps
+    assert (cache[L + "hook_pattern"][:, 0, 3, 100] > 0).all() and (cache[L + "hook_pattern"][:, 1, 70, 100] > 0).all()
+    assert not cache[L + "hook_pattern"][:, :, 5:128, 5].any()
+    assert rel_err(cache[L + "hook_z"], z) <= z_tolerance(model, cache[L + "hook_v"])
+    assert not np.allclose(logits, clean.model(tokens))
+    assert np.array_equal(cache[L + "hook_pattern"][:, :, 128:], clean[L + "hook_pattern"][:, :, 128:])
+    assert np.array_equal(cache[L + "hook_z"][:, 128:], clean[L + "hook_z"][:, 128:])
+
+
+def test_a_pattern_hook_is_honoured(model):
+    """A replaced pattern with weight on a key beyond the block and a head zeroed: z = pattern·v."""
+    tokens = tokens_of(N_CTX, 2)
+    name, L = "blocks.0.attn.hook_pattern", "blocks.0.attn."
+
+    def edit(pattern, hook):
+        out = pattern.copy()  # [batch, head, query, key]
+        out[:, 0, 3, 100] = 1.0
+        out[:, 1] = 0.0
+        return out
+
+    logits, cache = model.run_with_cache(tokens, fwd_hooks=[(name, edit)])
+    v, pattern = cache[L + "hook_v"], cache[name]  # the replacement is what flowed on
+    assert (pattern[:, 0, 3, 100] == 1).all() and not pattern[:, 1].any()
+    z = np.einsum("bhqk,bkhd->bqhd", pattern.astype(np.float64), v)  # [batch, query, head, d_head]
+    assert rel_err(cache[L + "hook_z"], z) <= z_tolerance(model, v)
+    assert not cache[L + "hook_z"][:, :, 1].any()
+    assert not np.allclose(logits, model(tokens))
+
+
+def test_only_the_watched_full_arrays_are_made(model):
+    """A cache of the pattern alone or of the scores alone holds the same bits as a full cache."""
+    tokens = tokens_of(N_CTX, 2)
+    _, full = model.run_with_cache(tokens, names=ATTENTION)
+    for name in ATTENTION:
+        logits, one = model.run_with_cache(tokens, names=[name])
+        assert list(one) == [name] and np.array_equal(one[name], full[name])
+        assert np.array_equal(logits, model(tokens))
 
 
 def test_layernorm_overflow_guard_scales_each_row_by_its_own_power_of_two():

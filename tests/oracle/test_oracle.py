@@ -141,6 +141,16 @@ def test_profile_scales_with_the_format_and_the_measured_conditioning(setup):
 # ---- logits ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_golden_logits_are_the_plain_forward_bit_for_bit(dtype):
+    """docs/oracle.md: keeping every activation (scores and patterns too) changes no rounding, at a
+    length past the forward's blocks of 64 queries."""
+    cfg = Config(d_model=16, n_layers=2, n_heads=2, d_mlp=32, d_vocab=20, n_ctx=140)
+    model = random_model(cfg, seed=4, dtype=dtype)
+    tokens = np.random.default_rng(4).integers(0, cfg.d_vocab, (2, cfg.n_ctx))
+    assert np.array_equal(golden.make(model, tokens).tensors["logits"], model(tokens))
+
+
 def test_logits_are_compared_shift_invariantly(setup):
     """A candidate whose logits are moved by a constant per position (a centred unembedding) is not
     flagged; changing one logit is."""
