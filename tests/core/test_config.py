@@ -77,6 +77,14 @@ def test_n_params_counts_every_stored_weight_once():
         assert c.n_params() == sum(math.prod(shape) for shape in expected_shapes(c).values())
 
 
+def test_bytes_needed_is_the_weights_and_one_pass_largest_activations():
+    """Per token: the residual stream and q, k, v (4·d_model), a row of attention scores per head
+    (n_heads·pos), the MLP's hidden layer (d_mlp), the logits (d_vocab); for batch × pos tokens."""
+    c = cfg()  # d_model 8, n_heads 2, d_mlp 12, d_vocab 11, n_ctx 6
+    assert c.bytes_needed(8, batch=3, pos=5) == 8 * (c.n_params() + 3 * 5 * (4 * 8 + 2 * 5 + 12 + 11))
+    assert c.bytes_needed(4) == 4 * (c.n_params() + 1 * 6 * (4 * 8 + 2 * 6 + 12 + 11))  # one sequence of n_ctx
+
+
 def test_attention_scale():
     c = cfg(d_model=8, n_heads=2)  # d_head 4
     assert [c.score_scale(L) for L in (0, 1)] == [0.5, 0.5]
