@@ -85,6 +85,40 @@ def test_bytes_needed_is_the_weights_and_one_pass_largest_activations():
     assert c.bytes_needed(4) == 4 * (c.n_params() + 1 * 6 * (4 * 8 + 2 * 6 + 12 + 11))  # one sequence of n_ctx
 
 
+def test_available_memory_is_memavailable_else_the_free_pages(monkeypatch):
+    """/proc/meminfo's MemAvailable (kB) in bytes; without it (no such line, or no /proc) the free
+    physical pages × the page size; None where neither exists."""
+    import io
+    import os
+
+    import refgpt.config
+
+    pages = {"SC_AVPHYS_PAGES": 5, "SC_PAGE_SIZE": 4096}
+    monkeypatch.setattr(os, "sysconf", lambda name: pages[name])
+    meminfo = "MemTotal:       16000000 kB\nMemFree:         1000000 kB\nMemAvailable:    1234567 kB\n"
+    monkeypatch.setattr(refgpt.config, "open", lambda *a, **k: io.StringIO(meminfo), raising=False)
+    assert refgpt.config.available_memory() == 1234567 * 1024
+    meminfo = "MemTotal:       16000000 kB\nMemFree:         1000000 kB\n"  # Linux < 3.14
+    assert refgpt.config.available_memory() == 5 * 4096
+
+    def no_proc(*args, **kwargs):
+        raise FileNotFoundError(2, "No such file or directory", "/proc/meminfo")
+
+    def no_sysconf(name):
+        raise ValueError(f"unrecognized configuration name {name}")
+
+    monkeypatch.setattr(refgpt.config, "open", no_proc, raising=False)
+    assert refgpt.config.available_memory() == 5 * 4096
+    monkeypatch.setattr(os, "sysconf", no_sysconf)
+    assert refgpt.config.available_memory() is None
+    big = Config(d_model=2**12, n_layers=4, n_heads=1, d_mlp=2**12, d_vocab=2**10, n_ctx=2**10)
+    big.check_fits_in_memory(8)  # nothing is known: nothing is refused
+    monkeypatch.setattr(refgpt.config, "available_memory", lambda: 3 * 2**29)
+    with pytest.raises(RefGPTError, match=r"^config: this model needs at least 3\.2 GiB for its weights and one forward "
+                                          r"pass in 64-bit floats \(411,213,824 parameters\), but the machine has 1\.5 GiB available$"):
+        big.check_fits_in_memory(8)  # 3,474,259,968 bytes = 3.24 GiB
+
+
 def test_attention_scale():
     c = cfg(d_model=8, n_heads=2)  # d_head 4
     assert [c.score_scale(L) for L in (0, 1)] == [0.5, 0.5]
