@@ -72,6 +72,16 @@ def test_a_converted_weight_leaves_no_second_copy_in_memory(tmp_path, monkeypatc
     assert released == []
 
 
+def test_a_tokenizer_is_a_whole_pair_of_files(tmp_path):
+    """vocab.json + merges.txt (or encoder.json + vocab.bpe) beside the weights become the tokenizer
+    (load's docstring); one file of a pair alone is no tokenizer, and loading goes on without one."""
+    path = save_checkpoint(model_of(CFG, seed=5), tmp_path / "m")
+    for lone in ("vocab.json", "merges.txt", "encoder.json", "vocab.bpe"):
+        (path / lone).write_text("{}" if lone.endswith(".json") else "#version: 0.2\n")
+        assert refgpt.load(path).tokenizer is None, lone
+        (path / lone).unlink()
+
+
 def test_hf_buffers_and_a_tied_lm_head_copy_are_ignored(tmp_path):
     model = model_of(CFG, seed=2)
     t = {k: v.astype(np.float32) for k, v in hf_tensors(model).items()}
