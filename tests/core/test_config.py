@@ -10,6 +10,7 @@ import math
 import pytest
 
 from refgpt import Config, RefGPTError
+from refgpt.config import TL_SWITCHES
 from refgpt.checkpoint import expected_shapes
 
 BASE = dict(d_model=8, n_layers=2, n_heads=2, d_mlp=12, d_vocab=11, n_ctx=6)
@@ -117,6 +118,28 @@ def test_available_memory_is_memavailable_else_the_free_pages(monkeypatch):
     with pytest.raises(RefGPTError, match=r"^config: this model needs at least 3\.2 GiB for its weights and one forward "
                                           r"pass in 64-bit floats \(411,213,824 parameters\), but the machine has 1\.5 GiB available$"):
         big.check_fits_in_memory(8)  # 3,474,259,968 bytes = 3.24 GiB
+
+
+def test_a_bad_value_is_shown_cut_to_60_characters():
+    """Errors show repr(value) whole up to 60 characters, else its first 57 and "..."; an integer of
+    more than 200 bits by its size (refgpt.config._shown)."""
+    for n, shown in ((58, "'" + "x" * 58 + "'"), (59, "'" + "x" * 56 + "...")):  # reprs of 60 and 61 characters
+        with pytest.raises(RefGPTError, match=rf"^config: unknown activation_function {shown}; refgpt knows"):
+            cfg(act_fn="x" * n)
+    for value, shown in ((2**199, str(2**199)), (2**200, "an integer of 201 bits")):  # 200 bits: 60 digits
+        with pytest.raises(RefGPTError, match=f"^config: d_vocab={shown} is larger than any GPT-2"):
+            cfg(d_vocab=value)
+
+
+@pytest.mark.parametrize("name", sorted(TL_SWITCHES))
+def test_tl_switches_default_as_transformer_lens_for_gpt2_and_are_not_compared(name):
+    """TransformerLens's GPT-2 defaults: prepend BOS, a tokenizer that does not add one, every
+    optional hook off. A switch changes no number of the forward pass: Configs that differ only in
+    switches are equal (a loaded model's cfg equals its checkpoint's after a switch is flipped)."""
+    c, other = cfg(), cfg()
+    assert getattr(c, name) is (name == "default_prepend_bos")
+    setattr(other, name, not getattr(other, name))
+    assert other == c
 
 
 def test_attention_scale():
