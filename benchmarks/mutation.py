@@ -82,7 +82,7 @@ _LOADING = ["tests/core/test_safetensors_fuzz.py", "tests/core/test_file_fuzz.py
 _PADDING = ["tests/core/test_padding.py", "tests/core/test_tl_ported_padding.py", "tests/analysis/test_steered_generation.py"]
 NEW = {*_LOADING, *_PADDING, "tests/core/test_forward_paths.py", "tests/core/test_forward_reference.py", "tests/core/test_activations.py",
        "tests/core/test_config.py",
-       "tests/core/test_checkpoint.py", *_NEW_PEERS, *_LATER_FAST, *_LATER_PEERS}
+       "tests/core/test_checkpoint.py", "tests/core/test_fused_qkv.py", *_NEW_PEERS, *_LATER_FAST, *_LATER_PEERS}
 _PATHS = ["tests/core/test_forward_reference.py", "tests/core/test_forward_paths.py"]
 _BACKWARD_TESTS = [["tests/core/test_backward.py", "tests/oracle/test_gradients.py"]]
 MODULES = {
@@ -91,7 +91,7 @@ MODULES = {
     "mlp": [_OLD_FAST, _PATHS, _OLD_PEERS, _NEW_PEERS],
     "activations": [_OLD_FAST, ["tests/core/test_activations.py"] + _PATHS, _OLD_PEERS, _NEW_PEERS],
     "linear": [_OLD_FAST, _PATHS, _OLD_PEERS, _NEW_PEERS],
-    "model": [_OLD_FAST, _PATHS + ["tests/core/test_checkpoint.py"] + _LATER_FAST,
+    "model": [_OLD_FAST, _PATHS + ["tests/core/test_checkpoint.py", "tests/core/test_fused_qkv.py"] + _LATER_FAST,
               _OLD_PEERS + ["tests/core/test_mission.py", "tests/core/test_default_model.py"], _NEW_PEERS + _LATER_PEERS],
     "checkpoint": [["tests/core/test_bad_input.py", "tests/core/test_processing.py"],
                    ["tests/core/test_checkpoint.py"] + _LOADING,
