@@ -8,7 +8,6 @@ killed here keeps "survived" as its before-outcome (the first run's tests let it
 Faster than ``mutation.py --only-survivors`` (no baseline run of every stage): for survivors of a
 full run that only new tests should kill. TREE_COPY is a copy of the checkout (never the checkout)."""
 import json
-import os
 import subprocess
 import sys
 import time
@@ -34,7 +33,7 @@ for module, survivors in by_module.items():
             print("not made again:", m["key"]); continue
         try:
             path.write_text(made[m["key"]])
-            env = dict(os.environ, PYTHONPATH=str(tree), PYTHONDONTWRITEBYTECODE="1")
+            env = M.test_env(tree)
             t0 = time.monotonic()
             r = subprocess.run(["nice", "-n", "10", sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
                                 "-o", "addopts=", *tests], cwd=tree, env=env, capture_output=True, text=True, timeout=900)

@@ -78,8 +78,10 @@ def loss_and_grads(model, tokens, targets=None) -> Gradients:
     where a position has no target. The loss is the mean over the positions that have one.
     """
     if is_text(tokens):
+        texts = [tokens] if isinstance(tokens, str) else tokens
         tokens = model.to_tokens(tokens)  # [batch, pos], TransformerLens's tokenization
-        if tokens.shape[0] > 1 and (tokens == model.tokenizer.pad_token_id).any():
+        # Padded iff the texts' token counts differ (a pad id alone proves nothing: BOS is one too).
+        if len({model.to_tokens(text).shape[1] for text in texts}) > 1:
             raise RefGPTError("loss_and_grads: the texts have different lengths; the backward of a padded "
                               "batch is not implemented: pass one text, or equal-length ones")
     tokens, _ = model.check_tokens(tokens)  # [batch, pos]

@@ -203,6 +203,32 @@ def test_top_check_and_to_dict():
     assert "components" in repr(result)
 
 
+def test_check_is_the_largest_miss_relative_to_the_logit_or_to_one():
+    """check(): max |Σ values − logit|; relative: divided by max(1, max |logit|), so small logits
+    are not inflated and large ones scale it."""
+    values = np.array([[[1.0, 2.0]], [[0.5, 0.0]]])  # [component, batch, pos]: Σ = [[1.5, 2.0]]
+    large = refgpt.Attribution(["a", "b"], values, np.array([[1.0, 4.0]]), 5, None, "layer")
+    assert large.check() == 2.0 and large.check(relative=True) == 0.5
+    small = refgpt.Attribution(["a", "b"], values, np.array([[1.25, 1.75]]) / 2 ** 3, 5, None, "layer")
+    assert small.check() == small.check(relative=True) == 2.0 - 1.75 / 8
+
+
+def test_one_target_and_one_against_per_position_with_or_without_the_logits():
+    """ids [batch, pos] for target and against: the sum is each position's own logit difference,
+    checked against the logits given (3-D, or 2-D for one sequence) and against the cache's own."""
+    cfg = Config(d_model=8, n_layers=2, n_heads=2, d_mlp=12, d_vocab=11, n_ctx=6)
+    model = with_b_U(random_model(cfg, seed=10), 10)
+    logits, cache = model.run_with_cache(np.array([[1, 2, 3, 4, 5]]))
+    rng = np.random.default_rng(10)
+    t, a = rng.integers(11, size=(1, 5)), rng.integers(11, size=(1, 5))
+    for given in (None, logits, logits[0]):
+        result = attribute(cache, t, a, granularity="neuron", logits=given)
+        assert rel_err(result.logit, picked(logits, t, a)) <= TOL and result.check(relative=True) <= TOL
+        assert rel_err(result.total, picked(logits, t, a)) <= TOL
+    with pytest.raises(KeyError, match="'L9.attn' is not a component"):
+        result["L9.attn"]
+
+
 def test_text_targets_need_exactly_one_token():
     cfg = Config(d_model=8, n_layers=1, n_heads=2, d_mlp=12, d_vocab=257, n_ctx=6)
     model = random_model(cfg, seed=9)

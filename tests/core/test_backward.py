@@ -221,6 +221,7 @@ def test_bad_targets_name_the_fault():
     model = build(cfg, 0)
     with pytest.raises(RefGPTError, match="at least 2 tokens"):
         loss_and_grads(model, [[1]])
+    assert loss_and_grads(model, [[1, 2]]).targets.tolist() == [[2, IGNORE_INDEX]]  # 2 tokens are enough
     with pytest.raises(RefGPTError, match="outside the vocabulary"):
         loss_and_grads(model, [[1, 2]], [[5, 0]])
     with pytest.raises(RefGPTError, match="shape"):

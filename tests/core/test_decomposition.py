@@ -124,9 +124,42 @@ def test_int_neuron_slice_keeps_the_neuron_axis():
     (lambda c: c.stack_head_results(pos_slice="last"), "pos_slice"),
     (lambda c: c.logit_attrs(c.decompose_resid(), 3, incorrect_tokens=[1, 2]), "same shape"),
     (lambda c: c.logit_attrs(c.decompose_resid(), 11), "outside the vocabulary"),
+    (lambda c: c.logit_attrs(c.decompose_resid(), -1), "id -1 is outside the vocabulary"),
+    (lambda c: c.logit_attrs(c.decompose_resid(), 3.0), "must be integers, found float64"),
+    (lambda c: c.logit_attrs(c.decompose_resid(), np.array([1.0, 2.0])), "must be integers, found float64"),
+    (lambda c: c.logit_attrs(c.decompose_resid(), True), "must be integers, found bool"),
+    (lambda c: c.logit_attrs(c.decompose_resid(), "a"), "'a' is text, but this model has no tokenizer"),
+    (lambda c: c.stack_head_results(pos_slice=[0.5]), "an index list must be 1-D integers"),
+    (lambda c: c.stack_head_results(pos_slice=[[0, 1]]), "an index list must be 1-D integers"),
 ])
 def test_bad_arguments_are_refgpt_errors(call, message):
     cfg = Config(d_model=8, n_layers=2, n_heads=2, d_mlp=12, d_vocab=11, n_ctx=6)
     _, cache = random_model(cfg).run_with_cache(np.array([[1, 2, 3]]))
     with pytest.raises(RefGPTError, match=message):
         call(cache)
+
+
+def test_token_zero_is_a_token():
+    """Ids run from 0: logit_attrs of token 0 is each row through ln_final's scale, dotted with W_U[:, 0]."""
+    cfg = Config(d_model=8, n_layers=2, n_heads=2, d_mlp=12, d_vocab=11, n_ctx=6)
+    model = random_model(cfg)
+    _, cache = model.run_with_cache(np.array([[1, 2, 3]]))
+    stack = cache.decompose_resid()  # [component, batch, pos, d_model]
+    expected = cache.apply_ln_to_stack(stack) @ model.params["unembed.W_U"][:, 0]  # [component, batch, pos]
+    assert rel_err(cache.logit_attrs(stack, 0), expected) <= TOL  # d_model products, summed in another order
+    assert np.array_equal(cache.logit_attrs(stack, [0, 0, 0]), cache.logit_attrs(stack, np.zeros((1, 3), int)))
+
+
+def test_token_id_is_one_token_given_as_an_id_or_as_text():
+    from refgpt.decomposition import token_id
+    from refgpt.tokenizer import Tokenizer, bytes_to_unicode
+
+    cfg = Config(d_model=8, n_layers=1, n_heads=2, d_mlp=12, d_vocab=257, n_ctx=6)
+    model = random_model(cfg)
+    model.tokenizer = Tokenizer({ch: b for b, ch in bytes_to_unicode().items()} | {"<|endoftext|>": 256}, [])
+    assert token_id(model, 3) == 3 and token_id(model, [[3]]) == 3 and token_id(model, "a") == 97
+    assert token_id(model, "<|endoftext|>") == 256
+    with pytest.raises(RefGPTError, match=r"token: 'ab' is 2 tokens \[97, 98\], not exactly one"):
+        token_id(model, "ab")
+    with pytest.raises(RefGPTError, match=r"token: expected one token, found 2 \(\[3, 4\]\)"):
+        token_id(model, [3, 4])

@@ -29,6 +29,7 @@ from peers import require_peers
 torch, transformers, transformer_lens = require_peers()
 
 import peers as P  # noqa: E402  (after the importorskip)
+from transformer_lens.utilities import Slice  # noqa: E402
 from transformer_lens.weight_processing import ProcessWeights  # noqa: E402
 
 import refgpt  # noqa: E402
@@ -167,6 +168,17 @@ def test_stack_neuron_results_matches_tl(pair):
         compare(cache, tl_cache, "stack_neuron_results",
                 dict(layer=layer, neuron_slice=neuron_slice, incl_remainder=incl_remainder, apply_ln=apply_ln,
                      project_output_onto=project, pos_slice=pos_slice))
+
+
+def test_transformer_lens_slice_objects_are_read_as_their_slice(pair):
+    """A TransformerLens ``Slice`` given as pos_slice/neuron_slice means what it wraps."""
+    cache, tl_cache, tokens, model, *_ = pair
+    for spec in (-1, (1, 5), [0, 2]):
+        got = compare(cache, tl_cache, "stack_head_results", dict(pos_slice=Slice(spec)))[0]
+        assert np.array_equal(got, cache.stack_head_results(pos_slice=spec))
+    for spec in ((1, 5), [0, 2]):  # (an int neuron_slice is a departure: test_decomposition.py)
+        got = compare(cache, tl_cache, "stack_neuron_results", dict(layer=1, neuron_slice=Slice(spec)))[0]
+        assert np.array_equal(got, cache.stack_neuron_results(1, neuron_slice=spec))
 
 
 def positions_index(pos_slice):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from random_models import random_model
+from random_models import random_model, rel_err
 from refgpt import Config, RefGPTError, Tokenizer
 from refgpt.hooks import HookPoint
 from refgpt.tokenizer import BYTE_TO_CHAR
@@ -119,6 +119,18 @@ def test_hook_result_sums_to_attn_out_and_mlp_in_edits_only_the_mlp(model):
 
 
 # ---- backward hooks --------------------------------------------------------------------------------
+
+
+def test_loss_and_grads_takes_texts_of_equal_length_and_refuses_a_padded_batch(model):
+    """A padded batch's backward is not implemented, so texts of different token counts are refused;
+    texts of equal length (each starting with BOS, the pad id too) are one batch, row by row the texts alone."""
+    with pytest.raises(RefGPTError, match="the texts have different lengths"):
+        model.loss_and_grads(["ab", "abcd"])
+    both = model.loss_and_grads(["ab", "cd"])
+    rows = [model.loss_and_grads(text) for text in ("ab", "cd")]
+    assert both.loss == pytest.approx((rows[0].loss + rows[1].loss) / 2, rel=1e-14)
+    for name in both.params:  # the mean over both rows' targets: the mean of the rows' gradients (rounding apart)
+        assert rel_err(both.params[name], (rows[0].params[name] + rows[1].params[name]) / 2) <= 1e-13, name
 
 
 def test_backward_hooks_read_and_replace_gradients(model):

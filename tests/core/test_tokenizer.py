@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 from pathlib import Path
 
@@ -10,10 +12,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from refgpt.errors import RefGPTError
+from refgpt.errors import RefGPTError, RefGPTTypeError
 from refgpt.tokenizer import Tokenizer, bytes_to_unicode
 
-GPT2_DIR = Path(__file__).resolve().parents[3] / "shared" / "gpt2"
+# GPT-2's real files: $REFGPT_GPT2_TOKENIZER (as tests/tl_port.py reads it), else shared/gpt2 beside the repository.
+GPT2_DIR = Path(os.environ.get("REFGPT_GPT2_TOKENIZER") or Path(__file__).resolve().parents[3] / "shared" / "gpt2")
 EOT = "<|endoftext|>"
 # GPT-2's pre-tokenizer, written out here rather than imported, so the tiktoken reference below
 # does not inherit a mistake in refgpt's copy.
@@ -163,6 +166,17 @@ def test_decode_inverts_encode_for_any_text(gpt2, text):
     assert gpt2.decode_bytes(gpt2.encode(text)) == text.encode("utf-8")
 
 
+def test_words_are_cached_until_clear_cache():
+    """Each encoded word's ids are kept (up to cache_size words); clear_cache forgets them all."""
+    tok = Tokenizer(tiny_vocab(), TINY_MERGES)
+    ids = tok.encode(" the he")
+    assert tok._cache == {" the": (tiny_vocab()["Ġthe"],), " he": (tiny_vocab()["Ġ"], tiny_vocab()["he"])}
+    tok.clear_cache()
+    assert tok._cache == {} and tok.encode(" the he") == ids
+    one = Tokenizer(tiny_vocab(), TINY_MERGES, cache_size=1)
+    assert one.encode(" the he") == ids and list(one._cache) == [" he"]  # the last word only
+
+
 def test_a_tiny_cache_gives_the_same_ids_and_stays_bounded(gpt2_dir, gpt2):
     small = Tokenizer.from_dir(gpt2_dir, cache_size=3)
     text = CORPUS["prose"] + CORPUS["python"]
@@ -200,6 +214,12 @@ def test_unknown_allowed_special_name_raises(gpt2):
         gpt2.encode("x", allowed_special={"<|fake|>"})
 
 
+@pytest.mark.parametrize("allowed", [5, None])
+def test_allowed_special_of_a_wrong_type_raises(gpt2, allowed):
+    with pytest.raises(RefGPTTypeError, match="allowed_special must be 'all', a name or names"):
+        gpt2.encode("x", allowed_special=allowed)
+
+
 # ---- decoding ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("bad", [50257, -1, 10**9])
@@ -208,6 +228,30 @@ def test_decode_out_of_range_id_raises_naming_it(gpt2, bad):
         gpt2.decode([31373, bad])
     with pytest.raises(RefGPTError, match=str(bad)):
         gpt2.decode_bytes([bad])
+
+
+@pytest.mark.parametrize("ids, message", [
+    (b"ab", "token ids must be integers, found the bytes b'ab'"),
+    ("ab", "token ids must be integers, found the str 'ab'"),
+    (5, "token ids must be a sequence of integers, found 5"),
+    ([0, True], "token id True at position 1 is not an integer"),
+    ([305.7], "token id 305.7 at position 0 is not an integer"),
+])
+def test_decode_refuses_what_is_not_a_sequence_of_integer_ids(gpt2, ids, message):
+    with pytest.raises(RefGPTTypeError, match=re.escape(message)):
+        gpt2.decode(ids)
+
+
+def test_encode_refuses_what_is_not_text(gpt2):
+    with pytest.raises(RefGPTTypeError, match="encode: text must be a str, found bytes"):
+        gpt2.encode(b"x")
+
+
+def test_decode_names_the_first_out_of_range_id_and_its_position(gpt2):
+    """Id 0 is a token (the byte "!"): the error is about the id after it."""
+    with pytest.raises(RefGPTError, match=r"token id 50257 at position 1 is out of range"):
+        gpt2.decode([0, 50257, -1])
+    assert gpt2.decode([0]) == "!"
 
 
 def test_decode_replaces_a_cut_character_but_decode_bytes_is_exact(gpt2):
@@ -304,6 +348,8 @@ BROKEN_FILES = {
         ('{\n' + json.dumps(tiny_vocab())[1:-1].replace(", ", ",\n") + ',\n"h": 104\n}',
          None, "vocab.json", 262),
     "vocab_id_out_of_range": (json.dumps(tiny_vocab() | {EOT: 999}), None, "vocab.json", 1),
+    "vocab_id_negative": (json.dumps(tiny_vocab() | {EOT: -1}), None, "vocab.json", 1),
+    "vocab_id_equal_to_size": (json.dumps(tiny_vocab() | {EOT: 260}), None, "vocab.json", 1),
     "vocab_token_not_bytes": (json.dumps(tiny_vocab() | {"a b": 260}), None, "vocab.json", 1),
     "merge_one_symbol": (None, MERGES + "Ġthe\n", "merges.txt", 5),
     "merge_three_symbols": (None, "Ġ t\nh e x\nĠt he\n", "merges.txt", 2),
@@ -323,6 +369,45 @@ def test_broken_file_raises_naming_file_and_line(tmp_path, case):
         Tokenizer.from_files(paths["vocab.json"], paths["merges.txt"])
     assert str(paths[faulty]) in str(err.value)
     assert f"line {line}" in str(err.value)
+
+
+@pytest.mark.parametrize("case, reason", [
+    ("vocab_duplicate_id", "duplicate id 0: used by both 'Ā' and '<|endoftext|>'"),
+    ("vocab_id_negative", "token '<|endoftext|>' has id -1, but a vocabulary of 260 tokens must use ids 0..259"),
+    ("merge_listed_twice", "merge h e is listed twice"),
+    ("merge_result_not_in_vocab", "merge Ġ th: the merged token 'Ġth' is not in the vocabulary"),
+])
+def test_broken_file_message_says_what_is_wrong(tmp_path, case, reason):
+    vocab_text, merges_text, faulty, line = BROKEN_FILES[case]
+    paths = dict(zip(["vocab.json", "merges.txt"], write_tiny(tmp_path, vocab_text, merges_text)))
+    with pytest.raises(RefGPTError) as err:
+        Tokenizer.from_files(paths["vocab.json"], paths["merges.txt"])
+    assert str(err.value) == f"{paths[faulty]}, line {line}: {reason}"
+
+
+def test_a_fault_at_a_non_ascii_token_names_its_line(tmp_path):
+    """vocab.json as GPT-2's is written: non-ASCII tokens ("Ġ" is byte 32) stored as themselves."""
+    lines = [f"{json.dumps(token, ensure_ascii=False)}: {i}" for token, i in (tiny_vocab() | {"Ġ": 0}).items()]
+    vocab_path, merges_path = write_tiny(tmp_path, vocab_text="{\n" + ",\n".join(lines) + "\n}")
+    line = lines.index('"Ġ": 0') + 2  # after the "{" line
+    with pytest.raises(RefGPTError, match=rf"vocab.json, line {line}: duplicate id 0"):
+        Tokenizer.from_files(vocab_path, merges_path)
+
+
+def test_a_vocab_that_is_not_utf8_is_refused_naming_it(tmp_path):
+    vocab_path, merges_path = write_tiny(tmp_path)
+    vocab_path.write_bytes(b'{"\xff": 0}')
+    with pytest.raises(RefGPTError, match="vocab.json: cannot read tokenizer file"):
+        Tokenizer.from_files(vocab_path, merges_path)
+
+
+def test_special_tokens_are_the_whole_names_and_the_longest_wins():
+    """By default a special token is a vocab entry "<|…|>" (not "<|a" or "a|>"); with two names
+    where one starts the other, encode takes the longer one."""
+    vocab = tiny_vocab() | {"<|a": 260, "b|>": 261, "<|fim|>": 262, "<|fim|>_pre|>": 263}
+    tok = Tokenizer(vocab, TINY_MERGES)
+    assert tok.special_tokens == {EOT: 259, "<|fim|>": 262, "<|fim|>_pre|>": 263}
+    assert tok.encode("<|fim|>_pre|><|fim|>", allowed_special="all") == [263, 262]
 
 
 @pytest.mark.parametrize("missing", ["vocab.json", "merges.txt"])
