@@ -206,6 +206,9 @@ def test_forward_keywords(model):
     assert np.array_equal(model(tokens, stop_at_layer=1, return_type=None), resid)  # TL: stop_at_layer wins
     assert model(tokens, return_type=None) is None
     assert np.array_equal(model(resid, start_at_layer=1), logits)
+    assert model(resid, start_at_layer=1, tokens=tokens, return_type="loss") == loss
+    with pytest.raises(RefGPTError, match="return_type='loss' with start_at_layer needs tokens= for the loss"):
+        model(resid, start_at_layer=1, return_type="loss")  # the stream alone: no next tokens to score
     with pytest.raises(RefGPTError, match="return_type"):
         model(tokens, return_type="probs")
 
