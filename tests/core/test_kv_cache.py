@@ -96,3 +96,11 @@ def test_a_kv_cache_pass_runs_every_block():
         with pytest.raises(RefGPTError, match="a pass with a KV cache runs every block"):
             model(resid if "start_at_layer" in kwargs else tokens, past_kv_cache=past, **kwargs)
         assert past.length == 0
+
+
+def test_a_kv_cache_is_for_a_whole_number_of_sequences():
+    model = random_model(Config(d_model=8, n_layers=1, n_heads=2, d_mlp=12, d_vocab=11, n_ctx=6), seed=3)
+    assert model.kv_cache(1).batch == 1 and model.kv_cache(3).keys.shape[1] == 3
+    for bad in (0, -1, True, 1.5, "2", None):
+        with pytest.raises(RefGPTError, match=f"kv_cache: batch must be a whole number ≥ 1, found {bad!r}"):
+            model.kv_cache(bad)
