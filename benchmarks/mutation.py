@@ -515,6 +515,8 @@ def run(modules, jobs, workdir: Path, only: dict[str, str] | None, timeout_facto
             for i, m in enumerate(as_completed(pool.submit(one, item) for item in mutants)):
                 m = m.result()
                 results.append(m)
+                if progress:  # the report as it stands after every mutant: a run cut short keeps what it measured
+                    progress(sorted(results, key=lambda r: (r.module, r.line)))
                 if m.outcome not in ("killed", "timeout"):
                     print(f"  [{i + 1}/{len(mutants)}] {m.outcome} {m.function} L{m.line} {m.operator}: "
                           f"{m.before} → {m.after}", flush=True)
