@@ -598,6 +598,10 @@ EQUIVALENT: dict[str, str] = {
     'len(text) <= limit → len(text) < limit':
         "an error text: a path of exactly 120 characters is shown whole either way, the mutant adds "
         "'… (120 characters)'; the error raised, and every number, are the same",
+    "model:_bytes_held: buffers[start] = max(buffers.get(start, 0), array.nbytes) :: 0 → 1":
+        "max(1, nbytes) differs from max(0, nbytes) only for an empty array, which no valid parameter is "
+        "(every Config size is ≥ 1); Model refuses such params by their shape right after (or, if MemAvailable "
+        "is within a byte of the need, by the memory check): the same inputs accepted, the same numbers",
     'model:_flatten_block: attn["W_O"] = p[b + "attn.W_O"].reshape(-1, d) :: -1 → -2':
         "NumPy (2.4) reads any negative size in reshape as the one inferred dimension: the same array",
     'config:from_hf: raise RefGPTError(str(error).replace("config:", f"{source}:", 1)) from None :: 1 → 2':
