@@ -82,7 +82,7 @@ _LOADING = ["tests/core/test_safetensors_fuzz.py", "tests/core/test_file_fuzz.py
 _PADDING = ["tests/core/test_padding.py", "tests/core/test_tl_ported_padding.py", "tests/analysis/test_steered_generation.py"]
 NEW = {*_LOADING, *_PADDING, "tests/core/test_fused_qkv.py", "tests/core/test_forward_paths.py", "tests/core/test_forward_reference.py", "tests/core/test_activations.py",
        "tests/core/test_config.py",
-       "tests/core/test_checkpoint.py", *_NEW_PEERS, *_LATER_FAST, *_LATER_PEERS}
+       "tests/core/test_checkpoint.py", "tests/core/test_fused_qkv.py", *_NEW_PEERS, *_LATER_FAST, *_LATER_PEERS}
 _PATHS = ["tests/core/test_forward_reference.py", "tests/core/test_forward_paths.py"]
 # The backward is also judged by the backward hooks (NumPy-only) and by TL's torch gradients (peers).
 _BACKWARD_TESTS = [["tests/core/test_backward.py", "tests/oracle/test_gradients.py", "tests/core/test_tl_semantics.py"],
@@ -353,7 +353,9 @@ def make_mutants(module: str, source: str) -> list[tuple[Mutant, str]]:
             unit = BACKWARD_UNIT if function.split(".")[0].endswith("_backward") else module
             m = Mutant(module, unit, function, line, operator, before[:120], after[:120],
                        source=lines[line - 1].split("  #")[0].strip() if line else "")
-            m.occurrence = 1 + sum(o.key == m.key for o, _ in mutants)
+            # the n-th with this key text, in the order made (a line with four -1s: 1, 2, 3, 4)
+            m.occurrence = 1 + sum((o.function, o.source, o.before, o.after) == (m.function, m.source, m.before, m.after)
+                                   for o, _ in mutants)
             mutants.append((m, new_source))
     return mutants
 
@@ -513,10 +515,12 @@ def run(modules, jobs, workdir: Path, only: dict[str, str] | None, timeout_facto
             for i, m in enumerate(as_completed(pool.submit(one, item) for item in mutants)):
                 m = m.result()
                 results.append(m)
+                if progress:  # the report as it stands after every mutant: a run cut short keeps what it measured
+                    progress(sorted(results, key=lambda r: (r.module, r.line)))
                 if m.outcome not in ("killed", "timeout"):
                     print(f"  [{i + 1}/{len(mutants)}] {m.outcome} {m.function} L{m.line} {m.operator}: "
                           f"{m.before} → {m.after}", flush=True)
-        results.sort(key=lambda m: (m.module, m.line))
+        results.sort(key=lambda m: (m.module, m.line, m.occurrence))  # _load numbers them in this order
         if progress:
             progress(results)
         print(f"{module}: done", flush=True)
@@ -533,6 +537,7 @@ _SEEN = "attention:attend_in_blocks: seen = start + min(i + rows, pos) :: "
 _POWERS = ("σ is computed as √(mean (c·2⁻ᵉ)² + ε·2⁻²ᵉ) · 2ᵉ, and scaling by a power of two commutes with "
            "rounding (no overflow, no underflow of what matters): any e that keeps (c·2⁻ᵉ)² finite gives "
            "the same bits")
+_GELU_ROWS = "activations:gelu_new: rows_in, rows_out = x.reshape(-1, x.shape[-1]), out.reshape(-1, x.shape[-1]) "
 EQUIVALENT: dict[str, str] = {
     "attention:causal_bias: @functools.lru_cache(maxsize=8) :: 8 → 9":
         "the size of the cache of masks: which masks are remembered, not their values",
@@ -578,6 +583,25 @@ EQUIVALENT: dict[str, str] = {
         "at x = 0 both branches give 1/(1 + 1) = ½ exactly (e = e⁰ = 1): the same numbers",
     "activations:_gelu_new_into: np.multiply(x, x, out=t) :: np.multiply(x, x, out=t) → np.multiply(x, x, out=t)":
         "multiply(x, x) with its two (equal) arguments swapped is the same code (the mutator no longer makes it)",
+    "activations:gelu_new: for i in range(0, len(rows_in), 64): :: 64 → 63":
+        "blocks of 64 rows every 63 rows: every row is still covered, and the rows where two blocks overlap "
+        "are computed a second time from the same input row into the same output row (out is a new array, "
+        "never x; every step of _gelu_new_into is an elementwise ufunc, each result element from its own "
+        "input element alone): the same values written again. Checked bit for bit, float32 and float64, "
+        "1–300 rows × 1–3072 columns",
+    **{_GELU_ROWS + f":: -1 → -2{n}":
+       "reshape(-2, d) of x or of out (the first two of the line's four -1s, as make_mutants numbers them; "
+       "the other two, x.shape[-1] → x.shape[-2], give rows_in and rows_out different shapes and fail): "
+       "NumPy (2.4) reads any negative size in reshape as the one inferred dimension: the same array"
+       for n in ("", " #2")},
+    'checkpoint:_shown: return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} characters)" :: '
+    'len(text) <= limit → len(text) < limit':
+        "an error text: a path of exactly 120 characters is shown whole either way, the mutant adds "
+        "'… (120 characters)'; the error raised, and every number, are the same",
+    "model:_bytes_held: buffers[start] = max(buffers.get(start, 0), array.nbytes) :: 0 → 1":
+        "max(1, nbytes) differs from max(0, nbytes) only for an empty array, which no valid parameter is "
+        "(every Config size is ≥ 1); Model refuses such params by their shape right after (or, if MemAvailable "
+        "is within a byte of the need, by the memory check): the same inputs accepted, the same numbers",
     'model:_flatten_block: attn["W_O"] = p[b + "attn.W_O"].reshape(-1, d) :: -1 → -2':
         "NumPy (2.4) reads any negative size in reshape as the one inferred dimension: the same array",
     'config:from_hf: raise RefGPTError(str(error).replace("config:", f"{source}:", 1)) from None :: 1 → 2':
@@ -755,7 +779,8 @@ def _load(path: Path, rev: str | None = None) -> list[Mutant]:
     keys = {}
     for m in mutants:  # occurrences, as make_mutants numbers them
         m.occurrence = 1
-        m.occurrence = keys[m.key] = keys.get(m.key, 0) + 1
+        base = m.key
+        m.occurrence = keys[base] = keys.get(base, 0) + 1
     return mutants
 
 

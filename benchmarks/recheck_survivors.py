@@ -27,11 +27,7 @@ for m in d["mutants"]:
 for module, survivors in by_module.items():
     path = tree / M.module_path(module)
     original = path.read_text()
-    made, counts = {}, {}
-    for mm, source in M.make_mutants(module, original):
-        counts[mm.key] = counts.get(mm.key, 0) + 1
-        mm.occurrence = counts[mm.key]
-        made[mm.key] = source
+    made = {mm.key: source for mm, source in M.make_mutants(module, original)}  # make_mutants numbers them
     for m in survivors:
         if m["key"] not in made:
             print("not made again:", m["key"]); continue

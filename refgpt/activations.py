@@ -35,8 +35,8 @@ def gelu_new(x):
     It runs on the largest activation of the model ([pos, d_mlp]) and takes nine elementwise
     steps, so it goes a block of rows at a time, each block staying in cache through all nine.
     """
-    out = np.empty_like(x)
-    rows_in, rows_out = x.reshape(-1, x.shape[-1]), out.reshape(-1, x.shape[-1])  # [rows, d_mlp] views
+    out = np.empty(x.shape, dtype=x.dtype)  # C order, whatever x's layout: rows_out must be a view of it
+    rows_in, rows_out = x.reshape(-1, x.shape[-1]), out.reshape(-1, x.shape[-1])  # [rows, d_mlp] (rows_in may copy)
     for i in range(0, len(rows_in), 64):
         _gelu_new_into(rows_in[i:i + 64], rows_out[i:i + 64])
     return out

@@ -139,7 +139,7 @@ class Config:
                 raise RefGPTError(f"config: {name} must be true or false, found {_shown(getattr(self, name))}")
 
     def n_params(self) -> int:
-        """How many numbers the weights hold (W_U counted even when tied: refgpt keeps W_Eᵀ as a view)."""
+        """How many numbers the weights hold: a tied W_U is W_Eᵀ (a view), counted once, as HF's num_parameters()."""
         d, m, v = self.d_model, self.d_mlp, self.d_vocab
         block = 4 * d + (3 * d * d + 3 * d) + (d * d + d) + (d * m + m) + (m * d + d)
         return v * d + self.n_ctx * d + self.n_layers * block + 2 * d + (0 if self.tie_word_embeddings else d * v)

@@ -59,6 +59,17 @@ def test_activation_keeps_float32(name):
     assert np.all(np.abs(got - want) <= 8 * np.finfo(np.float32).eps * (np.abs(want) + np.abs(x32))), name
 
 
+@pytest.mark.parametrize("name", sorted(ACTIVATIONS))
+def test_activation_does_not_depend_on_memory_layout(name):
+    """Elementwise, so any layout of the same numbers gives the same bits: a hook may return
+    hook_pre in Fortran order or as a strided view. (gelu_new fills its result a block of rows at a
+    time through a [rows, d_mlp] view of it, which must be a view, not a copy.)"""
+    x = GRID[:1600].reshape(4, 40, 10)  # [batch, pos, d_mlp]
+    want = ACTIVATIONS[name](x)
+    for other in (np.asfortranarray(x), x.transpose(1, 0, 2).copy().transpose(1, 0, 2), np.repeat(x, 2, axis=-1)[..., ::2]):
+        assert np.array_equal(ACTIVATIONS[name](other), want), name
+
+
 def test_sigmoid_does_not_overflow_and_is_symmetric():
     x = np.array([-1000.0, -745.0, -1.0, 0.0, 1.0, 745.0, 1000.0])
     with np.errstate(over="raise", invalid="raise"):  # exp(−1000) may underflow to 0, never overflow

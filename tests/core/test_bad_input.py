@@ -359,8 +359,8 @@ def test_a_weight_stored_with_and_without_the_prefix_is_ambiguous(tmp_path, mode
     tensors = {k: v.astype(np.float32) for k, v in hf_tensors(model).items()}
     tensors["ln_f.bias"] = tensors["transformer.ln_f.bias"] + 1  # a second, different copy
     ckpt = save_checkpoint(model, tmp_path / "m", tensors=tensors)
-    with raises(r"tensor '(transformer\.)?ln_f.bias' is stored twice: also as '(transformer\.)?ln_f.bias'.*ambiguous"):
-        refgpt.load(ckpt)
+    with raises(r"tensor '(transformer\.)?ln_f.bias' is stored twice: also as '(transformer\.)?ln_f.bias'; which copy is meant is ambiguous"):
+        refgpt.load(ckpt)  # in the same file: no second file named
 
 
 def sharded(tmp_path, model, mutate=lambda shards, index: None):
@@ -393,8 +393,18 @@ def _in_both(shards, index):
     shards["a.safetensors"]["transformer.wte.weight"] = shards["b.safetensors"]["transformer.wte.weight"]
 
 
+def _bare_copy_in_the_other_shard(shards, index):
+    """ln_f.bias beside transformer.ln_f.bias, in the other shard, both listed in the index."""
+    holder = next(f for f, part in shards.items() if "transformer.ln_f.bias" in part)
+    other = ({"a.safetensors", "b.safetensors"} - {holder}).pop()
+    shards[other]["ln_f.bias"] = shards[holder]["transformer.ln_f.bias"]
+    index["weight_map"]["ln_f.bias"] = other
+
+
 @pytest.mark.parametrize("mutate,match", [
     (_in_both, r"holds tensor 'transformer.wte.weight', which the shard index places in"),
+    (_bare_copy_in_the_other_shard, r"[ab]\.safetensors: tensor '(transformer\.)?ln_f.bias' is stored twice: also as "
+                                    r"'(transformer\.)?ln_f.bias' in \S+/[ab]\.safetensors; which copy is meant is ambiguous"),
     (lambda s, i: i["weight_map"].update({"transformer.h.0.ln_1.weight": "c.safetensors"}), "names shard 'c.safetensors', which does not exist"),
     (lambda s, i: i.update(weight_map={}), "'weight_map' must be a non-empty object"),
     (lambda s, i: i.update(weight_map=[]), "'weight_map' must be a non-empty object"),

@@ -14,6 +14,7 @@ import refgpt
 from random_models import hf_tensors, random_model, random_params, save_checkpoint
 from refgpt import Config, Model, RefGPTError
 from refgpt.checkpoint import compute_dtype, expected_shapes, to_circuits, weight_files
+from refgpt.safetensors_file import SafetensorsFile
 
 CFG = Config(d_model=8, n_layers=2, n_heads=2, d_mlp=12, d_vocab=11, n_ctx=6)
 UNTIED = Config(**{**CFG.__dict__, "tie_word_embeddings": False})
@@ -54,6 +55,31 @@ def test_weights_stored_in_the_compute_dtype_are_views_of_one_buffer(tmp_path):
     assert not p["blocks.0.attn.W_Q"].flags.owndata and np.shares_memory(back.W_U, back.W_E)
     back32 = refgpt.load(tmp_path / "m", dtype="float32")
     assert all(v.dtype == np.float32 for v in back32.params.values())
+
+
+def test_a_converted_weight_leaves_no_second_copy_in_memory(tmp_path, monkeypatch):
+    """Stored in float32 and computed in float64, each weight is a converted copy: its stored bytes'
+    pages are dropped once it is converted (SafetensorsFile.release), so the weights are held once,
+    not twice. Stored in the compute dtype, the weights are the mapped file: nothing is dropped."""
+    released = []
+    drop = SafetensorsFile.release
+    monkeypatch.setattr(SafetensorsFile, "release", lambda self, name: (released.append(name), drop(self, name))[1])
+    path = save_checkpoint(model_of(CFG, seed=4), tmp_path / "m", dtype=np.float32)
+    refgpt.load(path)  # float64
+    assert sorted(name.removeprefix("transformer.") for name in released) == sorted(expected_shapes(CFG))
+    released.clear()
+    refgpt.load(path, dtype="float32")
+    assert released == []
+
+
+def test_a_tokenizer_is_a_whole_pair_of_files(tmp_path):
+    """vocab.json + merges.txt (or encoder.json + vocab.bpe) beside the weights become the tokenizer
+    (load's docstring); one file of a pair alone is no tokenizer, and loading goes on without one."""
+    path = save_checkpoint(model_of(CFG, seed=5), tmp_path / "m")
+    for lone in ("vocab.json", "merges.txt", "encoder.json", "vocab.bpe"):
+        (path / lone).write_text("{}" if lone.endswith(".json") else "#version: 0.2\n")
+        assert refgpt.load(path).tokenizer is None, lone
+        (path / lone).unlink()
 
 
 def test_hf_buffers_and_a_tied_lm_head_copy_are_ignored(tmp_path):
@@ -128,8 +154,14 @@ def test_sharded_checkpoints_and_bad_indexes(tmp_path):
         with raises("model.safetensors.index.json: not a valid shard index"):
             weight_files(d)
     (d / "model.safetensors.index.json").unlink()
+    (d / "model.safetensors.index.json").mkdir()  # there, but unreadable
+    with raises(r"model\.safetensors\.index\.json: cannot read \(Is a directory\)$"):
+        weight_files(d)
+    (d / "model.safetensors.index.json").rmdir()
     with raises("no model.safetensors or model.safetensors.index.json"):
         weight_files(d)
+    save_file(t, str(d / "model.safetensors"))  # one file: the shards beside it are not read
+    assert weight_files(d) == [d / "model.safetensors"]
 
 
 def test_compute_dtype():

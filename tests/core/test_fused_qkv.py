@@ -19,7 +19,7 @@ def test_fused_qkv_is_a_view_of_c_attn(tmp_path):
     _, w, _ = model.block_weights(1)
     assert not w["W_QKV"].flags.owndata and not w["W_QKV"].flags.writeable
     assert np.shares_memory(w["W_QKV"], model.params["blocks.1.attn.W_V"])
-    assert not w["b_QKV"].flags.owndata and np.shares_memory(w["b_QKV"], model.params["blocks.1.attn.b_V"])
+    assert not w["b_QKV"].flags.owndata and np.shares_memory(w["b_QKV"], model.params["blocks.1.attn.b_V"])  # c_attn.bias
     for i, x in enumerate("QKV"):
         flat = model.params[f"blocks.1.attn.W_{x}"].transpose(1, 0, 2).reshape(CFG.d_model, -1)
         assert np.array_equal(w["W_QKV"][:, i * CFG.d_model:(i + 1) * CFG.d_model], flat)
@@ -44,14 +44,13 @@ def test_side_by_side_views_only_adjacent_parts():
                   [W[:, :4], np.ones((5, 4)), W[:, 8:]],  # not one buffer
                   [W[::2, :4], W[::2, 4:8], W[::2, 8:]]):  # every other row: still adjacent, rows strided
         joined = side_by_side(parts)
-        assert joined.flags.owndata and np.array_equal(joined, np.concatenate(parts, axis=-1))
-
-
-def test_side_by_side_does_not_view_past_the_first_parts_buffer():
-    """Two arrays adjacent in memory but not one array (here two numpy arrays over one bytearray,
-    as two allocations can be): a view from the first would reach into memory it does not own."""
-    memory = bytearray(8 * 8)
-    a = np.frombuffer(memory, np.float64, count=4)  # [4], its own root: .base is the bytearray
-    b = np.frombuffer(memory, np.float64, count=4, offset=32)  # [4], right after a
-    joined = side_by_side([a, b])
-    assert joined.flags.owndata and np.array_equal(joined, np.concatenate([a, b]))
+        assert np.array_equal(joined, np.concatenate(parts, axis=-1))
+    b = np.arange(12.0)
+    assert not side_by_side([b[:4], b[4:8], b[8:]]).flags.owndata  # one axis (b_Q | b_K | b_V): a view too
+    # Arrays of their own that merely lie next to each other in memory: a view of the first could not
+    # keep the others' memory alive, so they are copied (nothing is viewed beyond the first's own array).
+    buffer = np.arange(12.0).tobytes()
+    apart = [np.frombuffer(buffer, count=4, offset=32 * i) for i in range(3)]
+    assert all(p.base is buffer for p in apart)
+    joined = side_by_side(apart)
+    assert joined.flags.owndata and np.array_equal(joined, np.arange(12.0))

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from random_models import random_model
-from refgpt import Config, act_name
+from refgpt import Config, RefGPTError, act_name
 
 CFG = Config(d_model=12, n_layers=3, n_heads=3, d_mlp=20, d_vocab=17, n_ctx=8)
 TOKENS = np.array([[3, 1, 4, 1, 5], [9, 2, 6, 5, 3]])
@@ -43,15 +43,11 @@ def test_cache_keeps_only_what_was_asked(model):
     assert sorted(by_predicate) == sorted(n for n in model.hook_names if n.endswith("hook_scale"))
     _, one = model.run_with_cache(TOKENS, names="hook_embed")
     assert list(one) == ["hook_embed"]
-    np.testing.assert_array_equal(logits, model(TOKENS))
-
-
-def test_names_and_its_alias_names_filter_together_are_refused(model):
-    """Two filters would be a silent guess at which one was meant (they differ here)."""
-    from refgpt import RefGPTError
-
+    _, same = model.run_with_cache(TOKENS, names_filter="hook_embed")  # TransformerLens's name for names
+    assert list(same) == ["hook_embed"]
     with pytest.raises(RefGPTError, match="pass names_filter= or its alias names=, not both"):
-        model.run_with_cache(TOKENS, names_filter="hook_embed", names="hook_pos_embed")
+        model.run_with_cache(TOKENS, names_filter="hook_embed", names="hook_pos_embed")  # which? no guess
+    np.testing.assert_array_equal(logits, model(TOKENS))
 
 
 def test_unbatched_input_still_caches_a_batch_axis(model):

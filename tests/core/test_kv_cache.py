@@ -98,10 +98,9 @@ def test_a_kv_cache_pass_runs_every_block():
         assert past.length == 0
 
 
-@pytest.mark.parametrize("batch", [0, -1, True, 2.0, "2", None])
-def test_kv_cache_batch_must_be_a_whole_number_of_at_least_one(batch):
-    """Refused where it is asked for: a count below 1, a bool (True is not a count), a float, text, None."""
+def test_a_kv_cache_is_for_a_whole_number_of_sequences():
     model = random_model(Config(d_model=8, n_layers=1, n_heads=2, d_mlp=12, d_vocab=11, n_ctx=6), seed=3)
-    with pytest.raises(RefGPTError, match=r"kv_cache: batch must be a whole number ≥ 1, found "):
-        model.kv_cache(batch)
-    assert model.kv_cache(2).batch == 2
+    assert model.kv_cache(1).batch == 1 and model.kv_cache(3).keys.shape[1] == 3
+    for bad in (0, -1, True, 1.5, "2", None):
+        with pytest.raises(RefGPTError, match=f"kv_cache: batch must be a whole number ≥ 1, found {bad!r}"):
+            model.kv_cache(bad)

@@ -89,6 +89,23 @@ def test_left_padded_generation_and_kv_cache_equal_each_row_alone(texts, bos):
     assert np.array_equal(out, without_cache)
 
 
+def test_a_kv_cached_step_without_a_mask_after_a_padded_prompt_is_all_real_tokens():
+    """Once a KV cache holds a padded batch, a step given no attention_mask, by a model with no
+    tokenizer to find pads with (inputs.padding_of), marks its new tokens real, mask 1
+    (KVCache.attention_mask): the full pass with the prompt's mask extended by ones. Marked 0
+    they would be pads (unseen, no position); marked 2, not real (``mask == 1``) and their
+    positions, the cumulative sum of the mask, off by one each."""
+    bare = random_model(MODEL.cfg, seed=0, scale=0.5)  # no tokenizer
+    tokens = np.array([[7, 7, 3, 1, 4], [9, 2, 6, 5, 3]])
+    mask = np.array([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
+    more = np.array([[2, 8], [4, 4]])
+    past = bare.kv_cache(2)
+    bare(tokens, past=past, attention_mask=mask)
+    step = bare(more, past=past)  # [batch, 2, d_vocab]
+    full = bare(np.concatenate([tokens, more], axis=1), attention_mask=np.pad(mask, ((0, 0), (0, 2)), constant_values=1))
+    assert rel(step, full[:, -2:]) <= TOL
+
+
 def test_an_all_ones_mask_is_the_unpadded_pass_bit_for_bit():
     tokens = np.array([[3, 1, 4, 1, 5], [9, 2, 6, 5, 3]])
     plain = MODEL(tokens)
