@@ -80,7 +80,7 @@ _LATER_PEERS = ["tests/core/test_tl_ported_hooks_cache.py"]
 _LOADING = ["tests/core/test_safetensors_fuzz.py", "tests/core/test_file_fuzz.py", "tests/core/test_saving.py"]
 # KV-cached decoding of padded batches (issue 16), NumPy-only.
 _PADDING = ["tests/core/test_padding.py", "tests/core/test_tl_ported_padding.py", "tests/analysis/test_steered_generation.py"]
-NEW = {*_LOADING, *_PADDING, "tests/core/test_fused_qkv.py", "tests/core/test_forward_paths.py", "tests/core/test_forward_reference.py", "tests/core/test_activations.py",
+NEW = {*_LOADING, *_PADDING, "tests/core/test_forward_paths.py", "tests/core/test_forward_reference.py", "tests/core/test_activations.py",
        "tests/core/test_config.py",
        "tests/core/test_checkpoint.py", "tests/core/test_fused_qkv.py", *_NEW_PEERS, *_LATER_FAST, *_LATER_PEERS}
 _PATHS = ["tests/core/test_forward_reference.py", "tests/core/test_forward_paths.py"]
