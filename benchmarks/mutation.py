@@ -699,6 +699,11 @@ EQUIVALENT: dict[str, str] = {
        "root is the end of first's .base chain, so first lies inside root's memory: root's start is at or before "
        "first's start, hence before its end ([-1] is [1]): the comparison is true either way"
        for edit in ("0 → 1", "0 → -1")},
+    # Reviewed at the end of the session (17:20): the last chunks' survivors.
+    'attention:attention: W_O = w["W_O"].reshape(n_heads, -1, w["W_O"].shape[-1]) :: -1 → -2 #2':
+        "W_O is [head·d_head, d_model] and Config requires head·d_head = d_model: shape[-2] = shape[-1]",
+    'model:_flatten_block: bias = [p[b + f"attn.b_{x}"].reshape(-1) for x in "QKV"] :: -1 → -2':
+        "NumPy (2.4) reads any negative size in reshape as the one inferred dimension: the same array",
 }
 
 

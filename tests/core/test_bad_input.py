@@ -234,6 +234,16 @@ def test_weights_already_in_memory_are_not_asked_for_twice(model, ckpt, monkeypa
     assert refgpt.load(ckpt).cfg == cfg
 
 
+def test_a_model_may_drop_its_tokenizer(model):
+    model.tokenizer = None  # only a tokenizer decides default_prepend_bos
+    assert model.tokenizer is None and model(np.array([1, 2])).shape == (2, CFG.d_vocab)
+
+
+def test_run_with_cache_incl_bwd_needs_a_loss(model):
+    with raises(r"incl_bwd=True needs return_type='loss'"):
+        model.run_with_cache(np.array([[1, 2, 3]]), incl_bwd=True)
+
+
 def test_model_takes_a_config_and_a_mapping_of_arrays(model):
     params = dict(model.params)
     with pytest.raises(RefGPTTypeError, match="Model: cfg must be a refgpt.Config, found dict"):

@@ -54,3 +54,18 @@ def test_side_by_side_views_only_adjacent_parts():
     assert all(p.base is buffer for p in apart)
     joined = side_by_side(apart)
     assert joined.flags.owndata and np.array_equal(joined, np.arange(12.0))
+
+
+def test_side_by_side_never_views_beyond_the_array_the_first_part_belongs_to():
+    """Q and K in one array, V right after them in memory but outside that array: the last part
+    decides (its end must lie inside the first part's array), so the three are copied."""
+    n, d = 4, 3
+    memory = bytearray(np.arange(n * 3 * d, dtype=np.float64).tobytes())  # rows of [Q | K | V]
+    big = np.frombuffer(memory, np.float64)  # [n·3d]
+    qk = np.frombuffer(memory, np.float64, count=n * 3 * d - d)  # an array of its own, ending where the last V begins
+    assert not isinstance(qk.base, np.ndarray)  # a root: side_by_side looks no further
+    rows = (3 * d * 8, 8)
+    q, k = (np.ndarray((n, d), np.float64, buffer=qk, offset=8 * d * i, strides=rows) for i in range(2))
+    v = np.ndarray((n, d), np.float64, buffer=big, offset=8 * 2 * d, strides=rows)
+    joined = side_by_side([q, k, v])
+    assert joined.flags.owndata and np.array_equal(joined, big.reshape(n, 3 * d))

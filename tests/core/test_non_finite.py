@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import refgpt
 from random_models import random_model
 from refgpt import Config, RefGPTError
 from refgpt.analysis.interventions import add_vector
@@ -42,6 +43,18 @@ def test_an_overflow_is_named_where_it_happens(model):
     with np.errstate(over="ignore"):
         with pytest.raises(RefGPTError, match="produced -?inf at blocks.0.hook_attn_out"):
             model.run_with_hooks(TOKENS, fwd_hooks=[("blocks.0.hook_attn_out", lambda a, n: a * 1e308 * 1e10)])
+
+
+def test_an_overflow_in_the_attention_scores_is_named_at_the_scores(model):
+    """Finite q and k whose product overflows: the guard's re-run watches every point, so attention
+    makes its full scores and the error names hook_attn_scores, not the NaN it becomes at hook_z."""
+    params = dict(model.params)
+    params["blocks.0.attn.W_Q"] = params["blocks.0.attn.W_Q"] * 1e160  # q ~ 1e160: finite
+    params["blocks.0.attn.W_K"] = params["blocks.0.attn.W_K"] * 1e160  # q·kᵀ ~ 1e320: inf
+    big = refgpt.Model(model.cfg, params)
+    with np.errstate(over="ignore", invalid="ignore"):
+        with pytest.raises(RefGPTError, match=r"produced -?inf at blocks\.0\.attn\.hook_attn_scores"):
+            big(TOKENS)
 
 
 def test_the_guard_works_with_a_kv_cache_and_leaves_it_consistent(model):
