@@ -3,6 +3,7 @@ from deep inside, never a silently wrong number."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import struct
 
@@ -234,9 +235,17 @@ def test_weights_already_in_memory_are_not_asked_for_twice(model, ckpt, monkeypa
     assert refgpt.load(ckpt).cfg == cfg
 
 
-def test_a_model_may_drop_its_tokenizer(model):
-    model.tokenizer = None  # only a tokenizer decides default_prepend_bos
-    assert model.tokenizer is None and model(np.array([1, 2])).shape == (2, CFG.d_vocab)
+def test_a_tokenizer_decides_whether_a_bos_is_prepended_and_may_be_dropped(model):
+    from refgpt.tokenizer import Tokenizer, bytes_to_unicode
+
+    model = refgpt.Model(dataclasses.replace(model.cfg), dict(model.params))  # its own cfg: the setter writes to it
+    symbols = [bytes_to_unicode()[b] for b in range(256)]  # a byte-level vocabulary without <|endoftext|>
+    assert model.cfg.default_prepend_bos
+    model.tokenizer = Tokenizer({c: i for i, c in enumerate(symbols)}, [])
+    assert model.tokenizer.bos_token_id is None and not model.cfg.default_prepend_bos  # no BOS to prepend
+    model.tokenizer = None  # dropping it leaves the setting as it is
+    assert model.tokenizer is None and not model.cfg.default_prepend_bos
+    assert model(np.array([1, 2])).shape == (2, CFG.d_vocab)
 
 
 def test_run_with_cache_incl_bwd_needs_a_loss(model):
