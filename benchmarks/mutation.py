@@ -781,11 +781,8 @@ def _load(path: Path, rev: str | None = None) -> list[Mutant]:
             text = (subprocess.run(["git", "show", f"{rev}:{module_path(m.module)}"], cwd=ROOT, capture_output=True,
                                    text=True, check=True).stdout if rev else (ROOT / module_path(m.module)).read_text())
             m.source = text.splitlines()[m.line - 1].split("  #")[0].strip()
-    keys = {}
-    for m in mutants:  # occurrences, as make_mutants numbers them
-        m.occurrence = 1
-        base = m.key
-        m.occurrence = keys[base] = keys.get(base, 0) + 1
+    # Occurrences come from the JSON (make_mutants numbered them over the whole module); renumbering
+    # here would be wrong for a sampled run, which holds the second of two equal edits without the first.
     return mutants
 
 
