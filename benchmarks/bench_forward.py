@@ -59,18 +59,20 @@ def median_seconds(fn, repeats):
     return statistics.median(times)
 
 
-def paired_medians(ours, theirs, repeats):
+def paired_medians(ours, theirs, repeats, clock=None):
     """Median seconds of ``ours`` and ``theirs`` run alternately (after a warm-up of each), so that
-    both see the same machine: on a shared machine only such side-by-side ratios mean anything."""
+    both see the same machine: on a shared machine only such side-by-side ratios mean anything.
+    ``clock``: this module's (REFGPT_BENCH_CLOCK) unless another script passes its own."""
+    now = clock or _now
     ours(), theirs()
     a, b = [], []
     for _ in range(repeats):
-        t = _now()
+        t = now()
         ours()
-        a.append(_now() - t)
-        t = _now()
+        a.append(now() - t)
+        t = now()
         theirs()
-        b.append(_now() - t)
+        b.append(now() - t)
     return statistics.median(a), statistics.median(b)
 
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -34,6 +33,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
+import bench_forward  # noqa: E402
 from machine import describe, machine, update_section  # noqa: E402
 
 import refgpt  # noqa: E402
@@ -51,17 +51,8 @@ _now = time.process_time if CLOCK == "cpu" else time.perf_counter
 
 
 def paired_medians(ours, theirs, rounds):
-    """Median seconds of ``ours`` and ``theirs``, run alternately ``rounds`` times after a warm-up."""
-    ours(), theirs()
-    a, b = [], []
-    for _ in range(rounds):
-        t = _now()
-        ours()
-        a.append(_now() - t)
-        t = _now()
-        theirs()
-        b.append(_now() - t)
-    return statistics.median(a), statistics.median(b)
+    """bench_forward's paired timing, on this script's clock (REFGPT_PROFILE_CLOCK)."""
+    return bench_forward.paired_medians(ours, theirs, rounds, clock=_now)
 
 
 def op_table(model, hf, dtype, T=1024, rounds=7):
