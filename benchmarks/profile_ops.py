@@ -38,7 +38,6 @@ from machine import describe, machine, update_section  # noqa: E402
 
 import refgpt  # noqa: E402
 from refgpt import attention as attn_mod  # noqa: E402
-from refgpt.activations import gelu_new  # noqa: E402
 from refgpt.layernorm import layer_norm  # noqa: E402
 from refgpt.linear import affine  # noqa: E402
 
@@ -62,7 +61,6 @@ def op_table(model, hf, dtype, T=1024, rounds=7):
 
     cfg = model.cfg
     d, H, dh, V, L = cfg.d_model, cfg.n_heads, cfg.d_head, cfg.d_vocab, cfg.n_layers
-    tdt = getattr(torch, dtype)
     rng = np.random.default_rng(0)
     x = rng.standard_normal((1, T, d)).astype(dtype)  # [batch, pos, d_model]
     h = rng.standard_normal((1, T, 4 * d)).astype(dtype)  # [batch, pos, d_mlp]
