@@ -482,6 +482,7 @@ def run(modules, jobs, workdir: Path, only: dict[str, str] | None, timeout_facto
             mutants = [(m, s) for m, s in mutants if m.unit != BACKWARD_UNIT]
         if sample > 1:
             mutants = mutants[offset::sample]
+        mutants = [(m, s) for m, s in mutants if m.key not in measured]
         stages = {unit: (_BACKWARD_TESTS if unit == BACKWARD_UNIT else MODULES[module])
                   for unit in {m.unit for m, _ in mutants}}
         if two_stages:
@@ -804,6 +805,9 @@ def main(argv=None):
     ap.add_argument("--offset", type=int, default=0,
                     help="with --sample n: start at the k-th mutant (runs with offsets 0 … n − 1 together cover all)")
     ap.add_argument("--skip-backward", action="store_true", help="leave out the *_backward functions of forward modules")
+    ap.add_argument("--skip-measured", type=Path, nargs="*", default=[],
+                    help="earlier mutation.json files: leave out the mutants they hold (by key: the same edit of the "
+                         "same source line), to finish a module a cut-short or sampled run began")
     ap.add_argument("--rev", default=None, help="test the tree of this commit (e.g. the tests before a change)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "MUTATION.md")
     ap.add_argument("--list", action="store_true", help="only list the mutants")
@@ -834,7 +838,8 @@ def main(argv=None):
         return
     run(args.modules, args.jobs, workdir, only, args.timeout_factor, args.rev, args.skip_backward,
         sample=args.sample, progress=save, resolve_before=not args.fast_first, two_stages=args.fast_first,
-        offset=args.offset, fixed_timeout=args.timeout)
+        offset=args.offset, fixed_timeout=args.timeout,
+        measured=frozenset(m.key for path in args.skip_measured for m in _load(path, args.rev)))
 
 
 if __name__ == "__main__":
