@@ -467,7 +467,8 @@ def _baseline(tree, stages) -> list[float]:
 
 def run(modules, jobs, workdir: Path, only: dict[str, str] | None, timeout_factor: float, rev: str | None = None,
         skip_backward: bool = False, resolve_before: bool = True, sample: int = 1, progress=None,
-        two_stages: bool = False, offset: int = 0, fixed_timeout: float | None = None):
+        two_stages: bool = False, offset: int = 0, fixed_timeout: float | None = None,
+        measured: frozenset = frozenset()):
     trees = [_copy_tree(workdir / f"tree{j}", rev) for j in range(jobs)]
     results: list[Mutant] = []
     for module in modules:
