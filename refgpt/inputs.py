@@ -97,6 +97,10 @@ def residual_input(model, resid, tokens=None, attention_mask=None, past=None):
     if array.ndim != 3 or array.shape[-1] != model.cfg.d_model or array.dtype != model.dtype:
         raise RefGPTError(f"start_at_layer: input must be the residual stream [batch, pos, d_model={model.cfg.d_model}] "
                           f"in {model.dtype}, found shape {list(array.shape)} {array.dtype}")
+    if not np.isfinite(array).all():
+        index = [int(i) for i in np.argwhere(~np.isfinite(array))[0]]
+        raise RefGPTError(f"start_at_layer: the residual stream given holds {array[tuple(index)]} at index {index}; "
+                          "a forward pass needs finite input")
     if tokens is not None:
         tokens, _ = model.check_tokens(tokens)
         if tokens.shape != array.shape[:2]:

@@ -275,11 +275,10 @@ class Model(TextMethods, HookRegistry, CircuitMethods):
         start = past.length if past is not None else 0
         run = HookRun(self.hook_dict, cache_names, start=start, positions=_hook_positions(padding))
         logits = self.forward_pass(tokens, run, past, last_only, padding, start_at_layer, stop_at_layer, resid)
-        if start_at_layer is None and stop_at_layer is None:
-            with np.errstate(over="ignore", invalid="ignore"):
-                finite = np.isfinite(np.add.reduce(logits, axis=None))  # one pass over the logits (benchmarks/bench_guards.py)
-            if not finite:
-                self._raise_at_first_non_finite(tokens, past, start, last_only, padding)
+        with np.errstate(over="ignore", invalid="ignore"):
+            finite = np.isfinite(np.add.reduce(logits, axis=None))  # one pass over the output (benchmarks/bench_guards.py)
+        if not finite:
+            self._raise_at_first_non_finite(tokens, past, start, last_only, padding, start_at_layer, stop_at_layer, resid)
         cache = ActivationCache(run.cache, self)
         if stop_at_layer is not None:
             return logits, cache  # the stream entering block stop_at_layer, whatever return_type says (as TL)
@@ -293,15 +292,18 @@ class Model(TextMethods, HookRegistry, CircuitMethods):
                                      per_token=loss_per_token)
         return (loss if return_type == "loss" else Output(logits if batched else logits[0], loss)), cache
 
-    def _raise_at_first_non_finite(self, tokens, past, start, last_only, padding):
-        """The logits hold NaN or ±∞ (or only their sum overflowed): run again, checking every hook
-        point after its hooks, and raise at the first non-finite one (the −∞ of the causal mask in
-        attention scores is expected). The hooks run a second time; a KV cache is rewound first."""
+    def _raise_at_first_non_finite(self, tokens, past, start, last_only, padding, start_at_layer=None,
+                                   stop_at_layer=None, resid=None):
+        """The pass's output (the logits, or with stop_at_layer the stream) holds NaN or ±∞ (or only
+        its sum overflowed): run the same pass again, checking every hook point after its hooks, and
+        raise at the first non-finite one (the −∞ of the causal mask in attention scores is
+        expected). The hooks run a second time; a KV cache is rewound first."""
         if past is not None:
             past.length = start  # the cache is rewritten with the same positions
         run = _FirstNonFinite(self.hook_dict, start=start, positions=_hook_positions(padding))
         try:
-            logits = self.forward_pass(tokens, run, past, last_only, padding)  # [batch, pos, d_vocab]
+            logits = self.forward_pass(tokens, run, past, last_only, padding, start_at_layer, stop_at_layer,
+                                       resid)  # [batch, pos, d_vocab], or [batch, pos, d_model] with stop_at_layer
         except _NonFinite as found:
             name, index, value = found.args
             raise RefGPTError(f"the forward pass produced {value} at {name} (index {list(index)}) from finite "
@@ -309,8 +311,10 @@ class Model(TextMethods, HookRegistry, CircuitMethods):
                               f"{self.dtype.name} cannot represent the result") from None
         bad = np.argwhere(~np.isfinite(logits))
         if len(bad):
-            raise RefGPTError(f"the forward pass produced {logits[tuple(bad[0])]} in the logits "
-                              f"(index {[int(i) for i in bad[0]]}) from finite input: the unembedding overflowed")
+            where, why = (("the logits", "the unembedding overflowed") if stop_at_layer is None else
+                          (f"the stream entering block {stop_at_layer}", "the embedding overflowed"))
+            raise RefGPTError(f"the forward pass produced {logits[tuple(bad[0])]} in {where} "
+                              f"(index {[int(i) for i in bad[0]]}) from finite input: {why}")
 
     def forward_pass(self, tokens, point, past=None, last_only=False, padding=None, start_at_layer=None,
                      stop_at_layer=None, resid=None):

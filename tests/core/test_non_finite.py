@@ -70,6 +70,38 @@ def test_the_guard_works_with_a_kv_cache_and_leaves_it_consistent(model):
     assert np.array_equal(model(TOKENS[2:], past=past), model(TOKENS[2:], past=fresh))
 
 
+def _inf_at_resid_mid(a, name):
+    return a + np.inf
+
+
+def test_a_pass_from_start_at_layer_is_guarded_too(model):
+    """start_at_layer: the same guard, the re-run from the same stream and layer; a non-finite
+    stream given as input is refused up front, naming where."""
+    _, cache = model.run_with_cache(TOKENS[None])
+    stream = cache["blocks.1.hook_resid_pre"]  # [1, pos, d_model]
+    assert np.array_equal(model(stream, start_at_layer=1), model(TOKENS[None]))
+    with pytest.raises(RefGPTError, match="at blocks.1.hook_resid_mid"):
+        model.run_with_hooks(stream, start_at_layer=1, fwd_hooks=[("blocks.1.hook_resid_mid", _inf_at_resid_mid)])
+    bad = stream.copy()
+    bad[0, 2, 3] = np.nan
+    with pytest.raises(RefGPTError, match=r"start_at_layer: the residual stream given holds nan at index \[0, 2, 3\]"):
+        model(bad, start_at_layer=1)
+
+
+def test_a_pass_to_stop_at_layer_is_guarded_too(model):
+    """stop_at_layer: the stream it returns is checked like the logits; the re-run names the point."""
+    stream = model(TOKENS, stop_at_layer=2)
+    assert np.isfinite(stream).all()
+    with pytest.raises(RefGPTError, match="at blocks.1.hook_resid_mid"):
+        model.run_with_hooks(TOKENS, stop_at_layer=2, fwd_hooks=[("blocks.1.hook_resid_mid", _inf_at_resid_mid)])
+    huge = dict(model.params)
+    huge["embed.W_E"] = np.full_like(huge["embed.W_E"], 1e308)
+    huge["pos_embed.W_pos"] = np.full_like(huge["pos_embed.W_pos"], 1e308)  # W_E[t] + W_pos[p] = inf: the embedding overflows
+    with np.errstate(over="ignore"):
+        with pytest.raises(RefGPTError, match=r"produced inf in the stream entering block 0 .*the embedding overflowed"):
+            refgpt.Model(model.cfg, huge)(TOKENS, stop_at_layer=0)
+
+
 def test_masked_attention_scores_are_not_a_non_finite_value(model):
     logits, cache = model.run_with_cache(TOKENS)
     assert np.isneginf(cache["blocks.0.attn.hook_attn_scores"]).any() and np.isfinite(logits).all()
