@@ -184,6 +184,9 @@ def test_from_hf_refusals_name_the_source():
         Config.from_hf({"n_embd": "8"}, source="x.json")  # n_inner None: 4·'8' must not become '8888'
     with pytest.raises(RefGPTError, match="^x.json: n_head=5 does not divide n_embd=768"):
         Config.from_hf({"n_head": 5}, source="x.json")
+    # Only the message's own "config:" prefix becomes the source; a value is shown as it was given.
+    with pytest.raises(RefGPTError, match="^x.json: unknown activation_function 'config: gelu'; refgpt knows"):
+        Config.from_hf({"activation_function": "config: gelu"}, source="x.json")
 
 
 def test_from_json(tmp_path):
