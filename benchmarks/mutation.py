@@ -89,7 +89,8 @@ _BACKWARD_TESTS = [["tests/core/test_backward.py", "tests/oracle/test_gradients.
                    ["tests/core/test_tl_ported_hooks_cache.py"]]
 MODULES = {
     "layernorm": [_OLD_FAST + ["tests/core/test_ln_views.py"], _PATHS, _OLD_PEERS + ["tests/core/test_mission.py"], _NEW_PEERS],
-    "attention": [_OLD_FAST, _PATHS + _LATER_FAST + _PADDING, _OLD_PEERS, _NEW_PEERS + _LATER_PEERS],
+    "attention": [_OLD_FAST, _PATHS + _LATER_FAST + _PADDING + ["tests/core/test_fused_qkv.py"], _OLD_PEERS,
+                  _NEW_PEERS + _LATER_PEERS],
     "mlp": [_OLD_FAST, _PATHS, _OLD_PEERS, _NEW_PEERS],
     "activations": [_OLD_FAST, ["tests/core/test_activations.py"] + _PATHS, _OLD_PEERS, _NEW_PEERS],
     "linear": [_OLD_FAST, _PATHS, _OLD_PEERS, _NEW_PEERS],
@@ -706,6 +707,10 @@ EQUIVALENT: dict[str, str] = {
         "W_O is [head·d_head, d_model] and Config requires head·d_head = d_model: shape[-2] = shape[-1]",
     'model:_flatten_block: bias = [p[b + f"attn.b_{x}"].reshape(-1) for x in "QKV"] :: -1 → -2':
         "NumPy (2.4) reads any negative size in reshape as the one inferred dimension: the same array",
+    # Reviewed in the fourth round.
+    'attention:fused_qkv: if "W_QKV" in w: :: if "W_QKV" in w: → pass':
+        "the model's block weights hold W_QKV and W_Q, W_K, W_V as views of its column blocks (b_* of b_QKV; "
+        "model.py _flatten_block), so joining the parts makes a copy of W_QKV: the same numbers, one copy more",
 }
 
 

@@ -69,3 +69,27 @@ def test_side_by_side_never_views_beyond_the_array_the_first_part_belongs_to():
     v = np.ndarray((n, d), np.float64, buffer=big, offset=8 * 2 * d, strides=rows)
     joined = side_by_side([q, k, v])
     assert joined.flags.owndata and np.array_equal(joined, big.reshape(n, 3 * d))
+
+
+def test_attention_joins_separate_w_q_w_k_w_v_into_the_same_numbers():
+    """attention() also takes a block's weights as W_Q, W_K, W_V and b_Q, b_K, b_V only (what
+    a caller outside the model, e.g. the backward's tests, has) and joins them: the same output,
+    bit for bit, as from the model's fused W_QKV."""
+    from refgpt.attention import attention
+
+    class Silent:
+        def __call__(self, name, a):
+            return a
+
+        def watched(self, name):
+            return False
+
+        def hooked(self, name):
+            return False
+
+    model = random_model(CFG, seed=3)
+    _, w, _ = model.block_weights(1)
+    separate = {k: v for k, v in w.items() if k not in ("W_QKV", "b_QKV")}
+    x = np.random.default_rng(0).standard_normal((2, CFG.n_ctx, CFG.d_model))  # [batch, pos, d_model]
+    fused = attention(x, w, CFG.n_heads, CFG.score_scale(1), Silent())
+    assert np.array_equal(attention(x, separate, CFG.n_heads, CFG.score_scale(1), Silent()), fused)
