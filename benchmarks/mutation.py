@@ -711,6 +711,14 @@ EQUIVALENT: dict[str, str] = {
     'attention:fused_qkv: if "W_QKV" in w: :: if "W_QKV" in w: → pass':
         "the model's block weights hold W_QKV and W_Q, W_K, W_V as views of its column blocks (b_* of b_QKV; "
         "model.py _flatten_block), so joining the parts makes a copy of W_QKV: the same numbers, one copy more",
+    **{key: "NumPy (2.4) reads any negative size in reshape as the one inferred dimension: the same array"
+       for key in ("attention:attention: qkv = affine(x, *fused_qkv(w)).reshape(batch, pos, 3, n_heads, -1) :: -1 → -2",
+                   'attention:attention: W_O = w["W_O"].reshape(n_heads, -1, w["W_O"].shape[-1]) :: -1 → -2')},
+    'attention:attention: W_O = w["W_O"].reshape(n_heads, -1, w["W_O"].shape[-1]) :: -1 → 0 #2':
+        "W_O is [head·d_head, d_model] and Config requires head·d_head = d_model: shape[0] = shape[-1]",
+    "attention:block_scores: diagonal = max(0, seen - rows) :: 0 → 1":
+        "only the first block (seen ≤ rows) changes: the causal mask is then added from key 1 on instead of "
+        "key 0, and the mask's column of key 0 is all zeros (every query sees the first key): the same numbers",
 }
 
 
