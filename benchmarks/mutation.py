@@ -719,6 +719,13 @@ EQUIVALENT: dict[str, str] = {
     "attention:block_scores: diagonal = max(0, seen - rows) :: 0 → 1":
         "only the first block (seen ≤ rows) changes: the causal mask is then added from key 1 on instead of "
         "key 0, and the mask's column of key 0 is all zeros (every query sees the first key): the same numbers",
+    **{f"attention:attend: scores[:, :, i:i + rows, seen:] = -np.inf :: [i:i + rows] → {rows}":
+       "the blocks fill the full scores in order of i, and seen grows with i: rows before the block already "
+       "hold −∞ from their own seen on (≤ this seen), and rows after it are written again by their own block, "
+       "values left of their seen and −∞ from it on: -∞ written into more rows ends in the same array"
+       for rows in ("[:i + rows]", "[i:i + rows + 1]", "[i:]")},
+    "model:_bytes_held: buffers[start] = max(buffers.get(start, 0), array.nbytes) :: "
+    "max(buffers.get(start, 0), array.nbytes) → max(array.nbytes, buffers.get(start, 0))": "max is symmetric",
 }
 
 

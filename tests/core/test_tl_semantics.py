@@ -172,6 +172,12 @@ def test_run_with_cache_incl_bwd_is_the_analytic_gradient(model):
     grads = model.loss_and_grads("abcd")
     assert loss == pytest.approx(grads.loss, rel=1e-15)
     assert np.array_equal(cache["blocks.0.hook_resid_pre_grad"], grads.activations["blocks.0.hook_resid_pre"])
+    # The gradient is taken over the same tokens as the forward: text read with the call's prepend_bos.
+    loss, cache = model.run_with_cache("abcd", return_type="loss", incl_bwd=True, prepend_bos=False,
+                                       names_filter="blocks.0.hook_resid_pre")
+    grads = model.loss_and_grads(model.to_tokens("abcd", prepend_bos=False))
+    assert loss == pytest.approx(grads.loss, rel=1e-15)
+    assert np.array_equal(cache["blocks.0.hook_resid_pre_grad"], grads.activations["blocks.0.hook_resid_pre"])
 
 
 # ---- text, forward keywords, generate ------------------------------------------------------------
