@@ -726,6 +726,16 @@ EQUIVALENT: dict[str, str] = {
        for rows in ("[:i + rows]", "[i:i + rows + 1]", "[i:]")},
     "model:_bytes_held: buffers[start] = max(buffers.get(start, 0), array.nbytes) :: "
     "max(buffers.get(start, 0), array.nbytes) → max(array.nbytes, buffers.get(start, 0))": "max is symmetric",
+    "model:_bytes_held: buffers[start] = max(buffers.get(start, 0), array.nbytes) :: 0 → -1":
+        "max(-1, nbytes) = max(0, nbytes) = nbytes: an array's size is never negative",
+    "model:check_tokens: array = array.reshape(-1, array.shape[-1]).astype(np.int64, copy=False) :: False → True":
+        "a copy of the token ids instead of (for int64 input) a view: the same values, read only",
+    **{f"attention:attend: visible = seen if not hooked[..., seen:].any() else keys :: [seen:] → {edit}":
+       "after a pattern hook: the test also looks at keys < seen, which hold the block's probabilities (not all "
+       "0), so pattern·v reads whole rows instead of the first seen keys; the rest of each row is 0 (the hook "
+       "left it so, or the test would have found it): products with exact zeros added, the same function "
+       "(rounding only, as for the max(i + rows, pos) mutant of attend_in_blocks)"
+       for edit in ("[:]", "[seen - 1:]")},
 }
 
 

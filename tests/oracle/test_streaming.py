@@ -6,6 +6,9 @@ one block per tensor."""
 from __future__ import annotations
 
 import json
+import mmap
+import os
+import re
 
 import numpy as np
 import pytest
@@ -89,6 +92,45 @@ def test_writer_fails_closed_and_leaves_no_file(tmp_path):
         w.write("a", np.arange(6.0).reshape(3, 2).T)
     got = load_file(str(path))
     assert np.array_equal(got["a"], np.arange(6.0).reshape(3, 2).T) and np.array_equal(got["b"], [0, 2, 4, 6])
+
+
+def _open_fds():
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts open files through /proc")
+def test_a_failed_write_closes_its_file(tmp_path):
+    """A writer given up (an error inside its with block) closes the partial file, not just unlinks it."""
+    before, writers = _open_fds(), []
+    for _ in range(3):
+        with pytest.raises(RefGPTError, match="'b' is not in the header"):
+            with SafetensorsWriter(tmp_path / "x.safetensors", {"a": (np.float64, (2,))}) as w:
+                writers.append(w)  # still referenced: only abort can have closed its file
+                w.write("b", np.zeros(1))
+    assert _open_fds() == before and list(tmp_path.iterdir()) == []
+
+
+def test_reading_a_missing_file_or_a_directory_is_a_refgpt_error(tmp_path):
+    for path in (tmp_path / "missing.safetensors", tmp_path):
+        with pytest.raises(RefGPTError, match=f"^{re.escape(str(path))}: weights file not found$"):
+            SafetensorsFile(path)
+
+
+def test_release_of_an_empty_tensor_at_the_end_of_a_page_aligned_file(tmp_path):
+    """An empty tensor whose place is the file's end, at a page boundary: nothing to release, and
+    no madvise past the mapping (mmap refuses a start at its end)."""
+    page = mmap.PAGESIZE
+    header = b'{"a":{"dtype":"U8","shape":[N],"data_offsets":[0,N]},"b":{"dtype":"F32","shape":[0],"data_offsets":[N,N]}}'
+    width = (len(header) + 2 * 8 + 7) // 8 * 8  # room for N's digits, padded to 8 bytes
+    n = page - 8 - width
+    text = header.replace(b"N", str(n).encode()).ljust(width)
+    path = tmp_path / "edge.safetensors"
+    path.write_bytes(len(text).to_bytes(8, "little") + text + bytes(range(256)) * (n // 256) + bytes(n % 256))
+    assert path.stat().st_size == page and load_file(str(path))["b"].shape == (0,)  # the reference reads it
+    f = SafetensorsFile(path)
+    f.release("b")
+    f.release("a")
+    assert f.raw("b").shape == (0,) and np.array_equal(f.raw("a"), load_file(str(path))["a"])
 
 
 def test_writer_metadata_filled_in_at_the_end_must_fit_its_room(tmp_path):
