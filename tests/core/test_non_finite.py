@@ -39,6 +39,16 @@ def test_a_non_finite_activation_is_named_at_its_first_hook_point(model, hook, v
         model.run_with_hooks(TOKENS, fwd_hooks=[(hook, poison)])
 
 
+def test_the_first_non_finite_value_is_the_one_named(model):
+    def poison(a, name):
+        a = a.copy()
+        a[0, 1, 2], a[0, 3, 0] = -np.inf, np.nan  # the first, in C order, is -inf at [0, 1, 2]
+        return a
+
+    with pytest.raises(RefGPTError, match=r"produced -inf at blocks.0.hook_resid_mid \(index \[0, 1, 2\]\)"):
+        model.run_with_hooks(TOKENS, fwd_hooks=[("blocks.0.hook_resid_mid", poison)])
+
+
 def test_an_overflow_is_named_where_it_happens(model):
     with np.errstate(over="ignore"):
         with pytest.raises(RefGPTError, match="produced -?inf at blocks.0.hook_attn_out"):
