@@ -18,6 +18,7 @@ promoted or demoted. Every hook point is named as in TransformerLens.
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
@@ -223,14 +224,19 @@ class Model(TextMethods, HookRegistry, CircuitMethods):
         if names is not None and names_filter is not None:
             raise RefGPTError("run_with_cache: pass names_filter= or its alias names=, not both")
         selected = self.chosen_names(names_filter if names is None else names, "run_with_cache names_filter")
+        try:  # the forward's arguments by name, positional ones too (as TransformerLens: input, return_type, …)
+            forward = _FORWARD_SIGNATURE.bind(self, *model_args, **model_kwargs).arguments
+        except TypeError as error:
+            raise RefGPTTypeError(f"run_with_cache: {error}") from None
+        forward.pop("self")
         with self.hooks(fwd_hooks, (), reset_hooks_end, clear_contexts):
-            out, cache = self._run(*model_args, cache_names=selected, **model_kwargs)
+            out, cache = self._run(cache_names=selected, **forward)
             if incl_bwd:
-                if model_kwargs.get("return_type") != "loss":
+                if forward.get("return_type") != "loss":
                     raise RefGPTError("run_with_cache: incl_bwd=True needs return_type='loss' (the gradient of what?)")
-                input = model_args[0] if model_args else model_kwargs.get("input")
+                input = forward["input"]
                 if inputs.is_text(input):
-                    input = self.to_tokens(input, model_kwargs.get("prepend_bos"), model_kwargs.get("padding_side"))
+                    input = self.to_tokens(input, forward.get("prepend_bos"), forward.get("padding_side"))
                 grads = self.loss_and_grads(input)
                 cache = ActivationCache({**cache.cache_dict, **{n + "_grad": grads.activations[n] for n in selected
                                                                 if n in grads.activations}}, self)
@@ -469,6 +475,10 @@ def _hook_positions(padding):
 
 class _NonFinite(Exception):
     """Raised inside the locating pass at the first hook point holding NaN or ±∞."""
+
+
+#: The forward pass's parameters (Model.__call__), by which run_with_cache reads what it is given.
+_FORWARD_SIGNATURE = inspect.signature(Model.__call__)
 
 
 class _FirstNonFinite(HookRun):

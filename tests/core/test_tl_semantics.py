@@ -167,6 +167,17 @@ def test_backward_hooks_read_and_replace_gradients(model):
             model.loss_and_grads(tokens)
 
 
+def test_run_with_cache_takes_the_forward_arguments_by_position_too(model):
+    """As TransformerLens's run_with_cache(*model_args): (input, return_type, …) positionally."""
+    tokens = model.to_tokens("abcd")
+    loss, cache = model.run_with_cache(tokens, "loss", incl_bwd=True, names_filter="blocks.0.hook_resid_pre")
+    assert loss == model(tokens, "loss") and "blocks.0.hook_resid_pre_grad" in cache
+    with pytest.raises(RefGPTError, match="run_with_cache: .*'bogus'"):
+        model.run_with_cache(tokens, bogus=1)
+    with pytest.raises(RefGPTError, match="run_with_cache: .*'return_type'"):
+        model.run_with_cache(tokens, "loss", return_type="logits")
+
+
 def test_run_with_cache_incl_bwd_is_the_analytic_gradient(model):
     loss, cache = model.run_with_cache("abcd", return_type="loss", incl_bwd=True, names_filter=lambda n: "resid" in n)
     grads = model.loss_and_grads("abcd")
