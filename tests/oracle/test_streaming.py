@@ -80,6 +80,11 @@ def test_writer_fails_closed_and_leaves_no_file(tmp_path):
     with pytest.raises(RefGPTError, match="never written.*'b'"):
         with SafetensorsWriter(path, layout) as w:
             w.write("a", np.zeros((2, 3)))
+    assert list(tmp_path.iterdir()) == []  # not even NAME.partial
+    with pytest.raises(RefGPTError, match="never written.*'b'"):  # the first fault is the one named
+        with SafetensorsWriter(path, layout, {"c": ""}, header_length=200) as w:
+            w.write("a", np.zeros((2, 3)))
+            w.metadata = {"c": "x" * 500}
     with pytest.raises(RefGPTError, match="'a' is float32 \\[2, 3\\], the header says float64"):
         with SafetensorsWriter(path, layout) as w:
             w.write("a", np.zeros((2, 3), np.float32))
