@@ -728,6 +728,8 @@ EQUIVALENT: dict[str, str] = {
     "max(buffers.get(start, 0), array.nbytes) → max(array.nbytes, buffers.get(start, 0))": "max is symmetric",
     "model:_bytes_held: buffers[start] = max(buffers.get(start, 0), array.nbytes) :: 0 → -1":
         "max(-1, nbytes) = max(0, nbytes) = nbytes: an array's size is never negative",
+    "model:_run: return (logits if batched else logits[0]), cache :: 0 → -1":
+        "an unbatched input is a batch of one: logits[-1] is logits[0]",
     "model:check_tokens: array = array.reshape(-1, array.shape[-1]).astype(np.int64, copy=False) :: False → True":
         "a copy of the token ids instead of (for int64 input) a view: the same values, read only",
     **{f"attention:attend: visible = seen if not hooked[..., seen:].any() else keys :: [seen:] → {edit}":

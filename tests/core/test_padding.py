@@ -104,6 +104,14 @@ def test_a_kv_cached_step_without_a_mask_after_a_padded_prompt_is_all_real_token
     step = bare(more, past=past)  # [batch, 2, d_vocab]
     full = bare(np.concatenate([tokens, more], axis=1), attention_mask=np.pad(mask, ((0, 0), (0, 2)), constant_values=1))
     assert rel(step, full[:, -2:]) <= TOL
+    # The loss of such a step counts the step's own next-token pair in each row (the mask of its
+    # 2 new keys, all real), not the pair the prompt's last token (a pad in row 1) makes with it.
+    again = bare.kv_cache(2)
+    bare(tokens, past=again, attention_mask=np.array([[0, 0, 1, 1, 1], [1, 1, 1, 1, 0]]))
+    logits, loss = bare(more, past=again, return_type="both")
+    first = logits[:, 0] - logits[:, 0].max(-1, keepdims=True)  # [batch, d_vocab]
+    log_p = first - np.log(np.exp(first).sum(-1, keepdims=True))  # [batch, d_vocab]
+    assert abs(loss - -log_p[[0, 1], more[:, 1]].mean()) <= TOL * abs(loss)
 
 
 def test_an_all_ones_mask_is_the_unpadded_pass_bit_for_bit():
