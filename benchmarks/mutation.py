@@ -728,8 +728,21 @@ EQUIVALENT: dict[str, str] = {
     "max(buffers.get(start, 0), array.nbytes) → max(array.nbytes, buffers.get(start, 0))": "max is symmetric",
     "model:_bytes_held: buffers[start] = max(buffers.get(start, 0), array.nbytes) :: 0 → -1":
         "max(-1, nbytes) = max(0, nbytes) = nbytes: an array's size is never negative",
-    "model:_run: return (logits if batched else logits[0]), cache :: 0 → -1":
-        "an unbatched input is a batch of one: logits[-1] is logits[0]",
+    **{key: "an unbatched input is a batch of one: logits[-1] is logits[0]"
+       for key in ("model:_run: return (logits if batched else logits[0]), cache :: 0 → -1",
+                   'model:_run: return (loss if return_type == "loss" else Output(logits if batched else logits[0], '
+                   'loss)), cache :: 0 → -1')},
+    **{f'safetensors_file:__init__: n = int.from_bytes(self._map[:8], "little") :: {edit}':
+       "read after the reference (the safetensors package) accepted the file, whose header length is then at most "
+       "100,000,000 < 2^56: the 8th byte is 0, and 7 bytes give the same n (a file the reference refuses is worded "
+       "by _diagnose, which reads all 8: tests/core/test_safetensors_fuzz.py, \"length's top byte set\")"
+       for edit in ("[:8] → [:8 - 1]", "8 → 7")},
+    'safetensors_file:header_bytes: dtype = np.dtype(dtype).newbyteorder("<") if np.dtype(dtype).itemsize > 1 '
+    'else np.dtype(dtype) :: 1 → 0':
+        "a one-byte dtype has no byte order: newbyteorder('<') returns the same dtype",
+    "safetensors_file:close: self._partial.unlink(missing_ok=True) :: True → False":
+        "close() removes NAME.partial only when tensors are missing, right after closing the file it made and "
+        "held: the file exists, so missing_ok never matters (unless another process removed it meanwhile)",
     "model:check_tokens: array = array.reshape(-1, array.shape[-1]).astype(np.int64, copy=False) :: False → True":
         "a copy of the token ids instead of (for int64 input) a view: the same values, read only",
     **{f"attention:attend: visible = seen if not hooked[..., seen:].any() else keys :: [seen:] → {edit}":

@@ -331,6 +331,8 @@ def test_unknown_dtype(ckpt):
 @pytest.mark.parametrize("tokens, message", [
     ([1, 2, 11], "id 11 at position 2 is outside the vocabulary \\[0, 11\\)"),
     ([[1, 2], [-1, 0]], "id -1 at index \\(1, 0\\) is outside the vocabulary"),
+    ([1, 12, 2, 11], "id 12 at position 1 is outside"),  # the first bad id is the one named
+    ([[1, 12], [-1, 0]], "id 12 at index \\(0, 1\\) is outside"),
     (np.array([1.0, 2.0]), "must be an integer array, found float64"),
     (np.array([1.5, 2.0]), "must be integers, found dtype float64"),
     (np.array([True, False]), "must be integers, found dtype bool"),

@@ -105,3 +105,5 @@ def test_return_types_loss_and_both():
     assert np.ndim(loss) == 0 and not isinstance(loss, Output)
     assert isinstance(both, Output)
     assert np.array_equal(both.logits, model(tokens)) and both.loss == loss
+    one = model(tokens[0], return_type="both")  # unbatched in, unbatched out: logits [pos, d_vocab]
+    assert np.array_equal(one.logits, model(tokens[0])) and one.logits.ndim == 2 and one.loss == loss

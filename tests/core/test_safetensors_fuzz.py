@@ -263,6 +263,8 @@ DIAGNOSES = {
     "just the length": (struct.pack("<Q", 0), re.compile(r"header is not valid JSON \(.+\): not a safetensors file")),
     "length over the limit": (struct.pack("<Q", 100_000_001) + b"{}",
                               "header length 100000001 exceeds 100000000 bytes: not a safetensors file"),
+    "length's top byte set": (struct.pack("<Q", 2**56 + len(_ONE)) + _ONE + b"x",  # all 8 bytes are the length
+                              f"header length {2**56 + len(_ONE)} exceeds 100000000 bytes: not a safetensors file"),
     "length at the limit": (struct.pack("<Q", 100_000_000) + b"{}",
                             "header length 100000000 runs past the end of the file (10 bytes): "
                             "truncated, or not a safetensors file"),

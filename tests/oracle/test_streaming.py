@@ -115,6 +115,15 @@ def test_a_failed_write_closes_its_file(tmp_path):
     assert _open_fds() == before and list(tmp_path.iterdir()) == []
 
 
+def test_a_writer_that_cannot_write_or_is_closed_twice_fails_closed(tmp_path):
+    with pytest.raises(RefGPTError, match="cannot write"):
+        SafetensorsWriter(tmp_path / "no such directory" / "x.safetensors", {"a": (np.float64, (2,))})
+    with pytest.raises(RefGPTError, match="never written"):  # close() inside the block: its error, not abort's
+        with SafetensorsWriter(tmp_path / "x.safetensors", {"a": (np.float64, (2,))}) as w:
+            w.close()
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_reading_a_missing_file_or_a_directory_is_a_refgpt_error(tmp_path):
     for path in (tmp_path / "missing.safetensors", tmp_path):
         with pytest.raises(RefGPTError, match=f"^{re.escape(str(path))}: weights file not found$"):
