@@ -740,6 +740,9 @@ EQUIVALENT: dict[str, str] = {
     'safetensors_file:header_bytes: dtype = np.dtype(dtype).newbyteorder("<") if np.dtype(dtype).itemsize > 1 '
     'else np.dtype(dtype) :: 1 → 0':
         "a one-byte dtype has no byte order: newbyteorder('<') returns the same dtype",
+    "tokenizer:__init__: super().__init__(message) :: super().__init__(message) → pass":
+        "_EntryError is an exception: BaseException.__new__ already sets args = (message,), so str(error) is the "
+        "message either way",
     "safetensors_file:close: self._partial.unlink(missing_ok=True) :: True → False":
         "close() removes NAME.partial only when tensors are missing, right after closing the file it made and "
         "held: the file exists, so missing_ok never matters (unless another process removed it meanwhile)",
