@@ -445,6 +445,8 @@ def _pytest(tree: Path, stages: list[list[str]], timeouts: list[float]) -> tuple
         if r.returncode in (1, 2):  # test failures / collection errors (a mutant that breaks import)
             failed = [l.split(" ")[1] for l in r.stdout.splitlines() if l.startswith(("FAILED ", "ERROR "))]
             return "killed", time.monotonic() - t0, (failed[0] if failed else f"exit {r.returncode}"), index
+        if r.returncode < 0:  # killed by a signal: the kernel's OOM killer ends a mutant that loops while allocating
+            return "killed", time.monotonic() - t0, f"signal {-r.returncode} ({tests[0]})", index
         if r.returncode != 0:
             return "error", time.monotonic() - t0, r.stdout[-500:] + r.stderr[-500:], index
     return "survived", time.monotonic() - t0, "", -1
