@@ -438,6 +438,12 @@ def test_constructor_rejects_bad_in_memory_vocab_or_merges(encoder, merges):
         Tokenizer(encoder, merges)
 
 
+@pytest.mark.parametrize("pair", [("Ġ", ""), (1, 2), (b"h", b"e"), ("h", "e", "x"), "he"])
+def test_a_merge_must_be_two_non_empty_strings(pair):
+    with pytest.raises(RefGPTError, match=f"merge {re.escape(repr(pair))} is not a pair of two symbols"):
+        Tokenizer(tiny_vocab(), [pair])
+
+
 def test_unknown_special_token_in_constructor_raises():
     with pytest.raises(RefGPTError, match="<|fake|>"):
         Tokenizer(tiny_vocab(), TINY_MERGES, special_tokens=["<|fake|>"])
