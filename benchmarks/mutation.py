@@ -742,9 +742,10 @@ EQUIVALENT: dict[str, str] = {
     'safetensors_file:header_bytes: dtype = np.dtype(dtype).newbyteorder("<") if np.dtype(dtype).itemsize > 1 '
     'else np.dtype(dtype) :: 1 → 0':
         "a one-byte dtype has no byte order: newbyteorder('<') returns the same dtype",
-    "tokenizer:__init__: super().__init__(message) :: super().__init__(message) → pass":
-        "_EntryError is an exception: BaseException.__new__ already sets args = (message,), so str(error) is the "
-        "message either way",
+    'analysis.attribution:attribute: scale = need(cache, "ln_final.hook_scale", *_NEEDED_BY)[..., 0] :: 0 → -1':
+        "hook_scale is [batch, pos, 1]: index -1 of a one-long axis is index 0",
+    "decomposition:_layer: if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or not 0 <= layer "
+    "<= n: :: 0 → -1": "layer = -1 has already returned n two lines above: [-1, n] and [0, n] admit the same layers here",
     "safetensors_file:close: self._partial.unlink(missing_ok=True) :: True → False":
         "close() removes NAME.partial only when tensors are missing, right after closing the file it made and "
         "held: the file exists, so missing_ok never matters (unless another process removed it meanwhile)",

@@ -221,7 +221,7 @@ def test_one_target_and_one_against_per_position_with_or_without_the_logits():
     logits, cache = model.run_with_cache(np.array([[1, 2, 3, 4, 5]]))
     rng = np.random.default_rng(10)
     t, a = rng.integers(11, size=(1, 5)), rng.integers(11, size=(1, 5))
-    for given in (None, logits, logits[0]):
+    for given in (None, logits, logits[0], logits.tolist()):  # any array-like, as TL takes a tensor
         result = attribute(cache, t, a, granularity="neuron", logits=given)
         assert rel_err(result.logit, picked(logits, t, a)) <= TOL and result.check(relative=True) <= TOL
         assert rel_err(result.total, picked(logits, t, a)) <= TOL

@@ -71,6 +71,9 @@ def test_projection_inside_layernorm_equals_projection_after(model_tokens, mlp_i
     fused = cache.get_full_resid_decomposition(layer, mlp_input=mlp_input, apply_ln=True, project_output_onto=project)
     after = cache.get_full_resid_decomposition(layer, mlp_input=mlp_input, apply_ln=True) @ project
     assert rel_err(fused, after) <= TOL
+    # Without apply_ln, the rows are projected as they are (no LayerNorm on the way).
+    raw = cache.get_full_resid_decomposition(layer, mlp_input=mlp_input, project_output_onto=project)
+    assert rel_err(raw, cache.get_full_resid_decomposition(layer, mlp_input=mlp_input) @ project) <= TOL
 
 
 @settings(max_examples=30, deadline=None)
@@ -114,6 +117,27 @@ def test_int_neuron_slice_keeps_the_neuron_axis():
     _, cache = random_model(cfg).run_with_cache(np.array([[1, 2, 3]]))
     stack, labels = cache.stack_neuron_results(2, neuron_slice=5, return_labels=True)
     assert labels == ["L0N5", "L1N5"] and stack.shape == (2, 1, 3, 8)
+
+
+def test_layer_minus_one_or_none_is_the_unembedding_and_layer_zero_is_empty():
+    """As TransformerLens: layer None or -1 means n_layers; layer 0 stacks nothing, in the
+    projection's width when one is given."""
+    cfg = Config(d_model=8, n_layers=2, n_heads=2, d_mlp=12, d_vocab=11, n_ctx=6)
+    _, cache = random_model(cfg).run_with_cache(np.array([[1, 2, 3]]))
+    full = cache.stack_neuron_results(2)
+    assert np.array_equal(cache.stack_neuron_results(-1), full) and np.array_equal(cache.stack_neuron_results(None), full)
+    assert cache.stack_neuron_results(0, project_output_onto=np.ones((8, 3))).shape == (0, 1, 3, 3)
+    with pytest.raises(RefGPTError, match=r"stack_neuron_results: layer must be in \[0, 2\]"):
+        cache.stack_neuron_results(3)
+
+
+def test_accumulated_bias_of_the_unembedding_has_no_mlp_input():
+    from refgpt.decomposition import accumulated_bias
+
+    model = random_model(Config(d_model=8, n_layers=2, n_heads=2, d_mlp=12, d_vocab=11, n_ctx=6))
+    assert accumulated_bias(model, 2).shape == (8,)
+    with pytest.raises(RefGPTError, match="mlp_input=True needs a layer below n_layers=2"):
+        accumulated_bias(model, 2, mlp_input=True)
 
 
 @pytest.mark.parametrize("call, message", [
