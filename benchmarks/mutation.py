@@ -744,6 +744,8 @@ EQUIVALENT: dict[str, str] = {
         "a one-byte dtype has no byte order: newbyteorder('<') returns the same dtype",
     'analysis.attribution:attribute: scale = need(cache, "ln_final.hook_scale", *_NEEDED_BY)[..., 0] :: 0 → -1':
         "hook_scale is [batch, pos, 1]: index -1 of a one-long axis is index 0",
+    "decomposition:get_full_resid_decomposition: stack = stack[..., 0] :: 0 → -1":
+        "squeezed only when project_output_onto was one vector, made [d_model, 1]: the last axis is one long",
     "decomposition:_layer: if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or not 0 <= layer "
     "<= n: :: 0 → -1": "layer = -1 has already returned n two lines above: [-1, n] and [0, n] admit the same layers here",
     "safetensors_file:close: self._partial.unlink(missing_ok=True) :: True → False":
