@@ -105,9 +105,9 @@ def test_a_kv_cached_step_without_a_mask_after_a_padded_prompt_is_all_real_token
     full = bare(np.concatenate([tokens, more], axis=1), attention_mask=np.pad(mask, ((0, 0), (0, 2)), constant_values=1))
     assert rel(step, full[:, -2:]) <= TOL
     # The loss of such a step counts the step's own next-token pair in each row (the mask of its
-    # 2 new keys, all real), not the pair the prompt's last token (a pad in row 1) makes with it.
+    # 2 new keys, all real), not the pairs the prompt makes (4 real pairs in row 0, 3 in row 1).
     again = bare.kv_cache(2)
-    bare(tokens, past=again, attention_mask=np.array([[0, 0, 1, 1, 1], [1, 1, 1, 1, 0]]))
+    bare(tokens, past=again, attention_mask=np.array([[0, 0, 1, 1, 1], [1, 1, 1, 0, 0]]))
     logits, loss = bare(more, past=again, return_type="both")
     first = logits[:, 0] - logits[:, 0].max(-1, keepdims=True)  # [batch, d_vocab]
     log_p = first - np.log(np.exp(first).sum(-1, keepdims=True))  # [batch, d_vocab]
