@@ -15,8 +15,10 @@ At T = 1024 that is 253.0 + 38.7 = 291.6 GFLOP.
 from __future__ import annotations
 
 import gc
+import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -173,9 +175,14 @@ def run(lengths=LENGTHS, dtypes=DTYPES, naive=True, extras=True) -> dict:
 MALLOC_KEEPS_FREED_MEMORY = {"MALLOC_MMAP_THRESHOLD_": str(32 * 2**30), "MALLOC_TRIM_THRESHOLD_": str(64 * 2**30)}
 
 
+def cache_tokens():
+    """The 1,024 tokens [1, 1024] of the run_with_cache measurements."""
+    return np.random.default_rng(1).integers(0, 50257, (1, 1024))
+
+
 def run_with_cache_ratio(model, repeats=3):
     """run_with_cache (every name) over a plain forward, float64 T = 1024, alternating, medians."""
-    tokens = np.random.default_rng(1).integers(0, 50257, (1, 1024))
+    tokens = cache_tokens()
     plain, cached = paired_medians(lambda: model(tokens), lambda: model.run_with_cache(tokens), repeats)
     return cached / plain
 
@@ -185,9 +192,6 @@ def run_with_cache_ratio_memory_kept(checkpoint):
     (MALLOC_KEEPS_FREED_MEMORY): the cost of the cache's computation without the kernel's cost of
     fresh pages, which in this process's default setting every call pays again (the cache's big
     arrays are mmapped, and returned to the kernel when the cache is dropped)."""
-    import json
-    import subprocess
-
     code = ("import json, sys; sys.path.insert(0, sys.argv[1]); import bench_forward, refgpt; "
             "print(json.dumps(bench_forward.run_with_cache_ratio(refgpt.load(sys.argv[2], dtype='float64'))))")
     env = {**os.environ, **MALLOC_KEEPS_FREED_MEMORY}
@@ -200,7 +204,7 @@ def _cache_and_decode(model, checkpoint):
     """run_with_cache vs forward (also with freed memory kept), a full cache's memory, KV-cache
     decoding (float64, T = 1024 / 512)."""
     out = {}
-    tokens = np.random.default_rng(1).integers(0, 50257, (1, 1024))
+    tokens = cache_tokens()
     out["run_with_cache_over_forward"] = run_with_cache_ratio(model)
     out["run_with_cache_over_forward_malloc_keeps_freed_memory"] = run_with_cache_ratio_memory_kept(checkpoint)
     gc.collect()
