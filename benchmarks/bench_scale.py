@@ -44,7 +44,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO))
 
 from machine import describe, machine, update_section  # noqa: E402
-from refgpt.safetensors_file import SafetensorsWriter  # noqa: E402
+from refgpt.files.safetensors_file import SafetensorsWriter  # noqa: E402
 
 SHAPES = {  # GPT-2's sizes, as HF config.json names them
     "small": dict(n_embd=768, n_layer=12, n_head=12),
@@ -205,7 +205,7 @@ def run(shape_name="xl", T=1024, directory=Path("/tmp/refgpt-scale"), keep=False
 
 
 def _largest_tensor_mib(path) -> float:
-    from refgpt.safetensors_file import SafetensorsFile
+    from refgpt.files.safetensors_file import SafetensorsFile
 
     st = SafetensorsFile(path)
     return max(int(np.prod(st.shape(n))) * st.raw(n).itemsize for n in st.names) / 2**20

@@ -26,10 +26,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 try:
-    from refgpt.tokenizer import GPT2_PATTERN, Tokenizer, bytes_to_unicode
+    from refgpt.gpt2.tokenizer import GPT2_PATTERN, Tokenizer, bytes_to_unicode
 except ImportError:  # run from a checkout without installing: use the repository's package
     sys.path.insert(0, str(REPO))
-    from refgpt.tokenizer import GPT2_PATTERN, Tokenizer, bytes_to_unicode
+    from refgpt.gpt2.tokenizer import GPT2_PATTERN, Tokenizer, bytes_to_unicode
 
 DEFAULT_GPT2_DIR = REPO.parent / "shared" / "gpt2"
 

@@ -143,7 +143,13 @@ BACKWARD_UNIT = "backward"
 
 
 def module_path(module: str) -> Path:
-    return Path("refgpt") / (module.replace(".", "/") + ".py")
+    """refgpt/<module>.py, or the module of that name in one of the rooms (MUTATION.json's names
+    predate them: "attention" is refgpt/gpt2/attention.py)."""
+    path = Path("refgpt") / (module.replace(".", "/") + ".py")
+    if path.exists():
+        return path
+    found = sorted(Path("refgpt").glob(f"*/{module.replace('.', '/')}.py"))
+    return found[0] if len(found) == 1 else path
 
 
 # ---- making mutants ---------------------------------------------------------------------------

@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from random_models import random_params  # noqa: E402
 from refgpt import Config, Model  # noqa: E402
 from refgpt.oracle import golden  # noqa: E402
-from refgpt.activations import ACTIVATIONS  # noqa: E402
+from refgpt.gpt2.activations import ACTIVATIONS  # noqa: E402
 from refgpt.oracle.comparison import (BIAS_GROWTH, GROWTH, UNIT_ROUNDOFF, bias_bound,  # noqa: E402
                                       is_zero_in_exact_arithmetic, tensor_scale)
 from refgpt.oracle.gradients import compute_gradients  # noqa: E402
@@ -125,7 +125,7 @@ def random_case(rng):
 
 
 def trained_cases(n, seed):
-    """The embedded trained model (refgpt/default_model.py) on ``n`` random token batches."""
+    """The embedded trained model (refgpt/files/default_model.py) on ``n`` random token batches."""
     from refgpt import load_default
 
     model = load_default()

@@ -37,9 +37,9 @@ import bench_forward  # noqa: E402
 from machine import describe, machine, update_section  # noqa: E402
 
 import refgpt  # noqa: E402
-from refgpt import attention as attn_mod  # noqa: E402
-from refgpt.layernorm import layer_norm  # noqa: E402
-from refgpt.linear import affine  # noqa: E402
+from refgpt.gpt2 import attention as attn_mod  # noqa: E402
+from refgpt.gpt2.layernorm import layer_norm  # noqa: E402
+from refgpt.gpt2.linear import affine  # noqa: E402
 
 
 #: The clock: wall time, or with REFGPT_PROFILE_CLOCK=cpu the process's CPU time, which on an

@@ -23,11 +23,12 @@ from pathlib import Path
 import numpy as np
 
 import refgpt
-from refgpt import Config, Model, ln_views
+from refgpt import Config, Model
+from refgpt.gpt2 import ln_views
 from refgpt.analysis.attribution import attribute
-from refgpt.layernorm import layer_norm, scale as ln_scale
+from refgpt.gpt2.layernorm import layer_norm, scale as ln_scale
 from refgpt.model import param_shapes
-from refgpt.processing import STEPS, process
+from refgpt.tl.processing import STEPS, process
 
 CFG = Config(d_model=64, n_layers=4, n_heads=4, d_mlp=256, d_vocab=97, n_ctx=32)
 TOKENS = np.random.default_rng(1).integers(0, CFG.d_vocab, size=(2, 16))  # [batch, pos]

@@ -40,16 +40,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .activations import BACKWARDS
-from .attention import attention_backward
+from .gpt2.activations import BACKWARDS
+from .gpt2.attention import attention_backward
 from .errors import RefGPTError
-from .hook_points import ATTN_HOOKS, LN_HOOKS
-from .hooks import GradientRun
-from .inputs import is_text
-from .layernorm import layer_norm_backward
-from .ln_views import cached_output
-from .loss import check_targets, next_token_targets, softmax_cross_entropy
-from .mlp import mlp_backward
+from .tl.hook_points import ATTN_HOOKS, LN_HOOKS
+from .tl.hooks import GradientRun
+from .tl.inputs import is_text
+from .gpt2.layernorm import layer_norm_backward
+from .gpt2.ln_views import cached_output
+from .gpt2.loss import check_targets, next_token_targets, softmax_cross_entropy
+from .gpt2.mlp import mlp_backward
 
 
 @dataclass
@@ -102,7 +102,7 @@ def loss_and_grads(model, tokens, targets=None) -> Gradients:
 
 def backward(model, tokens, cache, logits, targets, point=None) -> Gradients:
     """The backward pass from a full forward cache (every hook point, no hooks applied). ``point``
-    (a GradientRun) calls the backward hooks with each hook point's gradient (refgpt/hooks.py)."""
+    (a GradientRun) calls the backward hooks with each hook point's gradient (refgpt/tl/hooks.py)."""
     cfg, p = model.cfg, model.params
     point = point if point is not None else GradientRun({})
     loss, grad_logits = softmax_cross_entropy(logits, targets)  # [batch, pos, d_vocab]

@@ -27,22 +27,22 @@ from typing import NamedTuple
 import numpy as np
 from numpy.lib.array_utils import byte_bounds
 
-from . import hook_points, inputs
-from .activations import ACTIVATIONS
-from .attention import attention
+from .tl import hook_points, inputs
+from .gpt2.activations import ACTIVATIONS
+from .gpt2.attention import attention
 from .backward import loss_and_grads
-from .cache import ActivationCache
-from .circuits import CircuitMethods
-from .config import Config
+from .tl.cache import ActivationCache
+from .tl.circuits import CircuitMethods
+from .gpt2.config import Config
 from .dtypes import compute_dtype
 from .errors import RefGPTError, RefGPTTypeError
-from .generation import generate
-from .hooks import HookPoint, HookRegistry, HookRun
-from .kv_cache import KVCache
-from .layernorm import layer_norm
-from .loss import lm_cross_entropy_loss
-from .mlp import mlp
-from .text import TextMethods
+from .tl.generation import generate
+from .tl.hooks import HookPoint, HookRegistry, HookRun
+from .gpt2.kv_cache import KVCache
+from .gpt2.layernorm import layer_norm
+from .gpt2.loss import lm_cross_entropy_loss
+from .gpt2.mlp import mlp
+from .tl.text import TextMethods
 
 RETURN_TYPES = ("logits", "loss", "both", None)
 
@@ -97,9 +97,9 @@ class Model(TextMethods, HookRegistry, CircuitMethods):
 
     ``params`` maps TransformerLens state-dict names (``blocks.0.attn.W_Q``) to arrays; an optional
     ``unembed.b_U`` [d_vocab] is added to the logits (GPT-2 itself has none). The text methods
-    (``to_tokens`` …) are in refgpt/text.py, hook management (``add_hook``, ``hooks`` …) in
-    refgpt/hooks.py, input handling (text, padding) in refgpt/inputs.py, the circuit helpers
-    (``QK``, ``OV``, ``accumulated_bias`` …) in refgpt/circuits.py.
+    (``to_tokens`` …) are in refgpt/tl/text.py, hook management (``add_hook``, ``hooks`` …) in
+    refgpt/tl/hooks.py, input handling (text, padding) in refgpt/tl/inputs.py, the circuit helpers
+    (``QK``, ``OV``, ``accumulated_bias`` …) in refgpt/tl/circuits.py.
     """
 
     def __init__(self, cfg: Config, params: dict[str, np.ndarray], dtype="float64", source=None):
@@ -194,7 +194,7 @@ class Model(TextMethods, HookRegistry, CircuitMethods):
 
         ``return_type``: "logits" ([batch, pos, d_vocab]; [pos, d_vocab] for unbatched ids),
         "loss" (mean next-token loss; [batch, pos − 1] with ``loss_per_token``), "both" (an
-        ``Output(logits, loss)``) or None. ``attention_mask`` [batch, pos]: 1 real, 0 pad (refgpt/padding.py).
+        ``Output(logits, loss)``) or None. ``attention_mask`` [batch, pos]: 1 real, 0 pad (refgpt/gpt2/padding.py).
         ``start_at_layer``: ``input`` is the residual stream [batch, pos, d_model] entering that
         block (``tokens`` then give the loss). ``stop_at_layer``: return the stream entering that
         block instead of logits. ``past_kv_cache`` (or ``past``): a KVCache holding the earlier
@@ -208,7 +208,7 @@ class Model(TextMethods, HookRegistry, CircuitMethods):
     def run_with_hooks(self, *model_args, fwd_hooks=(), bwd_hooks=(), reset_hooks_end=True, clear_contexts=False,
                        **model_kwargs):
         """The forward pass with ``fwd_hooks`` = [(name or predicate, fn(activation, hook)), …]
-        added for this pass (refgpt/hooks.py); ``bwd_hooks`` stay for ``loss_and_grads`` only
+        added for this pass (refgpt/tl/hooks.py); ``bwd_hooks`` stay for ``loss_and_grads`` only
         with ``reset_hooks_end=False``, as in TransformerLens."""
         with self.hooks(fwd_hooks, bwd_hooks, reset_hooks_end, clear_contexts):
             return self(*model_args, **model_kwargs)
@@ -254,13 +254,13 @@ class Model(TextMethods, HookRegistry, CircuitMethods):
         return loss_and_grads(self, tokens, targets)
 
     def kv_cache(self, batch: int = 1) -> KVCache:
-        """An empty KVCache for incremental decoding of ``batch`` sequences (refgpt/kv_cache.py)."""
+        """An empty KVCache for incremental decoding of ``batch`` sequences (refgpt/gpt2/kv_cache.py)."""
         if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
             raise RefGPTError(f"kv_cache: batch must be a whole number ≥ 1, found {batch!r:.40}")
         return KVCache(self.cfg, batch, self.dtype)
 
     def generate(self, input="", max_new_tokens: int = 10, **kwargs):
-        """TransformerLens's ``generate``: extend text or tokens (see refgpt/generation.py)."""
+        """TransformerLens's ``generate``: extend text or tokens (see refgpt/tl/generation.py)."""
         return generate(self, input, max_new_tokens, **kwargs)
 
     def _run(self, input, cache_names=(), return_type="logits", loss_per_token=False, prepend_bos=None,
@@ -354,7 +354,7 @@ class Model(TextMethods, HookRegistry, CircuitMethods):
     def embed(self, tokens, point, start=0, padding=None):
         """The stream entering block 0: W_E[tokens] + W_pos[positions]. Positions run from
         ``start`` (the KV cache's length); in a padded batch from each row's first real token,
-        and a pad's position embedding is 0 (refgpt/padding.py)."""
+        and a pad's position embedding is 0 (refgpt/gpt2/padding.py)."""
         p = self.params
         tokens = point("hook_tokens", tokens) if self.cfg.use_hook_tokens else tokens  # [batch, pos]
         embed = point("hook_embed", p["embed.W_E"][tokens])  # [batch, pos, d_model]

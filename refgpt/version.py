@@ -1,3 +1,3 @@
 """refgpt's version: one place, read by setup.cfg, the CLI's --version and golden files."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

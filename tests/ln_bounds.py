@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from refgpt.layernorm import layer_norm
+from refgpt.gpt2.layernorm import layer_norm
 
 
 def ln_rounding(x, w, b, eps):

@@ -14,8 +14,9 @@ from hypothesis import strategies as st
 from safetensors.numpy import save_file
 
 import refgpt
-from refgpt import Config, Model, checkpoint
-from refgpt.activations import ACTIVATIONS
+from refgpt import Config, Model
+from refgpt.files import checkpoint
+from refgpt.gpt2.activations import ACTIVATIONS
 from refgpt.model import param_shapes
 
 
@@ -62,7 +63,7 @@ def model_and_tokens(draw, batch=None, **config_kwargs):
 
 
 def hf_tensors(model: Model, prefix: str = "transformer.") -> dict[str, np.ndarray]:
-    """The model's weights under HF GPT-2 keys and layouts (refgpt.checkpoint.hf_tensors, contiguous)."""
+    """The model's weights under HF GPT-2 keys and layouts (refgpt.files.checkpoint.hf_tensors, contiguous)."""
     return {k: np.ascontiguousarray(v) for k, v in checkpoint.hf_tensors(model.cfg, model.params, prefix).items()}
 
 

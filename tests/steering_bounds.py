@@ -10,7 +10,7 @@ import hashlib
 import numpy as np
 
 from ln_bounds import ln_rounding
-from refgpt.layernorm import layer_norm
+from refgpt.gpt2.layernorm import layer_norm
 
 U = np.finfo(np.float64).eps / 2  # unit roundoff
 

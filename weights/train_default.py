@@ -57,7 +57,7 @@ import numpy as np  # noqa: E402
 
 import refgpt  # noqa: E402
 from refgpt import Config, Model, Tokenizer  # noqa: E402
-from refgpt.activations import log_softmax, softmax  # noqa: E402
+from refgpt.gpt2.activations import log_softmax, softmax  # noqa: E402
 from refgpt.backward import loss_and_grads  # noqa: E402
 from refgpt.train.bpe_trainer import train_bpe, write_tokenizer  # noqa: E402
 from refgpt.train.optim import AdamW  # noqa: E402

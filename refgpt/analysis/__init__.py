@@ -6,6 +6,6 @@
 - ``lens`` — the logit lens (recomputed and cached-scale) and a tuned lens.
 - ``plots`` — figures of the above (needs the optional ``plot`` extra, matplotlib).
 
-Everything here imports the core (``refgpt.model``, ``refgpt.cache``, ``refgpt.decomposition``, …)
+Everything here imports the core (``refgpt.model``, ``refgpt.tl.cache``, ``refgpt.tl.decomposition``, …)
 and nothing above it; the core never imports this package.
 """

@@ -28,16 +28,16 @@ neuron post·(W_out·u), so no [neuron, d_model] array is ever formed per positi
 Granularity: "layer" gives per layer "L3.attn" (all heads), "L3.b_V", "L3.b_O", "L3.mlp" (all
 neurons), "L3.b_out"; "head" splits attention into "L3H5" and "L3H5.b_V"; "neuron" also splits the
 MLP into "L3N17". Always present: "embed", "pos_embed", "ln_final.b"; "b_U" where the model has
-one (GPT-2 has none; ``refgpt.processing.fold_ln`` creates one).
+one (GPT-2 has none; ``refgpt.tl.processing.fold_ln`` creates one).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..decomposition import token_id, token_ids
+from ..tl.decomposition import token_id, token_ids
 from ..errors import RefGPTError, need
-from ..ln_views import cached_output
+from ..gpt2.ln_views import cached_output
 
 _NEEDED_BY = ("attribute", "cache everything, or at least refgpt.analysis.attribution.required_hooks(model.cfg)")
 

@@ -35,7 +35,7 @@ new token, sees the edited positions through the cached keys and values — exac
 recomputation of the steered forward pass would (tests/analysis/test_steered_generation.py).
 
 **Padded batches.** Positions are each row's own: in a left-padded batch they count from the row's
-first real token (``hook.positions``, refgpt/hooks.py), so ``add_vector``, ``steering_vector`` and
+first real token (``hook.positions``, refgpt/tl/hooks.py), so ``add_vector``, ``steering_vector`` and
 ``injection_limit`` edit every row where they would edit it alone
 (tests/analysis/test_padded_steering.py). ``patch`` refuses a left-padded run: its source cache
 is indexed by column, the run's rows by position.
@@ -46,7 +46,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import RefGPTError
-from ..hook_points import position_axis
+from ..tl.hook_points import position_axis
 
 
 class Intervention:
@@ -265,7 +265,7 @@ def patch(model, tokens, source_cache, names, positions=None) -> Intervention:
 
 # ---- the hook functions ----------------------------------------------------------------------
 #
-# Each reads ``hook.start`` (refgpt/hooks.py), the absolute position of its activation's first
+# Each reads ``hook.start`` (refgpt/tl/hooks.py), the absolute position of its activation's first
 # row. In an ordinary pass that is 0 and the activation holds the whole
 # sequence; in a KV-cached step it holds only the new positions. A hook edits the positions it
 # was made for that lie in the rows it sees, and nothing else: under generation the prompt's

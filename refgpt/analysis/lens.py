@@ -37,10 +37,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..activations import log_softmax
-from ..atomic_write import write_atomically
+from ..gpt2.activations import log_softmax
+from ..files.atomic_write import write_atomically
 from ..errors import RefGPTError, need
-from .. import ln_views
+from ..gpt2 import ln_views
 from .measurements import stream_labels, streams
 
 
@@ -88,7 +88,7 @@ def _unembed(model, x):
 
 
 def _ln_final(model, x):
-    """ln_final recomputed from x itself: the recomputed view (refgpt/ln_views.py)."""
+    """ln_final recomputed from x itself: the recomputed view (refgpt/gpt2/ln_views.py)."""
     p = model.params
     return ln_views.recomputed(x, p["ln_final.w"], p["ln_final.b"], model.cfg.eps)  # [..., d_model]
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..activations import log_softmax
+from ..gpt2.activations import log_softmax
 from ..errors import RefGPTError, need
 
 RESID_KINDS = ("resid_pre", "resid_mid", "resid_post")

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..atomic_write import write_atomically
+from ..files.atomic_write import write_atomically
 from ..errors import RefGPTError
 from .measurements import norm, stream_labels, streams
 

@@ -11,7 +11,7 @@ import argparse
 import math
 import re
 
-from ..decomposition import token_id
+from ..tl.decomposition import token_id
 from ..errors import RefGPTError
 
 

@@ -1,6 +1,6 @@
 """The model a subcommand runs on, and the text it reads: what ``--model``, ``--dtype`` and TEXT mean.
 
-Every subcommand takes ``--model DIR`` or a hub name such as ``--model gpt2`` (refgpt.hub.resolve;
+Every subcommand takes ``--model DIR`` or a hub name such as ``--model gpt2`` (refgpt.files.hub.resolve;
 default: the embedded model, ``refgpt.default_model_path()``)
 and ``--dtype float64|float32``. A model directory carrying an ``UNTRAINED`` marker (a random
 initialisation, as the embedded default was before it was trained) gets a warning in everything a
@@ -13,9 +13,9 @@ from __future__ import annotations
 import numpy as np
 
 from .. import strict_json
-from ..checkpoint import load
+from ..files.checkpoint import load
 from ..dtypes import COMPUTE_DTYPES
-from ..default_model import default_model_path, is_untrained
+from ..files.default_model import default_model_path, is_untrained
 from ..errors import RefGPTError
 
 

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..analysis.attribution import GRANULARITIES, attribute, required_hooks
 from ..errors import RefGPTError
-from ..processing import process
+from ..tl.processing import process
 from ._arguments import add_token_argument, positive_int, token_argument
 from ._chosen_model import add_text_arguments, header, load_chosen, print_json, token_json, token_text, tokens_of
 from ._table import table
@@ -49,7 +49,7 @@ def add_parser(subparsers, common):
     p.add_argument("--top", type=positive_int, default=20, metavar="K", help="show the K largest components (default 20)")
     p.add_argument("--pos", type=int, default=-1, help="the position of TEXT to attribute (default -1, the last)")
     p.add_argument("--process", action="store_true",
-                   help="process the weights as TransformerLens's from_pretrained does first (refgpt.processing)")
+                   help="process the weights as TransformerLens's from_pretrained does first (refgpt.tl.processing)")
     p.set_defaults(run=run, usage_error=p.error)
 
 

@@ -1,7 +1,7 @@
 """``refgpt download NAME [--revision R]``: a GPT-2 from the Hugging Face hub into the HF cache.
 
-What is fetched, how it is verified and where it goes: :mod:`refgpt.hub` (the client) and
-:mod:`refgpt.hf_cache` (the layout). Afterwards ``--model NAME`` finds it, and so do transformers'
+What is fetched, how it is verified and where it goes: :mod:`refgpt.files.hub` (the client) and
+:mod:`refgpt.files.hf_cache` (the layout). Afterwards ``--model NAME`` finds it, and so do transformers'
 and TransformerLens's ``from_pretrained(NAME)``.
 """
 
@@ -11,8 +11,8 @@ import argparse
 import sys
 
 from ..errors import RefGPTError
-from ..hf_cache import parse_name
-from ..hub import download_files
+from ..files.hf_cache import parse_name
+from ..files.hub import download_files
 
 DESCRIPTION = """\
 Download a GPT-2 checkpoint from the Hugging Face hub into the HF cache (HF_HUB_CACHE, else

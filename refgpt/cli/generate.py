@@ -1,7 +1,7 @@
 """``refgpt generate TEXT -n N``: continue TEXT by N tokens, one forward step per token.
 
 Each step runs only the newest token through the model, with the keys and values of the earlier
-positions kept in a KV cache (refgpt/kv_cache.py); the result equals recomputing the whole text
+positions kept in a KV cache (refgpt/gpt2/kv_cache.py); the result equals recomputing the whole text
 every step. Temperature 0 is greedy decoding; otherwise tokens are sampled from the softmax of
 logits / temperature, restricted to the top K with --top-k, reproducibly for a given --seed.
 """

@@ -111,7 +111,7 @@ def load_model(args):
     """(model, llm.c tokenizer or None): ``--model`` an HF directory (load_chosen) or an llm.c
     checkpoint file; ``--tokenizer`` a directory (the model's tokenizer) or llm.c's (decodes only)."""
     from ..oracle import llmc
-    from ..tokenizer import Tokenizer
+    from ..gpt2.tokenizer import Tokenizer
 
     path = Path(args.model) if args.model is not None else None
     if path is not None and path.is_file():

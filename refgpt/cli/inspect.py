@@ -18,8 +18,8 @@ import argparse
 
 import numpy as np
 
-from .. import ln_views
-from ..decomposition import decompose_resid
+from ..gpt2 import ln_views
+from ..tl.decomposition import decompose_resid
 from ._chosen_model import add_text_arguments, header, load_chosen, print_json, token_json, token_text, tokens_of
 from ._table import table
 
@@ -51,7 +51,7 @@ def add_parser(subparsers, common):
 
 
 def decomposition_errors(model, logits, cache) -> dict:
-    """max |Σ pieces − logits| through ln_final's two views (refgpt/ln_views.py): the cached-scale
+    """max |Σ pieces − logits| through ln_final's two views (refgpt/gpt2/ln_views.py): the cached-scale
     view (exact), and the recomputed view, each piece with its own scale (the naive mistake)."""
     p, eps = model.params, model.cfg.eps
     w, W_U = p["ln_final.w"], p["unembed.W_U"]  # [d_model], [d_model, d_vocab]

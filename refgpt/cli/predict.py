@@ -12,7 +12,7 @@ import argparse
 
 import numpy as np
 
-from ..activations import softmax
+from ..gpt2.activations import softmax
 from ._arguments import positive_int
 from ._chosen_model import add_text_arguments, header, load_chosen, print_json, token_json, token_text, tokens_of
 from ._table import table

@@ -17,7 +17,7 @@ import argparse
 
 import numpy as np
 
-from ..activations import softmax
+from ..gpt2.activations import softmax
 from ..analysis.interventions import steering_vector
 from ..analysis.measurements import injection_ratio, kl_divergence, norm
 from ._arguments import count, finite_float

@@ -43,7 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..activations import log_softmax
+from ..gpt2.activations import log_softmax
 from .. import strict_json
 from ..errors import RefGPTError, RefGPTTypeError, real_number
 from . import golden as golden_file

@@ -50,19 +50,19 @@ from pathlib import Path
 
 import numpy as np
 
-from ..activations import log_softmax
-from ..cache import ActivationCache
-from ..checkpoint import load as load_checkpoint, weight_files
-from ..config import Config
+from ..gpt2.activations import log_softmax
+from ..tl.cache import ActivationCache
+from ..files.checkpoint import load as load_checkpoint, weight_files
+from ..gpt2.config import Config
 from ..dtypes import widen_bfloat16
 from .. import strict_json
-from ..atomic_write import write_atomically
+from ..files.atomic_write import write_atomically
 from ..errors import RefGPTError, RefGPTTypeError
-from ..hooks import HookRun
-from ..ln_views import cached_output
+from ..tl.hooks import HookRun
+from ..gpt2.ln_views import cached_output
 from ..model import Model
 from .gradients import compute_gradients
-from ..safetensors_file import SafetensorsFile, SafetensorsWriter, header_bytes
+from ..files.safetensors_file import SafetensorsFile, SafetensorsWriter, header_bytes
 from ..version import __version__
 from .name_maps import forward_order
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..backward import loss_and_grads
-from ..loss import IGNORE_INDEX
+from ..gpt2.loss import IGNORE_INDEX
 from ..model import Model
 from .name_maps import GRAD, forward_order
 

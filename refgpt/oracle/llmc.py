@@ -40,9 +40,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..activations import log_softmax
-from ..config import Config
-from ..atomic_write import write_atomically
+from ..gpt2.activations import log_softmax
+from ..gpt2.config import Config
+from ..files.atomic_write import write_atomically
 from ..dtypes import round_to_bfloat16, widen_bfloat16
 from ..errors import RefGPTError
 from ..model import Model

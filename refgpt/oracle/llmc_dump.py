@@ -40,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..config import Config
+from ..gpt2.config import Config
 from ..errors import RefGPTError
 from . import llmc
 from .name_maps import GRAD

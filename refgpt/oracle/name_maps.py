@@ -47,7 +47,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import hook_points
+from ..tl import hook_points
 from ..errors import RefGPTError
 
 MAPS = ("refgpt", "hf", "tl", "llmc")
@@ -273,7 +273,7 @@ def _from_hf(tensors, shape):
 def _hf_gradients(grads, shape):
     """torch ``.grad`` of HF parameters (``transformer.h.0.attn.c_attn.weight.grad``), of
     ``hidden_states.i`` (after ``retain_grad()``) and of ``logits`` → ``grad.*``."""
-    from ..checkpoint import to_circuits
+    from ..files.checkpoint import to_circuits
 
     out, params = {}, {}
     for key, value in grads.items():

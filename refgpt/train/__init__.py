@@ -3,7 +3,7 @@
 - ``optim`` — AdamW, step for step as ``torch.optim.AdamW``.
 - ``bpe_trainer`` — a byte-level BPE vocabulary learned from text, in GPT-2's format.
 
-The loss and the gradients themselves are the reference's (``refgpt.loss``, ``refgpt.backward``):
+The loss and the gradients themselves are the reference's (``refgpt.gpt2.loss``, ``refgpt.backward``):
 ports check their backward pass against them. ``weights/train_default.py`` is the training loop
 that made the embedded model.
 """

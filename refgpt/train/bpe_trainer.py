@@ -1,8 +1,8 @@
-"""Training a GPT-2 byte-level BPE vocabulary: the other half of refgpt/tokenizer.py.
+"""Training a GPT-2 byte-level BPE vocabulary: the other half of refgpt/gpt2/tokenizer.py.
 
 Byte pair encoding learns its merges greedily. Cut the corpus into words with GPT-2's
-pre-tokenizer (:data:`~refgpt.tokenizer.GPT2_PATTERN`), spell each word as its UTF-8 bytes (written
-as the printable characters of :func:`~refgpt.tokenizer.bytes_to_unicode`), then repeat:
+pre-tokenizer (:data:`~refgpt.gpt2.tokenizer.GPT2_PATTERN`), spell each word as its UTF-8 bytes (written
+as the printable characters of :func:`~refgpt.gpt2.tokenizer.bytes_to_unicode`), then repeat:
 
     count every adjacent pair of symbols inside every word, weighted by the word's frequency
     merge the most frequent pair (a, b) into one new symbol ab, everywhere; record "a b"
@@ -40,8 +40,8 @@ from collections.abc import Iterable
 import regex
 
 from ..errors import RefGPTError
-from ..saving import save_tokenizer
-from ..tokenizer import BYTE_TO_CHAR, ENDOFTEXT, GPT2_PATTERN, Tokenizer, merge_pair  # merge_pair: the same merge the tokenizer applies
+from ..files.saving import save_tokenizer
+from ..gpt2.tokenizer import BYTE_TO_CHAR, ENDOFTEXT, GPT2_PATTERN, Tokenizer, merge_pair  # merge_pair: the same merge the tokenizer applies
 
 Pair = tuple[str, str]
 
@@ -147,6 +147,6 @@ def build_vocab(merges: list[Pair], special_tokens=(ENDOFTEXT,)) -> dict[str, in
 
 
 def write_tokenizer(directory, vocab: dict[str, int], merges: list[Pair]) -> Tokenizer:
-    """Write ``vocab.json`` and ``merges.txt`` as Hugging Face lays them out (refgpt.saving); return
+    """Write ``vocab.json`` and ``merges.txt`` as Hugging Face lays them out (refgpt.files.saving); return
     them read back."""
     return Tokenizer.from_dir(save_tokenizer(Tokenizer(vocab, merges), directory))

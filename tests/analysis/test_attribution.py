@@ -20,8 +20,8 @@ from random_models import model_and_tokens, random_model, rel_err
 import refgpt
 from refgpt import Config, Model, RefGPTError
 from refgpt.analysis.attribution import GRANULARITIES, attribute, required_hooks, value_bias
-from refgpt.processing import STEPS, process
-from refgpt.tokenizer import Tokenizer, bytes_to_unicode
+from refgpt.tl.processing import STEPS, process
+from refgpt.gpt2.tokenizer import Tokenizer, bytes_to_unicode
 
 TOL = 1e-12
 

@@ -10,8 +10,8 @@ from random_models import random_model
 from refgpt import Config, RefGPTError, Tokenizer
 from refgpt.analysis.interventions import add_vector, injection_limit, patch, space_token, steering_vector
 from refgpt.analysis.measurements import injection_ratio, kl_divergence, resid_norms, streams
-from refgpt.hooks import HookPoint
-from refgpt.tokenizer import BYTE_TO_CHAR, ENDOFTEXT
+from refgpt.tl.hooks import HookPoint
+from refgpt.gpt2.tokenizer import BYTE_TO_CHAR, ENDOFTEXT
 
 CFG = Config(d_model=12, n_layers=3, n_heads=3, d_mlp=20, d_vocab=257, n_ctx=16)
 TOKENS = np.array([[256, 72, 105, 33, 32, 121, 111], [256, 66, 121, 101, 46, 46, 46]])

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 
 from random_models import model_and_tokens, random_model, random_params
 from refgpt import Config, Model, RefGPTError
-from refgpt.layernorm import layer_norm
+from refgpt.gpt2.layernorm import layer_norm
 from refgpt.analysis.lens import (fit_least_squares_translators, load_translators, logit_lens, logit_lens_final_scale,
                          save_translators, tuned_lens)
 from refgpt.analysis.measurements import streams

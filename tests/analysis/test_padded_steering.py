@@ -1,7 +1,7 @@
 """Front-position interventions on a padded batch edit each row where they would edit it alone.
 
 A left-padded row's first real token is position 0 (TransformerLens's and HF's count,
-refgpt/padding.py), so steering "the first m positions" of a left-padded batch must edit each
+refgpt/gpt2/padding.py), so steering "the first m positions" of a left-padded batch must edit each
 row's first m real tokens, not the pads that fill the front of the array. Property: every row of
 a padded, steered batch equals that row steered alone, in float64, to rounding; and steered
 greedy generation of a left-padded batch gives each row's own continuation."""
@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from random_models import random_model
 from refgpt import Config, RefGPTError, Tokenizer
 from refgpt.analysis.interventions import add_vector, injection_limit, patch, steering_vector
-from refgpt.tokenizer import BYTE_TO_CHAR, ENDOFTEXT
+from refgpt.gpt2.tokenizer import BYTE_TO_CHAR, ENDOFTEXT
 
 CFG = Config(d_model=8, n_layers=3, n_heads=2, d_mlp=12, d_vocab=257, n_ctx=20)
 # As tests/core/test_padding.py: a padded row's arithmetic differs from the lone row's only in which

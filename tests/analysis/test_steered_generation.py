@@ -1,4 +1,4 @@
-"""Steered generation: interventions on prompt positions under the KV cache (refgpt/hooks.py
+"""Steered generation: interventions on prompt positions under the KV cache (refgpt/tl/hooks.py
 ``hook.start``, refgpt/analysis/interventions.py "Under generation").
 
 The property: greedy generation with a KV cache inside ``with intervention:`` gives the tokens of

@@ -29,9 +29,9 @@ from ln_bounds import ln_rounding
 from random_models import model_and_tokens
 import pytest
 
-from refgpt.activations import ACTIVATIONS, BACKWARDS
+from refgpt.gpt2.activations import ACTIVATIONS, BACKWARDS
 from refgpt.analysis.interventions import add_vector, injection_limit, patch, steering_vector
-from refgpt.layernorm import layer_norm
+from refgpt.gpt2.layernorm import layer_norm
 from steering_bounds import (ACT_LIPSCHITZ, U, fro, gamma, limit_logits, ln_limit_error_bound, logits_error_bound, max_ln_rounding,
                              one_over_k_terms, op, propagated_bound, stream_bound, sublayer_bounds, unembed_rounding)
 

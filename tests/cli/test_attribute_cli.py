@@ -12,7 +12,7 @@ import pytest
 import refgpt
 from random_models import random_model, rel_err, save_checkpoint
 from refgpt import Config
-from refgpt.tokenizer import bytes_to_unicode
+from refgpt.gpt2.tokenizer import bytes_to_unicode
 
 TEXT = "Hello, world"
 

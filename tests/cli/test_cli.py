@@ -15,8 +15,8 @@ import pytest
 import refgpt
 from random_models import random_model, save_checkpoint
 from refgpt import Config
-from refgpt.default_model import UNTRAINED_MARKER
-from refgpt.tokenizer import bytes_to_unicode
+from refgpt.files.default_model import UNTRAINED_MARKER
+from refgpt.gpt2.tokenizer import bytes_to_unicode
 
 TEXT = "Hello, world\n"
 README = Path(__file__).resolve().parents[2] / "README.md"

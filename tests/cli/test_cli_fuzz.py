@@ -18,7 +18,7 @@ from fuzzing import fuzz_settings, socket_file
 from random_models import random_params
 from refgpt import Config, Model
 from refgpt.oracle import golden
-from refgpt.tokenizer import Tokenizer, bytes_to_unicode
+from refgpt.gpt2.tokenizer import Tokenizer, bytes_to_unicode
 
 CFG = Config(d_model=8, n_layers=2, n_heads=2, d_mlp=32, d_vocab=259, n_ctx=8)
 OUTCOMES: dict[int, int] = {}

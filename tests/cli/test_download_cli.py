@@ -16,7 +16,7 @@ import pytest
 
 import refgpt
 from fake_hub import etag_of, fabricate_cache, tiny_gpt2_files
-from refgpt.hub import download
+from refgpt.files.hub import download
 
 TEXT = "To be, or not to"
 

@@ -16,7 +16,7 @@ import math
 import numpy as np
 import pytest
 
-from refgpt.activations import ACTIVATIONS, log_softmax, sigmoid
+from refgpt.gpt2.activations import ACTIVATIONS, log_softmax, sigmoid
 
 
 def _sigmoid(x):

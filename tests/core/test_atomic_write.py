@@ -10,7 +10,7 @@ import pytest
 
 from fuzzing import socket_file
 from refgpt import RefGPTError
-from refgpt.atomic_write import write_atomically
+from refgpt.files.atomic_write import write_atomically
 
 
 def test_a_new_file_is_written_and_no_temporary_is_left(tmp_path):

@@ -38,11 +38,11 @@ from hypothesis import strategies as st
 
 from random_models import configs, hf_tensors, random_params, rel_err
 from refgpt import Config, Model, RefGPTError
-from refgpt.activations import ACTIVATIONS, BACKWARDS
-from refgpt.attention import attention, attention_backward
+from refgpt.gpt2.activations import ACTIVATIONS, BACKWARDS
+from refgpt.gpt2.attention import attention, attention_backward
 from refgpt.backward import loss_and_grads
-from refgpt.layernorm import layer_norm, layer_norm_backward
-from refgpt.loss import IGNORE_INDEX, next_token_targets, softmax_cross_entropy
+from refgpt.gpt2.layernorm import layer_norm, layer_norm_backward
+from refgpt.gpt2.loss import IGNORE_INDEX, next_token_targets, softmax_cross_entropy
 
 FD_TOL = 1e-7  # the bound; measured ≤ 3e-9 (see the module docstring)
 TORCH_TOL = 1e-10  # the bound; measured ≤ 2e-14

@@ -217,26 +217,26 @@ def test_weights_already_in_memory_are_not_asked_for_twice(model, ckpt, monkeypa
     only for what is still to come. It asked for everything again, after the weights had taken
     their share of MemAvailable: GPT-2 XL in float64 on a 24 GB machine (11.9 GB of weights, 12.3 GB
     asked, 10.6 GB left) was refused though it fits."""
-    import refgpt.config
+    import refgpt.gpt2.config
 
     cfg, params = model.cfg, dict(model.params)
     weights = sum({a.__array_interface__["data"][0]: a.nbytes for a in params.values()}.values())  # a tied W_U once
     rest = cfg.bytes_needed(8) - weights  # one forward pass's activations
-    monkeypatch.setattr(refgpt.config, "available_memory", lambda: rest)
+    monkeypatch.setattr(refgpt.gpt2.config, "available_memory", lambda: rest)
     refgpt.Model(cfg, params)  # float64 arrays held: only the activations are still needed
     with raises(r"needs at least [\d,.]+ GiB for its weights"):  # float32 arrays: a float64 copy is needed
         refgpt.Model(cfg, {k: v.astype(np.float32) for k, v in params.items()})
     with raises("needs at least"):  # the whole model before the file is read
         refgpt.load(ckpt)
-    monkeypatch.setattr(refgpt.config, "available_memory", lambda: rest - 1)
+    monkeypatch.setattr(refgpt.gpt2.config, "available_memory", lambda: rest - 1)
     with raises(r"needs at least [\d,.]+ GiB more \(besides [\d,.]+ GiB of weights already in memory\)"):
         refgpt.Model(cfg, params)
-    monkeypatch.setattr(refgpt.config, "available_memory", lambda: cfg.bytes_needed(8))
+    monkeypatch.setattr(refgpt.gpt2.config, "available_memory", lambda: cfg.bytes_needed(8))
     assert refgpt.load(ckpt).cfg == cfg
 
 
 def test_a_tokenizer_decides_whether_a_bos_is_prepended_and_may_be_dropped(model):
-    from refgpt.tokenizer import Tokenizer, bytes_to_unicode
+    from refgpt.gpt2.tokenizer import Tokenizer, bytes_to_unicode
 
     model = refgpt.Model(dataclasses.replace(model.cfg), dict(model.params))  # its own cfg: the setter writes to it
     symbols = [bytes_to_unicode()[b] for b in range(256)]  # a byte-level vocabulary without <|endoftext|>

@@ -13,8 +13,8 @@ from safetensors.numpy import save_file
 import refgpt
 from random_models import hf_tensors, random_model, random_params, save_checkpoint
 from refgpt import Config, Model, RefGPTError
-from refgpt.checkpoint import compute_dtype, expected_shapes, to_circuits, weight_files
-from refgpt.safetensors_file import SafetensorsFile
+from refgpt.files.checkpoint import compute_dtype, expected_shapes, to_circuits, weight_files
+from refgpt.files.safetensors_file import SafetensorsFile
 
 CFG = Config(d_model=8, n_layers=2, n_heads=2, d_mlp=12, d_vocab=11, n_ctx=6)
 UNTIED = Config(**{**CFG.__dict__, "tie_word_embeddings": False})

@@ -10,8 +10,8 @@ import math
 import pytest
 
 from refgpt import Config, RefGPTError
-from refgpt.config import TL_SWITCHES
-from refgpt.checkpoint import expected_shapes
+from refgpt.gpt2.config import TL_SWITCHES
+from refgpt.files.checkpoint import expected_shapes
 
 BASE = dict(d_model=8, n_layers=2, n_heads=2, d_mlp=12, d_vocab=11, n_ctx=6)
 
@@ -92,15 +92,15 @@ def test_available_memory_is_memavailable_else_the_free_pages(monkeypatch):
     import io
     import os
 
-    import refgpt.config
+    import refgpt.gpt2.config
 
     pages = {"SC_AVPHYS_PAGES": 5, "SC_PAGE_SIZE": 4096}
     monkeypatch.setattr(os, "sysconf", lambda name: pages[name])
     meminfo = "MemTotal:       16000000 kB\nMemFree:         1000000 kB\nMemAvailable:    1234567 kB\n"
-    monkeypatch.setattr(refgpt.config, "open", lambda *a, **k: io.StringIO(meminfo), raising=False)
-    assert refgpt.config.available_memory() == 1234567 * 1024
+    monkeypatch.setattr(refgpt.gpt2.config, "open", lambda *a, **k: io.StringIO(meminfo), raising=False)
+    assert refgpt.gpt2.config.available_memory() == 1234567 * 1024
     meminfo = "MemTotal:       16000000 kB\nMemFree:         1000000 kB\n"  # Linux < 3.14
-    assert refgpt.config.available_memory() == 5 * 4096
+    assert refgpt.gpt2.config.available_memory() == 5 * 4096
 
     def no_proc(*args, **kwargs):
         raise FileNotFoundError(2, "No such file or directory", "/proc/meminfo")
@@ -108,13 +108,13 @@ def test_available_memory_is_memavailable_else_the_free_pages(monkeypatch):
     def no_sysconf(name):
         raise ValueError(f"unrecognized configuration name {name}")
 
-    monkeypatch.setattr(refgpt.config, "open", no_proc, raising=False)
-    assert refgpt.config.available_memory() == 5 * 4096
+    monkeypatch.setattr(refgpt.gpt2.config, "open", no_proc, raising=False)
+    assert refgpt.gpt2.config.available_memory() == 5 * 4096
     monkeypatch.setattr(os, "sysconf", no_sysconf)
-    assert refgpt.config.available_memory() is None
+    assert refgpt.gpt2.config.available_memory() is None
     big = Config(d_model=2**12, n_layers=4, n_heads=1, d_mlp=2**12, d_vocab=2**10, n_ctx=2**10)
     big.check_fits_in_memory(8)  # nothing is known: nothing is refused
-    monkeypatch.setattr(refgpt.config, "available_memory", lambda: 3 * 2**29)
+    monkeypatch.setattr(refgpt.gpt2.config, "available_memory", lambda: 3 * 2**29)
     with pytest.raises(RefGPTError, match=r"^config: this model needs at least 3\.2 GiB for its weights and one forward "
                                           r"pass in 64-bit floats \(411,213,824 parameters\), but the machine has 1\.5 GiB available$"):
         big.check_fits_in_memory(8)  # 3,474,259,968 bytes = 3.24 GiB
@@ -122,7 +122,7 @@ def test_available_memory_is_memavailable_else_the_free_pages(monkeypatch):
 
 def test_a_bad_value_is_shown_cut_to_60_characters():
     """Errors show repr(value) whole up to 60 characters, else its first 57 and "..."; an integer of
-    more than 200 bits by its size (refgpt.config._shown)."""
+    more than 200 bits by its size (refgpt.gpt2.config._shown)."""
     for n, shown in ((58, "'" + "x" * 58 + "'"), (59, "'" + "x" * 56 + "...")):  # reprs of 60 and 61 characters
         with pytest.raises(RefGPTError, match=rf"^config: unknown activation_function {shown}; refgpt knows"):
             cfg(act_fn="x" * n)

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from random_models import model_and_tokens, random_model, rel_err
 from refgpt import Config, Model, RefGPTError
-from refgpt.processing import process
+from refgpt.tl.processing import process
 
 TOL = 1e-12
 
@@ -132,7 +132,7 @@ def test_layer_minus_one_or_none_is_the_unembedding_and_layer_zero_is_empty():
 
 
 def test_accumulated_bias_of_the_unembedding_has_no_mlp_input():
-    from refgpt.decomposition import accumulated_bias
+    from refgpt.tl.decomposition import accumulated_bias
 
     model = random_model(Config(d_model=8, n_layers=2, n_heads=2, d_mlp=12, d_vocab=11, n_ctx=6))
     assert accumulated_bias(model, 2).shape == (8,)
@@ -175,8 +175,8 @@ def test_token_zero_is_a_token():
 
 
 def test_token_id_is_one_token_given_as_an_id_or_as_text():
-    from refgpt.decomposition import token_id
-    from refgpt.tokenizer import Tokenizer, bytes_to_unicode
+    from refgpt.tl.decomposition import token_id
+    from refgpt.gpt2.tokenizer import Tokenizer, bytes_to_unicode
 
     cfg = Config(d_model=8, n_layers=1, n_heads=2, d_mlp=12, d_vocab=257, n_ctx=6)
     model = random_model(cfg)

@@ -33,7 +33,7 @@ from transformer_lens.utilities import Slice  # noqa: E402
 from transformer_lens.weight_processing import ProcessWeights  # noqa: E402
 
 import refgpt  # noqa: E402
-from refgpt.decomposition import apply_ln_to_stack  # noqa: E402
+from refgpt.tl.decomposition import apply_ln_to_stack  # noqa: E402
 
 TOL = 1e-12
 

@@ -28,8 +28,8 @@ from hypothesis import strategies as st
 import refgpt
 from random_models import random_model, rel_err, save_checkpoint
 from refgpt import Config
-from refgpt.default_model import UNTRAINED_MARKER, is_untrained
-from refgpt.safetensors_file import SafetensorsFile
+from refgpt.files.default_model import UNTRAINED_MARKER, is_untrained
+from refgpt.files.safetensors_file import SafetensorsFile
 
 DEFAULT = refgpt.default_model_path()
 WEIGHTS = DEFAULT.parent  # the folder that installs as refgpt.weights
@@ -84,7 +84,7 @@ def test_default_model_path_is_the_shipped_directory():
 
 
 def test_the_lookup_takes_the_installed_model_else_the_source_checkout_s(tmp_path, monkeypatch):
-    from refgpt import default_model as D
+    from refgpt.files import default_model as D
 
     assert D.SOURCE_CHECKOUT_WEIGHTS == REPO / "weights" / "default"
     empty = tmp_path / "empty"

@@ -17,8 +17,8 @@ import refgpt
 from fuzzing import fuzz_settings, json_values, refused_cleanly, text_mutation
 from random_models import random_model
 from refgpt import Config
-from refgpt.saving import hf_tensors
-from refgpt.tokenizer import Tokenizer, bytes_to_unicode
+from refgpt.files.saving import hf_tensors
+from refgpt.gpt2.tokenizer import Tokenizer, bytes_to_unicode
 
 CFG = Config(d_model=4, n_layers=2, n_heads=2, d_mlp=8, d_vocab=260, n_ctx=5, tie_word_embeddings=False)
 SYMBOLS = [bytes_to_unicode()[b] for b in range(256)]

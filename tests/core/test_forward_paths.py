@@ -28,9 +28,9 @@ import pytest
 
 from random_models import random_model, rel_err
 from refgpt import Config, RefGPTError
-from refgpt.activations import _gelu_new_into, gelu_new
-from refgpt.attention import attend, attend_in_blocks, causal_bias
-from refgpt.layernorm import centered_scale, layer_norm
+from refgpt.gpt2.activations import _gelu_new_into, gelu_new
+from refgpt.gpt2.attention import attend, attend_in_blocks, causal_bias
+from refgpt.gpt2.layernorm import centered_scale, layer_norm
 
 N_CTX = 140
 CFG = Config(d_model=8, n_layers=2, n_heads=2, d_mlp=12, d_vocab=23, n_ctx=N_CTX)

@@ -75,7 +75,7 @@ def test_attention_joins_separate_w_q_w_k_w_v_into_the_same_numbers():
     """attention() also takes a block's weights as W_Q, W_K, W_V and b_Q, b_K, b_V only (what
     a caller outside the model, e.g. the backward's tests, has) and joins them: the same output,
     bit for bit, as from the model's fused W_QKV."""
-    from refgpt.attention import attention
+    from refgpt.gpt2.attention import attention
 
     class Silent:
         def __call__(self, name, a):

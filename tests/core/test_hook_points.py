@@ -1,4 +1,4 @@
-"""refgpt/hook_points.py is the one table of hook names and axes: it names exactly what the forward
+"""refgpt/tl/hook_points.py is the one table of hook names and axes: it names exactly what the forward
 pass caches, in order, with each axis's true size; and a missing activation is one error everywhere."""
 
 from __future__ import annotations
@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from random_models import random_model
-from refgpt import Config, RefGPTError, hook_points
+from refgpt import Config, RefGPTError
+from refgpt.tl import hook_points
 from refgpt.analysis.attribution import attribute
 from refgpt.analysis.lens import logit_lens_final_scale
 from refgpt.errors import MissingActivation

@@ -1,4 +1,4 @@
-"""GPT-2 by name (refgpt.hub, refgpt.hf_cache): the HF cache in both spellings, revisions,
+"""GPT-2 by name (refgpt.files.hub, refgpt.files.hf_cache): the HF cache in both spellings, revisions,
 HF_HUB_OFFLINE, and downloads from an imitation of the hub on 127.0.0.1 — success, a renamed
 repository, interruption and resume, a wrong hash, 404s, no network, shards.
 
@@ -21,8 +21,8 @@ import refgpt
 from fake_hub import etag_of, fabricate_cache, tiny_gpt2_files
 from peers import require_peers
 from refgpt import RefGPTError
-from refgpt.hf_cache import cache_dir, parse_name
-from refgpt.hub import download, download_files
+from refgpt.files.hf_cache import cache_dir, parse_name
+from refgpt.files.hub import download, download_files
 
 TOKENS = np.array([[5, 17, 300, 8000, 2]])
 
@@ -72,12 +72,12 @@ def test_cache_dir_is_huggingface_hubs(env, expected, monkeypatch):
 
 def test_loading_a_directory_loads_no_http_machinery_and_refgpt_hub_loads_on_first_use():
     code = ("import sys, refgpt; refgpt.load_default(); "
-            "print(sorted(m for m in ('refgpt.hub', 'refgpt.hf_cache', 'urllib.request', 'http.client') "
+            "print(sorted(m for m in ('refgpt.files.hub', 'refgpt.files.hf_cache', 'urllib.request', 'http.client') "
             "if m in sys.modules)); "
-            "print(refgpt.hub is sys.modules['refgpt.hub'], refgpt.hf_cache is sys.modules['refgpt.hf_cache'], "
-            "refgpt.hub.download.__module__)")
+            "print(refgpt.files.hub is sys.modules['refgpt.files.hub'], refgpt.files.hf_cache is sys.modules['refgpt.files.hf_cache'], "
+            "refgpt.files.hub.download.__module__, refgpt.download is refgpt.files.hub.download)")
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
-    assert loaded.stdout.splitlines() == ["[]", "True True refgpt.hub"]
+    assert loaded.stdout.splitlines() == ["[]", "True True refgpt.files.hub True"]
 
 
 # ---- the cache: both spellings, revisions, offline ----------------------------------------

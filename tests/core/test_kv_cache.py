@@ -69,7 +69,7 @@ def test_generate_greedy_and_seeded():
 
 
 def test_a_hook_reads_where_its_rows_start_from_hook_start():
-    """refgpt/hooks.py: row 0 of a KV-cached step's activation is position ``hook.start``; a
+    """refgpt/tl/hooks.py: row 0 of a KV-cached step's activation is position ``hook.start``; a
     TransformerLens-style ``fn(activation, hook)`` reads it like ``hook.name``."""
     model = random_model(Config(d_model=8, n_layers=1, n_heads=2, d_mlp=8, d_vocab=11, n_ctx=10), seed=2)
     starts = []

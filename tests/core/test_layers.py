@@ -1,13 +1,25 @@
-"""The package's layers, read from its source: imports point down only, and nothing imports in a circle.
+"""The package's rooms and layers, read from its source: imports point down only, and nothing
+imports in a circle.
+
+refgpt/ holds a small top level and rooms named by idea, in layers from the bottom up:
+
+    base      refgpt/errors.py, version.py, dtypes.py, strict_json.py: what everything needs
+    gpt2      refgpt/gpt2/: GPT-2's math (the plain reading copy, the fast ops, config, tokenizer)
+    tl        refgpt/tl/: TransformerLens compatibility (hooks, cache, decomposition, text, …)
+    model     refgpt/model.py, backward.py, non_finite.py: the Model, forward and backward
+    files     refgpt/files/: files and hub (safetensors, checkpoints, saving, the HF cache)
+    analysis, oracle, train   each built on the layers below, never on each other
+    cli       the refgpt command, on top of all of them
 
 Every ``import`` statement of every module under refgpt/ is read with ``ast``, at module level and
 inside functions alike (an import hidden in a function is still a dependency), and checked:
 
 - no cycle among refgpt's modules;
-- the core (the modules flat in refgpt/) imports nothing from refgpt.analysis, refgpt.oracle,
-  refgpt.train or refgpt.cli, and no third-party package but numpy, safetensors and regex (never
+- a module imports only its own layer and the layers below (analysis, oracle and train never
+  each other);
+- the core (base to files) imports no third-party package but numpy, safetensors and regex (never
   torch, transformers, transformer_lens, tiktoken or matplotlib);
-- analysis, oracle and train each import only the core and their own modules, never each other;
+- the top level holds at most 12 modules, and every module sits in a known room;
 - ``import refgpt`` loads the core only.
 """
 
@@ -24,7 +36,11 @@ import pytest
 import refgpt
 
 PACKAGE = Path(refgpt.__file__).parent
-SUBPACKAGES = ("analysis", "oracle", "train", "cli")
+BASE = {"refgpt.errors", "refgpt.version", "refgpt.dtypes", "refgpt.strict_json"}
+MODEL = {"refgpt.model", "refgpt.backward", "refgpt.non_finite"}
+#: Layer of each room, bottom first; rooms of one rank never import each other.
+RANK = {"base": 0, "gpt2": 1, "tl": 2, "model": 3, "files": 4, "analysis": 5, "oracle": 5, "train": 5, "cli": 6}
+CORE = {"base", "gpt2", "tl", "model", "files"}
 CORE_THIRD_PARTY = {"numpy", "safetensors", "regex"}  # setup.cfg's install_requires
 PEERS = {"torch", "transformers", "transformer_lens", "tiktoken", "matplotlib"}
 
@@ -67,13 +83,19 @@ def imports(name: str, path: Path) -> list[tuple[str, int]]:
 
 
 def layer(module: str) -> str:
-    """'core', a subpackage's name, 'package' (refgpt/__init__, __main__) or 'external'."""
+    """The room of a module ('base', 'gpt2', … 'cli'), 'package' (refgpt/__init__, __main__) or 'external'."""
     parts = module.split(".")
     if parts[0] != "refgpt":
         return "external"
     if module in ("refgpt", "refgpt.__main__"):
         return "package"
-    return parts[1] if parts[1] in SUBPACKAGES else "core"
+    if module in BASE:
+        return "base"
+    if module in MODEL:
+        return "model"
+    if parts[1] in RANK:
+        return parts[1]
+    return "unknown"
 
 
 def edges() -> dict[str, list[tuple[str, int]]]:
@@ -89,10 +111,18 @@ def where(module, line):
 
 def test_the_walk_sees_every_layer():
     layers = {layer(m) for m in MODULES}
-    assert layers == {"core", "package", *SUBPACKAGES}
-    assert "refgpt.decomposition" in {t for t, _ in EDGES["refgpt.cache"]}  # from . import decomposition
+    assert layers == {"package", *RANK}
+    assert "refgpt.tl.decomposition" in {t for t, _ in EDGES["refgpt.tl.cache"]}  # from . import decomposition
     assert "refgpt.oracle.comparison" in {t for t, _ in EDGES["refgpt.cli.compare"]}  # from ..oracle import comparison
     assert "matplotlib.figure" in {t for t, _ in EDGES["refgpt.analysis.plots"]}  # inside a function
+
+
+def test_every_module_sits_in_a_room_and_the_top_level_is_small():
+    assert [m for m in MODULES if layer(m) == "unknown"] == []
+    top = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(top) <= 12, top
+    rooms = sorted(p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists())
+    assert set(rooms) == set(RANK) - {"base", "model"}, rooms
 
 
 def test_no_cycle_among_refgpt_modules():
@@ -116,30 +146,36 @@ def test_no_cycle_among_refgpt_modules():
             visit(m)
 
 
-def test_core_imports_only_core_and_its_runtime_dependencies():
+def test_imports_point_down():
     bad = []
     for m, found in EDGES.items():
-        if layer(m) != "core":
+        room = layer(m)
+        if room == "package":
+            continue
+        for target, line in found:
+            there = layer(target)
+            if there in ("external", "package") and target.split(".")[0] != "refgpt":
+                continue
+            if there == "package" or RANK[there] > RANK[room] or (RANK[there] == RANK[room] and there != room):
+                bad.append(f"{where(m, line)} imports {target} ({there}: not below {room})")
+    assert not bad, "\n".join(bad)
+
+
+def test_core_imports_only_its_runtime_dependencies():
+    bad = []
+    for m, found in EDGES.items():
+        if layer(m) not in CORE:
             continue
         for target, line in found:
             top = target.split(".")[0]
-            if layer(target) not in ("core", "external"):
-                bad.append(f"{where(m, line)} imports {target} ({layer(target)}: above the core)")
-            elif layer(target) == "external" and top not in sys.stdlib_module_names and top not in CORE_THIRD_PARTY:
+            if layer(target) == "external" and top not in sys.stdlib_module_names and top not in CORE_THIRD_PARTY:
                 bad.append(f"{where(m, line)} imports {target} (not a runtime dependency)")
     assert not bad, "\n".join(bad)
 
 
 def test_no_peer_package_in_the_core():
-    bad = [f"{where(m, line)} imports {t}" for m, found in EDGES.items() if layer(m) in ("core", "package")
+    bad = [f"{where(m, line)} imports {t}" for m, found in EDGES.items() if layer(m) in CORE | {"package"}
            for t, line in found if t.split(".")[0] in PEERS]
-    assert not bad, "\n".join(bad)
-
-
-@pytest.mark.parametrize("room", ["analysis", "oracle", "train"])
-def test_analysis_oracle_and_train_build_on_the_core_only(room):
-    bad = [f"{where(m, line)} imports {t} ({layer(t)})" for m, found in EDGES.items() if layer(m) == room
-           for t, line in found if layer(t) not in ("core", room, "external")]
     assert not bad, "\n".join(bad)
 
 
@@ -148,23 +184,24 @@ def test_import_refgpt_loads_the_core_only():
             "or m.split('.')[0] in %r)))" % (PEERS,))
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert "refgpt.model" in loaded
-    assert [m for m in loaded if layer(m) not in ("core", "package")] == []
+    assert [m for m in loaded if layer(m) not in CORE | {"package"}] == []
 
 
-def test_old_module_paths_still_import_the_moved_modules():
+def test_old_module_paths_are_gone():
+    """0.1's module paths (refgpt.golden, refgpt.commands …) and the flat 0.2 paths were dropped in 0.3
+    (CHANGELOG.md): no import hook stands in for them."""
     code = """
-import importlib, sys, refgpt
-for old, new in refgpt.MOVED.items():
-    assert importlib.import_module(old) is importlib.import_module(new), old
-    assert getattr(refgpt, old.rsplit(".", 1)[1]) is sys.modules[new], old
-import refgpt.commands.predict, refgpt.cli.predict
-assert refgpt.commands.predict is refgpt.cli.predict and refgpt.cli.predict.__name__ == "refgpt.cli.predict"
-from refgpt.oracle import compare, comparison
-assert compare is comparison.compare
+import importlib, refgpt
+for old in ("refgpt.golden", "refgpt.commands", "refgpt.attention", "refgpt.hub"):
+    try:
+        importlib.import_module(old)
+    except ModuleNotFoundError:
+        continue
+    raise SystemExit(old + " still imports")
 print("ok")
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)  # a fresh interpreter
-    assert out.stdout.strip() == "ok", out.stderr
+    assert out.stdout.strip() == "ok", out.stderr + out.stdout
 
 
 def test_the_public_api_is_all_of_import_refgpt():

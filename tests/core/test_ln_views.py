@@ -1,4 +1,4 @@
-"""The two LayerNorm views (refgpt/ln_views.py), where they agree, where they differ, and when
+"""The two LayerNorm views (refgpt/gpt2/ln_views.py), where they agree, where they differ, and when
 each is right. Derivations: docs/decomposition.md §4.
 
 cached_scale(c, σ) = P·c/σ with σ the scale the model really used: linear, for attribution.
@@ -12,8 +12,8 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from random_models import model_and_tokens, rel_err
-from refgpt import ln_views
-from refgpt.layernorm import scale as ln_scale
+from refgpt.gpt2 import ln_views
+from refgpt.gpt2.layernorm import scale as ln_scale
 
 TOL = 1e-12
 

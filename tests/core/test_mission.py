@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from ln_bounds import convergence_bound, ln0, ln_rounding
 from random_models import model_and_tokens, rel_err
-from refgpt.layernorm import centered_scale, layer_norm
+from refgpt.gpt2.layernorm import centered_scale, layer_norm
 
 # ---- 1. the cached-scale decomposition (docs/layernorm.md §2, §3) ---------------------------
 

@@ -12,7 +12,7 @@ from random_models import random_model
 from refgpt import Config, RefGPTError
 from refgpt.analysis.interventions import add_vector
 from refgpt.errors import RefGPTTypeError, real_number
-from refgpt.tokenizer import Tokenizer, bytes_to_unicode
+from refgpt.gpt2.tokenizer import Tokenizer, bytes_to_unicode
 
 CFG = Config(d_model=8, n_layers=2, n_heads=2, d_mlp=12, d_vocab=257, n_ctx=6)
 

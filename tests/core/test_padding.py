@@ -1,4 +1,4 @@
-"""Padding is invisible (refgpt/padding.py): every row of a padded batch, left or right, equals that
+"""Padding is invisible (refgpt/gpt2/padding.py): every row of a padded batch, left or right, equals that
 row run alone — logits, every activation at its real positions, the loss, generation and the KV
 cache — to rounding, in float64. And a batch without pads takes the old causal path bit for bit."""
 
@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from random_models import random_model
 from refgpt import Config, RefGPTError, Tokenizer
-from refgpt.padding import attention_mask_from_tokens, position_ids
-from refgpt.tokenizer import BYTE_TO_CHAR
+from refgpt.gpt2.padding import attention_mask_from_tokens, position_ids
+from refgpt.gpt2.tokenizer import BYTE_TO_CHAR
 
 EOT = 256
 

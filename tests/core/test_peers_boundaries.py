@@ -25,7 +25,7 @@ torch, transformers, transformer_lens = require_peers()
 
 import peers as P  # noqa: E402  (after the importorskip)
 from refgpt import Config  # noqa: E402
-from refgpt.config import HF_DEFAULTS, TL_SWITCHES  # noqa: E402
+from refgpt.gpt2.config import HF_DEFAULTS, TL_SWITCHES  # noqa: E402
 
 N_CTX = 140
 LENGTHS = (1, 63, 64, 65, 127, 128, 129, N_CTX)

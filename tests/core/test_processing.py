@@ -1,4 +1,4 @@
-"""Weight processing (refgpt/processing.py): each step's invariant, as a property test.
+"""Weight processing (refgpt/tl/processing.py): each step's invariant, as a property test.
 
 Derivations: docs/decomposition.md §3 (cited per test). Random models with non-trivial biases and
 LayerNorm parameters; the invariants hold to ≤ 1e-12 relative in float64, refgpt's float64 contract.
@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from random_models import model_and_tokens, random_model, rel_err, save_checkpoint
 import refgpt
 from refgpt import Config, Model, RefGPTError
-from refgpt.processing import STEPS, TL_DEFAULTS, process, process_params
+from refgpt.tl.processing import STEPS, TL_DEFAULTS, process, process_params
 
 TOL = 1e-12
 

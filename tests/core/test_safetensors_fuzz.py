@@ -3,7 +3,7 @@
 Mutations of real checkpoint bytes (the header length ± k, edits of the header JSON — duplicate
 keys, offsets, dtypes, shapes, dropped tensors —, trailing bytes, truncation, random byte flips).
 The oracle: refgpt accepts a file iff ``safetensors.safe_open`` accepts it and no JSON object in
-its header repeats a key (refgpt's one stricter rule, see refgpt/safetensors_file.py), refuses
+its header repeats a key (refgpt's one stricter rule, see refgpt/files/safetensors_file.py), refuses
 with a ``RefGPTError`` and nothing else, and when both accept reads byte-identical arrays.
 """
 
@@ -23,7 +23,7 @@ from safetensors.numpy import load_file, save
 from fuzzing import fuzz_settings
 from random_models import hf_tensors, random_model
 from refgpt import Config, RefGPTError
-from refgpt.safetensors_file import SafetensorsFile, SafetensorsWriter, header_bytes
+from refgpt.files.safetensors_file import SafetensorsFile, SafetensorsWriter, header_bytes
 
 CFG = Config(d_model=4, n_layers=1, n_heads=2, d_mlp=6, d_vocab=5, n_ctx=3)
 
@@ -422,7 +422,7 @@ def test_the_writer_takes_any_array_like(tmp_path):
 def test_a_file_that_changes_after_the_reference_read_it_is_refused(tmp_path, monkeypatch):
     """The reference validates the file, refgpt maps it: if the bytes mapped are not the ones
     validated (here: the reference is told to accept a file with a trailing byte), refgpt refuses."""
-    import refgpt.safetensors_file as module
+    import refgpt.files.safetensors_file as module
 
     path = tmp_path / "f.safetensors"
     path.write_bytes(with_header({"a": U8([1], [0, 1])}, b"xy"))

@@ -94,7 +94,7 @@ def test_save_into_something_that_is_not_a_directory_is_one_line(tmp_path):
 
 
 def test_a_failed_write_leaves_no_file_and_no_temporary(tmp_path, monkeypatch):
-    import refgpt.saving as saving
+    import refgpt.files.saving as saving
 
     def broken(tensors, path, metadata=None):
         with open(path, "wb") as f:

@@ -1,7 +1,7 @@
 """Ported from TransformerLens 3.9's tests/unit/test_weight_processing.py (the GPT-2 cases: LayerNorm,
 standard positions, no GQA/MoE/gated MLP/RMSNorm/rotary) and the weight helpers of
 HookedTransformer: each step runs on TransformerLens's ``ProcessWeights`` (the state dict of the
-TL model) and on ``refgpt.processing`` (the same weights), and every resulting array is compared.
+TL model) and on ``refgpt.tl.processing`` (the same weights), and every resulting array is compared.
 
 Departures, on purpose (docs/transformerlens.md): refgpt's steps take and return plain dicts of
 NumPy arrays and a Config; ``process_weights(model, …)`` returns a new Model (TransformerLens's
@@ -21,7 +21,7 @@ torch, transformers, transformer_lens = P.require_peers()
 
 import tl_port  # noqa: E402
 from tl_port import N, close  # noqa: E402
-from refgpt import processing  # noqa: E402
+from refgpt.tl import processing  # noqa: E402
 from transformer_lens.weight_processing import ProcessWeights  # noqa: E402
 
 

@@ -9,8 +9,8 @@ import pytest
 
 from random_models import random_model, rel_err
 from refgpt import Config, RefGPTError, Tokenizer
-from refgpt.hooks import HookPoint
-from refgpt.tokenizer import BYTE_TO_CHAR
+from refgpt.tl.hooks import HookPoint
+from refgpt.gpt2.tokenizer import BYTE_TO_CHAR
 
 EOT = 256
 

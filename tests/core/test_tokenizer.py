@@ -1,4 +1,4 @@
-"""Tests for refgpt.tokenizer: GPT-2's byte-level BPE, checked against tiktoken's gpt2."""
+"""Tests for refgpt.gpt2.tokenizer: GPT-2's byte-level BPE, checked against tiktoken's gpt2."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from refgpt.errors import RefGPTError, RefGPTTypeError
-from refgpt.tokenizer import Tokenizer, bytes_to_unicode
+from refgpt.gpt2.tokenizer import Tokenizer, bytes_to_unicode
 
 # GPT-2's real files: $REFGPT_GPT2_TOKENIZER (as tests/tl_port.py reads it), else shared/gpt2 beside the repository.
 GPT2_DIR = Path(os.environ.get("REFGPT_GPT2_TOKENIZER") or Path(__file__).resolve().parents[3] / "shared" / "gpt2")

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from refgpt.activations import log_softmax
+from refgpt.gpt2.activations import log_softmax
 from refgpt.oracle import comparison
 from refgpt.oracle.comparison import (BIAS_FULL_ELEMENTS, BIAS_GROWTH, BIAS_MIN_ELEMENTS, GROWTH, UNIT_ROUNDOFF,
                                       Element, LogitsSummary, TensorResult, _F32_TINY, _top_k, _where,

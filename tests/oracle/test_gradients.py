@@ -13,12 +13,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import refgpt.activations as activations
-import refgpt.attention as attention
+import refgpt.gpt2.activations as activations
+import refgpt.gpt2.attention as attention
 import refgpt.backward as backward
-import refgpt.layernorm as layernorm
-import refgpt.loss as loss
-import refgpt.mlp as mlp
+import refgpt.gpt2.layernorm as layernorm
+import refgpt.gpt2.loss as loss
+import refgpt.gpt2.mlp as mlp
 from doc_pages import load_script
 from refgpt import Config, Model
 from refgpt.backward import loss_and_grads

@@ -17,7 +17,7 @@ from random_models import random_params
 from refgpt import Config, Model
 from refgpt.oracle import comparison as oracle
 from refgpt.oracle import golden, llmc
-from refgpt.tokenizer import Tokenizer, bytes_to_unicode
+from refgpt.gpt2.tokenizer import Tokenizer, bytes_to_unicode
 
 CFG = Config(d_model=8, n_layers=1, n_heads=2, d_mlp=32, d_vocab=258, n_ctx=4)
 TOKENS = np.array([[1, 2, 97]])

@@ -22,7 +22,7 @@ import textwrap
 import numpy as np
 import pytest
 
-import refgpt.activations as activations
+import refgpt.gpt2.activations as activations
 from random_models import random_params
 from refgpt import Config, Model
 from refgpt.oracle import golden, llmc, llmc_dump

@@ -1,4 +1,4 @@
-"""Every file the oracle (and the lens) writes goes through refgpt.atomic_write: a symlink is
+"""Every file the oracle (and the lens) writes goes through refgpt.files.atomic_write: a symlink is
 written through, a non-regular file (here a socket; never /dev/null in a test) is refused."""
 
 from __future__ import annotations

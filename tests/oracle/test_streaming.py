@@ -21,7 +21,7 @@ import refgpt
 from random_models import model_and_tokens, random_model, save_checkpoint
 from refgpt import Config, Model, RefGPTError
 from refgpt.oracle import comparison, golden
-from refgpt.safetensors_file import SafetensorsFile, SafetensorsWriter
+from refgpt.files.safetensors_file import SafetensorsFile, SafetensorsWriter
 
 CFG = Config(d_model=16, n_layers=3, n_heads=2, d_mlp=32, d_vocab=20, n_ctx=8)
 TOKENS = np.array([[3, 1, 4, 1, 5, 9, 2, 6], [5, 3, 5, 8, 9, 7, 9, 3]])

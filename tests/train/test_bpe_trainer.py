@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from refgpt.train.bpe_trainer import learn_merges, merge_pair, train_bpe, train_bpe_reference, word_counts, write_tokenizer
-from refgpt.tokenizer import BYTE_TO_CHAR, ENDOFTEXT, Tokenizer
+from refgpt.gpt2.tokenizer import BYTE_TO_CHAR, ENDOFTEXT, Tokenizer
 
 CORPUS = [
     "To be, or not to be, that is the question:\nWhether 'tis nobler in the mind to suffer\n"

@@ -12,7 +12,7 @@ forward pass proper (model.py) sees anything:
 - **padding**: as in TransformerLens, a mask is used when an ``attention_mask`` is given, when the
   padding side is "left" (the mask is then read off the tokens: leading pad ids are pads), when a
   batch goes into a KV cache (trailing pad ids are pads) or when the KV cache already holds a mask. An all-ones mask is no mask: those inputs take the plain causal
-  path, bit for bit. Right padding needs no mask (attention is causal; refgpt/padding.py).
+  path, bit for bit. Right padding needs no mask (attention is causal; refgpt/gpt2/padding.py).
 """
 
 from __future__ import annotations
@@ -21,13 +21,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import padding
-from .errors import RefGPTError
+from ..gpt2 import padding
+from ..errors import RefGPTError
 
 
 @dataclass
 class Padding:
-    """The padding of one forward pass over ``pos`` new positions (refgpt/padding.py)."""
+    """The padding of one forward pass over ``pos`` new positions (refgpt/gpt2/padding.py)."""
 
     mask: np.ndarray  # [batch, keys] 1 real, 0 pad: every position so far (cached ones first)
     positions: np.ndarray  # [batch, pos] each new token's position (real tokens before it)

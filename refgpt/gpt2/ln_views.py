@@ -31,7 +31,7 @@ cache that need what the LayerNorm handed on (the backward pass, attribution, go
 
 from __future__ import annotations
 
-from .errors import need
+from ..errors import need
 from .layernorm import layer_norm
 
 
@@ -48,6 +48,6 @@ def recomputed(stack, w, b, eps):
 
 def cached_output(cache, prefix, user=None, hint=None):
     """LN(x) = w ⊙ x̂ + b of LayerNorm ``prefix`` ("blocks.3.ln1.", "ln_final.") from the cached x̂
-    (``user``, ``hint``: for the error if x̂ is not cached, see refgpt.cache.need)."""
+    (``user``, ``hint``: for the error if x̂ is not cached, see refgpt.tl.cache.need)."""
     p = cache.model.params
     return need(cache, prefix + "hook_normalized", user, hint) * p[prefix + "w"] + p[prefix + "b"]  # [batch, pos, d_model]

@@ -18,7 +18,7 @@ came in: text for text, tokens for tokens.
 
 Hooks active around ``generate`` (``with model.hooks(...)`` or ``with intervention:``) apply to
 every step. A hook reads which absolute positions each step computes from ``hook.start``
-(refgpt/hooks.py), so an edit of the prompt's positions — an ActAdd steering vector — is made
+(refgpt/tl/hooks.py), so an edit of the prompt's positions — an ActAdd steering vector — is made
 once, in the prompt's pass, and every generated token sees it through the KV cache.
 """
 
@@ -27,9 +27,9 @@ from __future__ import annotations
 import numpy as np
 
 from . import inputs
-from .activations import softmax
-from .errors import RefGPTError, real_number
-from .padding import attention_mask_from_tokens
+from ..gpt2.activations import softmax
+from ..errors import RefGPTError, real_number
+from ..gpt2.padding import attention_mask_from_tokens
 
 
 def generate(model, input="", max_new_tokens: int = 10, stop_at_eos: bool = True, eos_token_id=None,

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import RefGPTError
+from ..errors import RefGPTError
 
 IGNORE_INDEX = -100
 

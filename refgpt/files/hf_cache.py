@@ -34,7 +34,7 @@ import re
 import uuid
 from pathlib import Path
 
-from .errors import RefGPTError
+from ..errors import RefGPTError
 
 #: The bare names of GPT-2 checkpoints and the organisation repositories they moved to.
 RENAMED = {

@@ -29,7 +29,7 @@ TransformerLens's Slice: None (all), an int (that position; the axis disappears)
 
 What ``apply_ln`` computes is P·c/σ with σ the *cached* scale of the stream the LayerNorm really
 saw, and without LayerNorm's w and b. So a stack sums, through W_U, to the logits only when w and b
-have been folded into W_U and b_U (``refgpt.processing.fold_ln``), and then to the logits minus
+have been folded into W_U and b_U (``refgpt.tl.processing.fold_ln``), and then to the logits minus
 b_U; ``logit_attrs`` never attributes b_U or ln_final.b. refgpt's own ``refgpt.attribute`` does,
 on any weights (docs/decomposition.md §5).
 
@@ -46,8 +46,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import ln_views
-from .errors import RefGPTError, need
+from ..gpt2 import ln_views
+from ..errors import RefGPTError, need
 
 DECOMPOSITION = "decomposition"  # who needs an activation, in the missing-activation error
 

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from . import decomposition
-from .errors import MissingActivation, RefGPTError, RefGPTTypeError
+from ..errors import MissingActivation, RefGPTError, RefGPTTypeError
 from .hook_points import ATTN_HOOKS, LN_HOOKS, MLP_HOOKS
 
 _ALIASES = {"attn": "pattern", "attn_logits": "attn_scores", "key": "k", "query": "q",
@@ -186,32 +186,32 @@ class ActivationCache(Mapping):
     def __repr__(self) -> str:
         return f"ActivationCache({len(self)} activations, {self.nbytes / 2**20:.1f} MiB)"
 
-    # ---- TransformerLens's decomposition API: refgpt/decomposition.py does the work ------------
+    # ---- TransformerLens's decomposition API: refgpt/tl/decomposition.py does the work ------------
 
     def accumulated_resid(self, *args, **kwargs):
-        """The stream at each layer ("0_pre", …, "final_post"); see refgpt.decomposition."""
+        """The stream at each layer ("0_pre", …, "final_post"); see refgpt.tl.decomposition."""
         return decomposition.accumulated_resid(self, *args, **kwargs)
 
     def decompose_resid(self, *args, **kwargs):
-        """embed, pos_embed, each attn_out and mlp_out; see refgpt.decomposition."""
+        """embed, pos_embed, each attn_out and mlp_out; see refgpt.tl.decomposition."""
         return decomposition.decompose_resid(self, *args, **kwargs)
 
     def stack_head_results(self, *args, **kwargs):
-        """Every head's z·W_O ("L0H3"); see refgpt.decomposition."""
+        """Every head's z·W_O ("L0H3"); see refgpt.tl.decomposition."""
         return decomposition.stack_head_results(self, *args, **kwargs)
 
     def stack_neuron_results(self, *args, **kwargs):
-        """Every neuron's post·W_out ("L2N17"); see refgpt.decomposition."""
+        """Every neuron's post·W_out ("L2N17"); see refgpt.tl.decomposition."""
         return decomposition.stack_neuron_results(self, *args, **kwargs)
 
     def get_full_resid_decomposition(self, *args, **kwargs):
-        """Heads, neurons, embeddings and "bias", summing to the stream; see refgpt.decomposition."""
+        """Heads, neurons, embeddings and "bias", summing to the stream; see refgpt.tl.decomposition."""
         return decomposition.get_full_resid_decomposition(self, *args, **kwargs)
 
     def apply_ln_to_stack(self, *args, **kwargs):
-        """A stack through a LayerNorm's cached scale (or recomputed); see refgpt.decomposition."""
+        """A stack through a LayerNorm's cached scale (or recomputed); see refgpt.tl.decomposition."""
         return decomposition.apply_ln_to_stack(self, *args, **kwargs)
 
     def logit_attrs(self, *args, **kwargs):
-        """A stack through ln_final's cached scale, dotted with W_U[:, tokens]; see refgpt.decomposition."""
+        """A stack through ln_final's cached scale, dotted with W_U[:, tokens]; see refgpt.tl.decomposition."""
         return decomposition.logit_attrs(self, *args, **kwargs)

@@ -10,7 +10,7 @@ positions. Buffers are allocated for n_ctx positions up front, so an append copi
 rows. During an incremental step the hooks and the activation cache see the new positions only:
 ``hook_q/k/v/z`` and the residual stream are [batch, new, ...], while ``hook_attn_scores`` and
 ``hook_pattern`` are [batch, head, new, past + new] (the new queries against every key). A hook
-reads the absolute position of the first new row as ``hook.start`` (refgpt/hooks.py): that
+reads the absolute position of the first new row as ``hook.start`` (refgpt/tl/hooks.py): that
 is how a steering vector on the prompt's positions is added once, when they are computed, and
 reaches every later token through the cached keys and values.
 """
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import RefGPTError
+from ..errors import RefGPTError
 
 
 class KVCache:
@@ -31,7 +31,7 @@ class KVCache:
         self.values = np.zeros(shape, dtype)  # [layer, batch, n_ctx, head, d_head]
         self.length = 0  # positions stored so far
         self.n_ctx, self.batch = cfg.n_ctx, batch
-        self.mask = None  # [batch, n_ctx] 1 real, 0 pad, once a padded batch came through (refgpt/padding.py)
+        self.mask = None  # [batch, n_ctx] 1 real, 0 pad, once a padded batch came through (refgpt/gpt2/padding.py)
 
     def check(self, batch: int, new: int):
         if batch != self.batch:

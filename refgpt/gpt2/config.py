@@ -14,8 +14,8 @@ import os
 from pathlib import Path
 
 from .activations import ACTIVATIONS
-from . import strict_json
-from .errors import RefGPTError, as_path
+from .. import strict_json
+from ..errors import RefGPTError, as_path
 
 MAX_SIZE = 2**31 - 1  # no dimension of a GPT-2 refgpt computes may exceed a 32-bit index
 

@@ -21,7 +21,7 @@ from importlib import resources
 from pathlib import Path
 
 from .checkpoint import load
-from .errors import RefGPTError
+from ..errors import RefGPTError
 
 UNTRAINED_MARKER = "UNTRAINED"
 
@@ -33,7 +33,7 @@ def default_model_path() -> Path:
 
 
 #: Where the default model is in a source checkout: ``weights/default`` beside the ``refgpt/`` package.
-SOURCE_CHECKOUT_WEIGHTS = Path(__file__).resolve().parent.parent / "weights" / "default"
+SOURCE_CHECKOUT_WEIGHTS = Path(__file__).resolve().parents[2] / "weights" / "default"
 
 
 def installed_weights():

@@ -42,9 +42,9 @@ from pathlib import Path
 import numpy as np
 import safetensors
 
-from . import strict_json
-from .dtypes import widen_bfloat16
-from .errors import RefGPTError, as_path
+from .. import strict_json
+from ..dtypes import widen_bfloat16
+from ..errors import RefGPTError, as_path
 
 # safetensors dtype code → (NumPy dtype of the stored bytes, is it a floating-point format)
 DTYPES = {

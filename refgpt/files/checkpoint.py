@@ -23,14 +23,14 @@ from pathlib import Path
 
 import numpy as np
 
-from . import strict_json
-from .config import Config
-from .dtypes import compute_dtype
-from .errors import RefGPTError, as_path
-from .model import Model
-from .processing import process as process_weights
+from .. import strict_json
+from ..gpt2.config import Config
+from ..dtypes import compute_dtype
+from ..errors import RefGPTError, as_path
+from ..model import Model
+from ..tl.processing import process as process_weights
 from .safetensors_file import SafetensorsFile
-from .tokenizer import Tokenizer
+from ..gpt2.tokenizer import Tokenizer
 
 # HF's non-parameter buffers: the causal mask and the masked fill value. Never weights.
 _BUFFER = re.compile(r"h\.\d+\.attn\.(bias|masked_bias)")
@@ -218,14 +218,14 @@ def hf_tensors(cfg: Config, params, prefix: str = "transformer.") -> dict[str, n
 def load(path: str | Path, dtype="float64", tokenizer=True, process=None):
     """Load an HF GPT-2 checkpoint: a directory (``config.json`` + ``model.safetensors``), or a hub
     name (``gpt2``, ``openai-community/gpt2@REVISION``) found in the HF cache or downloaded into it
-    (refgpt.hub.resolve; ``HF_HUB_OFFLINE=1``: the cache only).
+    (refgpt.files.hub.resolve; ``HF_HUB_OFFLINE=1``: the cache only).
 
     ``dtype`` is the compute dtype, float64 (default) or float32; weights stored in any float
     format are converted to it. Weights stored in the compute dtype are memory-mapped, not copied.
     With ``tokenizer=True`` a ``vocab.json`` + ``merges.txt`` (or ``encoder.json`` + ``vocab.bpe``)
     beside the weights becomes ``model.tokenizer``. ``process``: None (default, the weights as
     stored), True (TransformerLens's from_pretrained defaults) or processing step names
-    (refgpt.processing).
+    (refgpt.tl.processing).
     """
     directory = as_path(path, "load: path")
     dtype = compute_dtype(dtype)

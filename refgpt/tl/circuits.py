@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import RefGPTError
+from ..errors import RefGPTError
 
 
 class FactoredMatrix:

@@ -30,7 +30,7 @@ def mlp_backward(grad, x, pre, post, w, act_backward, point=None):
 
     Returns a dict: ``x``, ``W_in``, ``b_in``, ``W_out``, ``b_out``, ``hook_post``, ``hook_pre``.
     ``point(name, ∂)``, if given, sees each hook point's gradient as it is made and returns the one
-    that flows on (backward hooks, refgpt/hooks.py).
+    that flows on (backward hooks, refgpt/tl/hooks.py).
     """
     point = point or (lambda name, g: g)
     rows = (-1, grad.shape[-1])  # [batch·pos, d_model]

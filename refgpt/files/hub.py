@@ -3,7 +3,7 @@
 :func:`resolve` is what ``refgpt.load(NAME)`` and ``--model NAME`` do with a name that is not a
 directory: ``gpt2``, ``openai-community/gpt2``, ``distilgpt2``, any ``owner/name`` GPT-2 repository,
 optionally ``@revision`` (a branch, tag or commit). The HF cache is searched first, under both
-spellings a renamed repository may have there (:mod:`refgpt.hf_cache`); a cached name never touches
+spellings a renamed repository may have there (:mod:`refgpt.files.hf_cache`); a cached name never touches
 the network. Otherwise it is downloaded, unless ``HF_HUB_OFFLINE=1``.
 
 :func:`download` (``refgpt download NAME``) fetches ``config.json``, ``model.safetensors`` (or
@@ -30,7 +30,7 @@ Why a small client of refgpt's own (standard library only) rather than ``hugging
 - *Weight*: refgpt's runtime needs numpy, safetensors and regex. huggingface_hub 2.x brings nine
   packages (httpx2, hf-xet, fsspec, filelock, tqdm, pyyaml, click, …, about 28 MB); this is two
   modules of standard-library Python, and ``import refgpt`` does not load even them
-  (``refgpt.checkpoint`` imports this one only for a name that is not a directory).
+  (``refgpt.files.checkpoint`` imports this one only for a name that is not a directory).
 - *Verification*: huggingface_hub names blobs by their ETag, but over plain HTTP it checks only a
   file's size (``http_get``; the Xet protocol checks its own chunk hashes). An oracle should check
   every byte it computes from: here each file is hashed against the hub's ETag.
@@ -38,7 +38,7 @@ Why a small client of refgpt's own (standard library only) rather than ``hugging
   name that is not cached is then one line naming the places looked. Unlike huggingface_hub, a
   cached name is used without first asking the hub whether ``main`` moved (``refgpt download``
   updates it), so a flaky network never slows or breaks a run from the cache.
-- *Cache compatibility*: the layout is small and documented (:mod:`refgpt.hf_cache`); the tests
+- *Cache compatibility*: the layout is small and documented (:mod:`refgpt.files.hf_cache`); the tests
   check that huggingface_hub and transformers read what this writes, and that refgpt reads what
   they write. huggingface_hub 2.x no longer resumes a broken download; this does.
 
@@ -61,10 +61,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote, urljoin, urlsplit
 
-from .errors import RefGPTError
+from ..errors import RefGPTError
 from .hf_cache import (COMMIT, SHARD_INDEX, cache_dir, check_revision, find_snapshot, is_offline, link_into_snapshot,
                        missing_files, parse_name, repo_folder, shard_names, write_ref)
-from .version import __version__
+from ..version import __version__
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 TIMEOUT = 30.0  # seconds a connection or a read may stall before the attempt counts as broken
@@ -125,7 +125,7 @@ def download(repo_id: str, revision: str = "main", *, endpoint: str | None = Non
     """Fetch a GPT-2 checkpoint into the HF cache; return its ``snapshots/<commit>`` directory.
 
     ``endpoint``: default ``$HF_ENDPOINT`` or https://huggingface.co. ``cache``: default the HF
-    cache (:func:`refgpt.hf_cache.cache_dir`). ``progress``: a progress bar on stderr; default
+    cache (:func:`refgpt.files.hf_cache.cache_dir`). ``progress``: a progress bar on stderr; default
     only when stderr is a terminal. Files already in the cache are hashed, not fetched again.
     """
     return download_files(repo_id, revision, endpoint=endpoint, cache=cache, progress=progress)[0]

@@ -22,7 +22,7 @@ import uuid
 from pathlib import Path
 from typing import Callable
 
-from .errors import RefGPTError, as_path
+from ..errors import RefGPTError, as_path
 
 
 def write_atomically(path, write: Callable[[Path], object]) -> Path:

@@ -33,9 +33,9 @@ def attention(x, w, n_heads, scale, point, past=None, bias=None, per_head_result
     (or only W_Q, W_K, W_V [d_model, head·d_head] and b_Q, b_K, b_V [head·d_head], joined here),
     W_O [head·d_head, d_model], b_O [d_model]. ``point(name, a)`` is the hook point (a HookRun's
     scope); ``point.watched(name)`` / ``point.hooked(name)`` say whether a hook or the cache / a
-    hook will see ``name`` (refgpt/hooks.py): the full scores and pattern are made only then.
+    hook will see ``name`` (refgpt/tl/hooks.py): the full scores and pattern are made only then.
     ``past(k, v)``, in incremental decoding, stores the new keys and values and returns all of them.
-    ``bias``: None (causal), or padding's [batch, 1, query, key] bias (refgpt/padding.py).
+    ``bias``: None (causal), or padding's [batch, 1, query, key] bias (refgpt/gpt2/padding.py).
     ``per_head_result`` (TransformerLens's use_attn_result): make each head's z[h]·W_O[h]
     [batch, pos, head, d_model] at ``hook_result`` and sum those (a different rounding).
     ``x`` may also be three per-head inputs (x_q, x_k, x_v), each [batch, pos, head, d_model]:
@@ -212,7 +212,7 @@ def attention_backward(grad, x, w, q, k, v, pattern, z, scale, point=None):
         s = scale·q·kᵀ + mask    ∂q = scale·∂s·k     ∂k = scale·∂sᵀ·q
         q = x·W_Q + b_Q, …       ∂x = ∂q·W_Qᵀ + ∂k·W_Kᵀ + ∂v·W_Vᵀ, ∂W_Q = Σ xᵀ·∂q, ∂b_Q = Σ ∂q
     (Σ: over batch and position.) ``point(name, ∂)``, if given, sees each hook point's gradient as
-    it is made and returns the one that flows on (backward hooks, refgpt/hooks.py).
+    it is made and returns the one that flows on (backward hooks, refgpt/tl/hooks.py).
     """
     point = point or (lambda name, g: g)
     batch, pos, d_model = x.shape

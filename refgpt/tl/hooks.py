@@ -24,7 +24,7 @@ now running (0 in an ordinary pass). It is refgpt's addition to TransformerLens'
 KV-cached hooks cannot tell), set by the pass before it calls the hooks on that point; a plain
 ``fn(activation, hook)`` reads it like ``hook.name``. In a padded pass the rows of a batch do not
 share positions: a left-padded row's first real token is position 0 (TransformerLens's and HF's
-count, refgpt/padding.py). Then ``hook.positions`` [batch, new] holds each row's absolute position
+count, refgpt/gpt2/padding.py). Then ``hook.positions`` [batch, new] holds each row's absolute position
 of each activation row (−1 at a pad); it is None in an unpadded pass, where every row's positions
 are ``hook.start + arange(new)``.
 
@@ -47,7 +47,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import hook_points
-from .errors import RefGPTError, RefGPTTypeError
+from ..errors import RefGPTError, RefGPTTypeError
 
 Hook = Callable[[np.ndarray, "HookPoint"], "np.ndarray | None"]
 DIRECTIONS = ("fwd", "bwd")
@@ -237,7 +237,7 @@ class HookRegistry:
         self.cfg.use_hook_mlp_in = use_hook_mlp_in
 
     def set_use_split_qkv_input(self, use_split_qkv_input: bool):
-        """Per-head copies of the stream into q, k and v: ``hook_q_input`` … (refgpt/hook_points.py)."""
+        """Per-head copies of the stream into q, k and v: ``hook_q_input`` … (refgpt/tl/hook_points.py)."""
         self.cfg.use_split_qkv_input = use_split_qkv_input
 
     def set_use_attn_in(self, use_attn_in: bool):

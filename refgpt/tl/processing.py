@@ -41,9 +41,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from .config import Config
-from .errors import RefGPTError
-from .model import Model
+from ..gpt2.config import Config
+from ..errors import RefGPTError
 
 #: Every step, in the order ``process`` applies them (TransformerLens's order).
 STEPS = ("fold_ln", "center_writing_weights", "center_unembed", "fold_value_biases",
@@ -227,6 +226,6 @@ def process(model, steps=True):
     cfg = model.cfg
     if cfg.tie_word_embeddings and not np.array_equal(params["unembed.W_U"], params["embed.W_E"].T):
         cfg = dataclasses.replace(cfg, tie_word_embeddings=False)  # W_U is no longer W_Eᵀ
-    processed = Model(cfg, params, dtype=model.dtype, source=model.source)
+    processed = type(model)(cfg, params, dtype=model.dtype, source=model.source)  # a Model (processing sits below it)
     processed.tokenizer = model.tokenizer
     return processed

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import RefGPTError, RefGPTTypeError
-from .padding import check_padding_side
+from ..errors import RefGPTError, RefGPTTypeError
+from ..gpt2.padding import check_padding_side
 
 
 class TextMethods:

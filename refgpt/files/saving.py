@@ -28,10 +28,10 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from .checkpoint import hf_tensors
-from .dtypes import compute_dtype
+from ..dtypes import compute_dtype
 from .atomic_write import write_atomically
-from .errors import RefGPTError, as_path
-from .tokenizer import Tokenizer
+from ..errors import RefGPTError, as_path
+from ..gpt2.tokenizer import Tokenizer
 
 
 def save(model, directory, dtype=None, config: dict | None = None) -> Path:
