@@ -33,7 +33,7 @@ except ImportError:  # run from a checkout without installing
     sys.path.insert(0, str(REPO))
     import refgpt
 from refgpt.analysis.attribution import required_hooks  # noqa: E402
-from refgpt.model import param_shapes  # noqa: E402
+from refgpt.gpt2.params import param_shapes  # noqa: E402
 
 GPT2_SMALL = refgpt.Config(d_model=768, n_layers=12, n_heads=12, d_mlp=3072, d_vocab=50257, n_ctx=1024)
 

@@ -19,7 +19,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 
 from refgpt import Config, Model  # noqa: E402
-from refgpt.model import param_shapes  # noqa: E402
+from refgpt.gpt2.params import param_shapes  # noqa: E402
 
 GPT2_SMALL = Config(d_model=768, n_layers=12, n_heads=12, d_mlp=3072, d_vocab=50257, n_ctx=1024)
 

@@ -20,7 +20,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from refgpt import Config, Model  # noqa: E402
-from refgpt.model import param_shapes  # noqa: E402
+from refgpt.gpt2.params import param_shapes  # noqa: E402
 from refgpt.oracle import certify, golden  # noqa: E402
 
 

@@ -27,7 +27,7 @@ from refgpt import Config, Model
 from refgpt.gpt2 import ln_views
 from refgpt.analysis.attribution import attribute
 from refgpt.gpt2.layernorm import layer_norm, scale as ln_scale
-from refgpt.model import param_shapes
+from refgpt.gpt2.params import param_shapes
 from refgpt.tl.processing import STEPS, process
 
 CFG = Config(d_model=64, n_layers=4, n_heads=4, d_mlp=256, d_vocab=97, n_ctx=32)

@@ -24,7 +24,7 @@ import numpy as np
 
 from refgpt import Config, Model
 from refgpt.oracle import golden, comparison as oracle
-from refgpt.model import param_shapes
+from refgpt.gpt2.params import param_shapes
 
 CFG = Config(d_model=64, n_layers=4, n_heads=4, d_mlp=256, d_vocab=100, n_ctx=32)
 TOKENS = np.random.default_rng(1).integers(0, CFG.d_vocab, size=(2, 16))  # [batch, pos]

@@ -100,11 +100,11 @@ def loss_and_grads(model, tokens, targets=None) -> Gradients:
     return backward(model, tokens, cache, logits, targets, GradientRun(model.hook_dict))
 
 
-def backward(model, tokens, cache, logits, targets, point=None) -> Gradients:
-    """The backward pass from a full forward cache (every hook point, no hooks applied). ``point``
+def backward(model, tokens, cache, logits, targets, run_hooks=None) -> Gradients:
+    """The backward pass from a full forward cache (every hook point, no hooks applied). ``run_hooks``
     (a GradientRun) calls the backward hooks with each hook point's gradient (refgpt/tl/hooks.py)."""
     cfg, p = model.cfg, model.params
-    point = point if point is not None else GradientRun({})
+    run_hooks = run_hooks if run_hooks is not None else GradientRun({})
     loss, grad_logits = softmax_cross_entropy(logits, targets)  # [batch, pos, d_vocab]
     g_params: dict[str, np.ndarray] = {}
     g_acts: dict[str, np.ndarray] = {}
@@ -115,15 +115,15 @@ def backward(model, tokens, cache, logits, targets, point=None) -> Gradients:
     if "unembed.b_U" in p:
         g_params["unembed.b_U"] = grad_logits.sum(axis=(0, 1))  # [d_vocab]
     grad = grad_logits @ p["unembed.W_U"].T  # [batch, pos, d_model]
-    grad = layer_norm_step("ln_final.", grad, cache, p, g_params, g_acts, point)  # [batch, pos, d_model]
+    grad = layer_norm_step("ln_final.", grad, cache, p, g_params, g_acts, run_hooks)  # [batch, pos, d_model]
 
     act_backward = BACKWARDS[cfg.act_fn]
     for L in reversed(range(cfg.n_layers)):
-        grad = block_backward(model, L, grad, cache, act_backward, g_params, g_acts, point)  # [batch, pos, d_model]
+        grad = block_backward(model, L, grad, cache, act_backward, g_params, g_acts, run_hooks)  # [batch, pos, d_model]
 
     # resid_pre₀ = W_E[tokens] + W_pos[positions]
-    g_acts["hook_embed"] = g_embed = point("hook_embed", grad)  # [batch, pos, d_model]
-    g_acts["hook_pos_embed"] = g_pos = point("hook_pos_embed", grad)  # [batch, pos, d_model]
+    g_acts["hook_embed"] = g_embed = run_hooks("hook_embed", grad)  # [batch, pos, d_model]
+    g_acts["hook_pos_embed"] = g_pos = run_hooks("hook_pos_embed", grad)  # [batch, pos, d_model]
     g_W_E = np.zeros_like(p["embed.W_E"])  # [d_vocab, d_model]
     np.add.at(g_W_E, tokens.reshape(-1), rows(g_embed))  # a token used twice gets both gradients
     g_W_pos = np.zeros_like(p["pos_embed.W_pos"])  # [n_ctx, d_model]
@@ -137,28 +137,28 @@ def backward(model, tokens, cache, logits, targets, point=None) -> Gradients:
     return Gradients(loss, ordered_params, ordered_acts, grad_logits, targets, tied, ln_out_grads)
 
 
-def block_backward(model, L, grad, cache, act_backward, g_params, g_acts, point):
+def block_backward(model, L, grad, cache, act_backward, g_params, g_acts, run_hooks):
     """Block L in reverse: ∂resid_post → ∂resid_pre, filling in the block's gradients."""
     cfg, p, b = model.cfg, model.params, f"blocks.{L}."
     _, attn_w, mlp_w = model.block_weights(L)  # the flat layout the forward multiplies with
 
     # resid_post = resid_mid + mlp(ln2(resid_mid))
-    g_acts[b + "hook_resid_post"] = grad = point(b + "hook_resid_post", grad)  # [batch, pos, d_model]
-    g_acts[b + "hook_mlp_out"] = g_mlp = point(b + "hook_mlp_out", grad)  # [batch, pos, d_model]
+    g_acts[b + "hook_resid_post"] = grad = run_hooks(b + "hook_resid_post", grad)  # [batch, pos, d_model]
+    g_acts[b + "hook_mlp_out"] = g_mlp = run_hooks(b + "hook_mlp_out", grad)  # [batch, pos, d_model]
     m = mlp_backward(g_mlp, cached_output(cache, b + "ln2."), cache[b + "mlp.hook_pre"],
-                     cache[b + "mlp.hook_post"], mlp_w, act_backward, point.scope(b + "mlp."))
+                     cache[b + "mlp.hook_post"], mlp_w, act_backward, run_hooks.scope(b + "mlp."))
     for key in ("W_in", "b_in", "W_out", "b_out"):
         g_params[b + "mlp." + key] = m[key]
     g_acts[b + "mlp.hook_pre"], g_acts[b + "mlp.hook_post"] = m["hook_pre"], m["hook_post"]
-    grad = grad + layer_norm_step(b + "ln2.", m["x"], cache, p, g_params, g_acts, point)  # [batch, pos, d_model]
+    grad = grad + layer_norm_step(b + "ln2.", m["x"], cache, p, g_params, g_acts, run_hooks)  # [batch, pos, d_model]
 
     # resid_mid = resid_pre + attn(ln1(resid_pre))
-    g_acts[b + "hook_resid_mid"] = grad = point(b + "hook_resid_mid", grad)  # [batch, pos, d_model]
-    g_acts[b + "hook_attn_out"] = g_attn = point(b + "hook_attn_out", grad)  # [batch, pos, d_model]
+    g_acts[b + "hook_resid_mid"] = grad = run_hooks(b + "hook_resid_mid", grad)  # [batch, pos, d_model]
+    g_acts[b + "hook_attn_out"] = g_attn = run_hooks(b + "hook_attn_out", grad)  # [batch, pos, d_model]
     a = attention_backward(g_attn, cached_output(cache, b + "ln1."), attn_w,
                            cache[b + "attn.hook_q"], cache[b + "attn.hook_k"], cache[b + "attn.hook_v"],
                            cache[b + "attn.hook_pattern"], cache[b + "attn.hook_z"], cfg.score_scale(L),
-                           point.scope(b + "attn."))
+                           run_hooks.scope(b + "attn."))
     h, dh, d = cfg.n_heads, cfg.d_head, cfg.d_model
     for x in "QKV":  # flat [d_model, head·d_head] → [head, d_model, d_head]
         g_params[b + f"attn.W_{x}"] = a[f"W_{x}"].reshape(d, h, dh).transpose(1, 0, 2)
@@ -167,17 +167,17 @@ def block_backward(model, L, grad, cache, act_backward, g_params, g_acts, point)
     g_params[b + "attn.b_O"] = a["b_O"]
     for name in ATTN_HOOKS:
         g_acts[b + "attn." + name] = a[name]
-    grad = grad + layer_norm_step(b + "ln1.", a["x"], cache, p, g_params, g_acts, point)  # [batch, pos, d_model]
-    g_acts[b + "hook_resid_pre"] = grad = point(b + "hook_resid_pre", grad)  # [batch, pos, d_model]
+    grad = grad + layer_norm_step(b + "ln1.", a["x"], cache, p, g_params, g_acts, run_hooks)  # [batch, pos, d_model]
+    g_acts[b + "hook_resid_pre"] = grad = run_hooks(b + "hook_resid_pre", grad)  # [batch, pos, d_model]
     return grad
 
 
-def layer_norm_step(prefix, grad, cache, p, g_params, g_acts, point):
+def layer_norm_step(prefix, grad, cache, p, g_params, g_acts, run_hooks):
     """LayerNorm ``prefix`` ("blocks.3.ln1.", "ln_final.") in reverse: its gradients recorded,
     ∂loss/∂input returned."""
     g_acts[prefix + "out"] = grad  # ∂loss/∂(w ⊙ x̂ + b), the LayerNorm's output (not a hook point)
     g = layer_norm_backward(grad, cache[prefix + "hook_normalized"], cache[prefix + "hook_scale"], p[prefix + "w"],
-                            point.scope(prefix))
+                            run_hooks.scope(prefix))
     g_params[prefix + "w"], g_params[prefix + "b"] = g["w"], g["b"]
     for name in LN_HOOKS:
         g_acts[prefix + name] = g[name]

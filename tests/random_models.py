@@ -17,7 +17,7 @@ import refgpt
 from refgpt import Config, Model
 from refgpt.files import checkpoint
 from refgpt.gpt2.activations import ACTIVATIONS
-from refgpt.model import param_shapes
+from refgpt.gpt2.params import param_shapes
 
 
 def random_params(cfg: Config, seed: int, scale: float = 0.3) -> dict[str, np.ndarray]:

@@ -365,7 +365,7 @@ def report(r: dict, cfg: Config) -> str:
 
 
 def _shapes(cfg: Config):
-    from refgpt.model import param_shapes
+    from refgpt.gpt2.params import param_shapes
 
     return [s for name, s in param_shapes(cfg).items() if name != "unembed.W_U"]
 

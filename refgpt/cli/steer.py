@@ -109,13 +109,13 @@ def run(args) -> int:
         "",
         table(["pos", "plus", "minus", "‖v‖", f"‖v‖/‖stream {sv.layer}‖", "‖v‖/‖final stream‖"], size_rows,
               align="><<>>>"),
-        *(_side_by_side(model, unsteered, steered) if args.generate else []),
+        *(_generations_side_by_side(model, unsteered, steered) if args.generate else []),
         *([f"\nfigure: {args.plot}"] if args.plot else []),
     ]))
     return 0
 
 
-def _side_by_side(model, unsteered, steered) -> list[str]:
+def _generations_side_by_side(model, unsteered, steered) -> list[str]:
     """The two greedy continuations, token by token (* where they differ), then as text."""
     rows = [[i + 1, token_text(model, a), token_text(model, b), "" if a == b else "*"]
             for i, (a, b) in enumerate(zip(unsteered, steered, strict=True))]

@@ -28,14 +28,15 @@ from .activations import softmax
 from .linear import affine
 
 
-def attention(x, w, n_heads, scale, point, past=None, bias=None, per_head_result=False):
+def attention(x, w, n_heads, score_scale, run_hooks, past=None, score_mask=None, per_head_result=False):
     """One block's attention. ``w``: W_QKV = W_Q | W_K | W_V [d_model, 3·head·d_head] and b_QKV
     (or only W_Q, W_K, W_V [d_model, head·d_head] and b_Q, b_K, b_V [head·d_head], joined here),
-    W_O [head·d_head, d_model], b_O [d_model]. ``point(name, a)`` is the hook point (a HookRun's
-    scope); ``point.watched(name)`` / ``point.hooked(name)`` say whether a hook or the cache / a
+    W_O [head·d_head, d_model], b_O [d_model]. ``run_hooks(name, a)`` runs the hooks at a hook point (a
+    HookRun's scope); ``run_hooks.watched(name)`` / ``run_hooks.hooked(name)`` say whether a hook or the cache / a
     hook will see ``name`` (refgpt/tl/hooks.py): the full scores and pattern are made only then.
     ``past(k, v)``, in incremental decoding, stores the new keys and values and returns all of them.
-    ``bias``: None (causal), or padding's [batch, 1, query, key] bias (refgpt/gpt2/padding.py).
+    ``score_mask``: None (causal), or padding's [batch, 1, query, key] mask of 0 and −∞, added to the
+    scores (refgpt/gpt2/padding.py).
     ``per_head_result`` (TransformerLens's use_attn_result): make each head's z[h]·W_O[h]
     [batch, pos, head, d_model] at ``hook_result`` and sum those (a different rounding).
     ``x`` may also be three per-head inputs (x_q, x_k, x_v), each [batch, pos, head, d_model]:
@@ -43,32 +44,32 @@ def attention(x, w, n_heads, scale, point, past=None, bias=None, per_head_result
     if isinstance(x, tuple):
         x_q, x_k, x_v = x  # [batch, pos, head, d_model] each
         batch, pos = x_q.shape[:2]
-        q = point("hook_q", per_head_affine(x_q, w["W_Q"], w["b_Q"], n_heads))  # [batch, pos, head, d_head]
-        k = point("hook_k", per_head_affine(x_k, w["W_K"], w["b_K"], n_heads))  # [batch, pos, head, d_head]
-        v = point("hook_v", per_head_affine(x_v, w["W_V"], w["b_V"], n_heads))  # [batch, pos, head, d_head]
+        q = run_hooks("hook_q", per_head_affine(x_q, w["W_Q"], w["b_Q"], n_heads))  # [batch, pos, head, d_head]
+        k = run_hooks("hook_k", per_head_affine(x_k, w["W_K"], w["b_K"], n_heads))  # [batch, pos, head, d_head]
+        v = run_hooks("hook_v", per_head_affine(x_v, w["W_V"], w["b_V"], n_heads))  # [batch, pos, head, d_head]
     else:
         batch, pos, _ = x.shape
         # q = x·W_Q + b_Q, k = x·W_K + b_K, v = x·W_V + b_V, as one product with W_Q | W_K | W_V:
         qkv = affine(x, *fused_qkv(w)).reshape(batch, pos, 3, n_heads, -1)  # [batch, pos, q|k|v, head, d_head]
-        q = point("hook_q", qkv[:, :, 0])  # [batch, pos, head, d_head]
-        k = point("hook_k", qkv[:, :, 1])  # [batch, pos, head, d_head]
-        v = point("hook_v", qkv[:, :, 2])  # [batch, pos, head, d_head]
+        q = run_hooks("hook_q", qkv[:, :, 0])  # [batch, pos, head, d_head]
+        k = run_hooks("hook_k", qkv[:, :, 1])  # [batch, pos, head, d_head]
+        v = run_hooks("hook_v", qkv[:, :, 2])  # [batch, pos, head, d_head]
 
     if past is not None:
         k, v = past(k, v)  # [batch, key, head, d_head]: the earlier positions' keys, then these
 
     per_head = (0, 2, 1, 3)  # [batch, pos, head, d_head] → [batch, head, pos, d_head]
-    qh = (q * scale).transpose(per_head)  # [batch, head, query, d_head], the scale applied once here
+    qh = (q * score_scale).transpose(per_head)  # [batch, head, query, d_head], the scale applied once here
     kh = np.ascontiguousarray(k.transpose(per_head))  # [batch, head, key, d_head]
     vh = np.ascontiguousarray(v.transpose(per_head))  # [batch, head, key, d_head]
-    if point.watched("hook_attn_scores") or point.watched("hook_pattern"):
-        zh = attend(qh, kh, vh, point, bias)  # [batch, head, query, d_head], the full arrays made for the hooks
+    if run_hooks.watched("hook_attn_scores") or run_hooks.watched("hook_pattern"):
+        zh = attend(qh, kh, vh, run_hooks, score_mask)  # [batch, head, query, d_head], the full arrays made for the hooks
     else:
-        zh = attend_in_blocks(qh, kh, vh, bias)  # [batch, head, query, d_head], the same numbers
-    z = point("hook_z", zh.transpose(per_head))  # [batch, pos, head, d_head]
+        zh = attend_in_blocks(qh, kh, vh, score_mask)  # [batch, head, query, d_head], the same numbers
+    z = run_hooks("hook_z", zh.transpose(per_head))  # [batch, pos, head, d_head]
     if per_head_result:
         W_O = w["W_O"].reshape(n_heads, -1, w["W_O"].shape[-1])  # [head, d_head, d_model]
-        result = point("hook_result", np.einsum("bphd,hdm->bphm", z, W_O))  # [batch, pos, head, d_model]
+        result = run_hooks("hook_result", np.einsum("bphd,hdm->bphm", z, W_O))  # [batch, pos, head, d_model]
         return result.sum(axis=2) + w["b_O"]  # [batch, pos, d_model]
     return affine(z.reshape(batch, pos, -1), w["W_O"], w["b_O"])  # [batch, pos, d_model]
 
@@ -88,31 +89,31 @@ def per_head_affine(x, W, b, n_heads):
     return np.einsum("bphd,dhe->bphe", x, W.reshape(d_model, n_heads, -1)) + b.reshape(n_heads, -1)  # [batch, pos, head, d_head]
 
 
-def attend_in_blocks(qh, kh, vh, bias=None, rows=64):
+def attend_in_blocks(qh, kh, vh, score_mask=None, rows=64):
     """pattern·v when nobody looks at scores or pattern: a block of ``rows`` queries at a time.
     The scores then never exist in full (a block stays in cache through softmax), and a block never
     touches the keys after its last query, which halves the work of a full sequence.
-    ``bias``: None (causal) or padding's [batch, 1, query, key] bias."""
+    ``score_mask``: None (causal) or padding's [batch, 1, query, key] mask."""
     pos, keys = qh.shape[2], kh.shape[2]
     start = keys - pos  # keys held in a KV cache before the first query
     zh = np.empty_like(qh)  # [batch, head, query, d_head]
     for i in range(0, pos, rows):
         seen = start + min(i + rows, pos)  # this block's queries see keys 0 … seen − 1
-        pattern = block_probabilities(block_scores(qh, kh, bias, i, rows, seen), bias is not None)  # [batch, head, rows, seen]
+        pattern = block_probabilities(block_scores(qh, kh, score_mask, i, rows, seen), score_mask is not None)  # [batch, head, rows, seen]
         zh[:, :, i:i + rows] = pattern @ vh[:, :, :seen]  # [batch, head, rows, d_head]
     return zh
 
 
-def block_scores(qh, kh, bias, i, rows, seen):
-    """The scores of queries i … i + rows − 1 against keys 0 … seen − 1, bias added: a new array
-    [batch, head, rows, seen]. The plain formula: (qh @ khᵀ + bias)[:, :, i:i + rows, :seen]."""
+def block_scores(qh, kh, score_mask, i, rows, seen):
+    """The scores of queries i … i + rows − 1 against keys 0 … seen − 1, mask added: a new array
+    [batch, head, rows, seen]. The plain formula: (qh @ khᵀ + score_mask)[:, :, i:i + rows, :seen]."""
     scores = qh[:, :, i:i + rows] @ kh[:, :, :seen].transpose(0, 1, 3, 2)  # [batch, head, rows, seen]
-    if bias is not None:
-        scores += bias[..., i:i + rows, :seen]  # [batch, head, rows, seen]
-    else:  # the causal bias is 0 left of the block's own square: add only its last columns
+    if score_mask is not None:
+        scores += score_mask[..., i:i + rows, :seen]  # [batch, head, rows, seen]
+    else:  # the causal mask is 0 left of the block's own square: add only its last columns
         pos = qh.shape[2]
         diagonal = max(0, seen - rows)
-        mask = causal_bias(pos, kh.shape[2] - pos, scores.dtype)  # [query, key]
+        mask = causal_score_mask(pos, kh.shape[2] - pos, scores.dtype)  # [query, key]
         scores[..., diagonal:] += mask[i:i + rows, diagonal:seen]  # [batch, head, rows, seen − diagonal]
     return scores
 
@@ -123,7 +124,7 @@ def block_probabilities(scores, padded):
     return (padded_softmax if padded else softmax)(scores, in_place=True)  # [..., key]
 
 
-def attend(qh, kh, vh, point, bias=None, rows=64):
+def attend(qh, kh, vh, run_hooks, score_mask=None, rows=64):
     """pattern·v with the full scores and/or pattern [batch, head, query, key] made for the hook
     points that are watched (hooked or cached), and only those.
 
@@ -138,12 +139,12 @@ def attend(qh, kh, vh, point, bias=None, rows=64):
     batch, heads, pos, _ = qh.shape
     keys = kh.shape[2]
     start = keys - pos  # keys held in a KV cache before the first query
-    padded = bias is not None
+    padded = score_mask is not None
     blocks = [(i, start + min(i + rows, pos)) for i in range(0, pos, rows)]  # queries i … i + rows − 1 see keys < seen
     square = (batch, heads, pos, keys)
-    scores = np.empty(square, qh.dtype) if point.watched("hook_attn_scores") else None  # [batch, head, query, key]
-    pattern = np.zeros(square, qh.dtype) if point.watched("hook_pattern") else None  # [batch, head, query, key]
-    edited_scores, edited_pattern = point.hooked("hook_attn_scores"), point.hooked("hook_pattern")
+    scores = np.empty(square, qh.dtype) if run_hooks.watched("hook_attn_scores") else None  # [batch, head, query, key]
+    pattern = np.zeros(square, qh.dtype) if run_hooks.watched("hook_pattern") else None  # [batch, head, query, key]
+    edited_scores, edited_pattern = run_hooks.hooked("hook_attn_scores"), run_hooks.hooked("hook_pattern")
     zh = np.empty_like(qh)  # [batch, head, query, d_head]
 
     def through_pattern(i, seen, probabilities):
@@ -154,21 +155,21 @@ def attend(qh, kh, vh, point, bias=None, rows=64):
             zh[:, :, i:i + rows] = probabilities @ vh[:, :, :probabilities.shape[-1]]  # [batch, head, rows, d_head]
 
     for i, seen in blocks:
-        block = block_scores(qh, kh, bias, i, rows, seen)  # [batch, head, rows, seen]
+        block = block_scores(qh, kh, score_mask, i, rows, seen)  # [batch, head, rows, seen]
         if scores is not None:
             scores[:, :, i:i + rows, :seen] = block  # [batch, head, rows, seen]
             scores[:, :, i:i + rows, seen:] = -np.inf  # [batch, head, rows, key − seen], the causal mask
         if not edited_scores:  # nothing will change the scores: go on from the block in hand
             through_pattern(i, seen, block_probabilities(block, padded))
     if scores is not None:
-        scores = point("hook_attn_scores", scores)  # [batch, head, query, key]
+        scores = run_hooks("hook_attn_scores", scores)  # [batch, head, query, key]
     if edited_scores:
         for i, seen in blocks:
             hooked = scores[:, :, i:i + rows]  # [batch, head, rows, key]
             visible = seen if np.isneginf(hooked[..., seen:]).all() else keys  # a hook may have unmasked keys
             through_pattern(i, seen, block_probabilities(hooked[..., :visible].copy(), padded))
     if pattern is not None:
-        pattern = point("hook_pattern", pattern)  # [batch, head, query, key]
+        pattern = run_hooks("hook_pattern", pattern)  # [batch, head, query, key]
     if edited_pattern:
         for i, seen in blocks:
             hooked = pattern[:, :, i:i + rows]  # [batch, head, rows, key]
@@ -187,18 +188,18 @@ def padded_softmax(scores, in_place=False):
 
 
 @functools.lru_cache(maxsize=8)
-def causal_bias(pos, start, dtype):
+def causal_score_mask(pos, start, dtype):
     """0 where a query may look, −∞ where it may not: added to the scores. Query i is position
     start + i and sees keys 0 … start + i (``start`` > 0 when earlier keys come from a KV cache)."""
-    bias = np.triu(np.full((pos, start + pos), -np.inf, dtype=dtype), k=start + 1)  # [query, key]
-    bias.flags.writeable = False
-    return bias
+    score_mask = np.triu(np.full((pos, start + pos), -np.inf, dtype=dtype), k=start + 1)  # [query, key]
+    score_mask.flags.writeable = False
+    return score_mask
 
 
-def attention_backward(grad, x, w, q, k, v, pattern, z, scale, point=None):
+def attention_backward(grad, x, w, q, k, v, pattern, z, score_scale, run_hooks=None):
     """∂loss/∂(everything attention read or computed), from grad = ∂loss/∂out [batch, pos,
     d_model], the input ``x`` and the forward's q, k, v, z [batch, pos, head, d_head] and
-    ``pattern`` [batch, head, query, key]. ``w`` and ``scale`` as in ``attention``.
+    ``pattern`` [batch, head, query, key]. ``w`` and ``score_scale`` as in ``attention``.
 
     Returns a dict: ``x``; the weights in ``w``'s flat layout (``W_Q`` [d_model, head·d_head], …,
     ``b_O`` [d_model]); and ``hook_z``, ``hook_pattern``, ``hook_attn_scores``, ``hook_q``,
@@ -209,25 +210,25 @@ def attention_backward(grad, x, w, q, k, v, pattern, z, scale, point=None):
         z = pattern·v            ∂pattern = ∂z·vᵀ    ∂v = patternᵀ·∂z
         pattern = softmax(s)     ∂s = pattern ⊙ (∂pattern − Σ_key pattern ⊙ ∂pattern)
                                  (masked keys have pattern 0, so ∂s is 0 there)
-        s = scale·q·kᵀ + mask    ∂q = scale·∂s·k     ∂k = scale·∂sᵀ·q
+        s = score_scale·q·kᵀ + mask   ∂q = score_scale·∂s·k  ∂k = score_scale·∂sᵀ·q
         q = x·W_Q + b_Q, …       ∂x = ∂q·W_Qᵀ + ∂k·W_Kᵀ + ∂v·W_Vᵀ, ∂W_Q = Σ xᵀ·∂q, ∂b_Q = Σ ∂q
-    (Σ: over batch and position.) ``point(name, ∂)``, if given, sees each hook point's gradient as
+    (Σ: over batch and position.) ``run_hooks(name, ∂)``, if given, sees each hook point's gradient as
     it is made and returns the one that flows on (backward hooks, refgpt/tl/hooks.py).
     """
-    point = point or (lambda name, g: g)
+    run_hooks = run_hooks or (lambda name, g: g)
     batch, pos, d_model = x.shape
     flat = (batch * pos, -1)
     out = {"b_O": grad.sum(axis=(0, 1))}  # [d_model]
     out["W_O"] = z.reshape(flat).T @ grad.reshape(flat)  # [head·d_head, d_model]
-    grad_z = point("hook_z", (grad @ w["W_O"].T).reshape(z.shape))  # [batch, pos, head, d_head]
+    grad_z = run_hooks("hook_z", (grad @ w["W_O"].T).reshape(z.shape))  # [batch, pos, head, d_head]
 
     per_head = (0, 2, 1, 3)  # [batch, pos, head, d_head] ↔ [batch, head, pos, d_head]
     gz, vh = grad_z.transpose(per_head), v.transpose(per_head)  # [batch, head, pos, d_head]
-    grad_pattern = point("hook_pattern", gz @ vh.transpose(0, 1, 3, 2))  # [batch, head, query, key]
-    grad_v = point("hook_v", (pattern.transpose(0, 1, 3, 2) @ gz).transpose(per_head))  # [batch, pos, head, d_head]
-    grad_scores = point("hook_attn_scores", pattern * (grad_pattern - (pattern * grad_pattern).sum(-1, keepdims=True)))  # [batch, head, query, key]
-    grad_q = point("hook_q", (grad_scores @ k.transpose(per_head)).transpose(per_head) * scale)  # [batch, pos, head, d_head]
-    grad_k = point("hook_k", (grad_scores.transpose(0, 1, 3, 2) @ q.transpose(per_head)).transpose(per_head) * scale)  # [batch, pos, head, d_head]
+    grad_pattern = run_hooks("hook_pattern", gz @ vh.transpose(0, 1, 3, 2))  # [batch, head, query, key]
+    grad_v = run_hooks("hook_v", (pattern.transpose(0, 1, 3, 2) @ gz).transpose(per_head))  # [batch, pos, head, d_head]
+    grad_scores = run_hooks("hook_attn_scores", pattern * (grad_pattern - (pattern * grad_pattern).sum(-1, keepdims=True)))  # [batch, head, query, key]
+    grad_q = run_hooks("hook_q", (grad_scores @ k.transpose(per_head)).transpose(per_head) * score_scale)  # [batch, pos, head, d_head]
+    grad_k = run_hooks("hook_k", (grad_scores.transpose(0, 1, 3, 2) @ q.transpose(per_head)).transpose(per_head) * score_scale)  # [batch, pos, head, d_head]
 
     x_rows = x.reshape(flat)  # [batch·pos, d_model]
     grad_x = np.zeros_like(x)  # [batch, pos, d_model]

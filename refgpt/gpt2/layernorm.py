@@ -31,24 +31,24 @@ def _identity(name, array):
     return array
 
 
-def layer_norm(x, w, b, eps, point=_identity):
-    """LN(x) = w ⊙ (x − mean)/scale + b over the last axis; ``point(name, a)`` is the hook point.
+def layer_norm(x, w, b, eps, run_hooks=_identity):
+    """LN(x) = w ⊙ (x − mean)/scale + b over the last axis; ``run_hooks(name, a)`` runs the hooks at a hook point.
 
-    ``point`` sees (and may replace) ``hook_mean``, ``hook_scale`` and ``hook_normalized``; a
+    ``run_hooks`` (the hooks at each hook point) sees (and may replace) ``hook_mean``, ``hook_scale`` and ``hook_normalized``; a
     replaced mean or scale flows into what follows.
     """
-    mean = point("hook_mean", x.mean(-1, keepdims=True))  # [batch, pos, 1]
+    mean = run_hooks("hook_mean", x.mean(-1, keepdims=True))  # [batch, pos, 1]
     centered = x - mean  # [batch, pos, d_model]
-    scale = point("hook_scale", centered_scale(centered, eps))  # [batch, pos, 1]
-    normalized = point("hook_normalized", centered / scale)  # [batch, pos, d_model]
+    scale = run_hooks("hook_scale", centered_scale(centered, eps))  # [batch, pos, 1]
+    normalized = run_hooks("hook_normalized", centered / scale)  # [batch, pos, d_model]
     out = normalized * w  # [batch, pos, d_model]
     out += b  # [batch, pos, d_model]
     return out
 
 
-def layer_norm_backward(grad, normalized, scale, w, point=None):
+def layer_norm_backward(grad, normalized, scale, w, run_hooks=None):
     """∂loss/∂(everything layer_norm read or computed), from grad = ∂loss/∂LN(x) [..., n] and the
-    forward's cached x̂ = ``normalized`` [..., n] and σ = ``scale`` [..., 1]. ``point(name, ∂)``,
+    forward's cached x̂ = ``normalized`` [..., n] and σ = ``scale`` [..., 1]. ``run_hooks(name, ∂)``,
     if given, sees each hook point's gradient as it is made and returns the one that flows on.
 
     Returns a dict: ``x``, ``w``, ``b`` (the gradients of the input and parameters, the latter
@@ -67,11 +67,11 @@ def layer_norm_backward(grad, normalized, scale, w, point=None):
     rows = tuple(range(grad.ndim - 1))  # every axis but the feature axis
     grad_b = grad.sum(axis=rows)  # [n]
     grad_w = (grad * normalized).sum(axis=rows)  # [n]
-    point = point or (lambda name, g: g)
-    grad_hat = point("hook_normalized", grad * w)  # [..., n] ∂loss/∂x̂
-    grad_scale = point("hook_scale", -(grad_hat * normalized).sum(-1, keepdims=True) / scale)  # [..., 1] ∂loss/∂σ
+    run_hooks = run_hooks or (lambda name, g: g)
+    grad_hat = run_hooks("hook_normalized", grad * w)  # [..., n] ∂loss/∂x̂
+    grad_scale = run_hooks("hook_scale", -(grad_hat * normalized).sum(-1, keepdims=True) / scale)  # [..., 1] ∂loss/∂σ
     grad_centered = grad_hat / scale + grad_scale * normalized / n  # [..., n] ∂loss/∂c
-    grad_mean = point("hook_mean", -grad_centered.sum(-1, keepdims=True))  # [..., 1] ∂loss/∂μ
+    grad_mean = run_hooks("hook_mean", -grad_centered.sum(-1, keepdims=True))  # [..., 1] ∂loss/∂μ
     grad_x = grad_centered + grad_mean / n  # [..., n]
     return {"x": grad_x, "w": grad_w, "b": grad_b,
             "hook_normalized": grad_hat, "hook_scale": grad_scale, "hook_mean": grad_mean}

@@ -84,8 +84,8 @@ def position_ids(mask, start: int = 0) -> np.ndarray:
     return np.maximum(shifted, 0)[:, start:]  # [batch, pos]
 
 
-def key_bias(mask, queries: int, dtype) -> np.ndarray:
-    """The additive attention bias for ``queries`` new positions against every key so far:
+def score_mask(mask, queries: int, dtype) -> np.ndarray:
+    """The score mask for ``queries`` new positions against every key so far:
     causal −∞ above the diagonal and −∞ on pad keys. ``mask`` [batch, keys] → [batch, 1, query, key]."""
     keys = mask.shape[1]
     start = keys - queries

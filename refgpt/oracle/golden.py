@@ -280,7 +280,7 @@ def layout(model: Model, tokens_shape, names=None, targets_given=False) -> dict[
     return out
 
 
-def _side_by_side(model: Model, tokens, names, targets=None):
+def _three_passes(model: Model, tokens, names, targets=None):
     """Yield (name, the golden tensor, its float64 value, its float32 value): the model's pass, a
     float64 pass and a float32 pass of the same weights, run a stage at a time side by side
     (``stream``), so only a stage's activations of each are held. A pass that would repeat another
@@ -453,7 +453,7 @@ def write_streamed(path, model: Model, tokens, names=None, command=None, targets
     def fill(tmp):
         c, rms = {}, {}
         with SafetensorsWriter(tmp, shapes, meta, _header_length(shapes, meta)) as out:
-            for name, tensor, r, x in _side_by_side(model, tokens, names, targets):
+            for name, tensor, r, x in _three_passes(model, tokens, names, targets):
                 out.write(name, tensor)
                 if r.dtype.kind == "f":
                     c[name], rms[name] = float32_error(r, x)

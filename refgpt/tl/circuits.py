@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import RefGPTError
+from .decomposition import accumulated_bias
 
 
 class FactoredMatrix:
@@ -72,20 +73,8 @@ class CircuitMethods:
 
     def accumulated_bias(self, layer: int, mlp_input: bool = False, include_mlp_biases: bool = True) -> np.ndarray:
         """Σ b_O (and b_out, with ``include_mlp_biases``) over blocks 0 … layer − 1, plus block
-        ``layer``'s b_O with ``mlp_input``: [d_model]."""
-        n = self.cfg.n_layers
-        if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or not 0 <= layer <= n:
-            raise RefGPTError(f"accumulated_bias: layer must be in [0, {n}], found {layer!r}")
-        if mlp_input and layer >= n:
-            raise RefGPTError("accumulated_bias: mlp_input=True needs a layer before the last block's end")
-        total = np.zeros(self.cfg.d_model, self.dtype)  # [d_model]
-        for L in range(layer):
-            total += self.params[f"blocks.{L}.attn.b_O"]
-            if include_mlp_biases:
-                total += self.params[f"blocks.{L}.mlp.b_out"]
-        if mlp_input:
-            total += self.params[f"blocks.{layer}.attn.b_O"]
-        return total
+        ``layer``'s b_O with ``mlp_input``: [d_model] (refgpt/tl/decomposition.py)."""
+        return accumulated_bias(self, layer, mlp_input, include_mlp_biases)
 
     def tokens_to_residual_directions(self, tokens) -> np.ndarray:
         """W_U[:, tokens] with d_model last: [d_model] for one token (an id, or text that is one

@@ -115,8 +115,12 @@ def head_results(cache, layer):
 
 
 def accumulated_bias(model, layer, mlp_input=False, include_mlp_biases=True):
-    """Σ b_O (and b_out) of every layer before ``layer`` (+ b_O of ``layer`` if mlp_input): [d_model]."""
+    """Σ b_O (and b_out, with ``include_mlp_biases``) of every block before ``layer``, plus block
+    ``layer``'s b_O with ``mlp_input``: [d_model], summed in the model's dtype (TransformerLens sums
+    into float32 zeros). ``model.accumulated_bias(…)`` is this function."""
     p, n = model.params, model.cfg.n_layers
+    if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or not 0 <= layer <= n:
+        raise RefGPTError(f"accumulated_bias: layer must be in [0, {n}], found {layer!r}")
     bias = np.zeros(model.cfg.d_model, model.dtype)  # [d_model]
     for i in range(layer):
         bias = bias + p[f"blocks.{i}.attn.b_O"]  # [d_model]
@@ -124,7 +128,8 @@ def accumulated_bias(model, layer, mlp_input=False, include_mlp_biases=True):
             bias = bias + p[f"blocks.{i}.mlp.b_out"]  # [d_model]
     if mlp_input:
         if layer >= n:
-            raise RefGPTError(f"mlp_input=True needs a layer below n_layers={n}: the unembedding has no MLP")
+            raise RefGPTError(f"accumulated_bias: mlp_input=True needs a layer below n_layers={n}: "
+                              "the unembedding has no MLP")
         bias = bias + p[f"blocks.{layer}.attn.b_O"]  # [d_model]
     return bias
 

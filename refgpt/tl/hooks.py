@@ -1,8 +1,8 @@
 """Hook points: where a forward pass can be watched and edited, TransformerLens's way.
 
-The forward pass calls ``point(name, activation)`` at every hook point (``blocks.3.hook_resid_pre``,
+The forward pass calls ``run_hooks(name, activation)`` at every hook point (``blocks.3.hook_resid_pre``,
 ``ln_final.hook_scale``, ...) and carries on with whatever it returns. A ``HookRun`` is one forward
-pass's ``point``: it applies the hooks on that point, in order, then records the result into the
+pass's ``run_hooks``: it applies the hooks on that point, in order, then records the result into the
 activation cache if that name was asked for. So the cache holds what actually flowed downstream,
 edits included.
 
@@ -156,7 +156,7 @@ def hook_entries(entries, what="fwd_hooks"):
 
 
 class HookRun:
-    """The ``point`` of one forward pass: the hooks on each hook point, then caching."""
+    """The ``run_hooks`` of one forward pass: the hooks on each hook point, then caching."""
 
     def __init__(self, hook_dict: dict[str, HookPoint], cache_names=(), start: int = 0, positions=None):
         self.start = start  # the absolute position of the activations' first row (> 0 after a KV cache)
@@ -190,7 +190,7 @@ class HookRun:
 
 
 class GradientRun:
-    """The backward pass's ``point``: the backward hooks on each hook point, given ∂loss/∂activation
+    """The backward pass's ``run_hooks``: the backward hooks on each hook point, given ∂loss/∂activation
     as the analytic backward makes it (refgpt/backward.py, and inside attention_backward,
     mlp_backward and layer_norm_backward).
 
@@ -216,7 +216,7 @@ class GradientRun:
         return flowing
 
     def scope(self, prefix: str):
-        """This run seen from inside an op: ``point("hook_q", ∂q)`` is ``run("blocks.3.attn.hook_q", ∂q)``."""
+        """This run seen from inside an op: ``run_hooks("hook_q", ∂q)`` is ``run("blocks.3.attn.hook_q", ∂q)``."""
         return lambda name, grad: self(prefix + name, grad)
 
 
@@ -307,7 +307,7 @@ class HookRegistry:
 
 
 class Scope:
-    """A HookRun seen from inside a component: ``point("hook_q", q)`` is ``run("blocks.3.attn.hook_q", q)``."""
+    """A HookRun seen from inside a component: ``run_hooks("hook_q", q)`` is ``run("blocks.3.attn.hook_q", q)``."""
 
     __slots__ = ("run", "prefix")
 

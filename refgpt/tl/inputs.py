@@ -32,7 +32,7 @@ class Padding:
     mask: np.ndarray  # [batch, keys] 1 real, 0 pad: every position so far (cached ones first)
     positions: np.ndarray  # [batch, pos] each new token's position (real tokens before it)
     real: np.ndarray  # [batch, pos] bool: is each new token real?
-    bias: np.ndarray  # [batch, 1, pos, keys] added to the attention scores
+    score_mask: np.ndarray  # [batch, 1, pos, keys] 0 or −∞, added to the attention scores
 
     def hook_positions(self) -> np.ndarray:
         """[batch, pos] each new token's position, −1 at a pad: what hooks see as ``hook.positions``."""
@@ -41,7 +41,7 @@ class Padding:
     @classmethod
     def of(cls, mask, pos: int, dtype) -> "Padding":
         start = mask.shape[1] - pos
-        return cls(mask, padding.position_ids(mask, start), mask[:, start:] == 1, padding.key_bias(mask, pos, dtype))
+        return cls(mask, padding.position_ids(mask, start), mask[:, start:] == 1, padding.score_mask(mask, pos, dtype))
 
 
 def is_text(input) -> bool:
@@ -72,7 +72,7 @@ def tokens_and_padding(model, input, prepend_bos=None, padding_side=None, attent
         input = model.to_tokens(input, prepend_bos=prepend_bos, padding_side=padding_side)
     elif isinstance(input, (list, tuple)) and len(input) and any(isinstance(s, str) for s in input):
         raise RefGPTError("input: a list must hold only strings (texts) or only token ids")
-    tokens, batched = model.check_tokens(input, start=past.length if past is not None else 0)
+    tokens, batched = check_tokens(model.cfg, input, start=past.length if past is not None else 0)
     side = resolve_padding_side(model, padding_side)
     mask = None
     pad = model.tokenizer.pad_token_id if model.tokenizer is not None else None
@@ -102,11 +102,41 @@ def residual_input(model, resid, tokens=None, attention_mask=None, past=None):
         raise RefGPTError(f"start_at_layer: the residual stream given holds {array[tuple(index)]} at index {index}; "
                           "a forward pass needs finite input")
     if tokens is not None:
-        tokens, _ = model.check_tokens(tokens)
+        tokens, _ = check_tokens(model.cfg, tokens)
         if tokens.shape != array.shape[:2]:
             raise RefGPTError(f"tokens: shape {list(tokens.shape)} does not match the stream's {list(array.shape[:2])}")
     mask = None if attention_mask is None else padding.check_attention_mask(attention_mask, array.shape[:2])
     return array, True, tokens, padding_of(model, mask, array.shape[:2], past)
+
+
+def check_tokens(cfg, tokens, start=0):
+    """Integer tokens [pos] or [batch, pos] → (int64 array [batch, pos], was it batched).
+    ``start``: positions already held in a KV cache before these."""
+    try:
+        array = np.asarray(tokens)
+    except (ValueError, TypeError, OverflowError) as error:  # ragged lists, ids beyond int64
+        raise RefGPTError(f"tokens: not a rectangular integer array ({str(error).splitlines()[0][:80]})") from None
+    if array.size == 0:
+        raise RefGPTError(f"tokens: empty sequence (shape {list(array.shape)})")
+    if array.dtype == bool or array.dtype.kind not in "iu":
+        if array.dtype.kind == "f" and np.all(np.isfinite(array)) and np.all(array == np.round(array)):
+            raise RefGPTError(f"tokens: must be an integer array, found {array.dtype} (cast with .astype(int))")
+        raise RefGPTError(f"tokens: must be integers, found dtype {array.dtype}")
+    if array.ndim not in (1, 2):
+        raise RefGPTError(f"tokens: must be [pos] or [batch, pos], found {array.ndim} dimensions {list(array.shape)}")
+    batched = array.ndim == 2
+    array = array.reshape(-1, array.shape[-1]).astype(np.int64, copy=False)  # [batch, pos]
+    bad = np.argwhere((array < 0) | (array >= cfg.d_vocab))
+    if len(bad):
+        where = tuple(int(i) for i in bad[0]) if batched else int(bad[0][1])
+        raise RefGPTError(
+            f"tokens: id {int(array[tuple(bad[0])])} at {'index' if batched else 'position'} {where} "
+            f"is outside the vocabulary [0, {cfg.d_vocab})"
+        )
+    if start + array.shape[1] > cfg.n_ctx:
+        held = f" after {start} cached" if start else ""
+        raise RefGPTError(f"tokens: {array.shape[1]} positions{held}, but the model has only n_positions={cfg.n_ctx}")
+    return array, batched
 
 
 def padding_of(model, mask, shape, past=None):

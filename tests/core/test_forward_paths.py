@@ -29,7 +29,7 @@ import pytest
 from random_models import random_model, rel_err
 from refgpt import Config, RefGPTError
 from refgpt.gpt2.activations import _gelu_new_into, gelu_new
-from refgpt.gpt2.attention import attend, attend_in_blocks, causal_bias
+from refgpt.gpt2.attention import attend, attend_in_blocks, causal_score_mask
 from refgpt.gpt2.layernorm import centered_scale, layer_norm
 
 N_CTX = 140
@@ -138,7 +138,7 @@ def test_attention_blocks_equal_full_attention_after_a_cache(start, pos):
     point.watched = lambda name: True
     point.hooked = lambda name: False
     assert np.array_equal(attend_in_blocks(qh, kh, vh), attend(qh, kh, vh, point))
-    bias = causal_bias(pos, start, np.float64)  # [query, key]
+    bias = causal_score_mask(pos, start, np.float64)  # [query, key]
     assert bias.shape == (pos, start + pos) and not bias.flags.writeable
     assert np.all(bias[:, :start + 1] == 0) and np.isneginf(bias[0, start + 1:]).all()
 

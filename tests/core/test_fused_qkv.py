@@ -1,5 +1,5 @@
 """q, k and v as one product (issue 17): W_QKV = W_Q | W_K | W_V is a view of the checkpoint's
-c_attn when loaded from HF's layout, one copy otherwise, and ``side_by_side`` only ever returns a
+c_attn when loaded from HF's layout, one copy otherwise, and ``joined_columns`` only ever returns a
 view when the parts really lie side by side in one buffer."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import numpy as np
 import refgpt
 from random_models import random_model, save_checkpoint
 from refgpt import Config
-from refgpt.model import side_by_side
+from refgpt.gpt2.params import joined_columns
 
 CFG = Config(d_model=12, n_layers=2, n_heads=3, d_mlp=20, d_vocab=17, n_ctx=9)
 
@@ -35,39 +35,39 @@ def test_fused_qkv_of_circuits_params_is_one_copy_the_parts_view():
     assert np.array_equal(w["W_QKV"], expected)
 
 
-def test_side_by_side_views_only_adjacent_parts():
+def test_joined_columns_views_only_adjacent_parts():
     W = np.arange(5 * 12.0).reshape(5, 12)
-    view = side_by_side([W[:, :4], W[:, 4:8], W[:, 8:]])
+    view = joined_columns([W[:, :4], W[:, 4:8], W[:, 8:]])
     assert not view.flags.owndata and np.array_equal(view, W)
     for parts in ([W[:, :4], W[:, 8:], W[:, 4:8]],  # out of order
                   [W[:, :4], W[:, 4:8]],  # a row of the two is not a row of W
                   [W[:, :4], np.ones((5, 4)), W[:, 8:]],  # not one buffer
                   [W[::2, :4], W[::2, 4:8], W[::2, 8:]]):  # every other row: still adjacent, rows strided
-        joined = side_by_side(parts)
+        joined = joined_columns(parts)
         assert np.array_equal(joined, np.concatenate(parts, axis=-1))
     b = np.arange(12.0)
-    assert not side_by_side([b[:4], b[4:8], b[8:]]).flags.owndata  # one axis (b_Q | b_K | b_V): a view too
+    assert not joined_columns([b[:4], b[4:8], b[8:]]).flags.owndata  # one axis (b_Q | b_K | b_V): a view too
     # Arrays of their own that merely lie next to each other in memory: a view of the first could not
     # keep the others' memory alive, so they are copied (nothing is viewed beyond the first's own array).
     buffer = np.arange(12.0).tobytes()
     apart = [np.frombuffer(buffer, count=4, offset=32 * i) for i in range(3)]
     assert all(p.base is buffer for p in apart)
-    joined = side_by_side(apart)
+    joined = joined_columns(apart)
     assert joined.flags.owndata and np.array_equal(joined, np.arange(12.0))
 
 
-def test_side_by_side_never_views_beyond_the_array_the_first_part_belongs_to():
+def test_joined_columns_never_views_beyond_the_array_the_first_part_belongs_to():
     """Q and K in one array, V right after them in memory but outside that array: the last part
     decides (its end must lie inside the first part's array), so the three are copied."""
     n, d = 4, 3
     memory = bytearray(np.arange(n * 3 * d, dtype=np.float64).tobytes())  # rows of [Q | K | V]
     big = np.frombuffer(memory, np.float64)  # [n·3d]
     qk = np.frombuffer(memory, np.float64, count=n * 3 * d - d)  # an array of its own, ending where the last V begins
-    assert not isinstance(qk.base, np.ndarray)  # a root: side_by_side looks no further
+    assert not isinstance(qk.base, np.ndarray)  # a root: joined_columns looks no further
     rows = (3 * d * 8, 8)
     q, k = (np.ndarray((n, d), np.float64, buffer=qk, offset=8 * d * i, strides=rows) for i in range(2))
     v = np.ndarray((n, d), np.float64, buffer=big, offset=8 * 2 * d, strides=rows)
-    joined = side_by_side([q, k, v])
+    joined = joined_columns([q, k, v])
     assert joined.flags.owndata and np.array_equal(joined, big.reshape(n, 3 * d))
 
 
