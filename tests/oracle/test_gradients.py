@@ -115,7 +115,7 @@ BACKWARD_BUGS = [
      "(pattern.transpose(0, 1, 3, 2) @ gz)", "(pattern @ gz)", (backward, "attention_backward"),
      f"grad.blocks.{LAST}.attn.hook_v", "z = pattern·v"),
     ("∂q without the attention scale", attention, "attention_backward",
-     "(grad_scores @ k.transpose(per_head)).transpose(per_head) * scale)",
+     "(grad_scores @ k.transpose(per_head)).transpose(per_head) * score_scale)",
      "(grad_scores @ k.transpose(per_head)).transpose(per_head))", (backward, "attention_backward"),
      f"grad.blocks.{LAST}.attn.hook_q", "the scores"),
     ("∂W_pos from the first sequence only", backward, "backward", "g_W_pos[: tokens.shape[1]] = g_pos.sum(axis=0)",
