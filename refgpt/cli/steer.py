@@ -13,15 +13,13 @@ front positions once, in the pass over TEXT, and the generated tokens see it thr
 
 from __future__ import annotations
 
-import argparse
-
 import numpy as np
 
 from ..gpt2.activations import softmax
 from ..analysis.interventions import steering_vector
 from ..analysis.measurements import injection_ratio, kl_divergence, norm
 from ._arguments import count, finite_float
-from ._chosen_model import add_text_arguments, header, load_chosen, print_json, token_json, token_text, tokens_of
+from ._chosen_model import add_subcommand, header, load_chosen, print_json, token_json, token_text, tokens_of
 from ._table import table
 
 DESCRIPTION = """\
@@ -31,20 +29,18 @@ the clean and steered next-token predictions at each position with their KL dive
 large the added vector is against the stream. --bos puts <|endoftext|> before TEXT, PLUS and MINUS.
 """
 
-EXAMPLES = """\
-examples:
-  refgpt steer "I hate you because" --plus "Love" --minus "Hate" --layer 2 --coeff 5 --bos
-  refgpt steer "I went up to my friend" --plus " weddings" --minus " " --layer 6 --coeff 4 --bos --model ~/models/gpt2
-  refgpt steer "The king" --plus "a" --minus "b" --layer 1 --coeff 1e6 --plot norms.png
-  refgpt steer "I think that" --plus "Love" --minus "Hate" --layer 1 --coeff 10 --bos --generate 20
-"""
+USES = ("--model", "--dtype", "--json", "--bos")
+
+EXAMPLES = (
+    'refgpt steer "I hate you because" --plus "Love" --minus "Hate" --layer 2 --coeff 5 --bos',
+    'refgpt steer "I think that" --plus "Love" --minus "Hate" --layer 1 --coeff 10 --bos --generate 20',
+    'refgpt steer "The king" --plus "a" --minus "b" --layer 1 --coeff 1e6 --plot norms.png',
+)
 
 
-def add_parser(subparsers, common):
-    p = subparsers.add_parser("steer", parents=[common], help="ActAdd steering: predictions, KL and norms",
-                              description=DESCRIPTION, epilog=EXAMPLES,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_text_arguments(p)
+def add_parser(subparsers):
+    p = add_subcommand(subparsers, "steer", run, uses=USES, help="ActAdd steering: predictions, KL and norms",
+                       description=DESCRIPTION, examples=EXAMPLES)
     p.add_argument("--plus", required=True, metavar="TEXT", help="the prompt to steer towards")
     p.add_argument("--minus", required=True, metavar="TEXT", help="the prompt to steer away from")
     p.add_argument("--layer", type=int, required=True, metavar="L", help="the block whose input stream is steered")
@@ -52,7 +48,6 @@ def add_parser(subparsers, common):
     p.add_argument("--plot", metavar="FILE", help="save the residual-norm figure (PNG) to FILE")
     p.add_argument("--generate", type=count, default=0, metavar="N",
                    help="also continue TEXT by N greedy tokens, steered and unsteered, side by side")
-    p.set_defaults(run=run, usage_error=p.error)
 
 
 def run(args) -> int:
