@@ -45,7 +45,8 @@ def run(args) -> int:
                          top_k=args.top_k, seed=seed, stop_at_eos=False)  # [pos + n], exactly n new
     new = out[len(prompt):]  # [n]
     if args.json:
-        return print_json(model, {"text": args.text, "continuation": model.to_string(new),
+        return print_json(model, {"text": args.text, "tokens": [token_json(model, t) for t in prompt],
+                                  "continuation": model.to_string(new),
                                   "new_tokens": [token_json(model, t) for t in new],
                                   "temperature": args.temperature, "top_k": args.top_k, "seed": seed})
     note = untrained_note(model)

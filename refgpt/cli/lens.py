@@ -6,7 +6,7 @@ cell is the lens's top next token and its probability — or, with ``--target TO
 probability of that token. ``--kind`` picks the lens (refgpt.analysis.lens): ``logit`` recomputes
 ln_final from each stream (the correct logit lens), ``final-scale`` divides by the final stream's
 cached scale, ``tuned`` applies translators from ``--translators FILE`` (tuned-lens safetensors
-keys). ``--plot FILE`` saves the heatmap (needs the ``plot`` extra).
+keys). ``--plot FILE`` saves the heatmap (needs matplotlib: ``pip install matplotlib``).
 """
 
 from __future__ import annotations
@@ -41,12 +41,16 @@ def add_parser(subparsers):
     p.add_argument("--kind", choices=KINDS, default="logit", help="which lens (default: logit)")
     p.add_argument("--translators", metavar="FILE", help="tuned-lens translators (safetensors), for --kind tuned")
     add_token_argument(p, "target", "show the probability of this token")
-    p.add_argument("--plot", metavar="FILE", help="save the heatmap (PNG) to FILE")
+    p.add_argument("--plot", metavar="FILE", help="save the heatmap (PNG) to FILE (needs matplotlib: pip install matplotlib)")
 
 
 def run(args) -> int:
     if (args.kind == "tuned") != (args.translators is not None):
         args.usage_error("--translators FILE goes with --kind tuned, and --kind tuned needs it")
+    if args.plot:  # before the model runs: a missing matplotlib is said at once
+        from ..analysis.plots import require_matplotlib
+
+        require_matplotlib()
     model = load_chosen(args)
     tokens = tokens_of(model, args)  # [pos]
     _, cache = model.run_with_cache(tokens)

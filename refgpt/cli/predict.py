@@ -17,8 +17,9 @@ from ._table import table
 
 DESCRIPTION = """\
 Run the model on TEXT and print its distribution over the next token: the K most likely
-tokens with their rank, id, text (as a Python repr, so spaces and newlines show), probability
-and logit. --json prints the same for scripts, with each token's bytes in hex.
+tokens with their rank, id, text (as a Python repr, so spaces and newlines show; a lone byte
+of a multi-byte character shows as b'\\xe2'), probability and logit. --json prints the same
+for scripts, with each token's bytes in hex.
 """
 
 USES = ("--model", "--dtype", "--json", "--bos")
