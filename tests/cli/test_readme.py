@@ -24,6 +24,7 @@ import pytest
 
 import refgpt
 from cli_examples import commands, needs_matplotlib, run_line
+from peers import F64_TOL
 
 REPO = Path(__file__).resolve().parents[2]
 README = (REPO / "README.md").read_text(encoding="utf-8")
@@ -119,9 +120,13 @@ def test_read_gpt2_block_runs_and_the_fast_path_agrees_with_the_reading_copy(tmp
     model, tokens, logits = namespace["model"], namespace["tokens"], namespace["logits"]
     assert tokens.ndim == 1 and tokens[0] == model.tokenizer.bos_token_id
     assert logits.shape == (len(tokens), model.cfg.d_vocab)
-    assert np.abs(logits - model(tokens)).max() <= 1e-12 * max(1.0, np.abs(logits).max())
-    grads = namespace["grads"]
-    assert set(model.params) <= set(grads) and np.isfinite(namespace["loss"])
+    # "agrees to rounding", and so do the gradients: within the float64 bound refgpt holds against
+    # HF (tests/peers.py; measured here 1.6e-14 and 1.1e-15; tests/core/test_plain.py derives tighter ones)
+    assert np.abs(logits - model(tokens)).max() <= F64_TOL * max(1.0, np.abs(logits).max())
+    fast = model.loss_and_grads(tokens)
+    assert abs(namespace["loss"] - fast.loss) <= F64_TOL
+    for name, grad in fast.params.items():
+        assert np.abs(namespace["grads"][name] - grad).max() <= F64_TOL * max(1.0, np.abs(grad).max()), name
 
 
 def test_the_transformerlens_block_runs_as_printed(tmp_path, monkeypatch, capsys):
