@@ -47,6 +47,7 @@ class Ledger:
         limit = np.broadcast_to(np.asarray(bound, np.float64) * SLACK, diff.shape)  # [...]
         with np.errstate(divide="ignore", invalid="ignore"):
             ratio = np.where(diff == 0, 0.0, diff / limit)  # [...]
+        ratio = np.where(np.isnan(ratio), np.inf, ratio)  # a NaN bound (∞·0 upstream) allows nothing
         worst = float(ratio.max(initial=0.0))
         self.ratio[op] = max(self.ratio.get(op, 0.0), worst)
         self.largest[op] = max(self.largest.get(op, 0.0), float(diff.max(initial=0.0)))
@@ -275,7 +276,8 @@ class ParamGrads:
 
 
 def layer_norm_backward_bound(grad, w, normalized, scale):
-    """§9, both computations: |Δ∂x| ≤ 2·γ_{2n+6}·(K_i + mean K), K = (|g| + |x̂|·mean|g ⊙ x̂|)/σ, g = ∂out ⊙ w."""
+    """§9, both computations: |Δ∂x| ≤ 2·γ_{2n+6}·(K_i + mean K), K = (|g| + |x̂|·mean|g ⊙ x̂|)/σ,
+    g = ∂out ⊙ w."""
     n = grad.shape[-1]
     g = np.abs(grad * w)  # [pos, n]
     K = (g + np.abs(normalized) * (g * np.abs(normalized)).mean(-1, keepdims=True)) / scale  # [pos, n]
@@ -419,7 +421,8 @@ def check_backward(ledger, params, cfg, rows, ln_out=None, dlogits=None):
         losses.append(loss_r)
         loss_bounds.append(bound)
         dl = dl_p if dlogits is None else dlogits[r]
-        ledger.compare("cross entropy", "logits grad", dl * B, dl_p, grad_bound)  # ×B (exact): the path's mean is over B rows
+        # The path's mean is over B rows: it divides by B·n once, plain by n, here by B (exact for B = 2ᵏ).
+        ledger.compare("cross entropy", "logits grad", dl, dl_p / B, grad_bound / B + U * np.abs(dl_p / B))
         lo = {} if ln_out is None else ln_out[r]
         final = acts["ln_final.hook_normalized"] * p["ln_final.w"] + p["ln_final.b"]  # [pos, d_model]
         N, V = len(tokens), cfg.d_vocab

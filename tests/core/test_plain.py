@@ -92,7 +92,8 @@ p_j·(|Δ∂p_j| + Σ_k p_k·|Δ∂p_k|); ∂q = s·∂scores·k and ∂k = s·�
 ∂x = ∂q·W_Qᵀ + ∂k·W_Kᵀ + ∂v·W_Vᵀ (γ_{h·e+2}); the weights' gradients as §9.
 
 §11 Cross-entropy, V = d_vocab. ∂logits = (softmax − onehot)/n: per computation (§6's rounding
-+ γ_2·|p − onehot|)/n (the path divides by batch·n; ×batch = 2ᵏ is exact). A position's loss
++ γ_2·|p − onehot|)/n; the path divides by batch·n at once, plain's by n is divided here by batch:
+one more rounding, u·|∂logits|. A position's loss
 ℓ = −log p_t: plain takes the log of p̂_t (§6's relative error becomes an absolute one, + LIBM·ℓ);
 the path — and the golden's log_softmax — takes log Σ exp(d) − d_t: log's input within η̄ + γ_V,
 + LIBM·|log Σ exp d| (≤ ℓ + |d_t|), + u·|d_t| + u·ℓ. The mean over N positions adds
@@ -179,7 +180,8 @@ def check_gradients(model, tokens):
     g = model.loss_and_grads(tokens)
     rows = [(tokens[i], pb.row(cache.cache_dict, i), logits[i], pb.row(g.activations, i)) for i in range(len(tokens))]
     led = pb.Ledger()
-    sums, loss, bound = pb.check_backward(led, model.params, model.cfg, rows, [pb.row(g.ln_out, i) for i in range(len(tokens))],
+    sums, loss, bound = pb.check_backward(led, model.params, model.cfg, rows,
+                                          [pb.row(g.ln_out, i) for i in range(len(tokens))],
                                           [g.logits[i] for i in range(len(tokens))])
     sums.check(led, pb.backward_op, g.params)
     led.compare("loss", "loss", g.loss, loss, bound)
@@ -224,7 +226,8 @@ def test_libm_is_within_the_4_ulps_assumed():
         pytest.skip("no 80-bit long double to measure against")
     rng = np.random.default_rng(0)
     cases = {np.exp: np.concatenate([-rng.exponential(5, 20000), rng.uniform(-700, 0, 5000)]),
-             np.tanh: np.concatenate([rng.standard_normal(20000) * 3, rng.uniform(-20, 20, 5000), rng.standard_normal(5000) * 1e-4]),
+             np.tanh: np.concatenate([rng.standard_normal(20000) * 3, rng.uniform(-20, 20, 5000),
+                                      rng.standard_normal(5000) * 1e-4]),
              np.log: np.concatenate([rng.uniform(1e-300, 1, 10000), rng.exponential(10, 10000)]),
              (lambda x: x ** 3): rng.standard_normal(20000) * 10}
     for f, x in cases.items():
