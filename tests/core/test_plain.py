@@ -104,14 +104,15 @@ Not vacuous: a planted bug of about 1e-9 — a key dropped past a block, the sco
 1e-12 in the in-place gelu, ∂q's scale off by 1e-9, a cached key off by 1e-9 — fails its op's
 bound (test_*_fails_the_bound).
 
-Measured (REFGPT_PLAIN_RATIOS=1 prints max |path − plain| / bound per op). Where both sides read
-the same input the worst case is used up to 0.7 at most: q, k, v 0.11, mlp pre 0.05, logits 0.06,
-log_probs 0.06, loss 0.03, the in-place gelu_new 0.12 and its backward 0.41, LayerNorm's backward
-0.47 to 0.69 (0.69 at d_model = 2: few terms, all cancelling); line by line on the path's inputs
-(a probe, not kept) scores 0.47, z 0.50, ∂v 0.33, ∂W_Q 0.25. LayerNorm's forward, relu and
-∂logits come out bit for bit. Ratios near 1 (pattern, z, the backward's chained lines) are lines
-that read their own function's earlier value: the measured difference passes through almost
-unchanged (query 0's z is 1·v, so Δz = Δv), which the propagation term states exactly.
+Measured (REFGPT_PLAIN_RATIOS=1 prints max |path − plain| / bound per op; the hypothesis shapes,
+with few terms per sum, give the larger numbers). Where both sides read the same input the worst
+case is used up to 0.7 at most: q, k, v 0.11 to 0.43, mlp pre 0.05, logits 0.06, log_probs 0.06,
+loss 0.03, ∂logits 0.37 to 0.43, the in-place gelu_new 0.12 and its backward 0.41, LayerNorm's
+backward 0.41 to 0.69 (0.69 at d_model = 2: few terms, all cancelling); line by line on the path's
+inputs (a probe, not kept) scores 0.47, z 0.50, ∂v 0.33, ∂W_Q 0.25. LayerNorm's forward and relu
+come out bit for bit. Ratios near 1 (pattern, z, the backward's chained lines) are lines that read
+their own function's earlier value: the measured difference passes through almost unchanged
+(query 0's z is 1·v, so Δz = Δv), which the propagation term states exactly.
 """
 
 from __future__ import annotations
