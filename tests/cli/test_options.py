@@ -30,6 +30,7 @@ BASE = {
     "compare": ["compare", GOLDEN, GOLDEN],
     "steer": ["steer", "To be", "--plus", "a", "--minus", "b", "--layer", "1"],
     "lens": ["lens", "To be"],
+    "explore": ["explore", "To be", "-o", "page.html"],
     "download": ["download", "gpt2"],
 }
 #: A value for each shared option that takes one: what a subcommand must refuse, or use.
