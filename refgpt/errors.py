@@ -10,7 +10,8 @@ A value of the wrong *type* (``decode([True])``, a string where a number belongs
 catches every bad input refgpt refuses, and code written for Python's convention (``except
 TypeError``) keeps working. A value of the right type but out of range is a plain ``RefGPTError``
 (a ``ValueError``). ``real_number`` and ``as_path`` are how the Python API checks a numeric or
-path argument.
+path argument. ``one_line`` is how an error is shown in one line (the CLI's ``refgpt: error: …``,
+a failed prompt's record in a sweep).
 """
 
 import math
@@ -38,6 +39,11 @@ def real_number(value, what: str, *, least: float | None = None, above: float | 
     if above is not None and not number > above:
         raise RefGPTError(f"{what} must be > {above:g}, found {number:g}")
     return number
+
+
+def one_line(message) -> str:
+    """``message`` with every control character (newline, carriage return, …) escaped."""
+    return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in str(message))
 
 
 def as_path(value, what: str = "path"):

@@ -17,7 +17,7 @@ import os
 import sys
 import warnings
 
-from ..errors import RefGPTError
+from ..errors import RefGPTError, one_line
 from ..version import __version__
 from . import attribute, compare, download, explore, generate, golden, inspect, lens, predict, steer
 
@@ -31,9 +31,6 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def one_line(message) -> str:
-    """``message`` with every control character (newline, carriage return, …) escaped."""
-    return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in str(message))
 
 
 def build_parser() -> argparse.ArgumentParser:
