@@ -391,7 +391,7 @@ def provenance(model: Model, command=None) -> dict[str, str]:
         "format_version": FORMAT_VERSION,
         "refgpt_version": __version__,
         "config": json.dumps(model.cfg.to_hf(), sort_keys=True),
-        "weights_sha256": json.dumps(_weight_hashes(model), sort_keys=True),
+        "weights_sha256": json.dumps(weight_hashes(model.source), sort_keys=True),
         "dtype": model.dtype.name,
         "numpy_version": np.__version__,
         "blas": json.dumps(_blas()),
@@ -400,17 +400,35 @@ def provenance(model: Model, command=None) -> dict[str, str]:
     }
 
 
-def _weight_hashes(model: Model) -> dict[str, str]:
-    if model.source is None:
+def weight_hashes(source) -> dict[str, str]:
+    """{file name: sha256} of the weight files a model was loaded from, given its ``source`` (an
+    llm.c .bin, or a directory with HF's model.safetensors or shards); {} for None (a model made
+    in memory).
+
+    Each file is hashed once per process and remembered by its device, inode, size and
+    modification time: a sweep writes a golden file per prompt, and GPT-2 XL's 6 GB would
+    otherwise be read again for each. A file replaced (refgpt writes by rename: a new inode) or
+    rewritten (a new mtime) is hashed again."""
+    if source is None:
         return {}
-    hashes = {}
-    for path in [model.source] if model.source.is_file() else weight_files(model.source):  # an llm.c .bin, or HF's
+    source = Path(source)
+    paths = [source] if source.is_file() else weight_files(source)
+    return {path.name: _file_sha256(path) for path in paths}
+
+
+_HASHED: dict[tuple, str] = {}
+
+
+def _file_sha256(path: Path) -> str:
+    info = path.stat()
+    key = (str(path.resolve()), info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+    if key not in _HASHED:
         h = hashlib.sha256()
         with open(path, "rb") as f:
             for chunk in iter(lambda: f.read(1 << 20), b""):
                 h.update(chunk)
-        hashes[path.name] = h.hexdigest()
-    return hashes
+        _HASHED[key] = h.hexdigest()
+    return _HASHED[key]
 
 
 def _blas() -> dict:
