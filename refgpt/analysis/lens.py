@@ -109,6 +109,15 @@ def logit_lens_final_scale(cache) -> LensResult:
     return LensResult(_unembed(model, normed), stream_labels(model.cfg.n_layers), "logit lens, final scale")
 
 
+def read_out(model, resid) -> np.ndarray:
+    """The logit lens's read-out of one stream: ln_final recomputed from ``resid`` [..., d_model]
+    itself, then W_U (and b_U): [..., d_vocab]. ``logit_lens`` is this over every stream at once;
+    a sweep's lens task (refgpt/sweep/task_lens.py) applies it one stream at a time, so that only
+    one stream's [pos, d_vocab] logits are held (13 streams of GPT-2 small at T = 1024 would be
+    5.4 GB in float64)."""
+    return _unembed(model, _ln_final(model, resid))  # [..., d_vocab]
+
+
 # ---- the tuned lens ----------------------------------------------------------------------------
 
 
