@@ -19,10 +19,10 @@ import warnings
 
 from ..errors import RefGPTError, one_line
 from ..version import __version__
-from . import attribute, compare, download, explore, generate, golden, inspect, lens, predict, steer
+from . import attribute, compare, download, explore, generate, golden, inspect, lens, predict, steer, sweep
 
 # The subcommands, in the order `refgpt --help` lists them.
-COMMANDS = (predict, inspect, generate, attribute, golden, compare, steer, lens, explore, download)
+COMMANDS = (predict, inspect, generate, attribute, golden, compare, steer, lens, explore, sweep, download)
 
 
 class _Parser(argparse.ArgumentParser):
