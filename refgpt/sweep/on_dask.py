@@ -56,7 +56,9 @@ from __future__ import annotations
 import logging
 import math
 import os
+import signal
 import socket
+import threading
 import uuid
 
 import dask
@@ -77,11 +79,17 @@ MAX_BATCH = 16
 class SweepPlugin(WorkerPlugin):
     """Loads the sweep's model once in each worker (module docstring)."""
 
-    def __init__(self, spec: SweepSpec, expected_sha256: dict | None, blas_threads: int | None):
+    def __init__(self, spec: SweepSpec, expected_sha256: dict | None, blas_threads: int | None,
+                 ignore_interrupt: bool = False):
         self.spec, self.expected, self.blas_threads = spec.to_json(), expected_sha256, blas_threads
+        self.ignore_interrupt = ignore_interrupt  # workers of our own LocalCluster only
         self.sweeper = None
 
     def setup(self, worker):
+        if self.ignore_interrupt and threading.current_thread() is threading.main_thread():
+            # Ctrl-C at a terminal reaches every process of the job: the sweep's own process stops
+            # the cluster; its workers need not each print a KeyboardInterrupt traceback.
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
         if self.blas_threads:
             from threadpoolctl import threadpool_limits
 
@@ -190,7 +198,8 @@ def local_cluster(n_workers: int, blas_threads: int) -> LocalCluster:
     try:
         with dask.config.set(config):
             cluster = SweepCluster(n_workers=n_workers, threads_per_worker=1, processes=True, host="127.0.0.1",
-                                   scheduler_port=0, dashboard_address=None, silence_logs=logging.ERROR)
+                                   scheduler_port=0, dashboard_address=None, silence_logs=logging.ERROR,
+                                   scheduler_kwargs={"dashboard_address": "127.0.0.1:0"})  # its HTTP server: any port
     finally:
         restore_environ(saved)
     cluster.saved_environ = saved
@@ -231,7 +240,7 @@ class DaskExecutor:
                           f"thread{'s' if threads != 1 else ''} ({why})")
         else:
             try:
-                self.client = Client(self.scheduler, timeout="30s")
+                self.client = Client(self.scheduler, timeout="30s", set_as_default=False)
             except (OSError, TimeoutError) as error:
                 raise RefGPTError(f"--scheduler {self.scheduler}: cannot connect ({one_line(error)})") from None
             try:
@@ -257,10 +266,10 @@ class DaskExecutor:
 
     def _start_local(self, n: int, threads: int) -> None:
         self.cluster = local_cluster(n, threads)
-        self.client = Client(self.cluster)
+        self.client = Client(self.cluster, set_as_default=False)
 
     def _register(self) -> None:
-        plugin = SweepPlugin(self.spec, self.expected, self.blas_threads)
+        plugin = SweepPlugin(self.spec, self.expected, self.blas_threads, ignore_interrupt=self.scheduler is None)
         try:
             self.client.register_plugin(plugin, name=self.plugin_name)
         except RefGPTError:
@@ -284,7 +293,7 @@ class DaskExecutor:
                 future = self.client.submit(run_batch, self.plugin_name, [p.to_json() for p in batch],
                                             key=f"refgpt-sweep-{self.spec.task}-{run_id}-{i}", retries=0)
                 futures[future] = batch
-            for future in as_completed(futures):
+            for future in as_completed(futures, loop=self.client.loop):  # not the default client's loop
                 batch = futures.pop(future)
                 try:
                     records = future.result()

@@ -29,10 +29,11 @@ def write_corpus(path, order=None):
 
 
 def long_prompts(path, n=16, seed=0):
-    """``n`` token prompts of 100–127 tokens (slow enough to kill a worker in the middle of one)."""
+    """``n`` token prompts: four of 8 tokens, then 90–127 tokens each (slow enough to kill a
+    worker, or interrupt the command, in the middle of the sweep)."""
     rng = np.random.default_rng(seed)
-    lines = [json.dumps({"id": i, "tokens": rng.integers(0, 8192, int(rng.integers(100, 128))).tolist()})
-             for i in range(n)]
+    lengths = [8] * 4 + rng.integers(90, 128, n - 4).tolist()
+    lines = [json.dumps({"id": i, "tokens": rng.integers(0, 8192, T).tolist()}) for i, T in enumerate(lengths)]
     path.write_text("\n".join(lines) + "\n")
     return path
 
