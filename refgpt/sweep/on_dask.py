@@ -186,11 +186,12 @@ class SweepCluster(LocalCluster):
             restore_environ(self.saved_environ)
 
 
-def local_cluster(n_workers: int, blas_threads: int) -> LocalCluster:
+def local_cluster(n_workers: int, blas_threads: int, malloc: dict | None = None) -> LocalCluster:
     """A LocalCluster of ``n_workers`` processes for sweeps (module docstring): one task at a time
-    each, ``blas_threads`` BLAS threads, README's malloc settings, no pausing or spilling, on
-    127.0.0.1 with no dashboard; this process's environment as it was, now and after ``close``."""
-    env = {**MEMORY_SETTINGS, **{v: str(blas_threads) for v in BLAS_VARIABLES}}
+    each, ``blas_threads`` BLAS threads, README's malloc settings (``malloc={}``: Dask's), no
+    pausing or spilling, on 127.0.0.1 with no dashboard; this process's environment as it was, now
+    and after ``close``."""
+    env = {**(MEMORY_SETTINGS if malloc is None else malloc), **{v: str(blas_threads) for v in BLAS_VARIABLES}}
     pre_spawn = {**dask.config.get("distributed.nanny.pre-spawn-environ", {}), **env}
     saved = {k: os.environ.get(k) for k in (*pre_spawn, "PYTHONHASHSEED")}
     config = {"distributed.nanny.pre-spawn-environ": pre_spawn, "distributed.worker.memory.pause": False,

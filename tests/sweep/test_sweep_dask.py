@@ -159,3 +159,37 @@ def test_ctrl_c_on_the_command_leaves_complete_records_and_a_rerun_finishes_them
     assert (out / "summary.json").read_bytes() == (serial_out / "summary.json").read_bytes()
     manifest = [json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines()]
     assert {m["status"] for m in manifest} == {"ok"}
+
+
+def test_the_documented_cluster_dask_scheduler_and_dask_worker_runs_the_same_sweep(serial, corpus, tmp_path):
+    """docs/sweep.md §4, steps 3, 4 and 6, as written (on 127.0.0.1, ports chosen by the system)."""
+    scheduler_file = tmp_path / "scheduler.json"
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "34359738368", "MALLOC_TRIM_THRESHOLD_": "68719476736",
+           "DASK_DISTRIBUTED__WORKER__MEMORY__PAUSE": "False", "DASK_DISTRIBUTED__WORKER__MEMORY__SPILL": "False"}
+    dask = [sys.executable, "-m", "dask"]
+    started = []
+    try:
+        started.append(subprocess.Popen([*dask, "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
+                                         "--scheduler-file", str(scheduler_file)], env=env, start_new_session=True,
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        started.append(subprocess.Popen([*dask, "worker", "--scheduler-file", str(scheduler_file), "--nworkers", "2",
+                                         "--nthreads", "1", "--no-dashboard", "--host", "127.0.0.1"], env=env,
+                                        start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        deadline = time.monotonic() + 60
+        while not scheduler_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        address = json.loads(scheduler_file.read_text())["address"]
+        from distributed import Client
+
+        with Client(address, set_as_default=False) as client:
+            client.wait_for_workers(2, timeout=60)
+        result = run_sweep(corpus, "loss", tmp_path / "o", scheduler=address)
+        assert (tmp_path / "o" / "summary.json").read_bytes() == (serial("loss")[0] / "summary.json").read_bytes()
+        assert len(result.workers) == 2 and result.notes == []
+        for worker in result.workers.values():  # exported before `dask worker`: in each worker from its start
+            assert {k: worker["environ"][k] for k in MEMORY_SETTINGS} == MEMORY_SETTINGS
+            assert worker["blas"]["threads"] == 1  # the nanny's default
+    finally:
+        for process in reversed(started):
+            os.killpg(process.pid, signal.SIGTERM)
+            process.wait(timeout=30)
