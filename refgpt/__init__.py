@@ -24,9 +24,11 @@ The package is a small top level and rooms named by idea, in layers; imports poi
 - ``refgpt.analysis`` (attribution, interventions, measurements, lens, plots),
   ``refgpt.oracle`` (golden files, comparison, name maps, llm.c formats) and
   ``refgpt.train`` (optimizer, BPE trainer), each built on the layers below, never on each other;
+- ``refgpt.sweep``: one task over a corpus of prompts, serially or on Dask (an optional extra),
+  built on analysis and oracle;
 - ``refgpt.cli``, the ``refgpt`` command, on top of all of them.
 
-``import refgpt`` loads the core only: ``analysis``, ``oracle``, ``train``, ``cli`` and the hub client
+``import refgpt`` loads the core only: ``analysis``, ``oracle``, ``train``, ``sweep``, ``cli`` and the hub client
 load on first use (``refgpt.oracle.compare(...)`` works after a plain ``import refgpt``).
 """
 
@@ -46,13 +48,14 @@ from .version import __version__
 #: client's HTTP imports cost time that a forward pass does not need).
 _LAZY = {
     "analysis": "refgpt.analysis", "oracle": "refgpt.oracle", "train": "refgpt.train", "cli": "refgpt.cli",
+    "sweep": "refgpt.sweep",
     "attribute": "refgpt.analysis.attribution", "Attribution": "refgpt.analysis.attribution",
     "download": "refgpt.files.hub",
 }
 
 __all__ = ["ActivationCache", "Attribution", "Config", "Model", "RefGPTError", "Tokenizer", "__version__",
            "act_name", "analysis", "attribute", "default_model_path", "download", "load", "load_default", "oracle",
-           "save", "train"]
+           "save", "sweep", "train"]
 
 
 def __getattr__(name):

@@ -241,7 +241,7 @@ class DaskExecutor:
                           f"thread{'s' if threads != 1 else ''} ({why})")
         else:
             try:
-                self.client = Client(self.scheduler, timeout="30s", set_as_default=False)
+                self.client = Client(self.scheduler, timeout="10s", set_as_default=False)
             except (OSError, TimeoutError) as error:
                 raise RefGPTError(f"--scheduler {self.scheduler}: cannot connect ({one_line(error)})") from None
             try:

@@ -349,3 +349,28 @@ def test_without_dask_the_command_says_which_extra_to_install(refgpt_cli, tmp_pa
     assert r.returncode == 1 and "pip install 'refgpt[dask]'" in r.stderr and "--workers 0" in r.stderr
     assert refgpt_cli.in_process("sweep", tmp_path / "p.txt", "--task", "loss", "-o", tmp_path / "o",
                                  "--workers", "0").returncode == 0
+
+
+def test_the_golden_size_formula_of_docs_sweep_md_counts_every_number(serial, model):
+    """docs/sweep.md §5: T·(L·(13d + 2·d_mlp) + 4d + 2V) + 2·L·H·T² numbers; the rest of the file is
+    the header and the small tensors (tokens, targets, loss, each LayerNorm's mean and scale)."""
+    c = model.cfg
+    for r in records(serial("golden")[0]).values():
+        if r["status"] != "ok":
+            continue
+        T = len(r["provenance"]["tokens"])
+        path = serial("golden")[0] / r["result"]["file"]["path"]
+        data = path.stat().st_size - 8 - int.from_bytes(path.read_bytes()[:8], "little")
+        formula = T * (c.n_layers * (13 * c.d_model + 2 * c.d_mlp) + 4 * c.d_model + 2 * c.d_vocab) \
+            + 2 * c.n_layers * c.n_heads * T * T
+        small = T + 2 * (T - 1) + (2 * c.n_layers + 1) * 2 * T  # tokens, targets and loss, LN means and scales
+        assert data == 8 * (formula + small)
+
+
+def test_golden_names_keeps_the_tensors_asked_for(tmp_path):
+    (tmp_path / "p.txt").write_text("To be, or not\n")
+    run_sweep(tmp_path / "p.txt", "golden", tmp_path / "o", options={"names": ["blocks.*.hook_resid_post"]}, workers=0)
+    (path,) = (tmp_path / "o" / "goldens").iterdir()
+    assert list(golden.read(path).tensors) == ["tokens", "blocks.0.hook_resid_post", "blocks.1.hook_resid_post",
+                                               "blocks.2.hook_resid_post", "blocks.3.hook_resid_post", "logits",
+                                               "log_probs", "targets", "loss"]
