@@ -94,6 +94,9 @@ def run_sweep(prompts, task: str, out, *, options: dict | None = None, model=Non
         raise RefGPTError("give --workers N (a cluster on this machine) or --scheduler ADDR (a running one), not both")
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 0):
         raise RefGPTError(f"workers must be a whole number ≥ 0, found {workers!r}")
+    if workers == 0 and blas_threads is not None:
+        raise RefGPTError("--blas-threads sets the BLAS threads of Dask workers; --workers 0 runs in this process, "
+                          "whose threads are yours (OPENBLAS_NUM_THREADS)")
     if model is not None and Path(model).is_dir():
         model = str(Path(model).absolute())  # workers may start elsewhere
     directory = SweepDirectory(out)

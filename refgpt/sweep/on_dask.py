@@ -60,6 +60,7 @@ import signal
 import socket
 import threading
 import uuid
+from pathlib import Path
 
 import dask
 from dask.system import CPU_COUNT
@@ -98,6 +99,8 @@ class SweepPlugin(WorkerPlugin):
 
     def teardown(self, worker):
         self.sweeper = None  # the model's maps go with it
+        if getattr(self, "_limits", None) is not None:
+            self._limits.restore_original_limits()  # a worker that goes on serving others
 
 
 def run_batch(plugin_name: str, prompts: list[dict]) -> list[dict]:
@@ -117,7 +120,7 @@ def _environ_at_start(keys) -> dict:
     """The variables as the process was started with them (/proc/self/environ on Linux: what glibc's
     malloc and the BLAS read), else as they are now."""
     try:
-        raw = open("/proc/self/environ", "rb").read().split(b"\0")
+        raw = Path("/proc/self/environ").read_bytes().split(b"\0")
         found = dict(item.decode("utf-8", "replace").split("=", 1) for item in raw if b"=" in item)
     except OSError:
         found = dict(os.environ)
@@ -135,8 +138,6 @@ def cores() -> int:
 
 def worker_memory(spec: SweepSpec, max_tokens: int) -> int:
     """An estimate of one worker's peak memory, in bytes (module docstring)."""
-    from pathlib import Path
-
     from ..files.checkpoint import weight_files
     from ..files.safetensors_file import SafetensorsFile
     from ..gpt2.config import Config

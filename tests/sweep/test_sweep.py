@@ -332,6 +332,7 @@ def test_progress_on_a_terminal_shows_done_rate_and_eta():
     (["--task", "compare"], "--task compare needs --candidates DIR"),
     (["--task", "lens", "--translators", "nowhere.safetensors"], "nowhere.safetensors: file not found"),
     (["--task", "lens", "--workers", "1", "--scheduler", "tcp://127.0.0.1:1"], "not both"),
+    (["--task", "lens", "--workers", "0", "--blas-threads", "2"], "--workers 0 runs in this process"),
 ])
 def test_bad_options_are_one_line(refgpt_cli, tmp_path, argv, message):
     (tmp_path / "p.txt").write_text("x\n")

@@ -193,3 +193,22 @@ def test_the_documented_cluster_dask_scheduler_and_dask_worker_runs_the_same_swe
         for process in reversed(started):
             os.killpg(process.pid, signal.SIGTERM)
             process.wait(timeout=30)
+
+
+def test_the_local_cluster_is_one_worker_per_core_as_memory_allows_each_core_used_once(monkeypatch, corpus):
+    from types import SimpleNamespace
+
+    import psutil
+
+    from refgpt.sweep import on_dask
+    from refgpt.sweep.worker import SweepSpec
+
+    spec, prompts = SweepSpec("golden", "/nowhere"), read_prompts(corpus)
+    longest = max(len(p.text.encode()) + 1 if p.text is not None else len(p.tokens) for p in prompts)
+    need = on_dask.worker_memory(spec, longest)
+    assert need > on_dask.worker_memory(SweepSpec("loss", "/nowhere"), longest)  # golden holds three passes
+    monkeypatch.setattr(on_dask, "cores", lambda: 8)
+    for available, workers, expected in [(100 * need, None, (8, 1)), (3 * need, None, (2, 4)),
+                                         (need // 2, None, (1, 8)), (100 * need, 3, (3, 2))]:
+        monkeypatch.setattr(psutil, "virtual_memory", lambda: SimpleNamespace(available=available))
+        assert on_dask.local_size(spec, prompts, workers, None)[:2] == expected
