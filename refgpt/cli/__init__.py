@@ -31,8 +31,6 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="refgpt", description="A pure-NumPy reference GPT-2: predictions, LayerNorm "
                      "statistics and exact decompositions from the command line.")

@@ -16,7 +16,6 @@ same command again to go on.
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 from .. import strict_json
@@ -28,6 +27,7 @@ from ..analysis.attribution import GRANULARITIES
 from ..oracle.comparison import UNIT_ROUNDOFF
 from ..oracle.name_maps import MAPS
 from ._arguments import add_token_argument, count, non_negative_float, positive_int
+from ._chosen_model import add_subcommand
 from ._table import table
 
 DESCRIPTION = """\
@@ -47,13 +47,14 @@ tasks:
   loss       the loss of every next token
 """
 
-EXAMPLES = """\
-examples:
-  refgpt sweep prompts.txt --task loss -o loss/
-  refgpt sweep prompts.jsonl --task golden -o goldens/ --model gpt2 --workers 2
-  refgpt sweep prompts.txt --task attribute --granularity head -o heads/
-  refgpt sweep prompts.txt --task lens --scheduler tcp://10.0.0.1:8786 -o lens/
-"""
+USES = ("--model", "--dtype", "--json", "--bos")  # --bos: before each text prompt (there is no TEXT)
+
+EXAMPLES = (
+    "refgpt sweep prompts.txt --task loss -o loss     # a LocalCluster sized to this machine",
+    "refgpt sweep prompts.txt --task golden -o goldens --workers 0     # in this process, no Dask",
+    "refgpt sweep prompts.txt --task compare --candidates goldens/goldens -o verdicts --workers 0",
+    "refgpt sweep prompts.txt --task lens --translators lens.safetensors -o lens --workers 0 --json",
+)
 
 #: option (argparse dest) → the tasks it belongs to, and its flag as the user typed it
 TASK_OPTIONS = {
@@ -67,14 +68,13 @@ TASK_OPTIONS = {
 }
 
 
-def add_parser(subparsers, common):
-    p = subparsers.add_parser("sweep", parents=[common], help="one task over a corpus of prompts, on Dask or serially",
-                              description=DESCRIPTION, epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_parser(subparsers):
+    p = add_subcommand(subparsers, "sweep", run, uses=USES, optional_text=None, examples=EXAMPLES,
+                       help="one task over a corpus of prompts, on Dask or serially", description=DESCRIPTION)
     p.add_argument("prompts", metavar="PROMPTS", help="text (one prompt per line) or JSON Lines (.jsonl)")
     p.add_argument("--task", required=True, choices=list(TASKS), help="what to compute per prompt")
     p.add_argument("-o", "--output", metavar="OUT", required=True, help="the directory for records, manifest, summary")
     p.add_argument("--format", choices=FORMATS, help="how to read PROMPTS (default: jsonl for .jsonl/.ndjson, else text)")
-    p.add_argument("--bos", action="store_true", help="put <|endoftext|> before each text prompt")
     where = p.add_argument_group("where it runs")
     where.add_argument("--workers", type=count, metavar="N", help="worker processes of a LocalCluster on this machine "
                        "(default: one per core, as memory allows); 0: serially, in this process, without Dask")
@@ -104,7 +104,6 @@ def add_parser(subparsers, common):
     add_token_argument(a, "against", "attribute target − against")
     a.add_argument("--pos", type=int, help="with --target: the position (default -1, the last)")
     a.add_argument("--granularity", choices=GRANULARITIES, help="components: per layer (default), head or neuron")
-    p.set_defaults(run=run, usage_error=p.error)
 
 
 def task_options(args) -> dict:

@@ -37,7 +37,10 @@ process that starts the sweep wins (Dask's rule): export MALLOC_TRIM_THRESHOLD_=
 Dask's. The plugin then sets the BLAS threads inside each worker (threadpoolctl), whatever the
 environment said. Because glibc keeps the freed memory, a worker's memory does not shrink between
 prompts: the workers are told not to pause or spill (they hold no data; pausing would stall them
-for good), while the nanny still ends a worker past 95 % of its memory limit.
+for good), while the nanny still ends a worker past 95 % of its memory limit. Dask's own logging is
+silenced below CRITICAL in the cluster and its workers: what goes wrong with a prompt or a worker
+comes back as a failed record or an error, and a Ctrl-C is not followed by the workers' complaints
+that their scheduler went away.
 
 The nanny writes its pre-spawn environment into ``os.environ`` of the process running it — here,
 the user's — before each worker starts. This module puts the user's environment back as it was
@@ -200,7 +203,7 @@ def local_cluster(n_workers: int, blas_threads: int, malloc: dict | None = None)
     try:
         with dask.config.set(config):
             cluster = SweepCluster(n_workers=n_workers, threads_per_worker=1, processes=True, host="127.0.0.1",
-                                   scheduler_port=0, dashboard_address=None, silence_logs=logging.ERROR,
+                                   scheduler_port=0, dashboard_address=None, silence_logs=logging.CRITICAL,
                                    scheduler_kwargs={"dashboard_address": "127.0.0.1:0"})  # its HTTP server: any port
     finally:
         restore_environ(saved)
