@@ -138,17 +138,18 @@ def markdown(r) -> str:
              "",
              f"`python benchmarks/bench_sweep.py --shape {r['shape']} --prompts {r['prompts']} --tokens {r['tokens']} "
              f"--task {r['task']}` on {describe(r['machine'])}. Float64 on a float32 checkpoint; each row its own "
-             "process(es), README's malloc settings unless said; steady-state throughput (after each process's "
-             "first prompt); memory per process: peak RSS, and RssAnon / RssFile at the end (MiB).",
+             "process(es), README's malloc settings unless said; BLAS threads as the records' provenance says; "
+             "steady-state throughput (after each process's first prompt); memory per process: peak RSS, and "
+             "RssAnon / RssFile at the end (MiB).",
              "",
-             "| configuration | prompts/s | × serial, 1 thread | peak RSS per process | RssAnon | RssFile |",
-             "|---|---:|---:|---:|---:|---:|"]
+             "| configuration | BLAS threads (records) | prompts/s | × serial, 1 thread | peak RSS per process | RssAnon | RssFile |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
     for name, row in r["rows"].items():
         peak = max(p["peak_rss_mib"] for p in row["processes"])
         anon = max(p["rss_anon_mib"] or 0 for p in row["processes"])
         file = max(p["rss_file_mib"] or 0 for p in row["processes"])
-        lines.append(f"| {name} | {row['prompts_per_s']:.3g} | {row['prompts_per_s'] / base:.2f} | {peak:.0f} | "
-                     f"{anon:.0f} | {file:.0f} |")
+        lines.append(f"| {name} | {row['blas'].get('threads')} | {row['prompts_per_s']:.3g} | "
+                     f"{row['prompts_per_s'] / base:.2f} | {peak:.0f} | {anon:.0f} | {file:.0f} |")
     two = r["rows"]["2 workers × 1 BLAS thread"]["prompts_per_s"]
     threads2 = r["rows"]["serial, 2 BLAS threads"]["prompts_per_s"]
     lines += ["", f"Targets: 2 single-threaded workers ≥ 1.7× one single-threaded process: "
