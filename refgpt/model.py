@@ -161,6 +161,12 @@ class Model(TextMethods, HookRegistry, CircuitMethods):
         final = layer_norm(resid, p["ln_final.w"], p["ln_final.b"], self.cfg.eps, run_hooks.scope("ln_final."))  # [batch, pos, d_model]
         if last_only:
             final = final[:, -1:]  # [batch, 1, d_model]
+        return self.unembedding(final, run_hooks)
+
+    def unembedding(self, final, run_hooks):
+        """ln_final's output [batch, pos, d_model] · W_U (+ b_U): the logits [batch, pos, d_vocab].
+        (The torch-facing model's adds TransformerLens's unembed.hook_in/hook_out here.)"""
+        p = self.params
         logits = final @ p["unembed.W_U"]  # [batch, pos, d_vocab]
         if "unembed.b_U" in p:
             logits += p["unembed.b_U"]  # [batch, pos, d_vocab]

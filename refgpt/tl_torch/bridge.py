@@ -1,0 +1,55 @@
+"""TransformerLens 4's way in: ``TransformerBridge.boot_transformers(name)`` (the weights as HF
+stores them) and ``enable_compatibility_mode(…)`` (HookedTransformer's processing, in place).
+
+TransformerLens 4 has only the bridge, and its demo notebooks load GPT-2 this way. refgpt's
+bridge is the torch-facing HookedTransformer (refgpt/tl_torch/model.py): its hook points and
+names are TransformerLens's from the start, so compatibility mode changes only the weights.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..errors import RefGPTError
+from .loading import pretrained
+from .model import HookedTransformer
+
+
+class TransformerBridge(HookedTransformer):
+    """TransformerLens 4's entry point for GPT-2: ``boot_transformers(name)`` gives the weights as
+    HF stores them (no processing, as the bridge's default); ``enable_compatibility_mode(…)``
+    applies HookedTransformer's processing in place. refgpt's hook points and aliases are
+    TransformerLens's names from the start, so compatibility mode changes only the weights."""
+
+    @classmethod
+    def boot_transformers(cls, model_name, hf_config_overrides=None, device=None, dtype=torch.float64,
+                          tokenizer=None, load_weights=True, trust_remote_code=False, model_class=None,
+                          hf_model=None, n_ctx=None, revision=None, **kwargs):
+        """The bridge over ``model_name`` (a directory or a hub name), weights unprocessed."""
+        for name, value in (("hf_config_overrides", hf_config_overrides), ("tokenizer", tokenizer),
+                            ("model_class", model_class), ("hf_model", hf_model), ("n_ctx", n_ctx)):
+            if value is not None:
+                raise RefGPTError(f"boot_transformers: {name}= is not supported by refgpt's GPT-2 bridge")
+        if not load_weights:
+            raise RefGPTError("boot_transformers: load_weights=False (a random model) is not supported")
+        if kwargs:
+            raise RefGPTError(f"boot_transformers: unsupported keyword(s) {sorted(kwargs)}")
+        return cls(pretrained(model_name, fold_ln=False, center_writing_weights=False, center_unembed=False,
+                              fold_value_biases=False, device=device, dtype=dtype, revision=revision))
+
+    def enable_compatibility_mode(self, disable_warnings=False, no_processing=False, fold_ln=True,
+                                  center_writing_weights=True, center_unembed=True, fold_value_biases=True,
+                                  refactor_factored_attn_matrices=False):
+        """HookedTransformer's processing, in place (TransformerLens 4's keywords and defaults)."""
+        if not no_processing:
+            self.process_weights_(fold_ln=fold_ln, center_writing_weights=center_writing_weights,
+                                  center_unembed=center_unembed, fold_value_biases=fold_value_biases,
+                                  refactor_factored_attn_matrices=refactor_factored_attn_matrices)
+        return None
+
+    def tl_parameters(self) -> dict:
+        """The parameters by TransformerLens name (the bridge's name for ``dict(named_parameters())``)."""
+        return dict(self.named_parameters())
+
+    def tl_named_parameters(self):
+        return self.named_parameters()
