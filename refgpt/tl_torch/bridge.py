@@ -13,8 +13,11 @@ import torch
 from ..errors import RefGPTError
 from .loading import pretrained
 from .model import HookedTransformer
+from .tensors import tensor
+from .tl_errors import tl_semantics
 
 
+@tl_semantics
 class TransformerBridge(HookedTransformer):
     """TransformerLens 4's entry point for GPT-2: ``boot_transformers(name)`` gives the weights as
     HF stores them (no processing, as the bridge's default); ``enable_compatibility_mode(…)``
@@ -48,8 +51,26 @@ class TransformerBridge(HookedTransformer):
         return None
 
     def tl_parameters(self) -> dict:
-        """The parameters by TransformerLens name (the bridge's name for ``dict(named_parameters())``)."""
-        return dict(self.named_parameters())
+        """The weights by TransformerLens name, in the bridge's order (``tl_named_parameters``)."""
+        return dict(self.tl_named_parameters())
 
     def tl_named_parameters(self):
-        return self.named_parameters()
+        """(TransformerLens name, weight) in TransformerLens 4's order: embed, pos_embed, then per
+        block attn (W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O), mlp (W_in, W_out, b_in, b_out), ln1, ln2;
+        ln_final, unembed. The LayerNorms' w and b are listed after fold_ln too (1 and 0), as the
+        bridge lists them."""
+        params = dict(self.named_parameters())
+        numpy_params = self._numpy.params
+
+        def weight(name):
+            return params[name] if name in params else tensor(numpy_params[name])
+
+        yield from (("embed.W_E", weight("embed.W_E")), ("pos_embed.W_pos", weight("pos_embed.W_pos")))
+        for L in range(self.cfg.n_layers):
+            b = f"blocks.{L}."
+            for name in ("attn.W_Q", "attn.W_K", "attn.W_V", "attn.W_O", "attn.b_Q", "attn.b_K", "attn.b_V",
+                         "attn.b_O", "mlp.W_in", "mlp.W_out", "mlp.b_in", "mlp.b_out", "ln1.w", "ln1.b", "ln2.w",
+                         "ln2.b"):
+                yield b + name, weight(b + name)
+        for name in ("ln_final.w", "ln_final.b", "unembed.W_U", "unembed.b_U"):
+            yield name, weight(name)

@@ -16,8 +16,10 @@ import torch
 from ..errors import MissingActivation, RefGPTError
 from ..tl.cache import ActivationCache as NumpyCache, resolve_key
 from .tensors import array, arrays, tensor, tensors
+from .tl_errors import tl_semantics
 
 
+@tl_semantics
 class ActivationCache:
     """TransformerLens's ActivationCache: ``ActivationCache(cache_dict, model, has_batch_dim=True)``."""
 
@@ -112,12 +114,14 @@ class ActivationCache:
         return self._call("decompose_resid", *args, **kwargs)
 
     def stack_head_results(self, *args, **kwargs):
+        self.compute_head_results()  # as TransformerLens: the heads' results join the cache
         return self._call("stack_head_results", *args, **kwargs)
 
     def stack_neuron_results(self, *args, **kwargs):
         return self._call("stack_neuron_results", *args, **kwargs)
 
     def get_full_resid_decomposition(self, *args, **kwargs):
+        self.compute_head_results()  # as TransformerLens (its stack_head_results)
         return self._call("get_full_resid_decomposition", *args, **kwargs)
 
     def apply_ln_to_stack(self, *args, **kwargs):

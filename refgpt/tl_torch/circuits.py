@@ -14,6 +14,7 @@ import torch
 
 from ..tl.circuits import FactoredMatrix as NumpyFactoredMatrix, NumpyOps
 from .tensors import tensor
+from .tl_errors import tl_semantics
 
 
 class TorchOps:
@@ -36,6 +37,7 @@ class TorchOps:
         return torch.linalg.eig(a).eigenvalues
 
 
+@tl_semantics
 class FactoredMatrix(NumpyFactoredMatrix):
     """TransformerLens's FactoredMatrix: A [..., ldim, mdim] and B [..., mdim, rdim] torch tensors."""
 

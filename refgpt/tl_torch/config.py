@@ -53,9 +53,15 @@ class TLConfig(Config):
         """A TLConfig with the same fields (and switch settings) as ``cfg``."""
         made = cls(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)})
         object.__setattr__(made, "_dtype", dtype)
+        object.__setattr__(made, "normalization_type", cfg.normalization_type)
         if isinstance(cfg, TLConfig):
             object.__setattr__(made, "use_hook_mean", cfg.use_hook_mean)
         return made
+
+    def mark_ln_folded(self) -> None:
+        """As TransformerLens after fold_ln: ``normalization_type`` is "LNPre" (every LayerNorm's w
+        is 1 and b is 0, so it only normalises, and the model lists no LayerNorm parameters)."""
+        object.__setattr__(self, "normalization_type", "LNPre")
 
     @property
     def dtype(self) -> torch.dtype:

@@ -24,6 +24,7 @@ from torch import nn
 
 from ..tl.hooks import DIRECTIONS, HookPoint as NumpyHookPoint
 from .tensors import array, tensor
+from .tl_errors import tl_semantics
 
 
 @dataclass
@@ -63,6 +64,7 @@ class TorchHook:
         return f"TorchHook({self.fn!r})"
 
 
+@tl_semantics
 class HookPoint(nn.Module):
     """TransformerLens's HookPoint: ``name``, ``layer()``, ``ctx``, ``fwd_hooks``/``bwd_hooks``,
     ``add_hook(fn, dir=, is_permanent=, level=, prepend=)``, ``remove_hooks``, ``has_hooks``,

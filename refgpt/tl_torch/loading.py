@@ -22,6 +22,7 @@ from ..errors import RefGPTError
 from ..files.checkpoint import load
 from ..tl import processing
 from .circuits import TorchLapack
+from .config import TLConfig
 
 _DTYPES = {torch.float64: "float64", torch.float32: "float32", "float64": "float64", "float32": "float32",
            "torch.float64": "float64", "torch.float32": "float32"}
@@ -67,6 +68,9 @@ def pretrained(model_name, fold_ln=True, center_writing_weights=True, center_une
     steps = [name for name in _PROCESSING if flags[name]]
     if steps:
         model = processing.process(model, steps, factored=TorchLapack)
+    if fold_ln:
+        model.cfg = TLConfig.of(model.cfg, torch.float64)  # (its dtype is set again by the torch model)
+        model.cfg.mark_ln_folded()
     if default_prepend_bos is not None:
         model.cfg.default_prepend_bos = bool(default_prepend_bos)
     if model.tokenizer is not None:

@@ -47,10 +47,12 @@ from .loading import pretrained
 from .modules import place_hook_points, tree
 from .numpy_model import TLModel, writable_params
 from .tensors import array, arrays, tensor, tensors, torch_dtype
+from .tl_errors import tl_errors, tl_semantics
 
 _FLOAT_DTYPES = {torch.float64: "float64", torch.float32: "float32"}
 
 
+@tl_semantics
 class HookedTransformer(nn.Module):
     """TransformerLens's HookedTransformer for GPT-2, over refgpt's NumPy model (``model.refgpt``).
 
@@ -76,13 +78,16 @@ class HookedTransformer(nn.Module):
             numpy_model.hook_dict = hook_dict
         self._numpy = numpy_model
         self.cfg = cfg
-        if "embed" in self._modules:  # a new NumPy model for the same tree: point the parameters at it
+        if "embed" not in self._modules:
+            tree(self)
+            self.hook_dict = {name: HookPoint(point, self) for name, point in numpy_model.hook_dict.items()}
+            place_hook_points(self, self.hook_dict)
+        else:  # a new NumPy model for the same tree: point the parameters at its arrays
             for name, param in self.named_parameters():
                 param.data = tensor(numpy_model.params[name])
-            return
-        tree(self)
-        self.hook_dict = {name: HookPoint(point, self) for name, point in numpy_model.hook_dict.items()}
-        place_hook_points(self, self.hook_dict)
+        folded = cfg.normalization_type == "LNPre"
+        for ln in [self.ln_final, *(m for block in self.blocks for m in (block.ln1, block.ln2))]:
+            ln.list_parameters(not folded)
 
     @property
     def refgpt(self) -> Model:
@@ -268,17 +273,16 @@ class HookedTransformer(nn.Module):
     def context_level(self) -> int:
         return self._numpy.context_level
 
-    @contextlib.contextmanager
     def hooks(self, fwd_hooks=(), bwd_hooks=(), reset_hooks_end=True, clear_contexts=False):
         """``with model.hooks(fwd_hooks=[…], bwd_hooks=[…]):`` TransformerLens's context: this
-        level's hooks go on the way out (even on an exception) unless ``reset_hooks_end=False``."""
+        level's hooks go on the way out (even on an exception) unless ``reset_hooks_end=False``.
+        The names are checked here, before the ``with`` is entered."""
         wrapped = []
         for direction, entries in (("fwd", fwd_hooks), ("bwd", bwd_hooks)):
             wrapped.append([(n, self.hook_dict[n].wrap(fn, direction))
                             for selector, fn in hook_entries(entries, f"{direction}_hooks")
                             for n in self._chosen(selector, f"{direction}_hooks")])
-        with self._numpy.hooks(wrapped[0], wrapped[1], reset_hooks_end, clear_contexts):
-            yield self
+        return _yielding(self._numpy.hooks(wrapped[0], wrapped[1], reset_hooks_end, clear_contexts), self)
 
     def set_use_attn_result(self, use_attn_result: bool):
         self.cfg.use_attn_result = use_attn_result
@@ -392,6 +396,9 @@ class HookedTransformer(nn.Module):
         flags = dict(fold_ln=fold_ln, center_writing_weights=center_writing_weights, center_unembed=center_unembed,
                      fold_value_biases=fold_value_biases, refactor_factored_attn_matrices=refactor_factored_attn_matrices)
         processed = processing.process(self._numpy, [name for name, on in flags.items() if on], factored=TorchLapack)
+        processed.cfg = TLConfig.of(processed.cfg, self.cfg.dtype)
+        if fold_ln:
+            processed.cfg.mark_ln_folded()
         self._install(processed, self._numpy.dtype, self._numpy.hook_dict)
         return self
 
@@ -486,6 +493,13 @@ class HookedTransformer(nn.Module):
 
 #: The forward's parameters, by which run_with_cache reads what it is given.
 _FORWARD = inspect.signature(HookedTransformer.forward)
+
+
+@contextlib.contextmanager
+def _yielding(context, value):
+    """``context``, entered, yielding ``value`` (the torch-facing model, as TL's hooks() yields the model)."""
+    with context, tl_errors():
+        yield value
 
 
 def _order(numpy_model):

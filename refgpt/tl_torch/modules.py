@@ -83,9 +83,19 @@ class LayerNorm(Component):
         super().__init__(model, prefix)
         self._register("w", "b")
 
+    def list_parameters(self, listed: bool):
+        """Register w and b, or (after fold_ln, as TransformerLens's LayerNormPre) leave them out:
+        they are 1 and 0 then, and stay in the NumPy model."""
+        for name in ("w", "b"):
+            if listed and name not in self._parameters:
+                self.register_parameter(name, parameter(self._model, self.prefix + name))
+            elif not listed and name in self._parameters:
+                del self._parameters[name]
+
     def forward(self, x):
-        run = self._run()
-        return tensor(layer_norm(array(x), array(self.w), array(self.b), self._model.cfg.eps, run.scope(self.prefix)))
+        run, p = self._run(), self._model._numpy.params
+        return tensor(layer_norm(array(x), p[self.prefix + "w"], p[self.prefix + "b"], self._model.cfg.eps,
+                                 run.scope(self.prefix)))
 
 
 class Attention(Component):

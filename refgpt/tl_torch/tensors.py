@@ -45,18 +45,20 @@ def tensor(a) -> torch.Tensor:
             a = a.copy()
     if any(s < 0 for s in a.strides):
         a = a.copy()  # torch has no negative strides
-    return torch.from_numpy(a)
+    return torch.from_numpy(a).view(a.shape)  # (a view: an op torch dispatches, so its watchers see the tensor made)
 
 
 def array(t, what="tensor") -> np.ndarray:
     """A tensor (or anything array-like) as a NumPy array over the same memory when it can be."""
     if isinstance(t, torch.Tensor):
-        t = t.detach()
         if t.device.type != "cpu":
             raise RefGPTTypeError(f"{what}: refgpt computes on the CPU, found a tensor on {t.device}")
-        t = t.resolve_conj().resolve_neg()
         if t.dtype == torch.bfloat16:
             raise RefGPTTypeError(f"{what}: bfloat16 has no NumPy dtype; refgpt computes in float64 or float32")
+        if t.requires_grad:
+            t = t.detach()
+        if t.is_conj() or t.is_neg():
+            t = t.resolve_conj().resolve_neg()
         return t.numpy()
     return t
 
