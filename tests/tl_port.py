@@ -72,7 +72,7 @@ SWITCHES = ("use_attn_result", "use_split_qkv_input", "use_attn_in", "use_hook_m
 
 
 def reset(pair):
-    """Both models back to ``from_pretrained("gpt2")``'s state: BOS prepended, right padding, no
+    """The models back to ``from_pretrained("gpt2")``'s state: BOS prepended, right padding, no
     hooks (permanent ones included), no contexts, every optional hook point off."""
     for model in pair:
         model.reset_hooks(including_permanent=True)
@@ -80,7 +80,25 @@ def reset(pair):
         model.tokenizer.padding_side = "right"
         for switch in SWITCHES:
             setattr(model.cfg, switch, False)
+        if hasattr(model.cfg, "use_hook_mean"):
+            model.cfg.use_hook_mean = False
     return pair
+
+
+def is_numpy(model) -> bool:
+    """Is this refgpt's NumPy model (the departures of docs/transformerlens.md §2 apply), rather than
+    its torch-facing model or TransformerLens (TransformerLens's bodies as written)?"""
+    import refgpt
+
+    return isinstance(model, refgpt.Model)
+
+
+def torch_model(refgpt_model):
+    """refgpt's torch-facing HookedTransformer over ``refgpt_model`` (refgpt/tl_torch/), as
+    ``HookedTransformer.from_pretrained_no_processing`` would load the same checkpoint."""
+    from refgpt.tl_torch import HookedTransformer
+
+    return HookedTransformer(refgpt_model)
 
 
 def N(x) -> np.ndarray:

@@ -19,7 +19,9 @@ from .cache import ActivationCache
 from .circuits import FactoredMatrix
 from .config import TLConfig
 from .hook_points import HookPoint
+from .kv_cache import TransformerLensKeyValueCache
 from .bridge import TransformerBridge
 from .model import HookedTransformer
 
-__all__ = ["ActivationCache", "FactoredMatrix", "HookPoint", "HookedTransformer", "TLConfig", "TransformerBridge"]
+__all__ = ["ActivationCache", "FactoredMatrix", "HookPoint", "HookedTransformer", "TLConfig", "TransformerBridge",
+           "TransformerLensKeyValueCache"]

@@ -176,10 +176,11 @@ class HookedTransformer(nn.Module):
 
     def run_with_cache(self, *model_args, names_filter=None, device=None, remove_batch_dim=False, incl_bwd=False,
                        reset_hooks_end=True, clear_contexts=False, pos_slice=None, return_cache_object=True,
-                       **model_kwargs):
+                       fwd_hooks=(), **model_kwargs):
         """(output, ActivationCache) as TransformerLens's: ``names_filter`` None (every hook point),
         a name, names or a predicate; ``remove_batch_dim`` (batch 1); ``pos_slice``; ``incl_bwd``:
-        ``output.backward()`` and ``name + "_grad"`` entries (a scalar output, as TL)."""
+        ``output.backward()`` and ``name + "_grad"`` entries (a scalar output, as TL). ``fwd_hooks``
+        (refgpt's, as its NumPy model's): hooks for this pass, the cache recording what they made."""
         _check_device(device, "run_with_cache")
         names = self._chosen(names_filter, "run_with_cache names_filter")
         try:
@@ -191,7 +192,7 @@ class HookedTransformer(nn.Module):
             raise RefGPTError("run_with_cache: shortformer_pos_embed is for shortformer models")
         grads = {}
         bwd = [(name, _grad_saver(grads, name)) for name in names] if incl_bwd else []
-        with self.hooks((), bwd, reset_hooks_end, clear_contexts):
+        with self.hooks(fwd_hooks, bwd, reset_hooks_end, clear_contexts):
             out, numpy_cache = self._forward(cache_names=names, **forward)
             if incl_bwd:
                 out.backward()

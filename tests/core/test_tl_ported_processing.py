@@ -27,6 +27,8 @@ from transformer_lens.weight_processing import ProcessWeights  # noqa: E402
 
 @pytest.fixture
 def pair(tl_pair):
+    """(refgpt's NumPy model, TransformerLens): these bodies test refgpt.tl.processing's functions; the
+    torch-facing model's processing methods are tests/tl_torch/test_torch_model.py's."""
     return tl_pair  # built once per session, reset around each test (tests/conftest.py)
 
 

@@ -20,9 +20,11 @@ from tl_port import N  # noqa: E402
 from refgpt import RefGPTError  # noqa: E402
 
 
-@pytest.fixture
-def pair(tl_pair):
-    return tl_pair  # built once per session, reset around each test (tests/conftest.py)
+@pytest.fixture(params=["refgpt", "torch"])
+def pair(tl_pair, tl_torch, request):
+    """(refgpt's model, TransformerLens): refgpt's NumPy model, or its torch-facing model (which runs
+    TransformerLens's bodies as written); built once per session, reset around each test."""
+    return tl_pair if request.param == "refgpt" else (tl_torch, tl_pair[1])
 
 
 def both(pair):
