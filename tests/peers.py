@@ -726,6 +726,14 @@ class float64_kept:
         return False
 
 
+def tl_copy(tl):
+    """A deep copy of a TransformerLens model (its hooks' and switches' state included), to process
+    without touching the original."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return copy.deepcopy(tl)
+
+
 def tl_process_float64(tl, **processing):
     """TransformerLens 3.9's own weight processing of a HookedTransformer in place
     (``load_and_process_state_dict``: its LayerNormPre swap, its steps in its order), kept in

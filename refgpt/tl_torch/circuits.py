@@ -43,6 +43,9 @@ class FactoredMatrix(NumpyFactoredMatrix):
 
     ops = TorchOps
 
+    def __init__(self, A, B):
+        super().__init__(A, B)
+
 
 class TorchLapackOps(NumpyOps):
     """NumPy arrays in and out, torch's LAPACK for the SVD."""

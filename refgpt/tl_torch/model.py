@@ -198,8 +198,8 @@ class HookedTransformer(nn.Module):
                 out.backward()
         from ..tl.cache import ActivationCache as NumpyCache
 
-        numpy_cache = NumpyCache({**numpy_cache.cache_dict, **{n + "_grad": grads[n] for n in names if n in grads}},
-                                 self._numpy)
+        numpy_cache = NumpyCache({**numpy_cache.cache_dict, **{n + "_grad": g for n, g in grads.items()}},
+                                 self._numpy)  # the gradients in the order the backward made them, as TL
         if pos_slice is not None:
             numpy_cache = numpy_cache.apply_slice_to_pos_dim(arrays(pos_slice))
         if remove_batch_dim:
