@@ -118,11 +118,13 @@ def test_context_manager_run_with_cache(model):
 
 
 def backward(model):
-    """DEPARTURE: TL runs ``model(prompt).sum().backward()``; refgpt has no autograd, its backward
-    hooks run in ``loss_and_grads`` (the mean next-token loss). TL is given the same loss here."""
-    if hasattr(model, "kv_cache"):
+    """TL's ``out = model(prompt); out.sum().backward()``, as written for TL and the torch-facing
+    model. DEPARTURE for the NumPy model (2.4): it has no autograd, its backward hooks run in
+    ``loss_and_grads`` (the mean next-token loss)."""
+    if is_numpy(model):
         return model.loss_and_grads(prompt)
-    model(prompt, return_type="loss").backward()
+    out = model(prompt)
+    out.sum().backward()
 
 
 def test_backward_hook_runs_successfully(model):
