@@ -82,7 +82,7 @@ def test_the_bridge_agrees_on_every_cached_activation(tl4_dir, tmp_path):
     from refgpt.tl import processing
     import refgpt
 
-    directory, _ = tl_port.gpt2_checkpoint(tmp_path / "gpt2", seed=21, n_layers=4, n_embd=32, n_head=4, n_positions=128)
+    directory, _ = tl_port.gpt2_checkpoint(tmp_path / "gpt2", seed=21, n_layers=3, n_embd=24, n_head=3, n_positions=64)
     model = refgpt.load(directory)
     texts = ["The bridge is the second peer: every activation, by name.", "A second row of the same length!!"]
     tokens = model.to_tokens(texts[0])

@@ -167,8 +167,29 @@ def test_notebook_summary(notebook_runs):
         kinds["seconds (refgpt)"] = round(sum(row["seconds"] for row in rows), 1)
         summary[notebook] = kinds
     print(json.dumps(summary, indent=1))
+    table = markdown_table(summary)
+    print(table)
     report = os.environ.get("REFGPT_NOTEBOOK_REPORT")
     if report:
         Path(report).write_text(json.dumps({"long": LONG, "bridge": notebook_runs["bridge unavailable"] or "ran",
-                                            "summary": summary, "cells": RESULTS}, indent=1, default=str) + "\n")
+                                            "summary": summary, "table": table, "cells": RESULTS},
+                                           indent=1, default=str) + "\n")
     assert summary
+
+
+def markdown_table(summary) -> str:
+    """The per-notebook counts as docs/transformerlens.md §4 shows them."""
+    columns = ["code cells", "not GPT-2", "left for the long run", "agree with TL 3.9", "agree with TL 4's bridge",
+               "departures (§2)", "TL cannot run", "seconds (refgpt)"]
+    rows = ["| notebook | " + " | ".join(columns) + " |", "| --- |" + " --- |" * len(columns)]
+    totals = [0] * len(columns)
+    for notebook, kinds in summary.items():
+        counts = [sum(v for k, v in kinds.items() if k != "seconds (refgpt)"), kinds.get("not GPT-2", 0),
+                  kinds.get("skipped (long)", 0), kinds.get("match (TL 3.9)", 0), kinds.get("match (TL 4 bridge)", 0),
+                  kinds.get("departure", 0), kinds.get("fails on TL", 0), kinds.get("seconds (refgpt)", 0)]
+        other = counts[0] - sum(counts[1:7])
+        assert other == 0, f"{notebook}: {kinds}"  # every cell is one of the columns (no unexplained 'differs')
+        totals = [t + c for t, c in zip(totals, counts)]
+        rows.append(f"| {notebook} | " + " | ".join(str(round(c, 1)) for c in counts) + " |")
+    rows.append("| **all** | " + " | ".join(f"**{round(t, 1)}**" for t in totals) + " |")
+    return "\n".join(rows)
