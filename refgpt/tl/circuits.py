@@ -63,8 +63,8 @@ class FactoredMatrix:
         try:
             leading = self.ops.broadcast_shapes(A.shape[:-2], B.shape[:-2])
         except (ValueError, RuntimeError):
-            raise RefGPTError(f"FactoredMatrix: the leading axes of A {list(A.shape)} and B {list(B.shape)} "
-                              "do not broadcast") from None
+            raise RefGPTError(f"FactoredMatrix: shape mismatch: the leading axes of A {list(A.shape)} and B "
+                              f"{list(B.shape)} do not broadcast") from None
         self.shape = leading + type(leading)((self.ldim, self.rdim))
         self.A = self.ops.broadcast_to(A, leading + type(leading)((self.ldim, self.mdim)))
         self.B = self.ops.broadcast_to(B, leading + type(leading)((self.mdim, self.rdim)))
@@ -79,7 +79,7 @@ class FactoredMatrix:
         if isinstance(other, FactoredMatrix):
             return (self @ other.A) @ other.B
         if other.ndim < 2:  # a vector: the factorisation collapses
-            return (self.A @ (self.B @ self.ops.unsqueeze(other, -1)))[..., 0]
+            return (self.A @ (self.B @ self.ops.unsqueeze(other, -1))).squeeze(-1)
         if other.shape[-2] != self.rdim:
             raise RefGPTError(f"FactoredMatrix @: {list(self.shape)} times {list(other.shape)}: inner sizes differ")
         if self.rdim > self.mdim:
@@ -93,7 +93,7 @@ class FactoredMatrix:
         if other.shape[-1] != self.ldim:
             raise RefGPTError(f"@ FactoredMatrix: {list(other.shape)} times {list(self.shape)}: inner sizes differ")
         if other.ndim < 2:
-            return ((self.ops.unsqueeze(other, -2) @ self.A) @ self.B)[..., 0, :]
+            return ((self.ops.unsqueeze(other, -2) @ self.A) @ self.B).squeeze(-2)
         if self.ldim > self.mdim:
             return self._new(other @ self.A, self.B)
         return self._new(other, self.AB)
@@ -139,7 +139,14 @@ class FactoredMatrix:
     U = property(lambda self: self._svd[0], doc="Left singular vectors [..., ldim, mdim].")
     S = property(lambda self: self._svd[1], doc="Singular values [..., mdim], largest first.")
     V = property(lambda self: self._svd[2], doc="Right singular vectors [..., rdim, mdim] (AB = U·diag(S)·Vᵀ).")
-    Vh = property(lambda self: self._svd[2], doc="TransformerLens's old name for V (it is V, not Vᵀ).")
+    @property
+    def Vh(self):
+        """TransformerLens's old name for V (it is V, not Vᵀ); deprecated there, with its warning."""
+        import warnings
+
+        warnings.warn("FactoredMatrix.Vh has always returned V (right singular vectors), not Vh; use .V",
+                      DeprecationWarning, stacklevel=2)
+        return self._svd[2]
 
     @property
     def eigenvalues(self):

@@ -21,8 +21,8 @@ class TorchOps:
     """FactoredMatrix's array operations, for torch tensors."""
 
     broadcast_shapes = staticmethod(torch.broadcast_shapes)
-    broadcast_to = staticmethod(torch.broadcast_to)
-    unsqueeze = staticmethod(torch.unsqueeze)
+    broadcast_to = staticmethod(lambda t, shape: t.broadcast_to(shape))  # methods: TL's TensorLike duck types too
+    unsqueeze = staticmethod(lambda t, k: t.unsqueeze(k))
     sqrt = staticmethod(torch.sqrt)
     numel = staticmethod(lambda t: t.numel() if isinstance(t, torch.Tensor) else torch.tensor(t).numel())
 
@@ -42,9 +42,6 @@ class FactoredMatrix(NumpyFactoredMatrix):
     """TransformerLens's FactoredMatrix: A [..., ldim, mdim] and B [..., mdim, rdim] torch tensors."""
 
     ops = TorchOps
-
-    def __init__(self, A, B):
-        super().__init__(A, B)
 
 
 class TorchLapackOps(NumpyOps):

@@ -19,8 +19,9 @@ import inspect
 from ..errors import MissingActivation, RefGPTError
 
 
-class TLAssertionError(RefGPTError, AssertionError):
-    """A RefGPTError where TransformerLens asserts: catchable as either."""
+class TLAssertionError(RefGPTError, AssertionError, RuntimeError):
+    """A RefGPTError where TransformerLens asserts (or where torch's ops, under TransformerLens, raise
+    a RuntimeError: a shape that does not broadcast): catchable as any of them."""
 
 
 def converted(error: RefGPTError) -> RefGPTError:
@@ -41,16 +42,26 @@ def tl_errors():
         raise new.with_traceback(error.__traceback__) from None
 
 
+_DUNDERS = ("__call__", "__getitem__", "__init__", "__matmul__", "__rmatmul__", "__mul__", "__rmul__")
+
+
 def tl_semantics(cls):
-    """Wrap every public method of ``cls`` (and ``__call__``, ``__getitem__``) in ``tl_errors``."""
-    for name, value in list(vars(cls).items()):
-        if name.startswith("_") and name not in ("__call__", "__getitem__", "__init__"):
+    """Wrap every public method and property of ``cls`` — its own and those it inherits from refgpt's
+    NumPy classes — and its operators in ``tl_errors``."""
+    names = {name for klass in cls.__mro__ if klass.__module__.startswith("refgpt.") for name in vars(klass)}
+    for name in sorted(names):
+        if name.startswith("_") and name not in _DUNDERS:
             continue
+        value = inspect.getattr_static(cls, name)
         if isinstance(value, (staticmethod, classmethod)):
             kind, fn = type(value), value.__func__
+        elif isinstance(value, property) and value.fset is None and value.fget is not None:
+            kind, fn = property, value.fget
         elif inspect.isfunction(value) and not inspect.isgeneratorfunction(value):
             kind, fn = None, value
         else:
+            continue
+        if getattr(fn, "__tl_errors__", False):
             continue
 
         def wrapped(*args, __fn=fn, **kwargs):
@@ -58,5 +69,6 @@ def tl_semantics(cls):
                 return __fn(*args, **kwargs)
 
         functools.update_wrapper(wrapped, fn)
+        wrapped.__tl_errors__ = True
         setattr(cls, name, kind(wrapped) if kind else wrapped)
     return cls
