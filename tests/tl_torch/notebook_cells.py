@@ -15,6 +15,14 @@ LONG = {
     "Patchscopes_Generation_Demo": [17, 19],
 }
 
+#: Cells of TL's NBVAL_SKIP that even the long run leaves out (REFGPT_NOTEBOOKS=all runs them):
+#: activation patching by head *and* position, 2,160 and 10,800 forward passes per backend (hours
+#: on two cores), and the cell that only plots one of them.
+VERY_LONG = {
+    "Activation_Patching_in_TL_Demo": [14, 17],
+    "Attribution_Patching_Demo": [34, 36],
+}
+
 #: The notebooks TL 4's bridge runs in the default run: those with cells TransformerLens 3.9 cannot run
 #: (the long run gives every notebook to the bridge).
 BRIDGE_DEFAULT = ["Attribution_Patching_Demo"]

@@ -229,7 +229,7 @@ def run(notebooks: list[Path], backend: str, checkpoints: dict, long: bool, skip
         skipped = set(skip.get(notebook.stem, ()))
         for index, source in enumerate(code_cells(notebook)):
             record = {"index": index, "source": source, "stdout": "", "displays": [], "values": {}, "seconds": 0.0}
-            if ("NBVAL_SKIP" in source or index in skipped) and not long:
+            if ("NBVAL_SKIP" in source and not long) or index in skipped:
                 record["status"] = "skipped"
                 records.append(record)
                 continue
@@ -268,9 +268,8 @@ def main(argv=None):
     parser.add_argument("--backend", choices=sorted(LOADERS), required=True)
     parser.add_argument("--checkpoints", required=True, help="JSON: model name → checkpoint directory")
     parser.add_argument("--out", type=Path, required=True, help="directory for NOTEBOOK.BACKEND.pkl")
-    parser.add_argument("--long", action="store_true", help="also the cells TransformerLens's CI skips (NBVAL_SKIP) "
-                                                            "and those --skip names")
-    parser.add_argument("--skip", default="{}", help="JSON: notebook name → cell indices left for --long")
+    parser.add_argument("--long", action="store_true", help="also the cells TransformerLens's CI skips (NBVAL_SKIP)")
+    parser.add_argument("--skip", default="{}", help="JSON: notebook name → cell indices not to run")
     args = parser.parse_args(argv)
     run(args.notebooks, args.backend, json.loads(args.checkpoints), args.long, json.loads(args.skip), args.out)
 

@@ -20,7 +20,8 @@ listed departure that no longer differs fails too, so the list stays true.
 The default run leaves out the cells TransformerLens's CI skips (``# NBVAL_SKIP``) and the slow
 loops listed in notebook_cells.LONG (thousands of forward passes of a 50,257-token model), and runs
 the bridge only on the notebooks TransformerLens 3.9 cannot run in full (notebook_cells.BRIDGE_DEFAULT);
-``REFGPT_NOTEBOOKS=long`` runs every cell on all three (hours on two cores). ``REFGPT_NOTEBOOK_REPORT=FILE`` writes
+``REFGPT_NOTEBOOKS=long`` runs every cell on all three but notebook_cells.VERY_LONG's (an hour or two
+on two cores), ``REFGPT_NOTEBOOKS=all`` those too. ``REFGPT_NOTEBOOK_REPORT=FILE`` writes
 the per-cell verdicts as JSON.
 """
 
@@ -47,7 +48,8 @@ from notebook_compare import compare_runs  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 NOTEBOOKS = sorted((HERE / "notebooks").glob("*.ipynb"))
-LONG = os.environ.get("REFGPT_NOTEBOOKS") == "long"
+MODE = os.environ.get("REFGPT_NOTEBOOKS", "")
+LONG = MODE in ("long", "all")
 #: name → (n_layers, n_heads, d_head) of the random checkpoint standing in for it.
 SHAPES = {"gpt2": (12, 12, 2), "distilgpt2": (6, 12, 2), "gpt2-medium": (24, 16, 2), "gpt2-xl": (48, 25, 1)}
 ALIASES = {"openai-community/gpt2": "gpt2"}
@@ -72,8 +74,9 @@ def notebook_checkpoints(tmp_path_factory):
 def notebook_runs(notebook_checkpoints, tmp_path_factory):
     """{(notebook, backend): records}: the three backends, each one process over every notebook, at once."""
     out = tmp_path_factory.mktemp("notebook_runs")
-    common = ["--checkpoints", json.dumps(notebook_checkpoints), "--out", str(out),
-              "--skip", json.dumps(cells.LONG)] + (["--long"] if LONG else [])
+    skip = cells.LONG if not LONG else ({} if MODE == "all" else cells.VERY_LONG)
+    common = ["--checkpoints", json.dumps(notebook_checkpoints), "--out", str(out), "--skip", json.dumps(skip)]
+    common += ["--long"] if LONG else []
     runner = [sys.executable, str(HERE / "notebook_runner.py")]
     notebooks = {"refgpt": NOTEBOOKS, "tl": NOTEBOOKS,
                  "bridge": NOTEBOOKS if LONG else [nb for nb in NOTEBOOKS if nb.stem in cells.BRIDGE_DEFAULT]}
