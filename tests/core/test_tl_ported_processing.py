@@ -6,8 +6,7 @@ TL model) and on ``refgpt.tl.processing`` (the same weights), and every resultin
 Departures, on purpose (docs/transformerlens.md): refgpt's steps take and return plain dicts of
 NumPy arrays and a Config; ``process_weights(model, …)`` returns a new Model (TransformerLens's
 ``process_weights_`` edits the model in place; refgpt's weights are read-only);
-``accumulated_bias`` sums in the model's dtype (TransformerLens sums into float32 zeros);
-``QK``/``OV`` are a small ``FactoredMatrix`` (A, B, AB, BA, T, shape, indexing) without SVD helpers.
+``accumulated_bias`` sums in the model's dtype (TransformerLens sums into float32 zeros).
 """
 
 from __future__ import annotations
