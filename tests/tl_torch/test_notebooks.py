@@ -39,7 +39,7 @@ import pytest
 import peers as P
 
 torch, transformers, transformer_lens = P.require_peers()
-pytest.importorskip("IPython", reason="the notebooks run in an IPython shell: the 'notebooks' extra")
+pytest.importorskip("IPython", reason="the notebooks run in an IPython shell (the test extra's ipython)")
 
 import notebook_cells as cells  # noqa: E402
 import tl4  # noqa: E402

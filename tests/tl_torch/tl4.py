@@ -5,9 +5,11 @@ in the same environment as 3.9 (one ``transformer_lens`` package). Its dependenc
 plus transformers ≥ 5.9, which the ``peers`` extra pins, so it needs no environment of its own:
 ``pip install --no-deps --target .cache/tl4/<version>`` puts the one package in a directory, and a
 test process with that directory first on ``sys.path`` (``PYTHONPATH``) imports TransformerLens 4
-while every dependency comes from the test environment. The directory is made once and kept
-(``.ci/run`` makes it before the tests; a test makes it if it is missing), so no run but the first
-downloads anything.
+while every dependency comes from the test environment. The first test that needs it makes the
+directory (one download of ~3 MB, seconds) and it is kept in the repository's gitignored
+``.cache/``, so no later run, in CI or not, downloads or installs anything. (A virtual environment
+of its own would cost a second torch and transformers for nothing: only the one package clashes.)
+``python tests/tl_torch/tl4.py`` makes it by hand; ``REFGPT_TL4_DIR`` points elsewhere.
 """
 
 from __future__ import annotations
@@ -52,6 +54,6 @@ def environment(directory: Path) -> dict:
     return {**os.environ, "PYTHONPATH": path}
 
 
-if __name__ == "__main__":  # .ci/run: make the directory before the tests
+if __name__ == "__main__":  # make the directory by hand
     found, why = overlay()
     print(found or f"not made: {why}")
