@@ -232,7 +232,8 @@ def tiny_gpt2_files(seed: int = 0, sharded: bool = False) -> dict[str, bytes]:
     model.tokenizer = refgpt.Tokenizer.from_dir(refgpt.default_model_path())
     with tempfile.TemporaryDirectory() as directory:
         refgpt.save(model, directory, dtype="float32")
-        files = {path.name: path.read_bytes() for path in Path(directory).iterdir()}
+        files = {path.name: path.read_bytes() for path in Path(directory).iterdir()
+                 if path.name != "refgpt-manifest.json"}  # refgpt's own record, which a hub repository lacks
     if not sharded:
         return files
     tensors = load(files.pop("model.safetensors"))

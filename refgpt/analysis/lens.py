@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from ..gpt2.activations import log_softmax
-from ..files.atomic_write import write_atomically
+from ..files.safetensors_file import SafetensorsWriter
 from ..errors import RefGPTError, need
 from ..gpt2 import ln_views
 from .measurements import stream_labels, streams
@@ -135,13 +135,14 @@ def load_translators(path, model) -> dict[int, tuple[np.ndarray, np.ndarray]]:
 
 def save_translators(path, translators) -> Path:
     """Write {layer: (A, b)} to a safetensors file in tuned-lens keys (float32 or float64 as given)."""
-    from safetensors.numpy import save_file
-
     tensors = {}
     for L, (A, b) in sorted(translators.items()):
-        tensors[f"layer_translators.{L}.weight"] = np.ascontiguousarray(A)
-        tensors[f"layer_translators.{L}.bias"] = np.ascontiguousarray(b)
-    return write_atomically(path, lambda tmp: save_file(tensors, str(tmp)))
+        tensors[f"layer_translators.{L}.weight"] = np.asarray(A)
+        tensors[f"layer_translators.{L}.bias"] = np.asarray(b)
+    with SafetensorsWriter(path, {name: (a.dtype, a.shape) for name, a in tensors.items()}) as out:
+        for name, a in tensors.items():
+            out.write(name, a)
+    return out.path
 
 
 def _checked_translators(translators, model, where):

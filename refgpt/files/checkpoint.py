@@ -18,6 +18,7 @@ dtype: nothing is copied. The parameter dict uses TransformerLens's state-dict n
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -29,6 +30,8 @@ from ..dtypes import compute_dtype
 from ..errors import RefGPTError, as_path
 from ..model import Model
 from ..tl.processing import process as process_weights
+from .atomic_write import old_directory_left, refuse_temporary
+from .manifest import check as check_manifest
 from .safetensors_file import SafetensorsFile
 from ..gpt2.tokenizer import Tokenizer
 
@@ -242,10 +245,34 @@ def _shown(path, limit: int = 120) -> str:
 
 
 def _load(path, directory: Path, dtype, tokenizer, process):
+    refuse_temporary(directory)
     if not directory.is_dir():  # a hub name? (the HTTP client's imports cost ~0.1 s: only then)
+        left = old_directory_left(directory) if isinstance(path, (str, Path)) else None
+        if left is not None and not directory.exists():
+            raise RefGPTError(f"{directory}: model directory not found; an interrupted refgpt.save left the old "
+                              f"model at {left} (rename it back, or save again)")
         from .hub import resolve
 
         directory = resolve(path)
+    for _ in range(3):  # a directory switched by a concurrent refgpt.save mid-load is read again
+        before = _identity(directory)
+        model = _load_files(directory, dtype, tokenizer, process)
+        if _identity(directory) == before:
+            return model
+    raise RefGPTError(f"{directory}: replaced three times while it was being read (another process keeps "
+                      "saving into it)")
+
+
+def _identity(directory: Path):
+    try:
+        info = os.stat(directory)
+    except OSError:
+        return None
+    return info.st_dev, info.st_ino
+
+
+def _load_files(directory: Path, dtype, tokenizer, process):
+    check_manifest(directory, _files_read(directory, tokenizer))
     cfg = Config.from_json(directory / "config.json")
     cfg.check_fits_in_memory(dtype.itemsize, source=str(directory / "config.json"))
     weight_map = _weight_map(directory) if _is_sharded(directory) else None
@@ -259,8 +286,22 @@ def _load(path, directory: Path, dtype, tokenizer, process):
     return model
 
 
+_TOKENIZER_FILES = [("vocab.json", "merges.txt"), ("encoder.json", "vocab.bpe")]
+
+
+def _files_read(directory: Path, tokenizer) -> list[str]:
+    """The names of the files a load of ``directory`` reads (the manifest must list each one)."""
+    names = ["config.json"]
+    if (directory / "model.safetensors").exists():
+        names.append("model.safetensors")
+    elif (directory / "model.safetensors.index.json").exists():
+        names.append("model.safetensors.index.json")
+    if tokenizer and any((directory / v).exists() and (directory / m).exists() for v, m in _TOKENIZER_FILES):
+        names += next([v, m] for v, m in _TOKENIZER_FILES if (directory / v).exists() or (directory / m).exists())
+    return names
+
+
 def _find_tokenizer(directory: Path):
-    pairs = [("vocab.json", "merges.txt"), ("encoder.json", "vocab.bpe")]
-    if not any((directory / v).exists() and (directory / m).exists() for v, m in pairs):
+    if not any((directory / v).exists() and (directory / m).exists() for v, m in _TOKENIZER_FILES):
         return None
     return Tokenizer.from_dir(directory)

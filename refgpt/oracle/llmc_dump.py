@@ -42,6 +42,7 @@ import numpy as np
 
 from ..gpt2.config import Config
 from ..errors import RefGPTError
+from ..files.atomic_write import write_atomically
 from . import llmc
 from .name_maps import GRAD
 
@@ -126,9 +127,7 @@ def write_dump(path, cfg: Config, tensors: dict, Vp: int | None = None) -> Path:
         parts += [_exact(tensors, "grads." + name, shape) for name, shape in par_shapes.items()]
     if has_grads_acts:
         parts += [_exact(tensors, "grads_acts." + name, shape) for name, shape in act_shapes.items()]
-    path = Path(path)
-    path.write_bytes(b"".join(parts))
-    return path
+    return write_atomically(path, lambda tmp: tmp.write_bytes(b"".join(parts)))
 
 
 def _exact(tensors, name, shape) -> bytes:
