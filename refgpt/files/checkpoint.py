@@ -272,7 +272,6 @@ def _identity(directory: Path):
 
 
 def _load_files(directory: Path, dtype, tokenizer, process):
-    check_manifest(directory, _files_read(directory, tokenizer))
     cfg = Config.from_json(directory / "config.json")
     cfg.check_fits_in_memory(dtype.itemsize, source=str(directory / "config.json"))
     weight_map = _weight_map(directory) if _is_sharded(directory) else None
@@ -281,24 +280,13 @@ def _load_files(directory: Path, dtype, tokenizer, process):
     model = Model(cfg, to_circuits(tensors, cfg), dtype=dtype, source=directory)
     if tokenizer:
         model.tokenizer = _find_tokenizer(directory)
+    check_manifest(directory)  # after every file was read and checked: a broken file is named as such first
     if process:
         model = process_weights(model, process)
     return model
 
 
 _TOKENIZER_FILES = [("vocab.json", "merges.txt"), ("encoder.json", "vocab.bpe")]
-
-
-def _files_read(directory: Path, tokenizer) -> list[str]:
-    """The names of the files a load of ``directory`` reads (the manifest must list each one)."""
-    names = ["config.json"]
-    if (directory / "model.safetensors").exists():
-        names.append("model.safetensors")
-    elif (directory / "model.safetensors.index.json").exists():
-        names.append("model.safetensors.index.json")
-    if tokenizer and any((directory / v).exists() and (directory / m).exists() for v, m in _TOKENIZER_FILES):
-        names += next([v, m] for v, m in _TOKENIZER_FILES if (directory / v).exists() or (directory / m).exists())
-    return names
 
 
 def _find_tokenizer(directory: Path):

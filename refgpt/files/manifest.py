@@ -10,17 +10,20 @@ save records, in ``refgpt-manifest.json``, what it wrote::
      "files": {"model.safetensors": {"bytes": 8809784, "sha256": "…"},
                "vocab.json": {…}, "merges.txt": {…}, "config.json": {…}}}
 
-and ``refgpt.load`` checks, before it reads anything else: every file the manifest lists is there
-with its size; each one but the weights hashes to its sha256 (they are small); the weights carry the
-same save id in their safetensors metadata (``refgpt_save``), which no other save's weights carry;
-and every file the load would read (the tokenizer, a shard index) is one the manifest lists. The
-weights' sha256 is recorded for a full check by hand (``sha256sum``) but not recomputed on every
-load: hashing GPT-2 XL's 6 GB would cost seconds each time, and the save id already tells one
-save's weights from another's.
+and ``refgpt.load`` checks, once it has read and checked every file on its own terms (so a broken
+file is still named for what is wrong with it): every file the manifest lists is there with its
+size; each one but the weights hashes to its sha256 (they are small); the weights carry the same
+save id in their safetensors metadata (``refgpt_save``: the first 32 hex digits of the sha256 of
+everything the save wrote, so saving one model twice writes the same bytes, and no save of
+another model carries it). The weights' sha256 is recorded for a full check by hand (``sha256sum``)
+but not recomputed on every load: hashing GPT-2 XL's 6 GB would cost seconds each time, and the
+save id already tells one save's weights from another's.
 
-A directory without a manifest is an ordinary HF checkpoint (written by transformers, by hand, or
-by refgpt before 0.3) and loads as before. A deliberate change of a saved file (a new tokenizer) is
-refused as a mix until the manifest is deleted; the error says so.
+Files the manifest does not list are not its business: a tokenizer added beside weights saved
+without one loads, as it always did. A directory without a manifest is an ordinary HF checkpoint
+(written by transformers, by hand, or by refgpt before 0.3) and loads as before. A deliberate
+change of a saved file (an edited config.json) is refused as a mix until the manifest is deleted;
+the error says so.
 """
 
 from __future__ import annotations
@@ -57,9 +60,9 @@ def manifest_text(save_id: str, files: dict[str, dict]) -> str:
                        "files": files}, indent=1) + "\n"
 
 
-def check(directory: Path, reading: list[str]) -> None:
+def check(directory: Path) -> None:
     """Refuse a directory whose manifest does not match its files (see the module docstring).
-    ``reading``: the names of the files the load is about to read. Nothing without a manifest."""
+    Nothing without a manifest."""
     path = directory / MANIFEST
     if not path.is_file():
         return
@@ -82,10 +85,6 @@ def check(directory: Path, reading: list[str]) -> None:
         elif file_entry(file)["sha256"] != entry["sha256"]:
             raise RefGPTError(f"{file}: its sha256 is not the one {MANIFEST} records: the file is not the one this "
                               f"save wrote; the directory mixes files of different origins; {_REMEDY}")
-    for name in reading:
-        if name not in files:
-            raise RefGPTError(f"{directory / name}: not part of the save {MANIFEST} records (save {save_id}): "
-                              f"the directory mixes files of different origins; {_REMEDY}")
 
 
 def _read(path: Path) -> tuple[str, dict[str, dict]]:
