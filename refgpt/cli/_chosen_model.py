@@ -17,6 +17,7 @@ from ..files.checkpoint import load
 from ..dtypes import COMPUTE_DTYPES
 from ..files.default_model import default_model_path, is_untrained
 from ..errors import RefGPTError
+from ._output import shown
 
 
 def add_text_arguments(p):
@@ -57,14 +58,14 @@ def text_line(args, tokens) -> str:
     """The header line that says what was run: TEXT and its token count."""
     n = len(tokens)
     bos = " (<|endoftext|> first)" if args.bos else ""
-    return f"text:  {args.text!r} = {n} token{'s' if n != 1 else ''}{bos}"
+    return f"text:  {shown(args.text)} = {n} token{'s' if n != 1 else ''}{bos}"
 
 
 def token_text(model, token_id) -> str:
     """One token as the tables show it: repr() of its text, or of its bytes if they are not whole UTF-8."""
     raw = model.tokenizer.decode_bytes([int(token_id)])
     try:
-        return repr(raw.decode("utf-8"))
+        return shown(raw.decode("utf-8"))
     except UnicodeDecodeError:  # one byte of a multi-byte character, e.g. b'\xe2'
         return repr(raw)
 

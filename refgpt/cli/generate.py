@@ -12,6 +12,7 @@ import argparse
 
 from ._arguments import count, non_negative_float, positive_int
 from ._chosen_model import add_text_arguments, load_chosen, print_json, token_json, tokens_of, untrained_note
+from ._output import escaped
 
 EXAMPLES = """\
 examples:
@@ -47,5 +48,5 @@ def run(args) -> int:
                                   "new_tokens": [token_json(model, t) for t in new],
                                   "temperature": args.temperature, "top_k": args.top_k, "seed": args.seed})
     note = untrained_note(model)
-    print("\n".join([*([note, ""] if note else []), model.to_string(out)]))
+    print("\n".join([*([note, ""] if note else []), escaped(model.to_string(out))]))
     return 0

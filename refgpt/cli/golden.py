@@ -25,6 +25,7 @@ import numpy as np
 from ..errors import RefGPTError
 from ..oracle import golden
 from ._chosen_model import load_chosen, print_json, tokens_of, untrained_note
+from ._output import shown
 
 
 def add_parser(subparsers, common):
@@ -144,7 +145,7 @@ def _decoded(tok, tokens):
         return None
     first = np.asarray(tokens).reshape(-1, np.asarray(tokens).shape[-1])[0]
     text = tok.decode_bytes(first[:40]).decode("utf-8", errors="replace")
-    return f"text of the first row (llm.c tokenizer): {text!r}{' …' if len(first) > 40 else ''}"
+    return f"text of the first row (llm.c tokenizer): {shown(text)}{' …' if len(first) > 40 else ''}"
 
 
 def _shape(args):
