@@ -311,7 +311,11 @@ _BLAS_BUFFER = 32 * 2**20
 
 
 def _gib(n: int) -> str:
-    return f"{n / 2**30:,.1f} GiB" if n >= 2**30 / 10 else f"{n / 2**30:.2g} GiB"
+    """A size in GiB (MiB or KiB below a tenth of the unit above)."""
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20)):
+        if n >= size / 10:
+            return f"{n / size:,.1f} {unit}"
+    return f"{n / 2**10:,.1f} KiB"
 
 
 def _shown(value) -> str:
