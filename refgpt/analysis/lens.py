@@ -39,7 +39,7 @@ import numpy as np
 
 from ..gpt2.activations import log_softmax
 from ..files.safetensors_file import SafetensorsWriter
-from ..errors import RefGPTError, need
+from ..errors import RefGPTError, need, whole_numbers
 from ..gpt2 import ln_views
 from .measurements import stream_labels, streams
 
@@ -70,7 +70,7 @@ class LensResult:
         ``target`` is one token id, or ids [batch, pos] (e.g. each position's next token).
         """
         n_stream, batch, pos, d_vocab = self.logits.shape
-        target = np.broadcast_to(np.asarray(target, dtype=np.int64), (batch, pos))  # [batch, pos]
+        target = np.broadcast_to(whole_numbers(target, "target"), (batch, pos))  # [batch, pos]
         if np.any((target < 0) | (target >= d_vocab)):
             raise RefGPTError(f"target: ids must be in [0, {d_vocab}), found {target.min()}..{target.max()}")
         log_p = np.take_along_axis(self.log_probs(), np.broadcast_to(target[None, ..., None], (n_stream, batch, pos, 1)), -1)

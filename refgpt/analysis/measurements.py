@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..gpt2.activations import log_softmax
-from ..errors import RefGPTError, need
+from ..errors import RefGPTError, need, whole_numbers
 
 RESID_KINDS = ("resid_pre", "resid_mid", "resid_post")
 
@@ -58,7 +58,7 @@ def injection_ratio(cache, vector, positions, batch: int = 0) -> np.ndarray:
     ``vector`` is the injected [d_model] or [m, d_model] (coefficient included); rows of streams
     before the injection layer compare it with a stream that does not yet contain it.
     """
-    where = np.asarray(positions, dtype=np.int64).reshape(-1)  # [m]
+    where = whole_numbers(positions, "positions").reshape(-1)  # [m]
     rows = np.asarray(vector).reshape(-1, np.shape(vector)[-1])  # [m or 1, d_model]
     if len(rows) not in (1, len(where)):
         raise RefGPTError(f"vector has {len(rows)} rows but {len(where)} positions were given")

@@ -174,7 +174,7 @@ def read_tokens(path, dtype=None, shape=None, cfg=None):
         return _raw_tokens(path, dtype, shape), None, f"raw {dtype} ids from {path}"
     magic = llmc_dump.file_magic(path) if path.suffix != ".npy" else None
     if magic == llmc.STATE_MAGIC:
-        s = llmc.read_debug_state(path, cfg.d_vocab)
+        s = llmc.read_debug_state(path, cfg.d_vocab, cfg)
         return s.x, s.y, f"x [B, T] = {list(s.x.shape)} and its targets y of llm.c's debug state {path}"
     if magic == llmc_dump.DUMP_MAGIC:
         d = llmc_dump.read_dump(path, cfg)

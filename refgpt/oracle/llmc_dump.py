@@ -221,7 +221,7 @@ def _parameter_gradients(grads, cfg) -> dict[str, np.ndarray]:
 def read_debug_state_candidate(path, cfg: Config) -> dict[str, np.ndarray]:
     """An llm.c debug state (e.g. written by llm.c's train_gpt2.py from PyTorch) as a candidate:
     tokens x, targets y, logits, loss_mean and, when present, every parameter's gradient."""
-    s = llmc.read_debug_state(path, cfg.d_vocab)
+    s = llmc.read_debug_state(path, cfg.d_vocab, cfg)
     out = {"tokens": s.x, "targets": s.y, "logits": s.logits, "loss_mean": np.asarray(s.loss, np.float32)}
     if s.grads is not None:
         shapes = llmc.parameter_shapes(cfg.n_ctx, llmc.padded_vocab(cfg.d_vocab), cfg.n_layers, cfg.d_model)
