@@ -40,19 +40,25 @@ def real_number(value, what: str, *, least: float | None = None, above: float | 
     return number
 
 
+def shown(value, limit: int = 60) -> str:
+    """``repr(value)`` on one line (an array's repr spans several), cut to ``limit`` characters."""
+    text = " ".join(repr(value).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def whole_number(value, what: str, *, least: int | None = None, below: int | None = None) -> int:
     """``value`` as an int, or a RefGPTError naming ``what``: an integer of any kind (Python's, or
     NumPy's at any width) is taken as it is, never truncated or wrapped; a bool, a float (2.0
     included: a position or a count is not a measurement) or a non-number is a type error; a value
     < ``least`` or ≥ ``below`` is a value error."""
+    bound = (f" in [{least}, {below})" if least is not None and below is not None
+             else f" ≥ {least}" if least is not None else f" < {below}" if below is not None else "")
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise RefGPTTypeError(f"{what} must be a whole number, found {value!r:.60}"
+        raise RefGPTTypeError(f"{what} must be a whole number{bound}, found {shown(value)}"
                               + (f" ({type(value).__name__})" if not isinstance(value, (str, float)) else ""))
     number = int(value)
-    if least is not None and number < least:
-        raise RefGPTError(f"{what} must be ≥ {least}, found {number}")
-    if below is not None and number >= below:
-        raise RefGPTError(f"{what} must be < {below}, found {number}")
+    if (least is not None and number < least) or (below is not None and number >= below):
+        raise RefGPTError(f"{what} must be a whole number{bound}, found {number}")
     return number
 
 
@@ -70,7 +76,7 @@ def whole_numbers(values, what: str):
     if array.size == 0:
         return array.astype(np.int64)
     if array.dtype == bool or array.dtype.kind not in "iu":
-        raise RefGPTTypeError(f"{what} must be whole numbers, found {array.dtype} {array.ravel()[:4].tolist()!r:.60}")
+        raise RefGPTTypeError(f"{what} must be whole numbers, found {array.dtype} {shown(array.ravel()[:4].tolist())}")
     if array.dtype.kind == "u" and array.dtype.itemsize == 8 and (array > np.iinfo(np.int64).max).any():
         raise RefGPTError(f"{what}: {int(array[array > np.iinfo(np.int64).max].ravel()[0])} is out of range")
     return array.astype(np.int64)

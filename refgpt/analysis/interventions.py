@@ -163,6 +163,8 @@ def add_vector(model, tokens, vector, layer: int, positions="front", coeff: floa
         where = np.arange(len(rows))
     else:
         where = whole_numbers(positions, "positions").reshape(-1)
+        if not len(where):
+            raise RefGPTError("positions: none given (a list of at least one position, or 'front')")
         if len(np.unique(where % max(n_pos, 1))) != len(where):
             raise RefGPTError(f"positions: {where.tolist()} names a position twice")
     out_of_range = where[(where >= n_pos) | (where < -n_pos)]
@@ -242,7 +244,7 @@ def patch(model, tokens, source_cache, names, positions=None) -> Intervention:
     if positions is None:
         where = np.arange(n_pos)
     else:
-        where = whole_numbers(positions, "patch: positions").reshape(-1)
+        where = given = whole_numbers(positions, "patch: positions").reshape(-1)
         outside = where[(where >= n_pos) | (where < -n_pos)]
         if len(outside) or not len(where):
             raise RefGPTError(f"patch: positions {where.tolist()} are not positions of a prompt of {n_pos}")
@@ -259,7 +261,7 @@ def patch(model, tokens, source_cache, names, positions=None) -> Intervention:
             wanted = f"the prompt has {n_pos}" if positions is None else f"patching needs {int(where.max()) + 1}"
             raise RefGPTError(f"patch: the source's {name} has {have} positions, {wanted}")
         hooks.append((name, _patcher(source, where, name)))
-    where = "every position" if positions is None else f"positions {list(positions)}"
+    where = "every position" if positions is None else f"positions {given.tolist()}"
     return Intervention(model, hooks, f"patch {len(names)} hook point(s) at {where}")
 
 

@@ -44,7 +44,7 @@ from ..gpt2.activations import log_softmax
 from ..gpt2.config import Config
 from ..files.atomic_write import write_atomically
 from ..dtypes import round_to_bfloat16, widen_bfloat16
-from ..errors import RefGPTError, RefGPTTypeError, whole_number
+from ..errors import RefGPTError, RefGPTTypeError, shown, whole_number, whole_numbers
 from ..files.atomic_write import refuse_temporary
 from ..model import Model
 
@@ -69,6 +69,23 @@ def parameter_shapes(maxT, Vp, L, C) -> dict[str, tuple[int, ...]]:
 
 def padded_vocab(V: int, multiple: int = 128) -> int:
     return (V + multiple - 1) // multiple * multiple
+
+
+def checked_padded_vocab(V: int, C: int, padded_vocab_size=None) -> int:
+    """Vp: ``padded_vocab_size`` checked (a whole number, V ≤ Vp < 2³¹ as llm.c's int32 header
+    holds it, its zero rows small enough to make), else llm.c's multiple of 128."""
+    if padded_vocab_size is None:
+        return padded_vocab(V)
+    Vp = whole_number(padded_vocab_size, "padded vocabulary size", below=2**31)
+    if Vp < V:
+        raise RefGPTError(f"padded vocabulary {Vp} is smaller than the vocabulary {V}")
+    from ..gpt2.config import available_memory
+
+    room = available_memory()
+    if room is not None and 4 * (Vp - V) * C > room:
+        raise RefGPTError(f"padded vocabulary {Vp}: its {Vp - V:,} zero rows of {C} floats would take more memory "
+                          "than the machine has available")
+    return Vp
 
 
 # ---- the header ---------------------------------------------------------------------------------
@@ -165,9 +182,7 @@ def write_model(path, model: Model, dtype: str = "float32", padded_vocab_size: i
     cfg = model.cfg
     t = llmc_parameters(model)
     V, C = cfg.d_vocab, cfg.d_model
-    Vp = padded_vocab(V) if padded_vocab_size is None else int(padded_vocab_size)
-    if Vp < V:
-        raise RefGPTError(f"padded vocabulary {Vp} is smaller than the vocabulary {V}")
+    Vp = checked_padded_vocab(V, C, padded_vocab_size)
     t["wte"] = np.concatenate([t["wte"], np.zeros((Vp - V, C), t["wte"].dtype)])  # [Vp, C]
 
     def write(tmp):
@@ -255,10 +270,14 @@ class LlmcTokenizer:
 
     def decode_bytes(self, ids) -> bytes:
         """The bytes of ``ids`` (integers in [0, number of tokens)), concatenated."""
+        if isinstance(ids, np.ndarray):
+            if ids.ndim != 1:
+                raise RefGPTError(f"decode_bytes: expected token ids [pos], found an array of shape {list(ids.shape)}")
+            ids = whole_numbers(ids, "decode_bytes: ids").tolist()
         try:
             ids = list(ids)
         except TypeError:
-            raise RefGPTTypeError(f"decode_bytes: expected a sequence of token ids, found {ids!r:.60}") from None
+            raise RefGPTTypeError(f"decode_bytes: expected a sequence of token ids, found {shown(ids)}") from None
         out = []
         for position, i in enumerate(ids):
             i = whole_number(i, f"decode_bytes: id at position {position}")
@@ -358,7 +377,7 @@ def llmc_gradients(model: Model, x, y, padded_vocab_size: int | None = None) -> 
     wte = g.tied_W_E  # [V, C]
     t = llmc_parameters(Model(model.cfg, {**g.params, "embed.W_E": wte, "unembed.W_U": wte.T}, dtype=model.dtype))
     V, C = wte.shape
-    Vp = padded_vocab(V) if padded_vocab_size is None else int(padded_vocab_size)
+    Vp = checked_padded_vocab(V, C, padded_vocab_size)
     t["wte"] = np.concatenate([wte, np.zeros((Vp - V, C), wte.dtype)])  # [Vp, C]
     return t
 

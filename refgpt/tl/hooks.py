@@ -336,4 +336,8 @@ def _checked_replacement(name, old, new):
         raise RefGPTError(
             f"hook at {name}: returned {new.dtype}, expected {old.dtype} (refgpt does not cast silently)"
         )
+    if new.strides != old.strides:  # in the layout of the activation it replaces: NumPy's matmul takes
+        laid_out = np.empty_like(old)  # another BLAS kernel (another summation order, other last bits)
+        laid_out[...] = new  # for a Fortran-ordered or strided array of the same values
+        new = laid_out
     return new
