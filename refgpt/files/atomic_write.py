@@ -87,10 +87,38 @@ def _prefix(target: Path, kind: str) -> str:
     return f".{start}~{digest}.refgpt-{kind}-"
 
 
+@contextlib.contextmanager
+def _directory_lock(directory: Path, shared: bool):
+    """A flock on the directory itself: writers hold it shared while they create and lock a
+    temporary (two steps), a cleaner exclusively while it looks for stale ones, so that a cleaner
+    never takes a temporary made a moment ago, and not yet locked, for a killed writer's. Best
+    effort: where a directory cannot be locked, nothing is held. A staging directory (a temporary
+    itself, private to its writer, and flocked by it) needs no such lock and gets none."""
+    if is_temporary(directory):
+        yield
+        return
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        yield
+        return
+    try:
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
 def remove_stale(target: Path, kinds=KINDS) -> None:
     """Remove every temporary of ``target`` of these kinds that no live writer holds (its flock is
     free: the writer was killed, or its machine lost power). Best effort: a read-only directory
     keeps its leftovers, and says nothing."""
+    with _directory_lock(target.parent, shared=False):
+        _remove_stale(target, kinds)
+
+
+def _remove_stale(target: Path, kinds) -> None:
     prefixes = tuple(_prefix(target, kind) for kind in kinds)
     try:
         entries = list(os.scandir(target.parent))
@@ -189,7 +217,8 @@ class AtomicFile:
         remove_stale(self.target, ("tmp",))
         self.tmp = temporary_path(self.target, "tmp")
         try:
-            self._fd = _locked(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+            with _directory_lock(self.target.parent, shared=True):
+                self._fd = _locked(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
         except OSError as error:
             raise cannot_write(self.path, error) from error
         self.done = False
@@ -299,8 +328,9 @@ def write_directory_atomically(path, write: Callable[[Path], object], owned: Cal
     remove_stale(target, ("save", "old"))
     staging = temporary_path(target, "save")
     try:
-        os.mkdir(staging)
-        fd = _locked(staging, os.O_RDONLY | os.O_DIRECTORY)
+        with _directory_lock(target.parent, shared=True):
+            os.mkdir(staging)
+            fd = _locked(staging, os.O_RDONLY | os.O_DIRECTORY)
     except OSError as error:
         with contextlib.suppress(OSError):
             os.rmdir(staging)

@@ -254,13 +254,49 @@ def _load(path, directory: Path, dtype, tokenizer, process):
         from .hub import resolve
 
         directory = resolve(path)
-    for _ in range(3):  # a directory switched by a concurrent refgpt.save mid-load is read again
+    pinned = _pin(directory)
+    if pinned is not None:  # every file is read from the directory as it was when the load began
+        fd, inside = pinned
+        try:
+            return _load_files(inside, directory, dtype, tokenizer, process)
+        except RefGPTError as error:  # errors name the directory as given, not /proc/self/fd/N
+            raise RefGPTError(str(error).replace(str(inside), str(directory))) from None
+        except OSError as error:
+            if error.filename:
+                error.filename = str(error.filename).replace(str(inside), str(directory))
+            raise
+        finally:
+            os.close(fd)
+    for _ in range(5):  # no /proc: a directory switched by a concurrent refgpt.save mid-load is read again
         before = _identity(directory)
-        model = _load_files(directory, dtype, tokenizer, process)
+        try:
+            model = _load_files(directory, directory, dtype, tokenizer, process)
+        except RefGPTError:
+            if _identity(directory) != before:
+                continue
+            raise
         if _identity(directory) == before:
             return model
-    raise RefGPTError(f"{directory}: replaced three times while it was being read (another process keeps "
+    raise RefGPTError(f"{directory}: replaced five times while it was being read (another process keeps "
                       "saving into it)")
+
+
+def _pin(directory: Path):
+    """(fd, path) through which the directory's files are read as one: ``/proc/self/fd/N`` names the
+    directory this fd holds, whatever takes its place meanwhile (refgpt.save exchanges a whole
+    directory; a load reads several files). None where there is no /proc (then: read, and read
+    again if the directory was replaced)."""
+    if not os.path.isdir("/proc/self/fd"):
+        return None
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    inside = Path(f"/proc/self/fd/{fd}")
+    if not (inside / ".").is_dir():
+        os.close(fd)
+        return None
+    return fd, inside
 
 
 def _identity(directory: Path):
@@ -271,13 +307,15 @@ def _identity(directory: Path):
     return info.st_dev, info.st_ino
 
 
-def _load_files(directory: Path, dtype, tokenizer, process):
+def _load_files(directory: Path, source: Path, dtype, tokenizer, process):
+    """Read the checkpoint's files from ``directory``; the model's source is ``source`` (the same
+    directory, as the caller named it)."""
     cfg = Config.from_json(directory / "config.json")
     cfg.check_fits_in_memory(dtype.itemsize, source=str(directory / "config.json"))
     weight_map = _weight_map(directory) if _is_sharded(directory) else None
     files = sorted(set(weight_map.values())) if weight_map else [directory / "model.safetensors"]
     tensors = read_hf_tensors(files, cfg, dtype, weight_map)
-    model = Model(cfg, to_circuits(tensors, cfg), dtype=dtype, source=directory)
+    model = Model(cfg, to_circuits(tensors, cfg), dtype=dtype, source=source)
     if tokenizer:
         model.tokenizer = _find_tokenizer(directory)
     check_manifest(directory)  # after every file was read and checked: a broken file is named as such first

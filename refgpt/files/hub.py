@@ -204,10 +204,14 @@ def content_hash(path: Path, etag: str) -> str:
 
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    """Redirects are followed by hand (_Hub.head, _Hub._get_from): which ones, and with which headers."""
+    """Redirects are followed by hand (_Hub.head, _Hub._get_from): which ones, and with which headers.
+    The 3xx answer comes back as it is (an HTTPError), its Location not even parsed here: urllib's
+    own handler parses it first, and a malformed one ("http://[::1") raised a bare ValueError."""
 
-    def redirect_request(self, *args, **kwargs):
+    def http_error_302(self, req, fp, code, msg, headers):
         return None
+
+    http_error_301 = http_error_303 = http_error_307 = http_error_308 = http_error_302
 
 
 class _Hub:

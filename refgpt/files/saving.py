@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from pathlib import Path
 
@@ -134,9 +135,13 @@ def _write_weights(path: Path, tensors: dict, storage, texts: dict[str, str]) ->
 
 
 def _write_new(path: Path, data: bytes) -> None:
-    """A new file in the (private) staging directory."""
-    with open(path, "xb") as f:
+    """A new file in the (private) staging directory, complete or absent: written as NAME.partial
+    and renamed (so that even the staging directory of a killed save never holds a file cut short
+    that parses, such as an empty merges.txt)."""
+    partial = path.with_name(path.name + ".partial")
+    with open(partial, "xb") as f:
         f.write(data)
+    os.rename(partial, path)
 
 
 def _owned_by_a_save(directory: Path):

@@ -46,6 +46,7 @@ import numpy as np
 from ..gpt2.activations import log_softmax
 from .. import strict_json
 from ..errors import RefGPTError, RefGPTTypeError, real_number
+from ..files.atomic_write import refuse_temporary
 from . import golden as golden_file
 from . import llmc, llmc_dump
 from .name_maps import GRAD, ModelShape, axes, backward_op, forward_key, forward_order, is_gradient, layer_of, to_refgpt
@@ -173,6 +174,7 @@ def load(source, name_map="refgpt", shape: ModelShape | None = None):
     path = Path(source)
     if not path.is_file():
         raise RefGPTError(f"{path}: file not found")
+    refuse_temporary(path)
     if path.suffix == ".npz":
         try:
             # The file is opened here, not by np.load, which leaks its handle when the zip is broken.
@@ -299,6 +301,7 @@ def compare(reference, candidate, *, atol=None, rtol=None, profile=None, name_ma
                      "not judged; remake it with `refgpt golden`")
     results = []
     for n in common:  # files are mapped: each tensor's pages are let go once compared (Golden.release)
+        _check_unchanged(ref_golden, cand_golden)  # a mapped file that shrank would end the process (SIGBUS)
         results.append(_compare_tensor(n, np.asarray(ref[n]), np.asarray(cand[n]), tol, conditioning, ref, error_rms))
         _release(n, ref_golden, cand_golden)
     certified = ref_golden.golden_error if ref_golden is not None else {}
@@ -308,6 +311,7 @@ def compare(reference, candidate, *, atol=None, rtol=None, profile=None, name_ma
     if certified:
         notes.append(f"the golden is certified: each tensor's own error was measured against "
                      f"{ref_golden.metadata.get('golden_error_precision', 'extended precision')} (column 'golden err')")
+    _check_unchanged(ref_golden, cand_golden)
     summary = _logits_summary(ref, cand) if "logits" in common or "log_probs" in common else None
     _release("logits", ref_golden, cand_golden)
     _release("log_probs", ref_golden, cand_golden)
@@ -334,6 +338,14 @@ def numeric_arrays(source) -> dict[str, np.ndarray]:
     return arrays
 
 
+def _check_unchanged(*goldens):
+    """A RefGPTError if a mapped golden file shrank since it was opened (another process truncated
+    it): reading its lost pages would end the process with SIGBUS (docs/files.md)."""
+    for g in goldens:
+        if g is not None and g.file is not None:
+            g.file.check_size()
+
+
 def _release(name, *goldens):
     """Let go of the memory a compared tensor of a mapped file occupies (see Golden.release)."""
     for g in goldens:
@@ -345,6 +357,7 @@ def check_reference_finite(ref, golden=None) -> None:
     """A reference value that is NaN or ±∞ cannot judge anything: refuse it, naming the tensor.
     The one exception is −∞ in attention scores, refgpt's (and TransformerLens's) causal mask."""
     for name, value in ref.items():
+        _check_unchanged(golden)
         a = np.asarray(value)
         if a.dtype.kind not in "fc":
             continue

@@ -114,6 +114,18 @@ def _header(*values) -> bytes:
     return header.tobytes()
 
 
+def write_header_last(tmp: Path, header: bytes, body) -> None:
+    """``header`` then the byte strings of ``body``, with the header written last: until the body
+    is complete the file starts with zeros, so one cut short (a kill, a full disk) never has a magic
+    number, and no reader takes it for a file without its gradients."""
+    with open(tmp, "wb") as f:
+        f.write(b"\0" * len(header))
+        for part in body:
+            f.write(part)
+        f.seek(0)
+        f.write(header)
+
+
 def _check_size(path, body, expected, what):
     if len(body) < expected:
         raise RefGPTError(f"{path}: truncated: the header describes {what} of {expected} bytes after the "
@@ -185,14 +197,13 @@ def write_model(path, model: Model, dtype: str = "float32", padded_vocab_size: i
     Vp = checked_padded_vocab(V, C, padded_vocab_size)
     t["wte"] = np.concatenate([t["wte"], np.zeros((Vp - V, C), t["wte"].dtype)])  # [Vp, C]
 
-    def write(tmp):
-        with open(tmp, "wb") as f:
-            f.write(_header(MODEL_MAGIC, versions[dtype], cfg.n_ctx, V, cfg.n_layers, cfg.n_heads, C, Vp))
-            for name in PARAMETERS:
-                a = np.asarray(t[name], dtype=np.float32)
-                f.write((round_to_bfloat16(a) if dtype == "bfloat16" else a).astype("<u2" if dtype == "bfloat16" else "<f4").tobytes())
+    def body():
+        for name in PARAMETERS:
+            a = np.asarray(t[name], dtype=np.float32)
+            yield (round_to_bfloat16(a) if dtype == "bfloat16" else a).astype("<u2" if dtype == "bfloat16" else "<f4").tobytes()
 
-    return write_atomically(path, write)
+    header = _header(MODEL_MAGIC, versions[dtype], cfg.n_ctx, V, cfg.n_layers, cfg.n_heads, C, Vp)
+    return write_atomically(path, lambda tmp: write_header_last(tmp, header, body()))
 
 
 def read_model(path, dtype="float64") -> Model:
@@ -357,16 +368,14 @@ def write_debug_state(path, model: Model, tokens, grads: bool = True, targets=No
     loss = -np.take_along_axis(logp, y[..., None], axis=-1).mean()  # scalar: mean over [B, T]
     B, T = x.shape
 
-    def write(tmp):
-        with open(tmp, "wb") as f:
-            f.write(_header(STATE_MAGIC, 2, B, T))
-            f.write(x.astype("<i4").tobytes() + y.astype("<i4").tobytes())
-            f.write(np.asarray(logits, "<f4").tobytes() + np.asarray([loss], "<f4").tobytes())
-            if grads:  # ---- the gradients (issue 8) ----
-                for name, g in llmc_gradients(model, x, y).items():
-                    f.write(np.asarray(g, "<f4").tobytes())
+    def body():
+        yield x.astype("<i4").tobytes() + y.astype("<i4").tobytes()
+        yield np.asarray(logits, "<f4").tobytes() + np.asarray([loss], "<f4").tobytes()
+        if grads:  # ---- the gradients (issue 8) ----
+            for name, g in llmc_gradients(model, x, y).items():
+                yield np.asarray(g, "<f4").tobytes()
 
-    return write_atomically(path, write)
+    return write_atomically(path, lambda tmp: write_header_last(tmp, _header(STATE_MAGIC, 2, B, T), body()))
 
 
 def llmc_gradients(model: Model, x, y, padded_vocab_size: int | None = None) -> dict[str, np.ndarray]:
