@@ -36,14 +36,7 @@ RESULTS: dict[str, dict[str, int]] = {}
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
     """Each writer's old and new results, as read back from uninterrupted writes."""
-    for w in WRITERS:
-        d = tmp_path_factory.mktemp("ref")
-        w.write(OLD, d / w.target)
-        w.old = w.read(d / w.target)
-        w.write(NEW, d / w.target)
-        w.new = w.read(d / w.target)
-        assert w.old != w.new, w.name
-    return {w.name: w for w in WRITERS}
+    return {w.name: w.prepare(tmp_path_factory.mktemp("ref")) for w in WRITERS}
 
 
 def start(w: Writer, root: Path) -> Path:

@@ -62,6 +62,17 @@ class Writer:
     extra: list[str] = field(default_factory=list)  # other files in the directory, carried over by a save
     headerless: bool = False  # llm.c's raw acts_memory dump: its size is all a reader has (see below)
 
+    def prepare(self, scratch: Path) -> "Writer":
+        """Learn ``old`` and ``new``: the old and the new result, as read back from uninterrupted writes."""
+        if self.old is None:
+            scratch.mkdir(parents=True, exist_ok=True)
+            self.write(OLD, scratch / self.target)
+            self.old = self.read(scratch / self.target)
+            self.write(NEW, scratch / self.target)
+            self.new = self.read(scratch / self.target)
+            assert self.old != self.new, self.name
+        return self
+
 
 def digest(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
