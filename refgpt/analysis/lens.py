@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from ..gpt2.activations import log_softmax
+from ..files.atomic_write import refuse_temporary
 from ..files.safetensors_file import SafetensorsWriter
 from ..errors import RefGPTError, need, whole_numbers
 from ..gpt2 import ln_views
@@ -119,6 +120,7 @@ def load_translators(path, model) -> dict[int, tuple[np.ndarray, np.ndarray]]:
     path = Path(path)
     if not path.is_file():
         raise RefGPTError(f"{path}: translator file not found")
+    refuse_temporary(path)
     try:
         tensors = load_file(str(path))
     except Exception as error:  # safetensors raises its own types for a malformed file
