@@ -254,17 +254,21 @@ def _load(path, directory: Path, dtype, tokenizer, process):
         from .hub import resolve
 
         directory = resolve(path)
-    pinned = _pin(directory)
-    if pinned is not None:  # every file is read from the directory as it was when the load began
-        fd, inside = pinned
+    for _ in range(5):
+        pinned = _pin(directory)
+        if pinned is None:
+            break
+        fd, inside = pinned  # every file is read from the directory as it was when the load began
         try:
             return _load_files(inside, directory, dtype, tokenizer, process)
-        except RefGPTError as error:  # errors name the directory as given, not /proc/self/fd/N
+        except (RefGPTError, OSError) as error:
+            if _identity(directory) != _identity(fd):  # a save switched it, and removed the one held: again
+                continue
+            if isinstance(error, OSError):
+                if error.filename:  # errors name the directory as given, not /proc/self/fd/N
+                    error.filename = str(error.filename).replace(str(inside), str(directory))
+                raise
             raise RefGPTError(str(error).replace(str(inside), str(directory))) from None
-        except OSError as error:
-            if error.filename:
-                error.filename = str(error.filename).replace(str(inside), str(directory))
-            raise
         finally:
             os.close(fd)
     for _ in range(5):  # no /proc: a directory switched by a concurrent refgpt.save mid-load is read again
@@ -284,8 +288,9 @@ def _load(path, directory: Path, dtype, tokenizer, process):
 def _pin(directory: Path):
     """(fd, path) through which the directory's files are read as one: ``/proc/self/fd/N`` names the
     directory this fd holds, whatever takes its place meanwhile (refgpt.save exchanges a whole
-    directory; a load reads several files). None where there is no /proc (then: read, and read
-    again if the directory was replaced)."""
+    directory; a load reads several files). A save that switched the directory removes the one
+    held, though: a load that fails while the path names another directory is read again. None
+    where there is no /proc (then: read, and read again if the directory was replaced)."""
     if not os.path.isdir("/proc/self/fd"):
         return None
     try:
@@ -299,7 +304,8 @@ def _pin(directory: Path):
     return fd, inside
 
 
-def _identity(directory: Path):
+def _identity(directory):
+    """(device, inode) of a directory given by path or fd; None if it cannot be seen."""
     try:
         info = os.stat(directory)
     except OSError:

@@ -22,11 +22,13 @@ from refgpt import RefGPTError
 
 ROOT = Path(__file__).resolve().parents[2]
 TEXT = "To be, or not to be"
-# Start the command as its console script does (refgpt.__main__.entry), after a marker that says
-# refgpt's code runs from now on: before it, in the interpreter's own start-up (site, encodings,
-# runpy finding the module; some 50 ms), Python handles Ctrl-C itself (docs/files.md says so).
-LAUNCH = ("import sys; sys.argv[0] = 'refgpt'; import refgpt.__main__ as main; sys.stdout.write('\\x00'); "
-          "sys.stdout.flush(); main.entry()")
+# Start the command as its console script does (refgpt.__main__.entry), with a marker written as
+# entry calls main: from then on Ctrl-C is refgpt's to handle. Before it, in the interpreter's own
+# start-up (site, encodings, runpy finding the module; some 50 ms), Python handles Ctrl-C itself
+# (docs/files.md says so).
+LAUNCH = ("import sys; sys.argv[0] = 'refgpt'; import refgpt.__main__ as m; run = m.main\n"
+          "def marked(argv=None):\n    sys.stdout.write('\\x00'); sys.stdout.flush(); return run(argv)\n"
+          "m.main = marked; m.entry()")
 
 
 def env(**extra):
