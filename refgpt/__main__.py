@@ -7,12 +7,24 @@ import signal
 import sys
 
 
+_SIGINT_SEEN = []
+
+
+def _on_sigint(signum, frame):
+    """Python's own Ctrl-C (a KeyboardInterrupt), remembered: a C extension interrupted while it
+    initialises may turn it into an ImportError (numpy does: "PyCapsule_Import could not import
+    module datetime"), which is still a Ctrl-C, not a broken install."""
+    _SIGINT_SEEN.append(signum)
+    raise KeyboardInterrupt
+
+
 def main(argv=None) -> int:
+    signal.signal(signal.SIGINT, _on_sigint)
     try:
         try:
             from .cli import main as run
         except (ImportError, MemoryError, OSError) as error:  # numpy or safetensors could not load
-            return cannot_start(error)
+            return interrupted() if _SIGINT_SEEN else cannot_start(error)
         return run(argv)
     except KeyboardInterrupt:
         return interrupted()

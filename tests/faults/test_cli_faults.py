@@ -48,7 +48,8 @@ def one_error_line(stderr: bytes) -> str:
 
 # ---- Ctrl-C ----------------------------------------------------------------------------------------
 
-DELAYS = [0.0, 0.005, 0.02, 0.05, 0.1, 0.2, 0.35, 0.5, 0.8, 1.2] if LONG else [0.0, 0.03, 0.15, 0.5]
+# every 10 ms through the imports (where numpy once turned a Ctrl-C into an ImportError), then later
+DELAYS = [i / 100 for i in range(60)] + [0.8, 1.2] if LONG else [0.0, 0.03, 0.15, 0.5]
 
 
 @pytest.mark.parametrize("command", [["inspect", TEXT], ["golden", TEXT, "-o", "{out}"]])
