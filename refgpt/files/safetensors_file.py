@@ -77,17 +77,23 @@ class SafetensorsFile:
         if not self.path.is_file():
             raise RefGPTError(f"{self.path}: weights file not found")
         refuse_temporary(self.path)
-        self._handle = open(self.path, "rb")  # kept open: its size is checked before every read
+        self._fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)  # kept: its size is checked before every read
         try:
             self._open()
         except BaseException:
-            self._handle.close()
+            self.__del__()
             raise
 
+    def __del__(self):
+        fd, self._fd = getattr(self, "_fd", None), None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
     def _open(self):
-        if self._handle.seek(0, 2) == 0:
+        if os.fstat(self._fd).st_size == 0:
             raise RefGPTError(f"{self.path}: weights file is empty")
-        self._map = mmap.mmap(self._handle.fileno(), 0, access=mmap.ACCESS_READ)
+        self._map = mmap.mmap(self._fd, 0, access=mmap.ACCESS_READ)
         refusal = _reference_refusal(self.path)
         if refusal is not None:
             raise RefGPTError(f"{self.path}: {self._diagnose() or refusal}")
@@ -117,8 +123,8 @@ class SafetensorsFile:
         """A RefGPTError if the file is now shorter than when it was mapped: reading the lost pages
         would end the process with SIGBUS (docs/files.md, "Files that change while refgpt reads them")."""
         try:
-            size = os.fstat(self._handle.fileno()).st_size
-        except (OSError, ValueError):
+            size = os.fstat(self._fd).st_size
+        except (OSError, TypeError):
             return
         if size < len(self._map):
             raise RefGPTError(f"{self.path}: the file shrank from {len(self._map)} to {size} bytes while refgpt was "
