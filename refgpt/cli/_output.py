@@ -121,6 +121,12 @@ class _Checked(io.TextIOBase):
     def fileno(self):
         return self._stream.fileno()
 
+    def writable(self):
+        return True
+
+    def close(self):  # the real stream is not this wrapper's to close (nor to flush when collected)
+        pass
+
 
 @contextlib.contextmanager
 def checked_streams():
