@@ -16,6 +16,7 @@ import refgpt
 from random_models import random_params
 from refgpt import Config, Model, RefGPTError
 from refgpt.analysis import lens
+from refgpt.analysis.explorer import explore
 from refgpt.files import safetensors_file, saving
 from refgpt.files.atomic_write import refuse_temporary
 from refgpt.gpt2.tokenizer import Tokenizer, bytes_to_unicode
@@ -140,7 +141,21 @@ WRITERS = [
                                                                        for L in range(m.cfg.n_layers)}),
            lambda out: (safetensors_file.SafetensorsFile(out), digest(out))[1]),
     Writer("plots (png)", "fig.png", plot, read_png),
+    Writer("explorer page", "page.html", lambda m, out: explore(m, TOKENS[0]).save(out), lambda out: read_page(out)),
 ]
+
+
+def read_page(path: Path):
+    """An explorer page is whole when its data document parses and the page ends as the template does."""
+    import re
+
+    refuse_temporary(path)  # a browser opens any name; refgpt's readers refuse temporaries themselves
+    text = Path(path).read_text(encoding="utf-8")
+    found = re.search(r'<script type="application/json" id="refgpt-data">(.*?)</script>', text, re.S)
+    if not found or not text.rstrip().endswith("</html>"):
+        raise RefGPTError(f"{path}: not a whole explorer page")
+    json.loads(found.group(1))
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def either(read):
