@@ -24,6 +24,7 @@ from ..files.checkpoint import load
 from ..dtypes import COMPUTE_DTYPES
 from ..files.default_model import default_model_path, is_untrained
 from ..errors import RefGPTError
+from ._output import shown
 
 
 def _add_model(p):
@@ -127,14 +128,14 @@ def text_line(args, tokens) -> str:
     first (the CLI's default is no, the Python API's model(TEXT) is yes, as TransformerLens's)."""
     n = len(tokens)
     bos = " (<|endoftext|> first)" if args.bos else " (no <|endoftext|> first: --bos adds it)"
-    return f"text:  {args.text!r} = {n} token{'s' if n != 1 else ''}{bos}"
+    return f"text:  {shown(args.text)} = {n} token{'s' if n != 1 else ''}{bos}"
 
 
 def token_text(model, token_id) -> str:
     """One token as the tables show it: repr() of its text, or of its bytes if they are not whole UTF-8."""
     raw = model.tokenizer.decode_bytes([int(token_id)])
     try:
-        return repr(raw.decode("utf-8"))
+        return shown(raw.decode("utf-8"))
     except UnicodeDecodeError:  # one byte of a multi-byte character, e.g. b'\xe2'
         return repr(raw)
 

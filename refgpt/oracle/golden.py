@@ -56,7 +56,6 @@ from ..files.checkpoint import load as load_checkpoint, weight_files
 from ..gpt2.config import Config
 from ..dtypes import widen_bfloat16
 from .. import strict_json
-from ..files.atomic_write import write_atomically
 from ..errors import RefGPTError, RefGPTTypeError
 from ..tl.hooks import HookRun
 from ..gpt2.ln_views import cached_output
@@ -446,12 +445,10 @@ def write(path, golden: Golden) -> Path:
     """Write ``golden`` as a safetensors file: tensors in forward order, C-contiguous, metadata as
     strings. The same bytes as ``write_streamed`` writes for the same pass."""
     shapes = {name: (np.asarray(a).dtype, np.shape(a)) for name, a in golden.tensors.items()}
-    def fill(tmp):
-        with SafetensorsWriter(tmp, shapes, golden.metadata, _header_length(shapes, golden.metadata)) as out:
-            for name, a in golden.tensors.items():
-                out.write(name, a)
-
-    return write_atomically(path, fill)
+    with SafetensorsWriter(path, shapes, golden.metadata, _header_length(shapes, golden.metadata)) as out:
+        for name, a in golden.tensors.items():
+            out.write(name, a)
+    return out.path
 
 
 def write_streamed(path, model: Model, tokens, names=None, command=None, targets=None) -> Path:
@@ -468,18 +465,16 @@ def write_streamed(path, model: Model, tokens, names=None, command=None, targets
     meta = {**provenance(model, command), "conditioning": "{}", "error_rms": "{}",
             "targets": "given" if targets is not None else "next token"}
 
-    def fill(tmp):
-        c, rms = {}, {}
-        with SafetensorsWriter(tmp, shapes, meta, _header_length(shapes, meta)) as out:
-            for name, tensor, r, x in _three_passes(model, tokens, names, targets):
-                out.write(name, tensor)
-                if r.dtype.kind == "f":
-                    c[name], rms[name] = float32_error(r, x)
-            order = forward_order(c)
-            out.metadata = {**meta, "conditioning": json.dumps({n: c[n] for n in order}),
-                            "error_rms": json.dumps({n: rms[n] for n in order})}
-
-    return write_atomically(path, fill)
+    c, rms = {}, {}
+    with SafetensorsWriter(path, shapes, meta, _header_length(shapes, meta)) as out:
+        for name, tensor, r, x in _three_passes(model, tokens, names, targets):
+            out.write(name, tensor)
+            if r.dtype.kind == "f":
+                c[name], rms[name] = float32_error(r, x)
+        order = forward_order(c)
+        out.metadata = {**meta, "conditioning": json.dumps({n: c[n] for n in order}),
+                        "error_rms": json.dumps({n: rms[n] for n in order})}
+    return out.path
 
 
 def _header_length(shapes, meta) -> int:

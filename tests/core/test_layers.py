@@ -202,11 +202,18 @@ def test_torch_is_imported_by_the_torch_room_only():
 
 
 def test_import_refgpt_loads_the_core_only():
-    code = ("import sys, refgpt; print(' '.join(sorted(m for m in sys.modules if m.startswith('refgpt') "
-            "or m.split('.')[0] in %r)))" % (PEERS,))
-    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
-    assert "refgpt.model" in loaded
+    """``import refgpt`` alone imports nothing heavy (so the refgpt command catches Ctrl-C from its
+    first moment, refgpt/__main__.py); its names load the core, and the core only."""
+    code = ("import sys, refgpt; bare = sorted(sys.modules); refgpt.load, refgpt.save, refgpt.Model, refgpt.Config; "
+            "print(' '.join(sorted(m for m in sys.modules if m.startswith('refgpt') "
+            "or m.split('.')[0] in %r))); print(' '.join(m for m in bare if m.split('.')[0] in ('numpy', 'refgpt')))"
+            % (PEERS,))
+    loaded, bare = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                  check=True).stdout.split("\n")[:2]
+    loaded = loaded.split()
+    assert "refgpt.model" in loaded and "refgpt.files.saving" in loaded
     assert [m for m in loaded if layer(m) not in CORE | {"package"}] == []
+    assert bare.split() == ["refgpt"]
 
 
 def test_old_module_paths_are_gone():
