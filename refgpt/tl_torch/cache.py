@@ -19,6 +19,15 @@ from .tensors import array, arrays, tensor, tensors
 from .tl_errors import tl_semantics
 
 
+def _plain_key(key):
+    """A (name, layer[, kind]) key with a 0-d integer tensor as the layer (TransformerLens code
+    indexes caches with ``tensor(0)``, e.g. a loop over ``torch.arange``) as the same key with an int."""
+    if isinstance(key, tuple):
+        return tuple(int(k) if isinstance(k, torch.Tensor) and k.ndim == 0 and not k.dtype.is_floating_point
+                     and not k.dtype.is_complex and k.dtype != torch.bool else k for k in key)
+    return key
+
+
 @tl_semantics
 class ActivationCache:
     """TransformerLens's ActivationCache: ``ActivationCache(cache_dict, model, has_batch_dim=True)``."""
@@ -39,7 +48,7 @@ class ActivationCache:
     def __getitem__(self, key) -> torch.Tensor:
         if isinstance(key, str) and key in self.cache_dict:
             return self.cache_dict[key]
-        name = resolve_key(key, self.model.cfg.n_layers)
+        name = resolve_key(_plain_key(key), self.model.cfg.n_layers)
         try:
             return self.cache_dict[name]
         except KeyError:

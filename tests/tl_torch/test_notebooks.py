@@ -178,6 +178,16 @@ def test_notebook_summary(notebook_runs):
                                             "summary": summary, "table": table, "cells": RESULTS},
                                            indent=1, default=str) + "\n")
     assert summary
+    if not LONG:  # docs/transformerlens.md §4 shows the default run's counts (its seconds are one run's)
+        page = (HERE.parents[1] / "docs" / "transformerlens.md").read_text(encoding="utf-8")
+        shown = page.split("## 4. ", 1)[1].split("The long run", 1)[0]
+        assert _counts(shown) == _counts(table), "docs/transformerlens.md §4's table is not this run's:\n" + table
+
+
+def _counts(markdown: str) -> dict:
+    """notebook → its row of a §4 table without the last column (seconds)."""
+    rows = [line.split("|")[1:-1] for line in markdown.splitlines() if line.startswith("| ") and "---" not in line]
+    return {row[0].strip(): [c.strip() for c in row[1:-1]] for row in rows if row[0].strip() != "notebook"}
 
 
 def markdown_table(summary) -> str:

@@ -61,6 +61,10 @@ def test_the_cache_is_tl_s_names_shapes_and_values(pair):
         assert isinstance(cache[name], torch.Tensor) and cache[name].shape == value.shape, name
         assert P.rel_err_finite(cache[name], value) <= P.TL_TOL, name
     assert cache["blocks.0.hook_resid_pre"].data_ptr() == cache["resid_pre", 0].data_ptr()
+    for layer in torch.arange(-1, 2):  # a 0-d integer tensor as the layer, as TL code loops (Exploratory_Analysis 17)
+        assert close(cache["attn", layer], tl_cache["attn", layer])
+    with pytest.raises(RefGPTError, match="whole number"):
+        cache["attn", torch.tensor(0.5)]
     cache.cache_dict["blocks.0.hook_resid_pre"][0, 0, 0] = 7.0  # writable, as TL's
     _, sliced = ref.run_with_cache(PROMPT, pos_slice=-1, remove_batch_dim=True)
     _, tl_sliced = tl.run_with_cache(PROMPT, pos_slice=-1, remove_batch_dim=True)
