@@ -120,4 +120,5 @@ def test_the_bridge_agrees_on_every_cached_activation(tl4_dir, tmp_path):
     assert compared == len(bridge) + 1  # every cached activation, and the logits
     assert largest > 1e-9  # (the bridge really ran in float32: it is not refgpt's float64 to rounding)
     P.record_error("TL 4 bridge (float32): max |Δ| / float32 bound", worst)
+    P.record_error("TL 4 bridge (float32): max relative error", largest)
     assert report.logits is None or report.logits.top1_agreement == 1.0
