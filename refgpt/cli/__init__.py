@@ -83,7 +83,11 @@ def main(argv=None) -> int:
 
 
 def _main(argv) -> int:
-    args = build_parser().parse_args(argv)
+    words = sys.argv[1:] if argv is None else list(argv)
+    if words[:1] == ["lens"] and words[1:2] and words[1] in lens.ACTIONS:  # refgpt lens train|eval …
+        args = lens.build_action_parser(words[1], _Parser, common_options()).parse_args(words[2:])
+    else:
+        args = build_parser().parse_args(argv)
     return args.run(args)
 
 
