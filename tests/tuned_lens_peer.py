@@ -18,8 +18,9 @@ from pathlib import Path
 import numpy as np
 
 
-def require_tuned_lens():
-    """(torch, tuned_lens), or a pytest skip when the peers extra is not installed."""
+def require_tuned_lens(training: bool = False):
+    """(torch, tuned_lens), or a pytest skip when the peers extra is not installed; ``training``:
+    also its training loop (which imports torchdata, datasets and accelerate: seconds)."""
     import pytest
 
     reason = "needs the tuned-lens package (the 'peers' extra: tuned-lens==0.2.0, torchdata==0.9.0)"
@@ -27,7 +28,8 @@ def require_tuned_lens():
     pytest.importorskip("transformers", reason=reason)
     with contextlib.redirect_stderr(io.StringIO()):  # torchdata's deprecation banner
         tuned_lens = pytest.importorskip("tuned_lens", reason=reason)
-        pytest.importorskip("tuned_lens.scripts.train_loop", reason=reason)
+        if training:
+            pytest.importorskip("tuned_lens.scripts.train_loop", reason=reason)
     torch.set_num_threads(1)
     return torch, tuned_lens
 

@@ -321,6 +321,10 @@ class _Interpreter:
         self.fail(position, f"refers to {module}.{name}, which is refused: only {ALLOWED} may appear "
                             "in a state dict (refgpt never runs a pickle)")
 
+    def op_INST(self, arg, position):
+        self.fail(position, f"opcode INST ({arg.replace(' ', '.')}) is refused: it is not one a torch state dict needs "
+                            "(refgpt never runs a pickle)")
+
     def op_MARK(self, arg, position):
         self.stack.append(_MARK)
 
