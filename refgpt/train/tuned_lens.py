@@ -112,14 +112,17 @@ class TrainedLens:
     unembed_hash: str
     record: dict = field(default_factory=dict)
 
-    def save(self, directory, base_model: str | None = None, log: bool = True):
-        """config.json + params.pt (the package's format), and training_log.json (``record``)."""
+    def save(self, directory, base_model: str | None = None, log: bool = True, dtype=None):
+        """config.json + params.pt (the package's format), and training_log.json (``record``).
+        ``dtype`` ("float32") stores the translators rounded to it; default: as trained."""
         from ..files.atomic_write import write_atomically
 
         d = next(iter(self.translators.values()))[0].shape[0]
         config = lens_config(d, len(self.translators), base_model or self.model_source, self.unembed_hash,
                              stream=self.settings.stream)
-        path = write_lens(directory, self.translators, config)
+        stored = self.translators if dtype is None else {
+            i: tuple(np.asarray(a, dtype=compute_dtype(dtype)) for a in t) for i, t in self.translators.items()}
+        path = write_lens(directory, stored, config)
         if log:
             text = json.dumps({"settings": asdict(self.settings), **self.record}, indent=1) + "\n"
             write_atomically(path / "training_log.json", lambda tmp: tmp.write_text(text, encoding="utf-8"))
@@ -215,10 +218,10 @@ def lens_step_gradients(model, windows, translators, stream="resid_pre"):
 def clip_gradients(grads: dict, max_norm: float) -> float:
     """torch's ``clip_grad_norm_`` over all of ``grads`` at once, in place: the total 2-norm (the
     norm of the per-tensor norms), and grads·max_norm/(norm + 10⁻⁶) when that factor is < 1.
-    Returns the norm before clipping."""
+    Returns the norm before clipping (a non-finite one leaves the gradients as they are)."""
     total = float(np.linalg.norm([np.linalg.norm(g) for g in grads.values()]))
     factor = max_norm / (total + 1e-6)
-    if factor < 1.0:
+    if factor < 1.0 and math.isfinite(total):  # a non-finite norm is the caller's error to report
         for g in grads.values():
             g *= factor
     return total
@@ -275,7 +278,9 @@ def train_tuned_lens(model, windows, settings: LensSettings | None = None, progr
         opt.step(grads, lr=lr)
         bad = [key for key, a in params.items() if not np.all(np.isfinite(a))]
         if bad:
-            raise RefGPTError(f"train_tuned_lens: step {step + 1}: translator {bad[0]} is no longer finite")
+            i, part = bad[0].split(".")
+            raise RefGPTError(f"train_tuned_lens: step {step + 1}: translator {i}'s {part} is no longer finite "
+                              "(the lens diverged: lower lr_scale)")
         record["steps"].append(step + 1)
         record["lr"].append(lr)
         record["kl"].append([float(x) for x in losses])
