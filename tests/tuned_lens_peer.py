@@ -1,4 +1,5 @@
-"""The tuned-lens package (0.2.0, the "peers" extra) as a judge: its lens, its training loop.
+"""The tuned-lens package (0.2.0, the "peers" extra) as a judge: its lens, its training loop, and
+the rounding bound two computations of a lens's logits must agree within (``lens_forward_bound``).
 
 Import after ``require_tuned_lens()`` (a skip without the package). ``package_train`` runs the
 package's own ``Train.execute`` — its TunedLens, optimizer, scheduler, loss, clipping, and its
@@ -16,6 +17,8 @@ import sys
 from pathlib import Path
 
 import numpy as np
+
+from refgpt.gpt2.layernorm import layer_norm
 
 
 def require_tuned_lens(training: bool = False):
@@ -91,6 +94,36 @@ def package_train(hf_model, batches, num_steps: int, tokens_per_step: int, outpu
     finally:
         th.autocast, th.Tensor.float = original, original_float
     return Path(output)
+
+
+def gamma(m, u):
+    return m * u / (1 - m * u)
+
+
+def lens_forward_bound(model, W, b, h, u):
+    """|z − ẑ| elementwise [..., d_vocab] for lens logits z = LN_f(h + h·Wᵀ + b)·W_U (+ b_U)
+    computed in a precision with unit roundoff u, against exact arithmetic, at the inputs h:
+
+    - the translation: each h'_j is a sum of d products and two additions, off by at most
+      e_j = γ_{d+2}·(|h_j| + Σ_k |h_k||W_jk| + |b_j|);
+    - LayerNorm is Lipschitz: ‖LN(x̃) − LN(x)‖ ≤ 2‖w‖_∞‖x̃ − x‖/σ_ε(x) (docs/steering.md §5), plus
+      its own rounding ‖w‖_∞√n·γ·(max|x|/σ + √n) + u‖LN(x)‖ (docs/layernorm.md §6), with
+      γ = γ_{2n+3} for torch's one-pass (Welford) moments, twice the two-pass count;
+    - the unembedding adds δ_u·‖W_U[:, v]‖ for the LayerNorm error δ_u, and γ_{d+1}·(|u|·|W_U| + |b_U|)."""
+    p = model.params
+    n = model.cfg.d_model
+    x = h + h @ W.T + b  # [..., n]
+    e = gamma(n + 2, u) * (np.abs(h) + np.abs(h) @ np.abs(W).T + np.abs(b))  # [..., n]
+    sigma = np.sqrt(x.var(-1) + model.cfg.eps)  # [...]
+    w_inf = np.max(np.abs(p["ln_final.w"]))
+    y = layer_norm(x, p["ln_final.w"], p["ln_final.b"], model.cfg.eps)  # [..., n]
+    g = gamma(2 * n + 3, u)
+    ln_error = (2 * w_inf * np.linalg.norm(e, axis=-1) / sigma
+                + w_inf * np.sqrt(n) * g * (np.max(np.abs(x), -1) / sigma + np.sqrt(n)) + u * np.linalg.norm(y, axis=-1))
+    W_U = p["unembed.W_U"]
+    b_U = np.abs(p["unembed.b_U"]) if "unembed.b_U" in p else 0.0
+    return (ln_error[..., None] * np.linalg.norm(W_U, axis=0)
+            + gamma(n + 1, u) * (np.abs(y) @ np.abs(W_U) + b_U))  # [..., d_vocab]
 
 
 def hf_lens_forward(lens, h: np.ndarray, layer: int) -> np.ndarray:

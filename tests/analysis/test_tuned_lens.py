@@ -20,38 +20,9 @@ from refgpt.files.lens_directory import unembed_hash
 from refgpt.gpt2.activations import log_softmax
 from refgpt.gpt2.layernorm import layer_norm
 from refgpt.gpt2.loss import lm_cross_entropy_loss
+from tuned_lens_peer import lens_forward_bound as forward_bound
 
 CFG = Config(d_model=12, n_layers=3, n_heads=3, d_mlp=20, d_vocab=23, n_ctx=10)
-
-
-def gamma(m, u):
-    return m * u / (1 - m * u)
-
-
-def forward_bound(model, W, b, h, u):
-    """|z − ẑ| elementwise [..., d_vocab] for lens logits z = LN_f(h + h·Wᵀ + b)·W_U (+ b_U)
-    computed in a precision with unit roundoff u, against exact arithmetic, at the inputs h:
-
-    - the translation: each h'_j is a sum of d products and two additions, off by at most
-      e_j = γ_{d+2}·(|h_j| + Σ_k |h_k||W_jk| + |b_j|);
-    - LayerNorm is Lipschitz: ‖LN(x̃) − LN(x)‖ ≤ 2‖w‖_∞‖x̃ − x‖/σ_ε(x) (docs/steering.md §5), plus
-      its own rounding ‖w‖_∞√n·γ·(max|x|/σ + √n) + u‖LN(x)‖ (docs/layernorm.md §6), with
-      γ = γ_{2n+3} for torch's one-pass (Welford) moments, twice the two-pass count;
-    - the unembedding adds δ_u·‖W_U[:, v]‖ for the LayerNorm error δ_u, and γ_{d+1}·(|u|·|W_U| + |b_U|)."""
-    p = model.params
-    n = model.cfg.d_model
-    x = h + h @ W.T + b  # [..., n]
-    e = gamma(n + 2, u) * (np.abs(h) + np.abs(h) @ np.abs(W).T + np.abs(b))  # [..., n]
-    sigma = np.sqrt(x.var(-1) + model.cfg.eps)  # [...]
-    w_inf = np.max(np.abs(p["ln_final.w"]))
-    y = layer_norm(x, p["ln_final.w"], p["ln_final.b"], model.cfg.eps)  # [..., n]
-    g = gamma(2 * n + 3, u)
-    ln_error = (2 * w_inf * np.linalg.norm(e, axis=-1) / sigma
-                + w_inf * np.sqrt(n) * g * (np.max(np.abs(x), -1) / sigma + np.sqrt(n)) + u * np.linalg.norm(y, axis=-1))
-    W_U = p["unembed.W_U"]
-    b_U = np.abs(p["unembed.b_U"]) if "unembed.b_U" in p else 0.0
-    return (ln_error[..., None] * np.linalg.norm(W_U, axis=0)
-            + gamma(n + 1, u) * (np.abs(y) @ np.abs(W_U) + b_U))  # [..., d_vocab]
 
 
 @pytest.fixture(scope="module")
