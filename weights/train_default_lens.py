@@ -19,7 +19,7 @@ be closer to the final distribution than the logit lens at every layer, or the s
 without writing; tests/analysis/test_default_lens.py checks it again on Macbeth's first act.
 
 Writes ``weights/default_lens/``: config.json + params.pt (the tuned-lens package's format, the
-translators stored in float32 as the hub's lenses are — 334 KB, where float64 would take the
+translators stored in float32 as the hub's lenses are — 337 KB, where float64 would take the
 weights/ folder past its 10 MB budget; the package loads them with
 ``TunedLens.from_model_and_pretrained(model, "weights/default_lens")``),
 training_log.json (every step's KL per translator, lr and gradient norm) and TRAINING.md (the
@@ -57,7 +57,7 @@ from train_default import SDIST_SHA256, VAL_WORKS, fetch_sdist, read_works  # no
 
 SETTINGS = LensSettings(steps=250, tokens_per_step=4096, seed=42, stream="resid_pre", dtype="float64")
 BASE_MODEL = "refgpt.weights/default"  # config.json's base_model_name_or_path: the embedded model
-STORED_DTYPE = "float32"  # as the hub's lenses; params.pt is 334 KB
+STORED_DTYPE = "float32"  # as the hub's lenses; params.pt is 337 KB
 
 
 def sha256(path: Path) -> str:
