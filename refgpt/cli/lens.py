@@ -262,6 +262,8 @@ def run_train(args) -> int:
 
 
 def run_eval(args) -> int:
+    if args.no_tuned and (args.lens is not None or args.ignore_unembed_hash):
+        args.usage_error("--no-tuned measures the logit lens only: it takes no --lens or --ignore-unembed-hash")
     model = load_chosen(args)
     windows, nats_to_bpb = _windows(model, args)
     if args.max_tokens is not None:
@@ -274,8 +276,6 @@ def run_eval(args) -> int:
         if args.lens is None and not is_default_model(model.source):
             args.usage_error("give --lens PATH (or --no-tuned) on a model other than the embedded one")
         tuned = _tuned(model, args)
-    elif args.lens is not None:
-        args.usage_error("--lens and --no-tuned exclude each other")
     result = evaluate_lenses(model, windows, tuned, stream=args.stream or "resid_pre", nats_to_bpb=nats_to_bpb)
     if args.json:
         return print_json(model, {"texts": args.text, "windows": int(len(windows)), "window": int(windows.shape[1]),
