@@ -1,4 +1,4 @@
-"""How hard the fuzz tests push: modest in CI, more with REFGPT_FUZZ=long (see the README)."""
+"""How hard the fuzz tests push: modest in CI, more with REFGPT_FUZZ=long (see CONTRIBUTING.md)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """The ``refgpt`` command: ``refgpt SUBCOMMAND ...`` (also ``python -m refgpt``).
 
 Each subcommand lives in its own module in this package (``refgpt/cli/predict.py``, …) and provides
-``add_parser(subparsers, common)`` and ``run(args) -> int``. Errors a user can cause end as one
+``add_parser(subparsers)`` (built with ``_chosen_model.add_subcommand``, which gives it the shared
+options it declares in ``USES`` and refuses the others) and ``run(args) -> int``. Errors a user can cause end as one
 line ``refgpt: error: …`` on stderr: exit status 2 for usage errors (argparse's convention), 1
 for everything else. Never a traceback: a newline or other control character inside a message (a
 path can hold one) is escaped, Python warnings are silenced (a value they would warn about ends in
@@ -35,27 +36,14 @@ def one_line(message) -> str:
     return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in str(message))
 
 
-def common_options() -> argparse.ArgumentParser:
-    """--model, --dtype, --json: every subcommand takes them."""
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--model", metavar="DIR", default=None,
-                        help="HF GPT-2 directory (config.json + model.safetensors), or a hub name found in "
-                        "the HF cache or downloaded (gpt2, openai-community/gpt2@REVISION; see refgpt download); "
-                        "default: the embedded model")
-    common.add_argument("--dtype", default="float64", help="float64 (default) or float32")
-    common.add_argument("--json", action="store_true", help="print JSON instead of a table, for scripts")
-    return common
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="refgpt", description="A pure-NumPy reference GPT-2: predictions, LayerNorm "
                      "statistics and exact decompositions from the command line.")
     parser.add_argument("--version", action="version", version=f"refgpt {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
-    common = common_options()
     for command in COMMANDS:
-        command.add_parser(sub, common)
+        command.add_parser(sub)
     return parser
 
 
@@ -85,7 +73,7 @@ def main(argv=None) -> int:
 def _main(argv) -> int:
     words = sys.argv[1:] if argv is None else list(argv)
     if words[:1] == ["lens"] and words[1:2] and words[1] in lens.ACTIONS:  # refgpt lens train|eval …
-        args = lens.build_action_parser(words[1], _Parser, common_options()).parse_args(words[2:])
+        args = lens.build_action_parser(words[1], _Parser).parse_args(words[1:])
     else:
         args = build_parser().parse_args(argv)
     return args.run(args)

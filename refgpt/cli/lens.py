@@ -9,7 +9,7 @@ the final stream's cached scale, ``tuned`` applies the translators of ``--lens P
 directory as the tuned-lens package writes it — config.json + params.pt, e.g. one from the hub — or
 a .safetensors/.pt translator file; ``--translators`` is the old name), by default on the embedded
 model the lens shipped for it. ``--stream resid_mid`` reads the streams between attention and MLP.
-``--plot FILE`` saves the heatmap (needs the ``plot`` extra).
+``--plot FILE`` saves the heatmap (needs matplotlib: ``pip install matplotlib``).
 
 ``refgpt lens train --text FILE … -o DIR`` trains a tuned lens as the package does
 (refgpt.train.tuned_lens) and writes DIR/config.json, DIR/params.pt and DIR/training_log.json,
@@ -30,7 +30,7 @@ from ..files.default_model import is_default_model
 from ..files.lens_directory import STREAMS
 from ..train.tuned_lens import LensSettings, text_windows, train_tuned_lens
 from ._arguments import add_token_argument, non_negative_float, positive_int, token_argument
-from ._chosen_model import add_text_arguments, header, load_chosen, print_json, token_json, token_text, tokens_of
+from ._chosen_model import add_subcommand, header, load_chosen, print_json, token_json, token_text, tokens_of
 from ._table import table
 
 KINDS = ("logit", "final-scale", "tuned")
@@ -48,28 +48,23 @@ Also: `refgpt lens train --text FILE -o DIR` trains a tuned lens, `refgpt lens e
 measures the logit and tuned lenses over a text (see their --help).
 """
 
-EXAMPLES = """\
-examples:
-  refgpt lens "To be, or not to" --bos
-  refgpt lens "To be, or not to" --bos --kind tuned
-  refgpt lens "The capital of France is" --target " Paris" --model ~/models/gpt2
-  refgpt lens "My lord, I" --kind tuned --lens gpt2-lens/ --model gpt2 --plot lens.png
-  refgpt lens train --text plays.txt -o my-lens --steps 100 --tokens-per-step 4096
-  refgpt lens eval --text macbeth.txt --lens my-lens
-"""
+USES = ("--model", "--dtype", "--json", "--bos")
+
+EXAMPLES = (
+    'refgpt lens "To be, or not to" --bos --kind tuned',
+    'refgpt lens "To be, or not to" --target " be" --kind final-scale --json',
+    'refgpt lens "My lord, I" --stream resid_mid --plot lens.png',
+    'refgpt lens "My lord, I" --kind tuned --lens lens.safetensors     # translators trained by tuned-lens',
+)
 
 
-def add_parser(subparsers, common):
-    p = subparsers.add_parser("lens", parents=[common], help="the logit and tuned lenses: each layer's prediction "
-                              "(also: lens train, lens eval)",
-                              description=DESCRIPTION, epilog=EXAMPLES,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_text_arguments(p)
+def add_parser(subparsers):
+    p = add_subcommand(subparsers, "lens", run, uses=USES, help="the logit and tuned lenses: each layer's prediction "
+                       "(also: lens train, lens eval)", description=DESCRIPTION, examples=EXAMPLES)
     p.add_argument("--kind", choices=KINDS, default="logit", help="which lens (default: logit)")
     add_lens_arguments(p)
     add_token_argument(p, "target", "show the probability of this token")
-    p.add_argument("--plot", metavar="FILE", help="save the heatmap (PNG) to FILE")
-    p.set_defaults(run=run, usage_error=p.error)
+    p.add_argument("--plot", metavar="FILE", help="save the heatmap (PNG) to FILE (needs matplotlib: pip install matplotlib)")
 
 
 def add_lens_arguments(p):
@@ -83,11 +78,26 @@ def add_lens_arguments(p):
                    help="use a lens whose config.json unembed_hash is another model's")
 
 
-def build_action_parser(action: str, parser_class, common) -> argparse.ArgumentParser:
-    """The parser of ``refgpt lens train`` or ``refgpt lens eval``."""
+TRAIN_USES = ("--model", "--dtype", "--json")
+TRAIN_EXAMPLES = (
+    "refgpt lens train --text macbeth.txt -o my-lens --steps 2 --tokens-per-step 256",
+    "refgpt lens train --text macbeth.txt -o my-mid-lens --stream resid_mid --steps 2 --tokens-per-step 256 --json",
+)
+EVAL_USES = ("--model", "--dtype", "--json")
+EVAL_EXAMPLES = (
+    "refgpt lens eval --text macbeth.txt --max-tokens 1024     # the embedded model's shipped lens",
+    "refgpt lens eval --text macbeth.txt --lens my-lens --max-tokens 1024 --json",
+)
+
+
+def build_action_parser(action: str, parser_class) -> argparse.ArgumentParser:
+    """A parser whose only subcommand is ``action`` ("train" or "eval"): ``parse_args([action, …])``
+    reads ``refgpt lens train …`` / ``refgpt lens eval …`` (prog "refgpt lens")."""
+    holder = parser_class(prog="refgpt lens", add_help=False)
+    sub = holder.add_subparsers(dest="action", parser_class=parser_class)
     if action == "train":
-        p = parser_class(prog="refgpt lens train", parents=[common], formatter_class=argparse.RawDescriptionHelpFormatter,
-                         description=TRAIN_DESCRIPTION, epilog=TRAIN_EXAMPLES)
+        p = add_subcommand(sub, "train", run_train, uses=TRAIN_USES, help="train a tuned lens",
+                           description=TRAIN_DESCRIPTION, examples=TRAIN_EXAMPLES)
         p.add_argument("--text", action="append", required=True, metavar="FILE",
                        help="UTF-8 text to train on (repeat for several; each is one document)")
         p.add_argument("-o", "--output", required=True, metavar="DIR", help="the lens directory to write")
@@ -107,18 +117,17 @@ def build_action_parser(action: str, parser_class, common) -> argparse.ArgumentP
         p.add_argument("--seed", type=int, default=defaults.seed, help="shuffles the windows (default 42)")
         p.add_argument("--base-model", metavar="NAME", help="config.json's base_model_name_or_path (default: --model)")
         p.add_argument("--quiet", action="store_true", help="no line per step on stderr")
-        p.set_defaults(run=run_train, usage_error=p.error)
     else:
-        p = parser_class(prog="refgpt lens eval", parents=[common], formatter_class=argparse.RawDescriptionHelpFormatter,
-                         description=EVAL_DESCRIPTION, epilog=EVAL_EXAMPLES)
+        p = add_subcommand(sub, "eval", run_eval, uses=EVAL_USES, help="measure the logit and tuned lenses",
+                           description=EVAL_DESCRIPTION, examples=EVAL_EXAMPLES)
         p.add_argument("--text", action="append", required=True, metavar="FILE",
                        help="UTF-8 text to evaluate on (repeat for several; each is one document)")
         add_lens_arguments(p)
         p.add_argument("--no-tuned", action="store_true", help="the logit lens only")
         p.add_argument("--window", type=positive_int, default=None, help="tokens per window (default: the model's n_ctx)")
         p.add_argument("--max-tokens", type=positive_int, default=None, help="evaluate the first windows up to this many tokens")
-        p.set_defaults(run=run_eval, usage_error=p.error)
-    return p
+    p.prog = f"refgpt lens {action}"
+    return holder
 
 
 TRAIN_DESCRIPTION = """\
@@ -129,20 +138,10 @@ gradients clipped together to norm 1 (refgpt.train.tuned_lens). Float64 unless -
 Writes DIR/config.json and DIR/params.pt (the package loads them as they are) and
 DIR/training_log.json; one line per step on stderr. Deterministic: the same inputs give the same files.
 """
-TRAIN_EXAMPLES = """\
-examples:
-  refgpt lens train --text plays.txt -o my-lens
-  refgpt lens train --model gpt2 --text corpus.txt -o gpt2-lens --steps 250 --tokens-per-step 16384
-"""
 EVAL_DESCRIPTION = """\
 Measure the logit lens and a tuned lens over a text, as the tuned-lens package's evaluation does:
 per layer, KL(final ‖ lens) (every position), the cross-entropy of the next token and the entropy
 of the lens's prediction, in nats per token and in bits per byte, beside the model's own.
-"""
-EVAL_EXAMPLES = """\
-examples:
-  refgpt lens eval --text macbeth.txt                   # the embedded model and its shipped lens
-  refgpt lens eval --model gpt2 --lens gpt2-lens --text wiki.txt --json
 """
 
 
@@ -161,6 +160,10 @@ def run(args) -> int:
         args.usage_error("--lens PATH and --ignore-unembed-hash go with --kind tuned")
     if args.kind == "final-scale" and args.stream not in (None, "resid_pre"):
         args.usage_error("--kind final-scale reads resid_pre only")
+    if args.plot:  # before the model runs: a missing matplotlib is said at once
+        from ..analysis.plots import require_matplotlib
+
+        require_matplotlib()
     model = load_chosen(args)
     tokens = tokens_of(model, args)  # [pos]
     if args.kind == "tuned":

@@ -210,9 +210,11 @@ def test_the_public_api_is_all_of_import_refgpt():
 
 
 def test_every_file_the_docs_and_docstrings_name_exists():
-    """README.md, docs/*.md, weights/README.md and every module's text name files by path; each exists."""
+    """README.md, CONTRIBUTING.md, docs/*.md, weights/README.md and every module's text name files by
+    path; each exists."""
     repo = PACKAGE.parent
-    texts = [repo / "README.md", repo / "weights" / "README.md", *sorted((repo / "docs").glob("*.md")),
+    texts = [repo / "README.md", repo / "CONTRIBUTING.md", repo / "weights" / "README.md",
+             *sorted((repo / "docs").glob("*.md")),
              *MODULES.values()]
     path = re.compile(r"(?<![\w/.])((?:refgpt|tests|docs|benchmarks|weights)/[\w/.-]*\w\.(?:py|md|json|txt|png))")
     missing = [f"{text.relative_to(repo)}: {name}" for text in texts
