@@ -463,8 +463,8 @@ class _Interpreter:
                                 "broadcast) is refused: a state dict's tensors hold their own elements")
         if count == 0:
             return np.zeros(size, dtype=array.dtype)
-        view = np.lib.stride_tricks.as_strided(array[offset:], shape=size,
-                                               strides=tuple(s * array.itemsize for s in stride), writeable=False)
+        steps = tuple(0 if n == 1 else s * array.itemsize for n, s in zip(size, stride))  # a length-1 axis never steps
+        view = np.lib.stride_tricks.as_strided(array[offset:], shape=size, strides=steps, writeable=False)
         return np.array(view, order="C")  # [size], a copy: tensors never share memory
 
 

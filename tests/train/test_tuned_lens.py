@@ -266,24 +266,35 @@ def test_text_windows_are_the_packages_chunks():
         T.text_windows(tok, [], 4)
 
 
-def test_refgpt_lens_train_and_eval_on_the_command_line(refgpt_cli, tmp_path):
-    text = (tmp_path / "act1.txt")
-    text.write_text((__import__("pathlib").Path(__file__).parents[1] / "data" / "macbeth_act1.txt").read_text()[:3000])
-    out = refgpt_cli.in_process("lens", "train", "--text", text, "-o", tmp_path / "lens", "--steps", "2",
-                                "--tokens-per-step", "128")
-    assert out.returncode == 0, out.stderr
-    assert out.stderr.count("lens step") == 2 and "lens step 2/2" in out.stderr and "KL per translator" in out.stderr
-    assert {p.name for p in (tmp_path / "lens").iterdir()} == {"config.json", "params.pt", "training_log.json"}
-    config = json.loads((tmp_path / "lens" / "config.json").read_text())
+def test_refgpt_lens_train_and_eval_help_examples_run_as_printed(refgpt_cli, tmp_path, monkeypatch):
+    """`refgpt lens train --help` and `refgpt lens eval --help` end with examples that run as printed
+    (tests/cli_examples.py), in a directory holding only the text a user brings."""
+    from cli_examples import run_line
+    from refgpt.cli.lens import EVAL_EXAMPLES, TRAIN_EXAMPLES
+
+    text = (__import__("pathlib").Path(__file__).parents[1] / "data" / "macbeth_act1.txt").read_text()[:6000]
+    (tmp_path / "macbeth.txt").write_text(text)
+    monkeypatch.chdir(tmp_path)
+    for action, examples in (("train", TRAIN_EXAMPLES), ("eval", EVAL_EXAMPLES)):
+        shown = refgpt_cli.in_process("lens", action, "--help").stdout
+        assert shown.startswith(f"usage: refgpt lens {action}") and shown.endswith(
+            "examples:\n" + "".join(f"  {line}\n" for line in examples))
+    trained, mid = (run_line(refgpt_cli, line, monkeypatch)[0] for line in TRAIN_EXAMPLES)
+    assert trained.stderr.count("lens step") == 2 and "lens step 2/2" in trained.stderr and "KL per translator" in trained.stderr
+    assert {p.name for p in (tmp_path / "my-lens").iterdir()} == {"config.json", "params.pt", "training_log.json"}
+    config = json.loads((tmp_path / "my-lens" / "config.json").read_text())
     assert config["base_model_name_or_path"] == "refgpt.weights/default" and config["num_hidden_layers"] == 4
-    evaluated = refgpt_cli.in_process("lens", "eval", "--text", text, "--lens", tmp_path / "lens", "--max-tokens", "256",
-                                      "--json")
-    assert evaluated.returncode == 0, evaluated.stderr
-    answer = json.loads(evaluated.stdout)
-    assert answer["windows"] == 2 and answer["layers"] == ["0_pre", "1_pre", "2_pre", "3_pre"]
+    assert json.loads(mid.stdout)["stream"] == "resid_mid"
+    shipped, mine = (run_line(refgpt_cli, line, monkeypatch)[0] for line in EVAL_EXAMPLES)
+    assert "nats per token" in shipped.stdout and "bits per byte" in shipped.stdout and "default_lens" in shipped.stdout
+    answer = json.loads(mine.stdout)
+    assert answer["windows"] == 8 and answer["layers"] == ["0_pre", "1_pre", "2_pre", "3_pre"]
     assert set(answer["nats"]["lenses"]) == {"logit", "tuned"} and "bits_per_byte" in answer
-    table = refgpt_cli.in_process("lens", "eval", "--text", text, "--no-tuned", "--max-tokens", "128")
-    assert table.returncode == 0 and "nats per token" in table.stdout and "bits per byte" in table.stdout
+
+
+def test_refgpt_lens_train_and_eval_errors_are_one_line(refgpt_cli, tmp_path):
+    text = tmp_path / "act1.txt"
+    text.write_text((__import__("pathlib").Path(__file__).parents[1] / "data" / "macbeth_act1.txt").read_text()[:3000])
     too_much = refgpt_cli.in_process("lens", "train", "--text", text, "-o", tmp_path / "x", "--steps", "500")
     assert too_much.returncode == 1 and "the data cannot supply the budget" in too_much.stderr
     assert too_much.stderr.count("\n") == 2 and not (tmp_path / "x").exists()  # the announcement, then one error line
@@ -291,3 +302,7 @@ def test_refgpt_lens_train_and_eval_on_the_command_line(refgpt_cli, tmp_path):
     assert missing.returncode == 1 and "--text" in missing.stderr and "not found" in missing.stderr
     usage = refgpt_cli.in_process("lens", "train", "--text", text)
     assert usage.returncode == 2 and "-o/--output" in usage.stderr
+    bos = refgpt_cli.in_process("lens", "train", "--text", text, "-o", tmp_path / "x", "--bos")
+    assert bos.returncode == 2 and "takes no --bos" in bos.stderr
+    short = refgpt_cli.in_process("lens", "eval", "--text", text, "--max-tokens", "5")
+    assert short.returncode == 2 and "less than one window" in short.stderr
