@@ -358,6 +358,16 @@ class LensEvaluation:
         return f"LensEvaluation({', '.join(self.metrics)} over {self.tokens} tokens)"
 
 
+def _log_softmax_and_softmax(x):
+    """(log softmax, softmax) over the last axis, with one exp: x − max − log Σ e, and e / Σ e."""
+    shifted = x - x.max(axis=-1, keepdims=True)  # [..., n] ≤ 0
+    e = np.exp(shifted)  # [..., n]
+    total = e.sum(axis=-1, keepdims=True)  # [..., 1]
+    shifted -= np.log(total)
+    e /= total
+    return shifted, e
+
+
 def evaluate_lenses(model, windows, tuned: TunedLens | None = None, stream: str | None = None,
                     nats_to_bpb: float | None = None) -> LensEvaluation:
     """KL, next-token cross-entropy and entropy per layer of the logit lens (and ``tuned``) over
@@ -384,17 +394,17 @@ def evaluate_lenses(model, windows, tuned: TunedLens | None = None, stream: str 
         p = np.exp(log_p)  # [b, T, d_vocab]
         nxt = batch[:, 1:, None]  # [b, T − 1, 1]
         final["ce"] += float(-np.take_along_axis(log_p[:, :-1], nxt, -1).sum())
-        final["entropy"] += float(-(p * log_p).sum())
-        neg_entropy = float((p * log_p).sum())
+        neg_entropy = float(np.vdot(p, log_p))
+        final["entropy"] -= neg_entropy
         for M in range(L):
             h = cache[names[M]]  # [b, T, d_model]
             for kind, lens in lenses.items():
                 lens_logits = _unembed(model, _ln_final(model, h)) if lens is None else lens.forward(h, M)  # [b, T, d_vocab]
-                log_q = log_softmax(lens_logits)  # [b, T, d_vocab]
+                log_q, q = _log_softmax_and_softmax(lens_logits)  # [b, T, d_vocab] each
                 s = sums[kind]
-                s["kl"][M] += neg_entropy - float((p * log_q).sum())
+                s["kl"][M] += neg_entropy - float(np.vdot(p, log_q))
                 s["ce"][M] += float(-np.take_along_axis(log_q[:, :-1], nxt, -1).sum())
-                s["entropy"][M] += float(-(np.exp(log_q) * log_q).sum())
+                s["entropy"][M] += float(-np.vdot(q, log_q))
     tokens, predicted = n * T, n * (T - 1)
     divide = {"kl": tokens, "ce": predicted, "entropy": tokens}
     metrics = {kind: {m: [float(x) / divide[m] for x in v] for m, v in s.items()} for kind, s in sums.items()}
