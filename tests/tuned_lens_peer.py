@@ -5,7 +5,7 @@ Import after ``require_tuned_lens()`` (a skip without the package). ``package_tr
 package's own ``Train.execute`` — its TunedLens, optimizer, scheduler, loss, clipping, and its
 bf16 autocast — on batches we choose, in our order: only the model loading, the dataset and the
 data loader are replaced (they fetch from the hub and shuffle with torchdata), so refgpt can be
-trained on exactly the same windows in the same order. Used by tests/train/test_tuned_lens.py
+trained on exactly the same windows in the same order. Used by tests/train/test_tuned_lens_training.py
 and benchmarks/bench_tuned_lens.py.
 """
 

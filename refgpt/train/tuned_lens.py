@@ -13,7 +13,7 @@ package's default (``LossChoice.KL``, token shift 0):
 
 with p the model's own next-token distribution at the same position. The model is frozen.
 
-**The gradient** (checked against torch autograd in tests/train/test_tuned_lens.py, ≤ 1e-10
+**The gradient** (checked against torch autograd in tests/train/test_tuned_lens_training.py, ≤ 1e-10
 relative in float64). With z = LN_final(h')·W_U + b_U, u = LN_final(h') and N tokens:
 
     ∂lossᵢ/∂z  = (q − p)/N                               softmax's Jacobian against Σ p = 1

@@ -18,7 +18,7 @@ from refgpt.gpt2.activations import log_softmax
 from refgpt.train import tuned_lens as T
 from refgpt.train.tuned_lens import LensSettings, train_tuned_lens
 
-GRADIENT_TOL = 1e-10  # the bound; measured ≤ 2e-15 (the same function, other summation orders)
+GRADIENT_TOL = 1e-10  # the bound; measured ≤ 2e-14 over 60 random configs (other summation orders)
 TORCH_TOL = 1e-12  # clipping: the same operations in the same order; measured ≤ 1e-16
 CFG = Config(d_model=12, n_layers=2, n_heads=3, d_mlp=20, d_vocab=23, n_ctx=8)
 
