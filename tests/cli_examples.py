@@ -64,14 +64,15 @@ def needs_matplotlib(line: str) -> None:
 
 def user_files(directory: Path) -> None:
     """The files examples read that a user brings, made from the embedded model in ``directory``:
-    ``ids.txt`` (token ids), llm.c's ``gpt2_124M.bin`` and ``gpt2_124M_debug_state.bin``, and
-    tuned-lens translators ``lens.safetensors``."""
+    ``ids.txt`` (token ids), llm.c's ``gpt2_124M.bin`` and ``gpt2_124M_debug_state.bin``,
+    tuned-lens translators ``lens.safetensors``, and a corpus ``prompts.txt`` (one prompt per line)."""
     import refgpt
     from refgpt.analysis.lens import save_translators
     from refgpt.oracle import llmc
 
     model = refgpt.load_default()
     (directory / "ids.txt").write_text("1 2 3\n")
+    (directory / "prompts.txt").write_text("To be, or not to be, that is the question\nMy lord, I\nO Romeo, Romeo\n")
     llmc.write_model(directory / "gpt2_124M.bin", model)
     llmc.write_debug_state(directory / "gpt2_124M_debug_state.bin", model, model.to_tokens("To be, or not to be")[:, :6])
     d = model.cfg.d_model

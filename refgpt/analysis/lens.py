@@ -53,10 +53,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import RefGPTError, need
-from ..files.atomic_write import write_atomically
+from ..errors import RefGPTError, need, whole_numbers
 from ..files.default_model import default_lens_path, is_default_model
 from ..files.lens_directory import STREAMS, lens_config, read_lens, unembed_hash, write_lens
+from ..files.safetensors_file import SafetensorsWriter
 from ..gpt2 import ln_views
 from ..gpt2.activations import log_softmax
 from .measurements import stream_labels
@@ -88,7 +88,7 @@ class LensResult:
         ``target`` is one token id, or ids [batch, pos] (e.g. each position's next token).
         """
         n_stream, batch, pos, d_vocab = self.logits.shape
-        target = np.broadcast_to(np.asarray(target, dtype=np.int64), (batch, pos))  # [batch, pos]
+        target = np.broadcast_to(whole_numbers(target, "target"), (batch, pos))  # [batch, pos]
         if np.any((target < 0) | (target >= d_vocab)):
             raise RefGPTError(f"target: ids must be in [0, {d_vocab}), found {target.min()}..{target.max()}")
         log_p = np.take_along_axis(self.log_probs(), np.broadcast_to(target[None, ..., None], (n_stream, batch, pos, 1)), -1)
@@ -145,6 +145,15 @@ def logit_lens_final_scale(cache) -> LensResult:
     x = lens_streams(cache)  # [stream, batch, pos, d_model]
     normed = ln_views.cached_scale(x, cache["ln_final.hook_scale"]) * p["ln_final.w"] + p["ln_final.b"]  # [stream, batch, pos, d_model]
     return LensResult(_unembed(model, normed), stream_labels(model.cfg.n_layers), "logit lens, final scale")
+
+
+def read_out(model, resid) -> np.ndarray:
+    """The logit lens's read-out of one stream: ln_final recomputed from ``resid`` [..., d_model]
+    itself, then W_U (and b_U): [..., d_vocab]. ``logit_lens`` is this over every stream at once;
+    a sweep's lens task (refgpt/sweep/task_lens.py) applies it one stream at a time, so that only
+    one stream's [pos, d_vocab] logits are held (13 streams of GPT-2 small at T = 1024 would be
+    5.4 GB in float64)."""
+    return _unembed(model, _ln_final(model, resid))  # [..., d_vocab]
 
 
 # ---- the tuned lens ----------------------------------------------------------------------------
@@ -254,13 +263,14 @@ def load_translators(path, model) -> dict[int, tuple[np.ndarray, np.ndarray]]:
 def save_translators(path, translators) -> Path:
     """Write {layer: (W, b)} to one safetensors file, keys ``layer_translators.{L}.weight``/``.bias``
     (float32 or float64 as given); ``TunedLens.save`` writes the package's directory instead."""
-    from safetensors.numpy import save_file
-
     tensors = {}
     for L, (A, b) in sorted(translators.items()):
-        tensors[f"layer_translators.{L}.weight"] = np.ascontiguousarray(A)
-        tensors[f"layer_translators.{L}.bias"] = np.ascontiguousarray(b)
-    return write_atomically(path, lambda tmp: save_file(tensors, str(tmp)))
+        tensors[f"layer_translators.{L}.weight"] = np.asarray(A)
+        tensors[f"layer_translators.{L}.bias"] = np.asarray(b)
+    with SafetensorsWriter(path, {name: (a.dtype, a.shape) for name, a in tensors.items()}) as out:
+        for name, a in tensors.items():
+            out.write(name, a)
+    return out.path
 
 
 def _checked_translators(translators, model, where):

@@ -24,6 +24,7 @@ from ..files.checkpoint import load
 from ..dtypes import COMPUTE_DTYPES
 from ..files.default_model import default_model_path, is_untrained
 from ..errors import RefGPTError
+from ._output import shown
 
 
 def _add_model(p):
@@ -42,13 +43,15 @@ def _add_json(p):
     p.add_argument("--json", action="store_true", help="print JSON instead of a table, for scripts")
 
 
-def add_text_arguments(p, optional: bool = False):
-    """TEXT and --bos, as every text-reading subcommand takes them."""
-    p.add_argument("text", metavar="TEXT", nargs="?" if optional else None,
-                   help="the text to run (put -- before TEXT if it starts with -)")
+def add_text_arguments(p, optional: bool | None = False):
+    """TEXT and --bos, as every text-reading subcommand takes them (``optional`` None: --bos alone,
+    for a subcommand whose texts come from a file, ``refgpt sweep``)."""
+    if optional is not None:
+        p.add_argument("text", metavar="TEXT", nargs="?" if optional else None,
+                       help="the text to run (put -- before TEXT if it starts with -)")
     p.add_argument("--bos", action="store_true", help="put <|endoftext|> before the text, as GPT-2 saw "
                    "documents start in training and as the Python API's model(TEXT) does by default "
-                   "(needed to run on empty TEXT)")
+                   + ("(needed to run on empty TEXT)" if optional is not None else "(before each text prompt)"))
 
 
 #: option → (how a subcommand that uses it adds it, whether it takes a value, why one that does
@@ -73,9 +76,10 @@ class _Refused(argparse.Action):
 
 
 def add_subcommand(subparsers, name, run, *, uses, help, description, examples, optional_text=False):
-    """The parser of ``refgpt NAME``: the shared options it ``uses`` (``"--bos"`` brings TEXT), the
-    others refused, its description, and ``examples`` (command lines, each runnable as printed on
-    the embedded model; tests/cli/test_help_examples.py runs every one) as the epilog."""
+    """The parser of ``refgpt NAME``: the shared options it ``uses`` (``"--bos"`` brings TEXT, or with
+    ``optional_text=None`` no TEXT: the texts come from a file), the others refused, its description,
+    and ``examples`` (command lines, each runnable as printed on the embedded model;
+    tests/cli/test_help_examples.py runs every one) as the epilog."""
     unknown = set(uses) - set(SHARED)
     if unknown:
         raise ValueError(f"refgpt {name}: no shared option {sorted(unknown)}")
@@ -124,14 +128,14 @@ def text_line(args, tokens) -> str:
     first (the CLI's default is no, the Python API's model(TEXT) is yes, as TransformerLens's)."""
     n = len(tokens)
     bos = " (<|endoftext|> first)" if args.bos else " (no <|endoftext|> first: --bos adds it)"
-    return f"text:  {args.text!r} = {n} token{'s' if n != 1 else ''}{bos}"
+    return f"text:  {shown(args.text)} = {n} token{'s' if n != 1 else ''}{bos}"
 
 
 def token_text(model, token_id) -> str:
     """One token as the tables show it: repr() of its text, or of its bytes if they are not whole UTF-8."""
     raw = model.tokenizer.decode_bytes([int(token_id)])
     try:
-        return repr(raw.decode("utf-8"))
+        return shown(raw.decode("utf-8"))
     except UnicodeDecodeError:  # one byte of a multi-byte character, e.g. b'\xe2'
         return repr(raw)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from ._arguments import count, non_negative_float, positive_int
 from ._chosen_model import add_subcommand, load_chosen, print_json, token_json, tokens_of, untrained_note
+from ._output import escaped
 
 USES = ("--model", "--dtype", "--json", "--bos")
 
@@ -50,5 +51,5 @@ def run(args) -> int:
                                   "new_tokens": [token_json(model, t) for t in new],
                                   "temperature": args.temperature, "top_k": args.top_k, "seed": seed})
     note = untrained_note(model)
-    print("\n".join([*([note, ""] if note else []), model.to_string(out)]))
+    print("\n".join([*([note, ""] if note else []), escaped(model.to_string(out))]))
     return 0

@@ -25,6 +25,7 @@ import numpy as np
 from ..errors import RefGPTError
 from ..oracle import golden
 from ._chosen_model import add_subcommand, load_chosen, print_json, tokens_of, untrained_note
+from ._output import shown
 
 
 USES = ("--model", "--dtype", "--json", "--bos")
@@ -158,7 +159,7 @@ def _decoded(tok, tokens):
         return None
     first = np.asarray(tokens).reshape(-1, np.asarray(tokens).shape[-1])[0]
     text = tok.decode_bytes(first[:40]).decode("utf-8", errors="replace")
-    return f"text of the first row (llm.c tokenizer): {text!r}{' …' if len(first) > 40 else ''}"
+    return f"text of the first row (llm.c tokenizer): {shown(text)}{' …' if len(first) > 40 else ''}"
 
 
 def _shape(args):
@@ -190,7 +191,7 @@ def read_tokens(path, dtype=None, shape=None, cfg=None):
         raise RefGPTError(f"{path}: --tokens-shape B,T is for raw ids (--tokens-dtype) and llm.c data shards; "
                           f"this file's ids come in the shape it holds")
     if magic == llmc.STATE_MAGIC:
-        s = llmc.read_debug_state(path, cfg.d_vocab)
+        s = llmc.read_debug_state(path, cfg.d_vocab, cfg)
         return s.x, s.y, f"x [B, T] = {list(s.x.shape)} and its targets y of llm.c's debug state {path}"
     if magic == llmc_dump.DUMP_MAGIC:
         d = llmc_dump.read_dump(path, cfg)

@@ -17,6 +17,7 @@ import numpy as np
 
 from ..gpt2.activations import softmax
 from ..analysis.interventions import steering_vector
+from ._output import shown
 from ..analysis.measurements import injection_ratio, kl_divergence, norm
 from ._arguments import count, finite_float
 from ._chosen_model import add_subcommand, header, load_chosen, print_json, token_json, token_text, tokens_of
@@ -101,7 +102,7 @@ def run(args) -> int:
                   f"{ratio[sv.layer, j]:.6g}", f"{ratio[-1, j]:.6g}"] for j in range(m)]
     print("\n".join([
         *header(model, args, tokens),
-        f"steering: {args.coeff:g}·(resid({args.plus!r}) − resid({args.minus!r})) into blocks.{sv.layer}.hook_resid_pre, "
+        f"steering: {args.coeff:g}·(resid({shown(args.plus)}) − resid({shown(args.minus)})) into blocks.{sv.layer}.hook_resid_pre, "
         f"positions 0..{m - 1}",
         "",
         table(["pos", "token", "clean top", "p", "steered top", "p", "KL(steered‖clean)"], rows, align="><<><>>"),
@@ -120,4 +121,4 @@ def _generations_side_by_side(model, unsteered, steered) -> list[str]:
             for i, (a, b) in enumerate(zip(unsteered, steered, strict=True))]
     return ["", f"greedy continuation, {len(steered)} tokens:",
             table(["step", "unsteered", "steered", ""], rows, align="><<<"), "",
-            f"unsteered: {model.to_string(unsteered)!r}", f"steered:   {model.to_string(steered)!r}"]
+            f"unsteered: {shown(model.to_string(unsteered))}", f"steered:   {shown(model.to_string(steered))}"]

@@ -39,7 +39,6 @@ killed writer leaves the old pair or an old config.json beside new translators o
 from __future__ import annotations
 
 import hashlib
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,8 +46,8 @@ import numpy as np
 
 from .. import strict_json
 from ..errors import RefGPTError, as_path
-from .atomic_write import write_atomically
-from .torch_zip import read_state_dict, write_state_dict
+from .atomic_write import refuse_temporary, write_directory_atomically
+from .torch_zip import read_state_dict, state_dict_bytes
 
 #: config.json's fields, in the order TunedLensConfig declares them (and the package writes them).
 CONFIG_FIELDS = ("base_model_name_or_path", "d_model", "num_hidden_layers", "bias", "base_model_revision",
@@ -92,6 +91,7 @@ def unembed_hash(W_U) -> str:
 def read_lens(path) -> LensFiles:
     """A lens directory (config.json + params.pt or params.safetensors) or a bare translator file."""
     path = as_path(path, "lens")
+    refuse_temporary(path)
     if path.is_dir():
         config_path = path / "config.json"
         if not config_path.is_file():
@@ -263,10 +263,16 @@ def lens_config(d_model: int, num_hidden_layers: int, base_model: str, unembed: 
     return config
 
 
-def write_lens(directory, translators: dict, config: dict, safetensors: bool = False) -> Path:
+def write_lens(directory, translators: dict, config: dict, safetensors: bool = False,
+               training_log: str | None = None) -> Path:
     """Write a lens directory the tuned-lens package loads: params.pt (``{i}.weight``, ``{i}.bias``,
-    in the arrays' dtype), then config.json. ``safetensors=True`` writes params.safetensors instead
-    (which refgpt reads and the package does not). The directory is created if need be."""
+    in the arrays' dtype) and config.json. ``safetensors=True`` writes params.safetensors instead
+    (which refgpt reads and the package does not); ``training_log`` (text) is training_log.json.
+
+    The directory is written as one unit (refgpt.files.atomic_write.write_directory_atomically):
+    a kill, a full disk or a second writer leaves the old lens or the new one, never a new
+    params.pt beside an old config.json. Other files already in the directory are kept, except an
+    old training_log.json, which would describe another lens."""
     directory = as_path(directory, "lens directory")
     if directory.exists() and not directory.is_dir():
         raise RefGPTError(f"{directory}: exists and is not a directory")
@@ -278,20 +284,22 @@ def write_lens(directory, translators: dict, config: dict, safetensors: bool = F
     for i in range(n):
         W, b = (np.asarray(a) for a in translators[i])
         tensors[f"{i}.weight"], tensors[f"{i}.bias"] = W, b
-    try:
-        os.makedirs(directory, exist_ok=True)
-    except OSError as error:
-        raise RefGPTError(f"{directory}: cannot create ({error.strerror or error})") from None
     other = directory / PARAMS_FILES[0 if safetensors else 1]
     if other.exists():
         raise RefGPTError(f"{other}: already there; a lens directory holds one params file (remove it first)")
-    if safetensors:
-        from safetensors.numpy import save_file
-
-        contiguous = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
-        write_atomically(directory / "params.safetensors", lambda tmp: save_file(contiguous, str(tmp)))
-    else:
-        write_state_dict(directory / "params.pt", tensors)
     text = strict_json.dumps(config)
-    write_atomically(directory / "config.json", lambda tmp: tmp.write_text(text, encoding="utf-8"))
-    return directory
+    blob = None if safetensors else state_dict_bytes(tensors, archive="params")  # refusals before any write
+
+    def fill(staging: Path):
+        if safetensors:
+            from safetensors.numpy import save_file
+
+            save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(staging / "params.safetensors"))
+        else:
+            (staging / "params.pt").write_bytes(blob)
+        (staging / "config.json").write_text(text, encoding="utf-8")
+        if training_log is not None:
+            (staging / "training_log.json").write_text(training_log, encoding="utf-8")
+
+    owned = {"config.json", "training_log.json", *PARAMS_FILES}
+    return write_directory_atomically(directory, fill, owned=owned.__contains__, what="lens")

@@ -115,18 +115,13 @@ class TrainedLens:
     def save(self, directory, base_model: str | None = None, log: bool = True, dtype=None):
         """config.json + params.pt (the package's format), and training_log.json (``record``).
         ``dtype`` ("float32") stores the translators rounded to it; default: as trained."""
-        from ..files.atomic_write import write_atomically
-
         d = next(iter(self.translators.values()))[0].shape[0]
         config = lens_config(d, len(self.translators), base_model or self.model_source, self.unembed_hash,
                              stream=self.settings.stream)
         stored = self.translators if dtype is None else {
             i: tuple(np.asarray(a, dtype=compute_dtype(dtype)) for a in t) for i, t in self.translators.items()}
-        path = write_lens(directory, stored, config)
-        if log:
-            text = json.dumps({"settings": asdict(self.settings), **self.record}, indent=1) + "\n"
-            write_atomically(path / "training_log.json", lambda tmp: tmp.write_text(text, encoding="utf-8"))
-        return path
+        text = json.dumps({"settings": asdict(self.settings), **self.record}, indent=1) + "\n" if log else None
+        return write_lens(directory, stored, config, training_log=text)  # one unit: lens and its log
 
 
 # ---- data ---------------------------------------------------------------------------------------

@@ -30,6 +30,8 @@ BASE = {
     "compare": ["compare", GOLDEN, GOLDEN],
     "steer": ["steer", "To be", "--plus", "a", "--minus", "b", "--layer", "1"],
     "lens": ["lens", "To be"],
+    "explore": ["explore", "To be", "-o", "page.html"],
+    "sweep": ["sweep", "prompts.txt", "--task", "loss", "--workers", "0", "-o", "{out}"],
     "download": ["download", "gpt2"],
 }
 #: A value for each shared option that takes one: what a subcommand must refuse, or use.
@@ -46,10 +48,24 @@ def golden_file(refgpt_cli, tmp_path_factory):
 
 @pytest.fixture
 def work(golden_file, tmp_path, monkeypatch, hf_env):
-    """A directory of the test's own holding GOLDEN (a link to one made once), the hub unreachable (hf_env)."""
+    """A directory of the test's own holding GOLDEN (a link to one made once) and a one-prompt
+    corpus, the hub unreachable (hf_env)."""
     (tmp_path / GOLDEN).symlink_to(golden_file)
+    (tmp_path / "prompts.txt").write_text("To be\n")
     monkeypatch.chdir(tmp_path)
     return tmp_path
+
+
+class Fresh:
+    """``refgpt_cli`` with each "{out}" in a command line made a new directory: a sweep's OUT belongs
+    to one sweep, and each run here is another (another dtype, --bos)."""
+
+    def __init__(self, cli):
+        self.cli, self.n = cli, 0
+
+    def in_process(self, *argv):
+        self.n += 1
+        return self.cli.in_process(*(f"out{self.n}" if a == "{out}" else a for a in argv))
 
 
 def test_every_subcommand_has_a_base_command_line_and_declares_only_shared_options():
@@ -61,7 +77,7 @@ def test_every_subcommand_has_a_base_command_line_and_declares_only_shared_optio
 @pytest.mark.parametrize("option", sorted(SHARED))
 @pytest.mark.parametrize("name", sorted(NAMES))
 def test_a_shared_option_is_used_or_refused(refgpt_cli, work, name, option):
-    base = BASE[name]
+    refgpt_cli, base = Fresh(refgpt_cli), BASE[name]
     if option not in NAMES[name].USES:
         status, out, err = refgpt_cli.in_process(*base, *REFUSED[option])
         assert status == 2 and out == "", (name, option, err)
@@ -91,8 +107,10 @@ def json_flag(name) -> list[str]:
 
 
 def n_tokens(out: str) -> int:
-    """How many tokens a --json answer says the model ran on."""
+    """How many tokens a --json answer says the model ran on (a one-prompt loss sweep: its targets + 1)."""
     answer = json.loads(out)
+    if "summary" in answer:
+        return answer["summary"]["result"]["targets"] + 1
     return len(answer["tokens"]) if "tokens" in answer else answer["tokens_shape"][-1]
 
 
