@@ -256,8 +256,13 @@ class TunedLens:
 
 def load_translators(path, model) -> dict[int, tuple[np.ndarray, np.ndarray]]:
     """{layer: (W [d_model, d_model], b [d_model])} from any lens directory or translator file
-    (``TunedLens.load``), in the model's dtype."""
-    return TunedLens.load(model, path).translators
+    (``TunedLens.load``), in the model's dtype. Bare translators say nothing of the stream they
+    read, so a lens trained at resid_mid is refused here (``TunedLens.load`` keeps its stream)."""
+    lens = TunedLens.load(model, path)
+    if lens.stream != "resid_pre":
+        raise RefGPTError(f"{lens.source}: a lens read at {lens.stream}; load_translators gives translators of the "
+                          "streams entering each block (resid_pre): use TunedLens.load, which keeps its stream")
+    return lens.translators
 
 
 def save_translators(path, translators) -> Path:
