@@ -113,7 +113,7 @@ def explore(model, text, *, target=None, prepend_bos=None, layers=None, heads=No
         "lens": {"streams": stream_labels(cfg.n_layers),
                  "logit": _lens(model, streams(cache)[:, 0], logits, target_id),
                  "tuned": None if tuned_lens is None else
-                 _lens(model, _translated(streams(cache)[:, 0], tuned_lens.translators), logits, target_id),
+                 _lens(model, _translated(streams(cache)[:, 0], tuned_lens), logits, target_id),
                  "tuned_source": None if tuned_lens is None else _lens_source(tuned_lens)},
         "attribution": _attribution(cache, logits, target_id),
         "steering": None if steering is None else _steering(model, tokens, steering, target_id),
@@ -230,10 +230,9 @@ def _lens_source(lens) -> str:
     return "shipped" if Path(lens.source).resolve() == Path(default_lens_path()).resolve() else str(lens.source)
 
 
-def _translated(x, translators):
-    """Each stream but the last moved by its translator: h + h·Aᵀ + b; [stream, pos, d_model]."""
-    moved = [x[L] + x[L] @ A.T + b for L, (A, b) in sorted(translators.items())]
-    return np.stack(moved + [x[-1]])
+def _translated(x, lens):
+    """Each stream but the last moved by its translator (TunedLens.translate: h + h·Wᵀ + b); [stream, pos, d_model]."""
+    return np.stack([lens.translate(x[M], M) for M in range(len(x) - 1)] + [x[-1]])
 
 
 def _attribution(cache, logits, target_id):
