@@ -31,8 +31,7 @@ EXAMPLES = (
     'refgpt explore "To be, or not to" -o page.html',
     'refgpt explore "To be, or not to" --target " be" --bos -o page.html',
     'refgpt explore "I hate you because" --plus "Love" --minus "Hate" --layer 2 --coeff 1 --coeff 5 --coeff 50 --bos -o steer.html',
-    'refgpt explore "My lord, I" --layers 0,3 --heads 0-1 -o some_heads.html',
-    'refgpt explore "My lord, I" --lens lens-dir -o lens_page.html     # a lens directory, as the tuned-lens package writes it',
+    'refgpt explore "My lord, I" --layers 0,3 --heads 0-1 --lens lens-dir -o some_heads.html     # a tuned-lens package directory',
 )
 
 
