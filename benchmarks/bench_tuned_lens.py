@@ -113,8 +113,10 @@ def run(steps=100, tokens_per_step=2048, held_out=200, micro_batch=8, sdist=None
         m = machine()
         answer["machine"] = m
         RESULTS_JSON.write_text(json.dumps(answer, indent=1) + "\n")
+        options = "" if (steps, tokens_per_step, held_out, micro_batch) == (100, 2048, 200, 8) else (
+            f" --steps {steps} --tokens-per-step {tokens_per_step} --held-out {held_out} --micro-batch {micro_batch}")
         update_section("tuned-lens", f"## Issue 26: tuned lens, refgpt against the tuned-lens package\n\n"
-                                     f"`python benchmarks/bench_tuned_lens.py`, {describe(m)}.\n\n{table}")
+                                     f"`python benchmarks/bench_tuned_lens.py{options}`, {describe(m)}.\n\n{table}")
     return answer
 
 
