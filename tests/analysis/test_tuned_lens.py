@@ -15,7 +15,7 @@ import pytest
 
 from random_models import random_params
 from refgpt import Config, Model, RefGPTError
-from refgpt.analysis.lens import TunedLens, evaluate_lenses, logit_lens, tuned_lens
+from refgpt.analysis.lens import TunedLens, evaluate_lenses, load_translators, logit_lens, tuned_lens
 from refgpt.files.lens_directory import unembed_hash
 from refgpt.gpt2.activations import log_softmax
 from refgpt.gpt2.layernorm import layer_norm
@@ -179,6 +179,8 @@ def test_a_resid_mid_lens_reads_the_stream_between_attention_and_mlp(model, tmp_
                                     stream="resid_mid")(cache).logits, mid_logit.logits)
     lens.save(tmp_path / "mid")
     assert TunedLens.load(model, tmp_path / "mid").stream == "resid_mid"
+    with pytest.raises(RefGPTError, match="a lens read at resid_mid; load_translators"):  # bare translators
+        load_translators(tmp_path / "mid", model)  # cannot say their stream: never applied at resid_pre
 
 
 def test_a_lens_for_another_shape_or_the_shipped_lens_elsewhere_is_refused(model, tmp_path):
