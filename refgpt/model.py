@@ -13,7 +13,10 @@ the second means every block sees the stream's direction, not its size. refgpt's
 
 This is the fast, hookable copy; GPT-2 written plainly, the specification it is tested against, is
 refgpt/gpt2/plain.py. Computation is in float64 by default, or float32 on request, end to end: no
-intermediate is ever promoted or demoted. Every hook point is named as in TransformerLens.
+intermediate is ever promoted or demoted. Every hook point is named as in TransformerLens. The
+elementwise work runs by blocks of rows on the BLAS's threads (refgpt/threads.py), what no hook or
+cache watches is written into scratch buffers reused from block to block and pass to pass, and
+what a pass hands out lives on recycled memory (refgpt/memory.py; docs/performance.md).
 
 Read top-down: the Model and GPT-2 itself (``run_gpt2``: embed, blocks, unembed); then
 TransformerLens's way in and out (``__call__``/``forward``, ``run_with_cache``, …); then the
@@ -33,7 +36,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import non_finite, threads
+from . import memory, non_finite, threads
 from .backward import loss_and_grads
 from .dtypes import compute_dtype
 from .errors import RefGPTError, RefGPTTypeError
@@ -45,7 +48,7 @@ from .gpt2.layernorm import layer_norm
 from .gpt2.loss import lm_cross_entropy_loss
 from .gpt2.mlp import mlp
 from .gpt2.params import block_layout, bytes_held, checked_params
-from .gpt2.scratch import Scratch, buffer
+from .memory import Scratch, buffer
 from .tl import hook_points, inputs
 from .tl.cache import ActivationCache
 from .tl.circuits import CircuitMethods
@@ -88,7 +91,7 @@ class Model(TextMethods, HookRegistry, CircuitMethods):
         self._blocks = [block_layout(self.params, cfg, L) for L in range(cfg.n_layers)]
         self.hook_dict = {name: HookPoint(name) for name in hook_points.hook_names(cfg.n_layers, switches="all")}
         self._act = ACTIVATIONS[cfg.act_fn]
-        self._scratch = [Scratch()]  # the passes' scratch buffers, taken by one pass at a time (refgpt/gpt2/scratch.py)
+        self._scratch = [Scratch()]  # the passes' scratch buffers, taken by one pass at a time (refgpt/memory.py)
 
     # ---- GPT-2 itself, on checked tokens -------------------------------------------------------
 
@@ -177,7 +180,7 @@ class Model(TextMethods, HookRegistry, CircuitMethods):
                            out=buffer(run_hooks, "ln_out", resid.shape, resid.dtype))  # [batch, pos, d_model]
         if last_only:
             final = final[:, -1:]  # [batch, 1, d_model]
-        logits = final @ p["unembed.W_U"]  # [batch, pos, d_vocab]
+        logits = np.matmul(final, p["unembed.W_U"], out=memory.empty((*final.shape[:-1], self.cfg.d_vocab), final.dtype))  # [batch, pos, d_vocab], on recycled memory
         if "unembed.b_U" in p:
             logits += p["unembed.b_U"]  # [batch, pos, d_vocab]
         return logits
@@ -228,8 +231,9 @@ class Model(TextMethods, HookRegistry, CircuitMethods):
         positions = None if padding is None else padding.hook_positions()
         scratch = self._take_scratch()
         try:
-            run = HookRun(self.hook_dict, cache_names, start=start, positions=positions, scratch=scratch)
-            logits = self.run_gpt2(tokens, run, past, last_only, padding, start_at_layer, stop_at_layer, resid)
+            with memory.passing():
+                run = HookRun(self.hook_dict, cache_names, start=start, positions=positions, scratch=scratch)
+                logits = self.run_gpt2(tokens, run, past, last_only, padding, start_at_layer, stop_at_layer, resid)
         finally:
             if scratch is not None:
                 self._scratch.append(scratch)
@@ -306,7 +310,7 @@ class Model(TextMethods, HookRegistry, CircuitMethods):
             return None
 
     def release_scratch(self) -> int:
-        """Let go of the scratch buffers the last passes kept for the next (refgpt/gpt2/scratch.py);
+        """Let go of the scratch buffers the last passes kept for the next (refgpt/memory.py);
         returns the bytes they held. The next pass makes new ones."""
         scratch = self._take_scratch()
         if scratch is None:

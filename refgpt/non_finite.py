@@ -1,25 +1,35 @@
 """The non-finite guard: a forward pass never returns NaN or ±∞ from finite input without saying where.
 
-After every pass the Model sums its output once (a NaN or ∞ anywhere makes the sum non-finite;
-benchmarks/bench_guards.py measures the cost: ≤ 0.5 % of a forward). Only when that sum is not
-finite does ``raise_at_first_non_finite`` run the same pass again with every hook point checked
-after its hooks, and raise a RefGPTError naming the first hook point, index and value that is not
-finite (the −∞ of the causal mask in the attention scores is expected). A finite sum whose terms
-are finite but overflowed is told apart by that second pass too: it then names the output itself.
+After every pass the Model sums its output once, block of rows by block of rows on the BLAS's
+threads (a NaN or ∞ anywhere makes its block's sum non-finite; benchmarks/bench_guards.py measures
+the cost: ≤ 0.5 % of a forward). Only when a sum is not finite does ``raise_at_first_non_finite``
+run the same pass again with every hook point checked after its hooks, and raise a RefGPTError
+naming the first hook point, index and value that is not finite (the −∞ of the causal mask in the
+attention scores is expected). A finite sum whose terms are finite but overflowed is told apart by
+that second pass too: it then names the output itself.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from . import threads
 from .errors import RefGPTError
 from .tl.hooks import HookRun
 
 
 def output_is_finite(output) -> bool:
-    """One pass over the output: is every element finite? (A sum that overflows says no too.)"""
-    with np.errstate(over="ignore", invalid="ignore"):
-        return bool(np.isfinite(np.add.reduce(output, axis=None)))
+    """One pass over the output: is every element finite? Each block of rows is summed (on the
+    threads, refgpt/threads.py): a NaN or ∞ anywhere makes its block's sum non-finite (a block sum
+    that overflows says no too, and the second pass then finds nothing to name)."""
+    rows = threads.rows(np.asarray(output))  # [batch·pos, d_vocab] (a copy if not C-contiguous)
+
+    def block_sum(a, b):
+        with np.errstate(over="ignore", invalid="ignore"):
+            return np.add.reduce(rows[a:b], axis=None)
+
+    blocks = threads.row_blocks(len(rows), rows.shape[-1] * rows.itemsize)
+    return bool(np.isfinite(threads.map_blocks(block_sum, blocks, rows.nbytes)).all())
 
 
 def raise_at_first_non_finite(model, tokens, past, start, last_only, padding, start_at_layer=None,

@@ -148,6 +148,7 @@ def _threads_from_environment() -> int:
     return 1
 
 
+@functools.lru_cache(maxsize=1)
 def _cpus() -> int:
     try:
         return len(os.sched_getaffinity(0))
@@ -170,9 +171,10 @@ def map_blocks(fn, blocks, total_bytes: int) -> list:
     blocks spread over ``count()`` threads (contiguous runs of blocks, the first on the caller's
     thread) when ``total_bytes`` of work is worth it. Results in block order; the first failing
     block's exception is raised after every block has finished."""
-    tuning = _tuning.get()
+    if len(blocks) < 2 or total_bytes < _tuning.get().parallel_bytes:
+        return [fn(*block) for block in blocks]
     threads = min(count(), len(blocks))
-    if threads <= 1 or total_bytes < tuning.parallel_bytes:
+    if threads == 1:
         return [fn(*block) for block in blocks]
     cuts = [len(blocks) * k // threads for k in range(threads + 1)]
     runs = [blocks[cuts[k]:cuts[k + 1]] for k in range(threads)]

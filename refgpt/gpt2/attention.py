@@ -26,7 +26,8 @@ import numpy as np
 
 from .activations import softmax
 from .linear import affine
-from .scratch import buffer
+from .. import memory
+from ..memory import buffer
 
 
 def attention(x, w, n_heads, score_scale, run_hooks, past=None, score_mask=None, per_head_result=False, out=None):
@@ -44,7 +45,7 @@ def attention(x, w, n_heads, score_scale, run_hooks, past=None, score_mask=None,
     TransformerLens's use_attn_in / use_split_qkv_input, head h's q read from x_q[:, :, h].
     ``out``: the [batch, pos, d_model] array to write the result into (default: a new one). What no
     hook point shows (the heads' copies; q|k|v and z when unwatched) goes into the pass's scratch
-    buffers (``run_hooks.buffer``, refgpt/gpt2/scratch.py)."""
+    buffers (``run_hooks.buffer``, refgpt/memory.py)."""
     if isinstance(x, tuple):
         x_q, x_k, x_v = x  # [batch, pos, head, d_model] each
         batch, pos = x_q.shape[:2]
@@ -163,8 +164,8 @@ def attend(qh, kh, vh, run_hooks, score_mask=None, rows=64, out=None):
     padded = score_mask is not None
     blocks = [(i, start + min(i + rows, pos)) for i in range(0, pos, rows)]  # queries i … i + rows − 1 see keys < seen
     square = (batch, heads, pos, keys)
-    scores = np.empty(square, qh.dtype) if run_hooks.watched("hook_attn_scores") else None  # [batch, head, query, key]
-    pattern = np.zeros(square, qh.dtype) if run_hooks.watched("hook_pattern") else None  # [batch, head, query, key]
+    scores = memory.empty(square, qh.dtype) if run_hooks.watched("hook_attn_scores") else None  # [batch, head, query, key]
+    pattern = memory.empty(square, qh.dtype) if run_hooks.watched("hook_pattern") else None  # [batch, head, query, key]
     edited_scores, edited_pattern = run_hooks.hooked("hook_attn_scores"), run_hooks.hooked("hook_pattern")
     zh = np.empty_like(qh) if out is None else out  # [batch, head, query, d_head]
 
@@ -172,6 +173,7 @@ def attend(qh, kh, vh, run_hooks, score_mask=None, rows=64, out=None):
         """The block's pattern [batch, head, rows, seen or key] into the full pattern, and ·v."""
         if pattern is not None:
             pattern[:, :, i:i + rows, :probabilities.shape[-1]] = probabilities  # [batch, head, rows, ·]
+            pattern[:, :, i:i + rows, probabilities.shape[-1]:] = 0.0  # the masked keys
         if not edited_pattern:
             zh[:, :, i:i + rows] = probabilities @ vh[:, :, :probabilities.shape[-1]]  # [batch, head, rows, d_head]
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import threads
+from .. import memory, threads
 
 
 def _identity(name, array):
@@ -79,7 +79,7 @@ def _blocked(x, w, b, eps, run_hooks, out):
     x_rows, o_rows = x.reshape(-1, n), out.reshape(-1, n)  # [rows, d_model] (x_rows a copy if x is not C-contiguous)
     mean = np.empty((*x.shape[:-1], 1), x.dtype)  # [batch, pos, 1]
     scale = np.empty((*x.shape[:-1], 1), x.dtype)  # [batch, pos, 1]
-    normalized = np.empty(x.shape, x.dtype) if watched("hook_normalized") else None  # [batch, pos, d_model], for the cache
+    normalized = memory.empty(x.shape, x.dtype) if watched("hook_normalized") else None  # [batch, pos, d_model], for the cache
     m_rows, s_rows = mean.reshape(-1, 1), scale.reshape(-1, 1)  # [rows, 1]
     n_rows = None if normalized is None else normalized.reshape(-1, n)  # [rows, d_model]
 

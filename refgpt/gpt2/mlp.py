@@ -17,13 +17,13 @@ import functools
 import inspect
 
 from .linear import affine
-from .scratch import buffer
+from ..memory import buffer
 
 
 def mlp(x, w, act, run_hooks, out=None):
     """One block's MLP. ``w``: W_in, b_in, W_out, b_out; ``run_hooks(name, a)`` runs the hooks at a hook point.
     ``out``: the [batch, pos, d_model] array to write the result into (default: a new one). pre and
-    post go into the pass's scratch buffers when unwatched (refgpt/gpt2/scratch.py); ``act`` writes
+    post go into the pass's scratch buffers when unwatched (refgpt/memory.py); ``act`` writes
     into one if it takes ``out=`` (activations.gelu_new)."""
     shape = (*x.shape[:-1], w["W_in"].shape[-1])  # [batch, pos, d_mlp]
     pre = affine(x, w["W_in"], w["b_in"], out=buffer(run_hooks, "pre", shape, x.dtype, "hook_pre"))

@@ -47,7 +47,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import hook_points
-from ..gpt2.scratch import Scratch
+from .. import memory
+from ..memory import Scratch
 from ..errors import RefGPTError, RefGPTTypeError
 
 Hook = Callable[[np.ndarray, "HookPoint"], "np.ndarray | None"]
@@ -167,11 +168,13 @@ class HookRun:
         self.hooks: dict[str, list[Hook]] = {name: [h.hook for h in hp.fwd_hooks] for name, hp in self.points.items()}
         self.cache_names = set(cache_names)
         self.cache: dict[str, np.ndarray] = {}
-        self.scratch = scratch  # buffers for what nobody watches (refgpt/gpt2/scratch.py); None: new arrays
+        self.scratch = scratch  # buffers for what nobody watches (refgpt/memory.py); None: new arrays
 
     def __call__(self, name: str, activation: np.ndarray) -> np.ndarray:
         if self.scratch is not None and self.watched(name) and self.scratch.holds(activation):
-            activation = activation.copy()  # a hook or the cache may keep it: never a buffer the pass reuses
+            kept = memory.empty(activation.shape, activation.dtype)  # a hook or the cache may keep it: never a
+            np.copyto(kept, activation)  # buffer the pass reuses
+            activation = kept
         for fn in self.hooks.get(name, ()):
             hook = self.points[name]
             hook.start, hook.positions = self.start, self.positions  # set before each hook: a hook may run a pass of its own
@@ -193,14 +196,18 @@ class HookRun:
     def buffer(self, key: str, shape, dtype, *names) -> np.ndarray:
         """An array to write a value into: the pass's scratch buffer ``key``, reused between layers
         and passes, when no hook and no cache watches any of the hook points ``names`` (a value that
-        is no hook point: none given); else a new one (refgpt/gpt2/scratch.py)."""
+        is no hook point: none given); else a new one (refgpt/memory.py)."""
         if self.scratch is None or any(map(self.watched, names)):
-            return np.empty(shape, dtype)
+            return memory.empty(shape, dtype)  # a hook or the cache may keep it: recycled memory
         return self.scratch.take(key, shape, dtype)
 
     def handed_out(self, array: np.ndarray) -> np.ndarray:
         """``array``, or a copy of it if it is scratch: what the pass returns to its caller."""
-        return array.copy() if self.scratch is not None and self.scratch.holds(array) else array
+        if self.scratch is None or not self.scratch.holds(array):
+            return array
+        kept = memory.empty(array.shape, array.dtype)
+        np.copyto(kept, array)
+        return kept
 
     def scope(self, prefix: str) -> "Scope":
         return Scope(self, prefix)

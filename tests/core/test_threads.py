@@ -1,5 +1,4 @@
-"""Issue 30: the elementwise work on as many threads as the BLAS uses (refgpt/threads.py), and the
-pass's scratch buffers (refgpt/gpt2/scratch.py).
+"""Issue 30: the elementwise work on as many threads as the BLAS uses (refgpt/threads.py).
 
 - How many threads: the BLAS's own count, read from the library NumPy loaded, so
   ``OMP_NUM_THREADS=1`` / ``OPENBLAS_NUM_THREADS=1`` mean one (subprocesses: the BLAS reads them
@@ -7,9 +6,7 @@ pass's scratch buffers (refgpt/gpt2/scratch.py).
 - Bit for bit: model(), run_with_cache, loss_and_grads and compare on 1 thread and on 3 (more than
   the cores: blocks really are handed over), with blocks of a few rows so that a small model's
   arrays split into many; and blocked ops equal the whole-array formulas (each row on its own).
-- Scratch: what the pass reuses never reaches the user (logits, caches, a stream returned with
-  stop_at_layer stay as they were after the next pass), a hook running a pass inside a pass and
-  two threads running passes at once compute what one pass alone computes.
+(The scratch buffers and recycled memory: tests/core/test_memory.py.)
 """
 
 from __future__ import annotations
@@ -25,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from random_models import random_model
+from random_models import random_model, random_tokens
 from refgpt import Config, threads
 from refgpt.gpt2 import activations
 from refgpt.gpt2.layernorm import layer_norm
@@ -41,10 +38,6 @@ SPLIT = dict(block_bytes=64, parallel_bytes=0)
 @pytest.fixture(scope="module", params=["float64", "float32"])
 def model(request):
     return random_model(CFG, seed=30, dtype=request.param, scale=1.0)
-
-
-def tokens_of(pos, batch=2, seed=0):
-    return np.random.default_rng(seed).integers(0, CFG.d_vocab, (batch, pos))
 
 
 # ---- how many threads --------------------------------------------------------------------------
@@ -155,7 +148,7 @@ def _both(fn):
 
 
 def test_forward_and_cache_are_the_same_on_any_number_of_threads(model):
-    tokens = tokens_of(70)
+    tokens = random_tokens(CFG, 70)
     with threads.limit(1):  # the default blocks, mostly one per array: the whole-array numbers
         whole, whole_cache = model(tokens), model.run_with_cache(tokens)[1].cache_dict
     (one, one_cache), (many, many_cache) = _both(lambda: (model(tokens), model.run_with_cache(tokens)[1].cache_dict))
@@ -168,14 +161,14 @@ def test_forward_and_cache_are_the_same_on_any_number_of_threads(model):
 
 
 def test_loss_and_grads_are_the_same_on_any_number_of_threads(model):
-    tokens = tokens_of(33)
+    tokens = random_tokens(CFG, 33)
     one, many = _both(lambda: dataclasses.asdict(model.loss_and_grads(tokens)))
     _same(one, many)
 
 
 def test_compare_is_the_same_on_any_number_of_threads(monkeypatch):
     reference = random_model(CFG, seed=31)
-    tokens = tokens_of(40, batch=1)
+    tokens = random_tokens(CFG, 40, batch=1)
     ref = golden.compute(reference, tokens)
     params = dict(reference.params)
     params["blocks.1.mlp.b_in"] = params["blocks.1.mlp.b_in"] + 1e-3  # a small bug: some tensors fail
@@ -230,52 +223,3 @@ def test_the_loss_by_blocks_is_the_whole_array_loss():
     with threads.limit(1, block_bytes=2**30):
         assert (loss, grad.tolist()) == (lambda r: (r[0], r[1].tolist()))(
             softmax_cross_entropy(logits, next_token_targets(tokens)))
-
-
-# ---- scratch buffers never reach the user ----------------------------------------------------------
-
-
-def test_what_a_pass_returns_is_never_reused(model):
-    a, b = tokens_of(50, seed=1), tokens_of(50, seed=2)
-    logits_a = model(a)
-    kept = logits_a.copy()
-    _, cache = model.run_with_cache(a)
-    cached = {k: v.copy() for k, v in cache.items()}
-    stream = model(a, stop_at_layer=1)
-    stream_kept = stream.copy()
-    _, picked = model.run_with_cache(a, names=["blocks.1.hook_resid_pre", "blocks.0.mlp.hook_post"])
-    picked_kept = {k: v.copy() for k, v in picked.items()}
-    for _ in range(2):
-        model(b), model(b, stop_at_layer=1), model.run_with_cache(b, names=["blocks.0.hook_resid_post"])
-    assert np.array_equal(logits_a, kept) and np.array_equal(stream, stream_kept)
-    _same(dict(cache.items()), cached)
-    _same(dict(picked.items()), picked_kept)
-    assert np.array_equal(cache["blocks.1.hook_resid_pre"], cache["blocks.0.hook_resid_post"])
-    assert model.release_scratch() > 0
-    assert np.array_equal(model(a), kept)
-
-
-def test_a_pass_inside_a_hook_and_passes_on_two_threads(model):
-    a, b = tokens_of(45, seed=3), tokens_of(45, seed=4)
-    want_a, want_b = model(a), model(b)
-    inner = []
-
-    def hook(x, hook):  # runs a pass of its own (the hook is on that pass too: once), returns nothing
-        if not inner:
-            inner.append(None)
-            inner.append(model(b))
-
-    assert np.array_equal(model.run_with_hooks(a, fwd_hooks=[("blocks.0.hook_attn_out", hook)]), want_a)
-    assert np.array_equal(inner[1], want_b)
-    got = {}
-
-    def run(name, tokens):
-        with threads.limit(2, **SPLIT):
-            got[name] = [model(tokens) for _ in range(3)]
-
-    workers = [threading.Thread(target=run, args=(n, t)) for n, t in (("a", a), ("b", b))]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join()
-    assert all(np.array_equal(x, want_a) for x in got["a"]) and all(np.array_equal(x, want_b) for x in got["b"])
