@@ -137,7 +137,7 @@ class _Holder:
 
 class _Pool:
     def __init__(self):
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()  # re-entrant: a weakref callback may run (garbage collection) while it is held
         self.free: dict[int, list[_Mapping]] = {}  # size → mappings, the most recently freed last
         self.held = 0  # bytes in ``free``
         self.returned: queue.SimpleQueue[_Mapping] = queue.SimpleQueue()  # from the weakref callbacks
