@@ -212,8 +212,14 @@ def empty(shape, dtype) -> np.ndarray:
     except (OSError, ValueError, MemoryError):
         return np.empty(shape, dtype)
     holder = _Holder(mapping, nbytes)
-    weakref.finalize(holder, _pool.give_back, mapping).atexit = False  # at exit the process unmaps everything
+    weakref.finalize(holder, _give_back, mapping).atexit = False  # at exit the process unmaps everything
     return np.asarray(holder).view(dtype).reshape(shape)
+
+
+def _give_back(mapping: _Mapping):
+    """The weakref callback: to the pool of this process now (``_pool``, looked up at the call: a
+    forked child's own, never the parent's, whose lock another thread may have held at the fork)."""
+    _pool.give_back(mapping)
 
 
 @contextlib.contextmanager
@@ -248,8 +254,11 @@ def release() -> int:
 
 
 def _after_fork_in_child():
+    """A forked child starts an empty pool of its own: the parent's janitor thread does not exist
+    here and its lock may have been held by another thread at the fork. The arrays the child
+    inherited are private copies (MAP_PRIVATE) and come back to the child's pool when it drops them."""
     global _pool
-    _pool = _Pool()  # the parent's janitor does not exist here; its mappings are the child's copies
+    _pool = _Pool()
 
 
 if hasattr(os, "register_at_fork"):

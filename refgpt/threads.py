@@ -22,8 +22,9 @@ refgpt's own count for a block of code. A BLAS it cannot ask (none found) counts
 
 Workers run each task in a copy of the caller's context (``contextvars``), so ``np.errstate`` and
 ``limit`` hold inside them; an exception in a block is raised in the caller (the first block's,
-in block order). Small arrays (``parallel_bytes``) are not worth a thread's hand-off and run on the
-caller's thread, in the same blocks.
+in block order), and only once every block has finished, a Ctrl-C in the caller too (no block
+writes into an array after its caller has moved on). Small arrays (``parallel_bytes``) are not
+worth a thread's hand-off and run on the caller's thread, in the same blocks.
 """
 
 from __future__ import annotations
@@ -190,10 +191,19 @@ def map_blocks(fn, blocks, total_bytes: int) -> list:
         results[0] = contextvars.copy_context().run(_alone, run, runs[0])
     except BaseException as error:  # noqa: BLE001 — raised below, once the other threads are done
         errors[0] = error
+    interrupted = None
     for _ in range(threads - 1):
-        k, error, part = done.get()
+        while True:
+            try:
+                k, error, part = done.get()
+                break
+            except BaseException as signal:  # noqa: BLE001 — a Ctrl-C while waiting: wait on (below)
+                interrupted = interrupted or signal
         results[k], errors[k] = part, error
-    failure = next((e for e in errors if e is not None), None)  # the first block's, as one thread raises it
+    # Every worker has finished before anything is raised, a KeyboardInterrupt too: a block still
+    # running would otherwise write into arrays its caller has given up (a model's scratch buffers
+    # that the next pass takes).
+    failure = interrupted or next((e for e in errors if e is not None), None)  # the first block's, as one thread raises it
     if failure is not None:
         raise failure
     return [r for part in results for r in part]

@@ -6,11 +6,17 @@
 - Recycled memory: an array handed out lives while any view of it does, then its mapping is reused by
   the next array of its size; the pool keeps at most RETAIN_BYTES, and is unmapped RETAIN_SECONDS
   after the last pass; run_with_cache's big arrays and the logits are made on it.
+- What the user holds is never written by a later pass: views of the logits and of cache entries
+  (their arrays dropped), every activation a hook kept; threads taking recycled memory at once; a
+  forked child's own pool.
 """
 
 from __future__ import annotations
 
 import gc
+import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -161,3 +167,94 @@ def test_the_cache_and_the_logits_are_recycled_memory(pool):
     assert np.array_equal(again, logits)
     _same(dict(cache.items()), want)  # recycled memory holds the same numbers: the masked pattern is 0 again
     assert address in {a.ctypes.data for a in cache.values()} | {again.ctypes.data}
+
+
+# ---- what the user holds is never written by a later pass ---------------------------------------------
+
+
+def test_views_and_kept_activations_are_never_overwritten(pool):
+    """Views of the logits and of cache entries outlive their arrays, and a hook keeps references
+    to every activation it is shown (on recycled memory here: [1, 400, 2000] logits are 6 MiB);
+    passes of other tokens, with and without hooks and caches, change none of them."""
+    cfg = Config(d_model=64, n_layers=2, n_heads=2, d_mlp=256, d_vocab=2000, n_ctx=400)
+    model = random_model(cfg, seed=2)
+    rng = np.random.default_rng(5)
+    a, b = (rng.integers(0, cfg.d_vocab, (1, 400)) for _ in range(2))
+    logits, cache = model.run_with_cache(a)
+    kept = {"logits": logits[0, 7:300], "logits'": logits.T}  # views; the arrays themselves dropped below
+    kept.update({k: v[..., 1:] for k, v in cache.items()})
+    seen = {}
+
+    def keep(x, hook):  # a hook keeping the very array it is shown, every point
+        seen[hook.name] = x
+
+    stream = model(a, stop_at_layer=1)[0]  # a view of the stream a pass handed out
+    model.run_with_hooks(a, fwd_hooks=[(lambda name: True, keep)])
+    assert len(seen) > 20
+    kept.update({"stream": stream, **{"hook " + k: v for k, v in seen.items()}})
+    want = {k: v.copy() for k, v in kept.items()}
+    del logits, cache, stream, seen
+    gc.collect()
+    for _ in range(2):  # the memory of the dropped arrays is reused by these
+        model(b), model.run_with_cache(b), model(b, stop_at_layer=1)
+        model.run_with_hooks(b, fwd_hooks=[("blocks.1.hook_resid_pre", lambda x, hook: x * 2)])
+        with threads.limit(2, **SPLIT):
+            model.run_with_cache(b, names=["blocks.0.hook_resid_post", "blocks.1.attn.hook_pattern"])
+    for k in want:
+        assert np.array_equal(kept[k], want[k]), k
+
+
+def test_threads_taking_and_dropping_recycled_memory_never_share(pool):
+    """Four threads allocate, fill, check and drop arrays of two sizes at once: no array ever sees
+    another's writes (the pool hands a mapping to one array at a time)."""
+    failures = []
+
+    def work(me):
+        for i in range(40):
+            x = memory.empty((MiB + (i % 2) * MiB,), np.uint8)
+            x[...] = me
+            time.sleep(0.0005)
+            if not (x == me).all():
+                failures.append((me, i))
+            del x
+            gc.collect() if i % 10 == 0 else None
+
+    workers = [threading.Thread(target=work, args=(n,)) for n in range(1, 5)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert not failures
+
+
+FORK = r"""
+import gc, os, sys, threading, time
+import numpy as np
+from refgpt import memory
+a = memory.empty((3 * 2**20,), np.uint8); a[...] = 1
+b = memory.empty((3 * 2**20,), np.uint8); b[...] = 2
+held = threading.Event()
+def hold():  # another thread holds the pool's lock at the fork
+    with memory._pool.lock:
+        held.set(); time.sleep(3)
+threading.Thread(target=hold, daemon=True).start(); held.wait()
+pid = os.fork()
+if pid == 0:
+    ok = (a == 1).all() and (b == 2).all()
+    del a; gc.collect()  # an inherited array dropped: back to the child's own pool, no lock wait
+    c = memory.empty((3 * 2**20,), np.uint8); c[...] = 3  # may reuse a's mapping (the child's copy)
+    ok = ok and (b == 2).all() and (c == 3).all()
+    os._exit(0 if ok else 1)
+_, status = os.waitpid(pid, 0)
+assert (a == 1).all() and (b == 2).all(), "the child's writes reached the parent"
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")
+def test_a_forked_child_has_its_own_pool():
+    """A child forked while another thread holds the pool's lock drops and takes recycled memory
+    without waiting for that lock, and neither process sees the other's writes."""
+    done = subprocess.run([sys.executable, "-c", FORK], env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr

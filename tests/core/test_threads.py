@@ -223,3 +223,37 @@ def test_the_loss_by_blocks_is_the_whole_array_loss():
     with threads.limit(1, block_bytes=2**30):
         assert (loss, grad.tolist()) == (lambda r: (r[0], r[1].tolist()))(
             softmax_cross_entropy(logits, next_token_targets(tokens)))
+
+
+def test_every_block_has_finished_before_the_caller_raises():
+    """A failing first block, or a Ctrl-C while the caller waits, is raised only after the workers'
+    blocks have finished: none writes into an array once its caller has given up on it."""
+    import signal
+    import time
+
+    blocks = [(0, 1), (1, 2)]
+    finished = []
+
+    def slow(a, b):
+        if a == 0:
+            raise ValueError("first")
+        time.sleep(0.3)
+        finished.append(a)
+
+    with threads.limit(2, parallel_bytes=0):
+        with pytest.raises(ValueError):
+            threads.map_blocks(slow, blocks, 2)
+        assert finished == [1]
+
+        def interrupt(signum, frame):
+            raise KeyboardInterrupt
+
+        previous = signal.signal(signal.SIGALRM, interrupt)
+        try:
+            signal.setitimer(signal.ITIMER_REAL, 0.05)
+            with pytest.raises(KeyboardInterrupt):
+                threads.map_blocks(lambda a, b: time.sleep(0.3) or finished.append(a) if a else None, blocks, 2)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+        assert finished == [1, 1]
