@@ -257,3 +257,35 @@ def test_every_block_has_finished_before_the_caller_raises():
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, previous)
         assert finished == [1, 1]
+
+
+BITS = r"""
+import hashlib
+from random_models import random_model, random_tokens
+from refgpt import Config, threads
+cfg = Config(d_model=128, n_layers=2, n_heads=4, d_mlp=512, d_vocab=3000, n_ctx=300)  # [300, 512]: > PARALLEL_BYTES
+digest = hashlib.sha256()
+for dtype in ("float64", "float32"):
+    model = random_model(cfg, seed=3, dtype=dtype, scale=1.0)
+    for T in (1, 300):
+        tokens = random_tokens(cfg, T)
+        digest.update(model(tokens).tobytes())
+        _, cache = model.run_with_cache(tokens)
+        for name in sorted(cache.keys()):
+            digest.update(name.encode() + cache[name].tobytes())
+print(threads.count(), digest.hexdigest())
+"""
+
+
+def test_one_thread_for_everything_gives_the_same_bits():
+    """The whole process on one thread (OMP_NUM_THREADS=1: the BLAS's products too, and refgpt's
+    blocks follow it) and on the BLAS's default count give the same logits and cache, bit for bit,
+    at a size where the blocks really go to the threads (the default block and hand-off sizes)."""
+    clean = {k: v for k, v in os.environ.items() if not k.endswith("_NUM_THREADS")}
+    runs = {}
+    for n in ("1", None):
+        env = {**clean, "PYTHONPATH": os.pathsep.join(sys.path), **({"OMP_NUM_THREADS": n} if n else {})}
+        done = subprocess.run([sys.executable, "-c", BITS], env=env, capture_output=True, text=True, check=True)
+        count, digest = done.stdout.split()
+        runs[int(count)] = digest
+    assert 1 in runs and len(set(runs.values())) == 1, runs
