@@ -1,5 +1,6 @@
 """Every benchmark in one run: ``python benchmarks/run.py`` (needs the ``peers`` extra for torch).
 
+    python benchmarks/run.py --both     # both kinds, one after the other (the lead's quiet run)
     python benchmarks/run.py            # this machine's own kernels (SkylakeX on AVX-512)
     python benchmarks/run.py --avx2     # AVX2 kernels on this machine: OpenBLAS's Haswell kernel
                                         # (OPENBLAS_CORETYPE=Haswell), torch limited by
@@ -113,7 +114,14 @@ def main():
                         help="AVX2 kernels on an AVX-512 machine: OpenBLAS's Haswell kernel, torch limited to AVX2 "
                              "(run in a child process with " + " ".join(f"{k}={v}" for k, v in
                                                                      {**OPENBLAS_AVX2, **TORCH_AVX2}.items()) + ")")
+    parser.add_argument("--both", action="store_true",
+                        help="both kinds of kernel, one after the other, each in its own process: this machine's own, "
+                             "then --avx2 (each writes its own section of RESULTS.md, the kernels that ran named)")
     args = parser.parse_args()
+    if args.both:
+        me = [sys.executable, str(Path(__file__).resolve()), *(a for a in sys.argv[1:] if a not in ("--both", "--avx2"))]
+        codes = [subprocess.run(command).returncode for command in (me, [*me, "--avx2"])]
+        raise SystemExit(max(codes))
     if args.avx2:
         env = {**os.environ, **OPENBLAS_AVX2, **TORCH_AVX2}
         argv = [a for a in sys.argv[1:] if a != "--avx2"]
