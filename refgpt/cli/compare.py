@@ -17,12 +17,24 @@ from __future__ import annotations
 from ..oracle import comparison as oracle
 from ..oracle.name_maps import MAPS
 from ._arguments import non_negative_float
+from ._chosen_model import add_subcommand
 
 
-def add_parser(subparsers, common):
-    p = subparsers.add_parser("compare", parents=[common], help="compare a candidate's activations with a golden file",
-                              description="Compare CANDIDATE's tensors with REFERENCE's (a golden file) and name the "
-                              "first tensor out of tolerance. Exit status 0 if all are within tolerance, 1 if not.")
+USES = ("--json",)  # it runs no model: REFERENCE holds everything the comparison needs
+
+EXAMPLES = (
+    'refgpt golden "To be, or not to" -o golden.safetensors',
+    'refgpt golden "To be, or not to" -o mine.safetensors --dtype float32     # a stand-in for your port\'s tensors',
+    'refgpt compare golden.safetensors mine.safetensors     # tolerances from mine\'s dtype, float32',
+    'refgpt compare golden.safetensors mine.safetensors --profile bfloat16 --json',
+)
+
+
+def add_parser(subparsers):
+    p = add_subcommand(subparsers, "compare", run, uses=USES, help="compare a candidate's activations with a golden file",
+                       description="Compare CANDIDATE's tensors with REFERENCE's (a golden file) and name the first "
+                       "tensor out of tolerance. Exit status 0 if all are within tolerance, 1 if not.",
+                       examples=EXAMPLES)
     p.add_argument("reference", metavar="REFERENCE", help="golden file written by `refgpt golden`")
     p.add_argument("candidate", metavar="CANDIDATE", help=".safetensors or .npz (or an llm.c .bin with --map llmc: "
                    "acts_memory, refgpt's llm.c dump, or a debug state)")
@@ -32,7 +44,6 @@ def add_parser(subparsers, common):
                    help="tolerances from a format's unit roundoff (default: the candidate's precision)")
     p.add_argument("--map", dest="name_map", choices=MAPS, default="refgpt",
                    help="how the candidate names its tensors (default: refgpt/TransformerLens hook names)")
-    p.set_defaults(run=run, usage_error=p.error)
     return p
 
 

@@ -24,16 +24,27 @@ import numpy as np
 
 from ..errors import RefGPTError
 from ..oracle import golden
-from ._chosen_model import load_chosen, print_json, tokens_of, untrained_note
+from ._chosen_model import add_subcommand, load_chosen, print_json, tokens_of, untrained_note
+from ._output import shown
 
 
-def add_parser(subparsers, common):
-    p = subparsers.add_parser("golden", parents=[common], help="write a golden file (every activation) for a port to check against",
-                              description="Run the model once and write the tokens, every cached activation, each "
-                              "LayerNorm's output, the logits, log-probabilities and per-position loss to one "
-                              "safetensors file, with metadata (version, config, weight hashes, dtype, numpy/BLAS).")
-    p.add_argument("text", nargs="?", metavar="TEXT", help="the input text (needs the model's tokenizer)")
-    p.add_argument("--bos", action="store_true", help="put <|endoftext|> before TEXT")
+USES = ("--model", "--dtype", "--json", "--bos")
+
+EXAMPLES = (
+    'refgpt golden "To be, or not to" -o golden.safetensors',
+    'refgpt golden "To be, or not to" --bos -o golden.safetensors --backward --certify',
+    "refgpt golden --tokens ids.txt -o resid.safetensors --names 'blocks.*.hook_resid_post'     # ids.txt: 1 2 3",
+    'refgpt golden --model gpt2_124M.bin --tokens gpt2_124M_debug_state.bin --backward -o golden.safetensors     # llm.c\'s',
+)
+
+
+def add_parser(subparsers):
+    p = add_subcommand(subparsers, "golden", run, uses=USES, optional_text=True, examples=EXAMPLES,
+                       help="write a golden file (every activation) for a port to check against",
+                       description="Run the model once and write the tokens, every cached activation, each "
+                       "LayerNorm's output, the logits, log-probabilities and per-position loss to one "
+                       "safetensors file, with metadata (version, config, weight hashes, dtype, numpy/BLAS). "
+                       "TEXT needs the model's tokenizer; --tokens FILE gives the ids instead.")
     p.add_argument("--tokens", metavar="FILE", help="token ids: .npy, or whitespace-separated integers, one sequence per line")
     p.add_argument("-o", "--output", metavar="FILE", required=True, help="the golden file to write (.safetensors)")
     p.add_argument("--names", metavar="PATTERN", action="append",
@@ -52,13 +63,17 @@ def add_parser(subparsers, common):
                    help="recompute everything in extended precision and store each tensor's measured error")
     p.add_argument("--debug-state", metavar="FILE",
                    help="also write llm.c's gpt2_124M_debug_state.bin for the same tokens (x, y, logits, loss, grads)")
-    p.set_defaults(run=run, usage_error=p.error)
     return p
 
 
 def run(args) -> int:
     if (args.text is None) == (args.tokens is None):
         args.usage_error("give either TEXT or --tokens FILE")
+    if args.tokens is not None and args.bos:
+        args.usage_error("--bos goes with TEXT: --tokens FILE gives the ids as they are (put the <|endoftext|> id in FILE)")
+    for option, value in (("--tokens-dtype", args.tokens_dtype), ("--tokens-shape", args.tokens_shape)):
+        if value is not None and args.tokens is None:
+            args.usage_error(f"{option} describes --tokens FILE, and there is none")
     model, llmc_tokenizer = load_model(args)
     targets, source = None, "TEXT"
     if args.tokens:
@@ -144,7 +159,7 @@ def _decoded(tok, tokens):
         return None
     first = np.asarray(tokens).reshape(-1, np.asarray(tokens).shape[-1])[0]
     text = tok.decode_bytes(first[:40]).decode("utf-8", errors="replace")
-    return f"text of the first row (llm.c tokenizer): {text!r}{' …' if len(first) > 40 else ''}"
+    return f"text of the first row (llm.c tokenizer): {shown(text)}{' …' if len(first) > 40 else ''}"
 
 
 def _shape(args):
@@ -172,8 +187,11 @@ def read_tokens(path, dtype=None, shape=None, cfg=None):
     if dtype is not None:
         return _raw_tokens(path, dtype, shape), None, f"raw {dtype} ids from {path}"
     magic = llmc_dump.file_magic(path) if path.suffix != ".npy" else None
+    if shape is not None and magic != llmc.SHARD_MAGIC:  # refused, not ignored: the file holds its own shape
+        raise RefGPTError(f"{path}: --tokens-shape B,T is for raw ids (--tokens-dtype) and llm.c data shards; "
+                          f"this file's ids come in the shape it holds")
     if magic == llmc.STATE_MAGIC:
-        s = llmc.read_debug_state(path, cfg.d_vocab)
+        s = llmc.read_debug_state(path, cfg.d_vocab, cfg)
         return s.x, s.y, f"x [B, T] = {list(s.x.shape)} and its targets y of llm.c's debug state {path}"
     if magic == llmc_dump.DUMP_MAGIC:
         d = llmc_dump.read_dump(path, cfg)

@@ -56,7 +56,6 @@ from ..files.checkpoint import load as load_checkpoint, weight_files
 from ..gpt2.config import Config
 from ..dtypes import widen_bfloat16
 from .. import strict_json
-from ..files.atomic_write import write_atomically
 from ..errors import RefGPTError, RefGPTTypeError
 from ..tl.hooks import HookRun
 from ..gpt2.ln_views import cached_output
@@ -391,7 +390,7 @@ def provenance(model: Model, command=None) -> dict[str, str]:
         "format_version": FORMAT_VERSION,
         "refgpt_version": __version__,
         "config": json.dumps(model.cfg.to_hf(), sort_keys=True),
-        "weights_sha256": json.dumps(_weight_hashes(model), sort_keys=True),
+        "weights_sha256": json.dumps(weight_hashes(model.source), sort_keys=True),
         "dtype": model.dtype.name,
         "numpy_version": np.__version__,
         "blas": json.dumps(_blas()),
@@ -400,17 +399,35 @@ def provenance(model: Model, command=None) -> dict[str, str]:
     }
 
 
-def _weight_hashes(model: Model) -> dict[str, str]:
-    if model.source is None:
+def weight_hashes(source) -> dict[str, str]:
+    """{file name: sha256} of the weight files a model was loaded from, given its ``source`` (an
+    llm.c .bin, or a directory with HF's model.safetensors or shards); {} for None (a model made
+    in memory).
+
+    Each file is hashed once per process and remembered by its device, inode, size and
+    modification time: a sweep writes a golden file per prompt, and GPT-2 XL's 6 GB would
+    otherwise be read again for each. A file replaced (refgpt writes by rename: a new inode) or
+    rewritten (a new mtime) is hashed again."""
+    if source is None:
         return {}
-    hashes = {}
-    for path in [model.source] if model.source.is_file() else weight_files(model.source):  # an llm.c .bin, or HF's
+    source = Path(source)
+    paths = [source] if source.is_file() else weight_files(source)
+    return {path.name: _file_sha256(path) for path in paths}
+
+
+_HASHED: dict[tuple, str] = {}
+
+
+def _file_sha256(path: Path) -> str:
+    info = path.stat()
+    key = (str(path.resolve()), info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+    if key not in _HASHED:
         h = hashlib.sha256()
         with open(path, "rb") as f:
             for chunk in iter(lambda: f.read(1 << 20), b""):
                 h.update(chunk)
-        hashes[path.name] = h.hexdigest()
-    return hashes
+        _HASHED[key] = h.hexdigest()
+    return _HASHED[key]
 
 
 def _blas() -> dict:
@@ -428,12 +445,10 @@ def write(path, golden: Golden) -> Path:
     """Write ``golden`` as a safetensors file: tensors in forward order, C-contiguous, metadata as
     strings. The same bytes as ``write_streamed`` writes for the same pass."""
     shapes = {name: (np.asarray(a).dtype, np.shape(a)) for name, a in golden.tensors.items()}
-    def fill(tmp):
-        with SafetensorsWriter(tmp, shapes, golden.metadata, _header_length(shapes, golden.metadata)) as out:
-            for name, a in golden.tensors.items():
-                out.write(name, a)
-
-    return write_atomically(path, fill)
+    with SafetensorsWriter(path, shapes, golden.metadata, _header_length(shapes, golden.metadata)) as out:
+        for name, a in golden.tensors.items():
+            out.write(name, a)
+    return out.path
 
 
 def write_streamed(path, model: Model, tokens, names=None, command=None, targets=None) -> Path:
@@ -450,18 +465,16 @@ def write_streamed(path, model: Model, tokens, names=None, command=None, targets
     meta = {**provenance(model, command), "conditioning": "{}", "error_rms": "{}",
             "targets": "given" if targets is not None else "next token"}
 
-    def fill(tmp):
-        c, rms = {}, {}
-        with SafetensorsWriter(tmp, shapes, meta, _header_length(shapes, meta)) as out:
-            for name, tensor, r, x in _three_passes(model, tokens, names, targets):
-                out.write(name, tensor)
-                if r.dtype.kind == "f":
-                    c[name], rms[name] = float32_error(r, x)
-            order = forward_order(c)
-            out.metadata = {**meta, "conditioning": json.dumps({n: c[n] for n in order}),
-                            "error_rms": json.dumps({n: rms[n] for n in order})}
-
-    return write_atomically(path, fill)
+    c, rms = {}, {}
+    with SafetensorsWriter(path, shapes, meta, _header_length(shapes, meta)) as out:
+        for name, tensor, r, x in _three_passes(model, tokens, names, targets):
+            out.write(name, tensor)
+            if r.dtype.kind == "f":
+                c[name], rms[name] = float32_error(r, x)
+        order = forward_order(c)
+        out.metadata = {**meta, "conditioning": json.dumps({n: c[n] for n in order}),
+                        "error_rms": json.dumps({n: rms[n] for n in order})}
+    return out.path
 
 
 def _header_length(shapes, meta) -> int:
