@@ -114,6 +114,8 @@ def main():
                         help="AVX2 kernels on an AVX-512 machine: OpenBLAS's Haswell kernel, torch limited to AVX2 "
                              "(run in a child process with " + " ".join(f"{k}={v}" for k, v in
                                                                      {**OPENBLAS_AVX2, **TORCH_AVX2}.items()) + ")")
+    parser.add_argument("--lengths", default=",".join(map(str, bench_forward.LENGTHS)),
+                        help="the forward table's lengths T, comma-separated (default: %(default)s; a smoke run: 1,64)")
     parser.add_argument("--both", action="store_true",
                         help="both kinds of kernel, one after the other, each in its own process: this machine's own, "
                              "then --avx2 (each writes its own section of RESULTS.md, the kernels that ran named)")
@@ -131,7 +133,10 @@ def main():
     except ImportError:
         pass
     results = {"machine": machine()}
-    results["forward"] = bench_forward.run(plain_forward=not args.quick)
+    lengths = tuple(int(t) for t in args.lengths.split(","))
+    if any(t not in bench_forward.LENGTHS for t in lengths):
+        parser.error(f"--lengths: each of {', '.join(map(str, bench_forward.LENGTHS))}")
+    results["forward"] = bench_forward.run(lengths=lengths, plain_forward=not args.quick)
     if not args.quick:
         results["tokenizer"] = bench_tokenizer.run()
         print("tokenizer:", results["tokenizer"], flush=True)
