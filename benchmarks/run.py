@@ -1,6 +1,7 @@
 """Every benchmark in one run: ``python benchmarks/run.py`` (needs the ``peers`` extra for torch).
 
-    python benchmarks/run.py --both     # both kinds, one after the other (the lead's quiet run)
+    python benchmarks/run.py --both     # both kinds, one after the other (the quiet run)
+    python benchmarks/run.py --both --smoke   # the same end to end in minutes (numbers meaningless)
     python benchmarks/run.py            # this machine's own kernels (SkylakeX on AVX-512)
     python benchmarks/run.py --avx2     # AVX2 kernels on this machine: OpenBLAS's Haswell kernel
                                         # (OPENBLAS_CORETYPE=Haswell), torch limited by
@@ -64,6 +65,7 @@ def kind(m) -> str:
 def markdown(results) -> str:
     m, fw = results["machine"], results["forward"]
     forced = " --avx2" if m.get("OPENBLAS_CORETYPE") == OPENBLAS_AVX2["OPENBLAS_CORETYPE"] else ""
+    forced += " --smoke (a smoke run: these numbers mean nothing)" if results.get("smoke") else ""
     lines = [f"## Forward pass, {kind(m).upper()} kernels{', one thread, CPU time' if fw.get('clock') == 'cpu' else ''}: "
              "GPT-2 small, random weights", "",
              f"`python benchmarks/run.py{forced}` on {describe(m)}; numpy {fw['numpy']}, torch {fw['torch']}, "
@@ -114,6 +116,9 @@ def main():
                         help="AVX2 kernels on an AVX-512 machine: OpenBLAS's Haswell kernel, torch limited to AVX2 "
                              "(run in a child process with " + " ".join(f"{k}={v}" for k, v in
                                                                      {**OPENBLAS_AVX2, **TORCH_AVX2}.items()) + ")")
+    parser.add_argument("--smoke", action="store_true",
+                        help="--quick at T = 1 and 64, without the batched table and the extras: the whole run, "
+                             "end to end, in minutes (its numbers mean nothing)")
     parser.add_argument("--lengths", default=",".join(map(str, bench_forward.LENGTHS)),
                         help="the forward table's lengths T, comma-separated (default: %(default)s; a smoke run: 1,64)")
     parser.add_argument("--both", action="store_true",
@@ -132,11 +137,14 @@ def main():
         import torch  # noqa: F401 — loaded first, so that the machine's record names torch's kernels too
     except ImportError:
         pass
-    results = {"machine": machine()}
+    results = {"machine": machine(), "smoke": args.smoke}
     lengths = tuple(int(t) for t in args.lengths.split(","))
     if any(t not in bench_forward.LENGTHS for t in lengths):
         parser.error(f"--lengths: each of {', '.join(map(str, bench_forward.LENGTHS))}")
-    results["forward"] = bench_forward.run(lengths=lengths, plain_forward=not args.quick)
+    if args.smoke:
+        args.quick, lengths = True, (1, 64)
+    results["forward"] = bench_forward.run(lengths=lengths, plain_forward=not args.quick, extras=not args.smoke,
+                                           batched=not args.smoke)
     if not args.quick:
         results["tokenizer"] = bench_tokenizer.run()
         print("tokenizer:", results["tokenizer"], flush=True)
