@@ -32,6 +32,9 @@ class TLModel(Model):
         return super().hook_names + list(UNEMBED_HOOKS)
 
     def unembedding(self, final, run_hooks):
+        watched = getattr(run_hooks, "watched", None)
+        if watched is not None and watched("unembed.hook_in"):  # ln_final's output may be a scratch buffer,
+            final = run_hooks.handed_out(final)  # which the next pass overwrites: a hook or the cache may keep it
         final = run_hooks("unembed.hook_in", final)  # [batch, pos, d_model]
         return run_hooks("unembed.hook_out", super().unembedding(final, run_hooks))  # [batch, pos, d_vocab]
 

@@ -128,7 +128,7 @@ def test_the_issue_s_command_line_is_refused(refgpt_cli, work):
     (["generate", "To be", "-n", "2", "--temperature", "0", "--seed", "3"], "--seed is for sampling"),
     (["generate", "To be", "-n", "2", "--temperature", "0", "--top-k", "5"], "--top-k is for sampling"),
     (["compare", GOLDEN, GOLDEN, "--profile", "float32", "--atol", "1"], "either --profile or --atol"),
-    (["lens", "To be", "--translators", GOLDEN], "--translators FILE goes with --kind tuned"),
+    (["lens", "To be", "--translators", GOLDEN], "--lens PATH and --ignore-unembed-hash go with --kind tuned"),
 ])
 def test_an_own_option_that_would_be_ignored_is_refused(refgpt_cli, work, argv, message):
     (work / "ids.txt").write_text("1 2 3\n")

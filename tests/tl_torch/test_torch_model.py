@@ -65,6 +65,9 @@ def test_the_cache_is_tl_s_names_shapes_and_values(pair):
         assert close(cache["attn", layer], tl_cache["attn", layer])
     with pytest.raises(RefGPTError, match="whole number"):
         cache["attn", torch.tensor(0.5)]
+    kept = {name: value.clone() for name, value in cache.items()}
+    ref.run_with_cache("Another pass, of another length, on the same model.")
+    assert all(torch.equal(cache[name], value) for name, value in kept.items())  # no scratch memory reused under it
     cache.cache_dict["blocks.0.hook_resid_pre"][0, 0, 0] = 7.0  # writable, as TL's
     _, sliced = ref.run_with_cache(PROMPT, pos_slice=-1, remove_batch_dim=True)
     _, tl_sliced = tl.run_with_cache(PROMPT, pos_slice=-1, remove_batch_dim=True)
