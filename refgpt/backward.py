@@ -31,6 +31,13 @@ TransformerLens, which stores both, would see). The gradient of the one shared m
 ``grads.tied_W_E = params["embed.W_E"] + params["unembed.W_U"]ᵀ``: what HF's ``wte.weight.grad``
 and llm.c's ``grads.wte`` hold (``grads.tied`` says whether this model's W_U is W_Eᵀ).
 
+**From any ∂logits.** ``backward_from`` is the same pass started from a gradient of the logits
+given by the caller (∂metric/∂logits for any metric of them, not only the mean next-token loss),
+with optional extra gradients arriving at hook points (∂metric/∂ an activation the metric read
+directly: each is added to the gradient flowing there, before that point's backward hooks see
+it). ``backward`` is ``backward_from`` started from the fused loss gradient. refgpt's torch-facing
+model (refgpt/tl_torch/autograd.py) calls ``backward_from`` inside a ``torch.autograd.Function``.
+
 Derivations: docs/backward.md.
 """
 
@@ -54,13 +61,14 @@ from .gpt2.mlp import mlp_backward
 
 @dataclass
 class Gradients:
-    """One backward pass: the loss, and ∂loss/∂ every parameter, activation and logit."""
+    """One backward pass: the loss, and ∂loss/∂ every parameter, activation and logit (for
+    ``backward_from``, ∂ of whatever the caller's ∂logits came from; ``loss`` and ``targets`` None)."""
 
-    loss: float  # mean cross-entropy over the positions with a target
+    loss: float | None  # mean cross-entropy over the positions with a target (None: backward_from)
     params: dict[str, np.ndarray]  # TL parameter name → gradient, the parameter's shape
     activations: dict[str, np.ndarray]  # hook name → gradient [batch, …], the activation's shape
-    logits: np.ndarray  # [batch, pos, d_vocab]
-    targets: np.ndarray  # [batch, pos] the targets used (−100: ignored)
+    logits: np.ndarray  # [batch, pos, d_vocab] the gradient the pass started from
+    targets: np.ndarray | None  # [batch, pos] the targets used (−100: ignored); None: backward_from
     tied: bool = field(default=False)  # is the model's W_U a view of W_Eᵀ?
     ln_out: dict[str, np.ndarray] = field(default_factory=dict)  # "blocks.0.ln1.out" → ∂loss/∂ each LayerNorm's output
 
@@ -101,20 +109,35 @@ def loss_and_grads(model, tokens, targets=None) -> Gradients:
 
 
 def backward(model, tokens, cache, logits, targets, run_hooks=None) -> Gradients:
-    """The backward pass from a full forward cache (every hook point, no hooks applied). ``run_hooks``
-    (a GradientRun) calls the backward hooks with each hook point's gradient (refgpt/tl/hooks.py)."""
+    """The backward pass of the mean next-token loss from a full forward cache (every hook point, no
+    hooks applied). ``run_hooks`` (a GradientRun) calls the backward hooks with each hook point's
+    gradient (refgpt/tl/hooks.py)."""
+    loss, grad_logits = softmax_cross_entropy(logits, targets)  # [batch, pos, d_vocab]
+    grads = backward_from(model, tokens, cache, grad_logits, run_hooks)
+    grads.loss, grads.targets = loss, targets
+    return grads
+
+
+def backward_from(model, tokens, cache, grad_logits, run_hooks=None) -> Gradients:
+    """The backward pass from ``grad_logits`` [batch, pos, d_vocab] (∂metric/∂logits, for any metric)
+    and a full forward cache of ``tokens`` [batch, pos] (every hook point). ``run_hooks`` (a
+    GradientRun) calls the backward hooks at each hook point and adds the gradients it was given
+    for activations the metric read directly (``GradientRun(…, arriving=…)``). The cache holds
+    what flowed downstream, so a forward whose hooks replaced activations is *not* what this
+    differentiates: the caller refuses those (refgpt/tl_torch/autograd.py, loss_and_grads)."""
     cfg, p = model.cfg, model.params
     run_hooks = run_hooks if run_hooks is not None else GradientRun({})
-    loss, grad_logits = softmax_cross_entropy(logits, targets)  # [batch, pos, d_vocab]
     g_params: dict[str, np.ndarray] = {}
     g_acts: dict[str, np.ndarray] = {}
 
-    # logits = final·W_U + b_U, final = ln_final(resid)
+    # logits = final·W_U + b_U, final = ln_final(resid). (unembed.hook_out/hook_in: the torch-facing
+    # model's hook points on the logits and on ln_final's output; a plain Model has neither.)
+    g_acts["unembed.hook_out"] = grad_logits = run_hooks("unembed.hook_out", grad_logits)  # [batch, pos, d_vocab]
     final = cached_output(cache, "ln_final.")  # [batch, pos, d_model]
     g_params["unembed.W_U"] = rows(final).T @ rows(grad_logits)  # [d_model, d_vocab]
     if "unembed.b_U" in p:
         g_params["unembed.b_U"] = grad_logits.sum(axis=(0, 1))  # [d_vocab]
-    grad = grad_logits @ p["unembed.W_U"].T  # [batch, pos, d_model]
+    g_acts["unembed.hook_in"] = grad = run_hooks("unembed.hook_in", grad_logits @ p["unembed.W_U"].T)  # [batch, pos, d_model]
     grad = layer_norm_step("ln_final.", grad, cache, p, g_params, g_acts, run_hooks)  # [batch, pos, d_model]
 
     act_backward = BACKWARDS[cfg.act_fn]
@@ -134,7 +157,7 @@ def backward(model, tokens, cache, logits, targets, run_hooks=None) -> Gradients
     ordered_params = {name: g_params[name] for name in p}
     ordered_acts = {name: g_acts[name] for name in model.hook_names if name in g_acts}  # not TL's optional points
     ln_out_grads = {name: g for name, g in g_acts.items() if name.endswith(".out")}
-    return Gradients(loss, ordered_params, ordered_acts, grad_logits, targets, tied, ln_out_grads)
+    return Gradients(None, ordered_params, ordered_acts, grad_logits, None, tied, ln_out_grads)
 
 
 def block_backward(model, L, grad, cache, act_backward, g_params, g_acts, run_hooks):
@@ -150,7 +173,10 @@ def block_backward(model, L, grad, cache, act_backward, g_params, g_acts, run_ho
     for key in ("W_in", "b_in", "W_out", "b_out"):
         g_params[b + "mlp." + key] = m[key]
     g_acts[b + "mlp.hook_pre"], g_acts[b + "mlp.hook_post"] = m["hook_pre"], m["hook_post"]
-    grad = grad + layer_norm_step(b + "ln2.", m["x"], cache, p, g_params, g_acts, run_hooks)  # [batch, pos, d_model]
+    grad_mlp_in = layer_norm_step(b + "ln2.", m["x"], cache, p, g_params, g_acts, run_hooks)  # [batch, pos, d_model]
+    if cfg.use_hook_mlp_in:  # ln2 read a hooked copy of resid_mid
+        g_acts[b + "hook_mlp_in"] = grad_mlp_in = run_hooks(b + "hook_mlp_in", grad_mlp_in)  # [batch, pos, d_model]
+    grad = grad + grad_mlp_in  # [batch, pos, d_model]
 
     # resid_mid = resid_pre + attn(ln1(resid_pre))
     g_acts[b + "hook_resid_mid"] = grad = run_hooks(b + "hook_resid_mid", grad)  # [batch, pos, d_model]
@@ -158,15 +184,16 @@ def block_backward(model, L, grad, cache, act_backward, g_params, g_acts, run_ho
     a = attention_backward(g_attn, cached_output(cache, b + "ln1."), attn_w,
                            cache[b + "attn.hook_q"], cache[b + "attn.hook_k"], cache[b + "attn.hook_v"],
                            cache[b + "attn.hook_pattern"], cache[b + "attn.hook_z"], cfg.score_scale(L),
-                           run_hooks.scope(b + "attn."))
+                           run_hooks.scope(b + "attn."), cfg.use_attn_result)
     h, dh, d = cfg.n_heads, cfg.d_head, cfg.d_model
     for x in "QKV":  # flat [d_model, head·d_head] → [head, d_model, d_head]
         g_params[b + f"attn.W_{x}"] = a[f"W_{x}"].reshape(d, h, dh).transpose(1, 0, 2)
         g_params[b + f"attn.b_{x}"] = a[f"b_{x}"].reshape(h, dh)
     g_params[b + "attn.W_O"] = a["W_O"].reshape(h, dh, d)  # [head, d_head, d_model]
     g_params[b + "attn.b_O"] = a["b_O"]
-    for name in ATTN_HOOKS:
-        g_acts[b + "attn." + name] = a[name]
+    for name in (*ATTN_HOOKS, "hook_result"):
+        if name in a:
+            g_acts[b + "attn." + name] = a[name]
     grad = grad + layer_norm_step(b + "ln1.", a["x"], cache, p, g_params, g_acts, run_hooks)  # [batch, pos, d_model]
     g_acts[b + "hook_resid_pre"] = grad = run_hooks(b + "hook_resid_pre", grad)  # [batch, pos, d_model]
     return grad

@@ -180,6 +180,12 @@ class Model(TextMethods, HookRegistry, CircuitMethods):
                            out=buffer(run_hooks, "ln_out", resid.shape, resid.dtype))  # [batch, pos, d_model]
         if last_only:
             final = final[:, -1:]  # [batch, 1, d_model]
+        return self.unembedding(final, run_hooks)
+
+    def unembedding(self, final, run_hooks):
+        """ln_final's output [batch, pos, d_model] · W_U (+ b_U): the logits [batch, pos, d_vocab].
+        (The torch-facing model's adds TransformerLens's unembed.hook_in/hook_out here.)"""
+        p = self.params
         logits = np.matmul(final, p["unembed.W_U"], out=memory.empty((*final.shape[:-1], self.cfg.d_vocab), final.dtype))  # [batch, pos, d_vocab], on recycled memory
         if "unembed.b_U" in p:
             logits += p["unembed.b_U"]  # [batch, pos, d_vocab]

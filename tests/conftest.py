@@ -73,6 +73,24 @@ def _tl_pair_once(tmp_path_factory):
     return tl_port.gpt2_pair(tmp_path_factory.mktemp("tl_gpt2"), seed=5, n_layers=7)  # 7: TL's test_left_padding reads "k6a"
 
 
+@pytest.fixture(scope="session")
+def _tl_torch_once(_tl_pair_once):
+    import tl_port
+
+    return tl_port.torch_model(_tl_pair_once[0])
+
+
+@pytest.fixture
+def tl_torch(_tl_torch_once, _tl_pair_once):
+    """refgpt's torch-facing HookedTransformer (refgpt/tl_torch/) over ``tl_pair``'s refgpt model: the
+    same random GPT-2, built once per session, reset like the pair around each test."""
+    import tl_port
+
+    tl_port.reset([_tl_torch_once])
+    yield _tl_torch_once
+    tl_port.reset([_tl_torch_once])
+
+
 @pytest.fixture
 def tl_pair(_tl_pair_once):
     """(refgpt Model, TransformerLens HookedTransformer): one random float64 GPT-2 with d_vocab 50,257

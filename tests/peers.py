@@ -702,6 +702,102 @@ def tl_model_from_hf(hf_model, dtype="float64"):
     return tl
 
 
+class float64_kept:
+    """TransformerLens's weight processing (``ProcessWeights.process_weights``, TL 3.9 and 4) rounds
+    every weight that is not float32 to float32 (``v.float()``) and back. Inside this context
+    ``Tensor.float`` leaves float64 tensors as they are, so TL's own processing code runs on the
+    float64 weights; nothing else changes."""
+
+    def __enter__(self):
+        import torch
+
+        self.original = original = torch.Tensor.float
+        torch.Tensor.float = lambda t, *a, **k: t if t.dtype == torch.float64 else original(t, *a, **k)
+        self.caught = warnings.catch_warnings()
+        self.caught.__enter__()
+        warnings.simplefilter("ignore")
+        return self
+
+    def __exit__(self, *exc):
+        import torch
+
+        torch.Tensor.float = self.original
+        self.caught.__exit__(*exc)
+        return False
+
+
+def tl_copy(tl):
+    """A deep copy of a TransformerLens model (its hooks' and switches' state included), to process
+    without touching the original."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return copy.deepcopy(tl)
+
+
+def tl_process_float64(tl, **processing):
+    """TransformerLens 3.9's own weight processing of a HookedTransformer in place
+    (``load_and_process_state_dict``: its LayerNormPre swap, its steps in its order), kept in
+    float64 (``float64_kept``)."""
+    with float64_kept():
+        state = {k: v.detach().clone() for k, v in tl.state_dict().items()}
+        tl.load_and_process_state_dict(state, **processing)
+    return tl
+
+
+def tl_from_checkpoint(directory, **processing):
+    """TransformerLens 3.9 over an HF checkpoint directory (with vocab.json + merges.txt), float64,
+    as ``HookedTransformer.from_pretrained`` sets GPT-2 up (GPT-2's tokenizer, BOS prepended),
+    built offline (``tl_model_from_hf``); ``processing``: TL's processing keywords, applied by TL
+    in float64 (``tl_process_float64``; none given: the weights as stored). The model also gets
+    ``enable_compatibility_mode(**processing)``, TransformerLens 4's bridge call, doing the same."""
+    import types
+
+    import torch
+    from transformers import GPT2LMHeadModel, GPT2TokenizerFast
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        hf = GPT2LMHeadModel.from_pretrained(str(directory), dtype=torch.float64, attn_implementation="eager")
+        tl = tl_model_from_hf(hf.eval(), "float64")
+        tl.set_tokenizer(GPT2TokenizerFast.from_pretrained(str(directory)))
+    tl.cfg.default_prepend_bos = True
+    if processing:
+        tl_process_float64(tl, **processing)
+
+    def enable_compatibility_mode(self, disable_warnings=False, no_processing=False, fold_ln=True,
+                                  center_writing_weights=True, center_unembed=True, fold_value_biases=True,
+                                  refactor_factored_attn_matrices=False):
+        if not no_processing:
+            tl_process_float64(self, fold_ln=fold_ln, center_writing_weights=center_writing_weights,
+                               center_unembed=center_unembed, fold_value_biases=fold_value_biases,
+                               refactor_factored_attn_matrices=refactor_factored_attn_matrices)
+
+    tl.enable_compatibility_mode = types.MethodType(enable_compatibility_mode, tl)
+    return tl
+
+
+def bridge_from_checkpoint(directory):
+    """TransformerLens 4's TransformerBridge over an HF checkpoint directory, float64, offline
+    (``boot_transformers``), whose ``enable_compatibility_mode`` keeps float64 (``tl_process_float64``).
+    Needs TransformerLens 4 importable as transformer_lens (tests/tl_torch/tl4.py)."""
+    import types
+
+    import torch
+    from transformer_lens.model_bridge import TransformerBridge
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        bridge = TransformerBridge.boot_transformers(str(directory), dtype=torch.float64, device="cpu")
+    compat = bridge.enable_compatibility_mode
+
+    def enable_compatibility_mode(self, disable_warnings=False, no_processing=False, **flags):
+        with float64_kept():
+            compat(disable_warnings=True, no_processing=no_processing, **flags)
+
+    bridge.enable_compatibility_mode = types.MethodType(enable_compatibility_mode, bridge)
+    return bridge
+
+
 def tl_run_with_cache(tl, tokens) -> Tuple[np.ndarray, Dict[str, np.ndarray]]:
     """TL logits [b, pos, vocab] and the full cache, as numpy (batched)."""
     import torch

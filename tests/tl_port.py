@@ -35,13 +35,10 @@ def tokenizer_files_or_skip():
                     "(set REFGPT_GPT2_TOKENIZER)")
 
 
-def gpt2_pair(directory, seed=0, n_layers=2, n_embd=16, n_head=2, n_positions=64):
-    """(refgpt Model, TransformerLens HookedTransformer): the same random float64 GPT-2 with d_vocab 50257
-    and GPT-2's tokenizer. Every parameter and LayerNorm is perturbed (peers.random_hf_model)."""
+def gpt2_checkpoint(directory, seed=0, n_layers=2, n_embd=16, n_head=2, n_positions=64):
+    """A random float64 GPT-2 with d_vocab 50257 in the HF layout, GPT-2's tokenizer files beside it,
+    every parameter and LayerNorm perturbed (peers.random_hf_model): (directory, the HF model)."""
     tokenizer_files_or_skip()
-    import refgpt
-    from transformers import GPT2TokenizerFast
-
     cfg = P.random_hf_config(seed, vocab_size=50257, n_layer=n_layers, n_embd=n_embd, n_head=n_head,
                              n_positions=n_positions, n_inner=None, activation_function="gelu_new",
                              layer_norm_epsilon=1e-5, scale_attn_weights=True, scale_attn_by_inverse_layer_idx=False,
@@ -52,6 +49,16 @@ def gpt2_pair(directory, seed=0, n_layers=2, n_embd=16, n_head=2, n_positions=64
     P.save_hf_layout(hf, directory)
     for name in ("vocab.json", "merges.txt"):
         shutil.copy(TOKENIZER_DIR / name, directory / name)
+    return directory, hf
+
+
+def gpt2_pair(directory, seed=0, n_layers=2, n_embd=16, n_head=2, n_positions=64):
+    """(refgpt Model, TransformerLens HookedTransformer): the same random float64 GPT-2 with d_vocab 50257
+    and GPT-2's tokenizer (``gpt2_checkpoint``)."""
+    import refgpt
+    from transformers import GPT2TokenizerFast
+
+    directory, hf = gpt2_checkpoint(directory, seed, n_layers, n_embd, n_head, n_positions)
     tl = P.tl_model_from_hf(hf, "float64")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -65,7 +72,7 @@ SWITCHES = ("use_attn_result", "use_split_qkv_input", "use_attn_in", "use_hook_m
 
 
 def reset(pair):
-    """Both models back to ``from_pretrained("gpt2")``'s state: BOS prepended, right padding, no
+    """The models back to ``from_pretrained("gpt2")``'s state: BOS prepended, right padding, no
     hooks (permanent ones included), no contexts, every optional hook point off."""
     for model in pair:
         model.reset_hooks(including_permanent=True)
@@ -73,7 +80,25 @@ def reset(pair):
         model.tokenizer.padding_side = "right"
         for switch in SWITCHES:
             setattr(model.cfg, switch, False)
+        if hasattr(model.cfg, "use_hook_mean"):
+            model.cfg.use_hook_mean = False
     return pair
+
+
+def is_numpy(model) -> bool:
+    """Is this refgpt's NumPy model (the departures of docs/transformerlens.md §2 apply), rather than
+    its torch-facing model or TransformerLens (TransformerLens's bodies as written)?"""
+    import refgpt
+
+    return isinstance(model, refgpt.Model)
+
+
+def torch_model(refgpt_model):
+    """refgpt's torch-facing HookedTransformer over ``refgpt_model`` (refgpt/tl_torch/), as
+    ``HookedTransformer.from_pretrained_no_processing`` would load the same checkpoint."""
+    from refgpt.tl_torch import HookedTransformer
+
+    return HookedTransformer(refgpt_model)
 
 
 def N(x) -> np.ndarray:

@@ -219,7 +219,7 @@ def causal_score_mask(pos, start, dtype):
     return score_mask
 
 
-def attention_backward(grad, x, w, q, k, v, pattern, z, score_scale, run_hooks=None):
+def attention_backward(grad, x, w, q, k, v, pattern, z, score_scale, run_hooks=None, per_head_result=False):
     """∂loss/∂(everything attention read or computed), from grad = ∂loss/∂out [batch, pos,
     d_model], the input ``x`` and the forward's q, k, v, z [batch, pos, head, d_head] and
     ``pattern`` [batch, head, query, key]. ``w`` and ``score_scale`` as in ``attention``.
@@ -237,13 +237,25 @@ def attention_backward(grad, x, w, q, k, v, pattern, z, score_scale, run_hooks=N
         q = x·W_Q + b_Q, …       ∂x = ∂q·W_Qᵀ + ∂k·W_Kᵀ + ∂v·W_Vᵀ, ∂W_Q = Σ xᵀ·∂q, ∂b_Q = Σ ∂q
     (Σ: over batch and position.) ``run_hooks(name, ∂)``, if given, sees each hook point's gradient as
     it is made and returns the one that flows on (backward hooks, refgpt/tl/hooks.py).
+    ``per_head_result`` (the forward made ``hook_result``): out = Σ_h result[h] + b_O, so
+    ∂result[h] = ∂out for every head (``hook_result`` in the returned dict), and
+    ∂z[h] = ∂result[h]·W_O[h]ᵀ, ∂W_O[h] = Σ z[h]ᵀ·∂result[h] (the same numbers unless a backward
+    hook replaced ∂result).
     """
     run_hooks = run_hooks or (lambda name, g: g)
     batch, pos, d_model = x.shape
     flat = (batch * pos, -1)
     out = {"b_O": grad.sum(axis=(0, 1))}  # [d_model]
-    out["W_O"] = z.reshape(flat).T @ grad.reshape(flat)  # [head·d_head, d_model]
-    grad_z = run_hooks("hook_z", (grad @ w["W_O"].T).reshape(z.shape))  # [batch, pos, head, d_head]
+    if per_head_result:
+        heads = z.shape[2]
+        W_O = w["W_O"].reshape(heads, -1, d_model)  # [head, d_head, d_model]
+        grad_result = run_hooks("hook_result", np.repeat(grad[:, :, None, :], heads, axis=2))  # [batch, pos, head, d_model]
+        out["hook_result"] = grad_result
+        out["W_O"] = np.einsum("bphd,bphm->hdm", z, grad_result).reshape(-1, d_model)  # [head·d_head, d_model]
+        grad_z = run_hooks("hook_z", np.einsum("bphm,hdm->bphd", grad_result, W_O))  # [batch, pos, head, d_head]
+    else:
+        out["W_O"] = z.reshape(flat).T @ grad.reshape(flat)  # [head·d_head, d_model]
+        grad_z = run_hooks("hook_z", (grad @ w["W_O"].T).reshape(z.shape))  # [batch, pos, head, d_head]
 
     per_head = (0, 2, 1, 3)  # [batch, pos, head, d_head] ↔ [batch, head, pos, d_head]
     gz, vh = grad_z.transpose(per_head), v.transpose(per_head)  # [batch, head, pos, d_head]

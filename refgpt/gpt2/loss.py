@@ -121,3 +121,26 @@ def lm_cross_entropy_loss(logits, tokens, attention_mask=None, per_token: bool =
     if per_token:
         return losses
     return losses.sum() / count
+
+
+def lm_cross_entropy_loss_backward(logits, tokens, grad_loss, attention_mask=None, per_token: bool = False):
+    """∂metric/∂logits [batch, pos, d_vocab] from ``grad_loss`` = ∂metric/∂(``lm_cross_entropy_loss``'s
+    output): a number for the mean loss, [batch, pos − 1] with ``per_token``. Each counted
+    prediction's loss has gradient softmax(logits[:, i]) − onehot(tokens[:, i + 1]) at position i;
+    the last position, and predictions the ``attention_mask`` does not count, get 0."""
+    batch, pos, _ = logits.shape
+    count = batch * (pos - 1)
+    counted = np.ones((batch, pos - 1), dtype=bool)  # [batch, pos − 1]
+    if attention_mask is not None:
+        counted = np.logical_and(attention_mask[:, :-1], attention_mask[:, 1:])  # [batch, pos − 1]
+        count = int(counted.sum())
+    weight = np.asarray(grad_loss, dtype=logits.dtype)  # [] or [batch, pos − 1]
+    weight = np.where(counted, weight if per_token else weight / count, 0).astype(logits.dtype)  # [batch, pos − 1]
+    shifted = logits[:, :-1] - logits[:, :-1].max(axis=-1, keepdims=True)  # [batch, pos − 1, d_vocab] ≤ 0
+    probs = np.exp(shifted)  # [batch, pos − 1, d_vocab]
+    probs /= probs.sum(axis=-1, keepdims=True)  # softmax
+    grad = np.zeros_like(logits)  # [batch, pos, d_vocab]; the last position predicts nothing
+    grad[:, :-1] = probs * weight[..., None]  # [batch, pos − 1, d_vocab]
+    b, i = np.indices((batch, pos - 1))  # [batch, pos − 1] each
+    grad[b, i, np.asarray(tokens)[:, 1:]] -= weight  # − onehot(next token), weighted
+    return grad

@@ -62,6 +62,21 @@ def act_name(name: str, layer: int | None = None, layer_type: str | None = None)
     return ".".join(parts + [f"hook_{name}"])
 
 
+def resolve_key(key, n_layers: int) -> str:
+    """A cache key — a name, short or full, or (name, layer[, kind]) with a negative layer counted
+    from the end — as the full hook name."""
+    if isinstance(key, str):
+        return act_name(key)
+    if not isinstance(key, tuple) or not 1 <= len(key) <= 3:
+        raise RefGPTTypeError(f"cache key must be a name or (name, layer[, kind]), found {key!r:.60}")
+    name, layer, *rest = tuple(key) + (None,) * (2 - len(key))
+    if layer is not None:
+        layer = whole_number(layer, f"cache key {key!r:.60}: the layer")
+        if layer < 0:
+            layer += n_layers
+    return act_name(name, layer, *rest)
+
+
 class ActivationCache(Mapping):
     """A read-only mapping hook name → activation, from one forward pass of ``model``."""
 
@@ -165,16 +180,7 @@ class ActivationCache(Mapping):
                                     f"activations, e.g. {list(self._store)[:4]}") from None
 
     def _resolve(self, key) -> str:
-        if isinstance(key, str):
-            return act_name(key)
-        if not isinstance(key, tuple) or not 1 <= len(key) <= 3:
-            raise RefGPTTypeError(f"cache key must be a name or (name, layer[, kind]), found {key!r:.60}")
-        name, layer, *rest = tuple(key) + (None,) * (2 - len(key))
-        if layer is not None:
-            layer = whole_number(layer, f"cache key {key!r:.60}: the layer")
-            if layer < 0:
-                layer += self.model.cfg.n_layers
-        return act_name(name, layer, *rest)
+        return resolve_key(key, self.model.cfg.n_layers)
 
     def __contains__(self, key) -> bool:
         try:

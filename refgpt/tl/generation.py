@@ -35,9 +35,11 @@ from ..gpt2.padding import attention_mask_from_tokens
 def generate(model, input="", max_new_tokens: int = 10, stop_at_eos: bool = True, eos_token_id=None,
              do_sample: bool = True, top_k=None, top_p=None, temperature: float = 1.0, freq_penalty: float = 0.0,
              use_past_kv_cache: bool = True, prepend_bos=None, padding_side=None, return_type="input",
-             verbose: bool = True, seed=None):
+             verbose: bool = True, seed=None, chooser=None):
     """``input`` (text, a list of texts, or tokens [pos] / [batch, pos]) followed by up to
-    ``max_new_tokens`` new tokens. ``verbose`` is accepted; refgpt shows no progress bar."""
+    ``max_new_tokens`` new tokens. ``verbose`` is accepted; refgpt shows no progress bar.
+    ``chooser``: picks each step's tokens, with ``choose``'s arguments (default ``choose``; the
+    torch-facing model passes TransformerLens's sampler, which draws from torch's generator)."""
     side = inputs.resolve_padding_side(model, padding_side)
     text_in = inputs.is_text(input)
     if text_in:
@@ -72,7 +74,7 @@ def generate(model, input="", max_new_tokens: int = 10, stop_at_eos: bool = True
             step, step_mask = out, (None if mask is None else np.pad(mask, ((0, 0), (0, out.shape[1] - mask.shape[1])), constant_values=1))
         logits = model(step, past=past, attention_mask=step_mask, last_only=True)[:, -1]  # [batch, d_vocab]
         greedy = not do_sample or temperature == 0
-        chosen = choose(logits, 0 if greedy else temperature, top_k, rng, top_p, freq_penalty, out)  # [batch]
+        chosen = (chooser or choose)(logits, 0 if greedy else temperature, top_k, rng, top_p, freq_penalty, out)  # [batch]
         if stop_tokens:
             chosen[finished] = filler
             finished |= np.isin(chosen, stop_tokens)

@@ -221,12 +221,20 @@ class GradientRun:
     Every hook on a point sees the gradient arriving there (not another hook's replacement, as with
     torch's backward hooks in TransformerLens); a hook may return a replacement (an array, or
     torch's ``(grad,)``), and the last one returned is what flows on.
+
+    ``arriving``: hook name → a gradient arriving there from outside the model (∂metric/∂ an
+    activation the metric read directly, refgpt/tl_torch/autograd.py), added to the gradient
+    flowing at that point before its hooks see it.
     """
 
-    def __init__(self, hook_dict: dict[str, HookPoint]):
+    def __init__(self, hook_dict: dict[str, HookPoint], arriving=None):
         self.points = {name: hp for name, hp in hook_dict.items() if hp.bwd_hooks}
+        self.arriving = dict(arriving or {})
 
     def __call__(self, name: str, grad: np.ndarray) -> np.ndarray:
+        extra = self.arriving.get(name)
+        if extra is not None:
+            grad = grad + extra  # [same shape]
         hp = self.points.get(name)
         if hp is None:
             return grad

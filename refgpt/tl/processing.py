@@ -23,7 +23,8 @@ tests/core/test_processing.py):
     refactor_factored_attn_matrices
                               only the products W_Q·W_Kᵀ (with the biases appended as an extra input
                               row) and W_V·W_O matter; re-factor them by SVD so that W_O has
-                              orthonormal rows and W_Q, W_K share the singular values evenly.
+                              orthonormal rows and W_Q, W_K share the singular values evenly, by
+                              TransformerLens's own steps (FactoredMatrix.make_even, .svd).
 
 ``process(model, steps)`` applies the chosen steps in TransformerLens's order and returns a new
 Model; ``steps=True`` means TransformerLens's ``from_pretrained`` defaults (fold_ln,
@@ -135,39 +136,40 @@ def fold_value_biases(params: Mapping[str, np.ndarray], cfg: Config) -> dict[str
     return p
 
 
-def refactor_factored_attn_matrices(params: Mapping[str, np.ndarray], cfg: Config) -> dict[str, np.ndarray]:
-    """Re-factor each head's QK and OV circuits by SVD; fold b_V into b_O.
+def refactor_factored_attn_matrices(params: Mapping[str, np.ndarray], cfg: Config,
+                                    factored=None) -> dict[str, np.ndarray]:
+    """Re-factor each head's QK and OV circuits by SVD; fold b_V into b_O. TransformerLens's method,
+    step for step, so the new weights are TransformerLens's (not only their products):
 
     QK: with the biases appended as row d_model (an input coordinate that is always 1), the
-    bilinear form is M = [W_Q; b_Q]·[W_K; b_K]ᵀ. With M = U·S·Vᵀ (rank ≤ d_head), the new
-    [W_Q; b_Q] = U·√S and [W_K; b_K] = V·√S. OV: W_V·W_O = U·S·Vᵀ gives W_V = U·S, W_O = Vᵀ.
+    bilinear form is M = [W_Q; b_Q]·[W_K; b_K]ᵀ, a FactoredMatrix; its ``make_even()`` (U·√S,
+    √S·Vᵀ from the SVD computed from the factors) gives the new [W_Q; b_Q] and [W_K; b_K]ᵀ.
+    OV: b_O += Σ_h b_V[h]·W_O[h], b_V = 0; W_V·W_O = U·S·Vᵀ gives W_V = U·S, W_O = Vᵀ.
+
+    A singular vector's sign is whatever the LAPACK behind the SVD returns. ``factored`` is the
+    FactoredMatrix class whose SVD is used (default: refgpt.tl.circuits.FactoredMatrix, NumPy's
+    LAPACK); the torch-facing model passes one that calls torch's, so its weights equal
+    TransformerLens's to rounding, sign included (NumPy's LAPACK and torch's MKL pick opposite
+    signs for a few percent of singular vectors; the products agree either way).
     """
-    p = fold_value_biases(params, cfg)
+    from .circuits import FactoredMatrix
+
+    factored = factored or FactoredMatrix
+    p = dict(params)
     for b in _blocks(cfg):
         W_Q = np.concatenate([p[b + "attn.W_Q"], p[b + "attn.b_Q"][:, None, :]], axis=1)  # [head, d_model+1, d_head]
         W_K = np.concatenate([p[b + "attn.W_K"], p[b + "attn.b_K"][:, None, :]], axis=1)  # [head, d_model+1, d_head]
-        U, S, V = _factored_svd(W_Q, W_K)  # [head, d_model+1, d_head], [head, d_head], [head, d_model+1, d_head]
-        root = np.sqrt(S)[:, None, :]  # [head, 1, d_head]
-        W_Q, W_K = U * root, V * root  # [head, d_model+1, d_head]
+        W_Q, W_K_T = factored(W_Q, W_K.transpose(0, 2, 1)).make_even().pair  # [head, d_model+1, d_head], [head, d_head, d_model+1]
+        W_K = W_K_T.transpose(0, 2, 1)  # [head, d_model+1, d_head]
         p[b + "attn.W_Q"], p[b + "attn.b_Q"] = W_Q[:, :-1], W_Q[:, -1]
         p[b + "attn.W_K"], p[b + "attn.b_K"] = W_K[:, :-1], W_K[:, -1]
-        W_O_T = p[b + "attn.W_O"].transpose(0, 2, 1)  # [head, d_model, d_head]
-        U, S, V = _factored_svd(p[b + "attn.W_V"], W_O_T)  # [head, d_model, d_head], [head, d_head], [head, d_model, d_head]
+        b_V, W_O = p[b + "attn.b_V"], p[b + "attn.W_O"]  # [head, d_head], [head, d_head, d_model]
+        p[b + "attn.b_O"] = p[b + "attn.b_O"] + (b_V[:, :, None] * W_O).sum(1).sum(0)  # [d_model], TL's order
+        p[b + "attn.b_V"] = np.zeros_like(b_V)  # [head, d_head]
+        U, S, V = factored(p[b + "attn.W_V"], W_O).svd()  # [head, d_model, d_head], [head, d_head], [head, d_model, d_head]
         p[b + "attn.W_V"] = U * S[:, None, :]  # [head, d_model, d_head]
         p[b + "attn.W_O"] = V.transpose(0, 2, 1)  # [head, d_head, d_model]
-    return p
-
-
-def _factored_svd(A, B):
-    """SVD of A·Bᵀ (A, B: [head, n, r], r ≤ n) without forming the n×n product.
-
-    A = Q_a·R_a and B = Q_b·R_b (QR), so A·Bᵀ = Q_a·(R_a·R_bᵀ)·Q_bᵀ; the small r×r core has SVD
-    U_c·S·V_cᵀ, and U = Q_a·U_c, V = Q_b·V_c.
-    """
-    Q_a, R_a = np.linalg.qr(A)  # [head, n, r], [head, r, r]
-    Q_b, R_b = np.linalg.qr(B)  # [head, n, r], [head, r, r]
-    U_c, S, V_c_T = np.linalg.svd(R_a @ R_b.transpose(0, 2, 1))  # [head, r, r], [head, r], [head, r, r]
-    return Q_a @ U_c, S, Q_b @ V_c_T.transpose(0, 2, 1)
+    return {name: np.ascontiguousarray(a) for name, a in p.items()}
 
 
 _FUNCTIONS = {
@@ -197,11 +199,15 @@ def resolve_steps(steps) -> tuple[str, ...]:
     return tuple(s for s in STEPS if s in names)
 
 
-def process_params(params: Mapping[str, np.ndarray], cfg: Config, steps=True) -> dict[str, np.ndarray]:
-    """Apply the chosen steps to a parameter dict, in TransformerLens's order."""
+def process_params(params: Mapping[str, np.ndarray], cfg: Config, steps=True, factored=None) -> dict[str, np.ndarray]:
+    """Apply the chosen steps to a parameter dict, in TransformerLens's order (``factored``: see
+    refactor_factored_attn_matrices)."""
     chosen = resolve_steps(steps)
     p = dict(params)
     for name in chosen:
+        if name == "refactor_factored_attn_matrices":
+            p = refactor_factored_attn_matrices(p, cfg, factored)
+            continue
         p = _FUNCTIONS[name](p, cfg)
         if name == "fold_value_biases" and "center_writing_weights" in chosen:
             # b_V·W_O is already centred once W_O is (up to rounding); centre b_O exactly, as TL does.
@@ -219,10 +225,10 @@ def process_weights(model, fold_ln: bool = True, center_writing_weights: bool = 
     return process(model, [name for name, on in flags.items() if on])
 
 
-def process(model, steps=True):
+def process(model, steps=True, factored=None):
     """A new Model with ``steps`` applied to ``model``'s weights (the model itself is untouched)."""
     chosen = resolve_steps(steps)
-    params = process_params(model.params, model.cfg, chosen)
+    params = process_params(model.params, model.cfg, chosen, factored)
     cfg = model.cfg
     if cfg.tie_word_embeddings and not np.array_equal(params["unembed.W_U"], params["embed.W_E"].T):
         cfg = dataclasses.replace(cfg, tie_word_embeddings=False)  # W_U is no longer W_Eᵀ

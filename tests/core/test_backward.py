@@ -437,3 +437,48 @@ def test_llmc_debug_state_holds_every_gradient_in_llmc_order_and_layout(tmp_path
     }
     for name, value in expected.items():
         assert np.array_equal(flat[name], value.astype(np.float32)), name
+
+
+# ---- 7. from any metric: backward_from ------------------------------------------------------------
+
+
+def test_backward_from_any_metric_matches_central_differences():
+    """metric = ⟨G, logits⟩ + ⟨A, resid_mid₁⟩ + ⟨S, ln2 scale₀⟩ (a metric of the logits and of two
+    activations it reads directly): backward_from(G) with A and S arriving at their hook points is
+    ∂metric/∂ every parameter, checked along random directions by central differences; with
+    G = ∂loss/∂logits and nothing arriving it is loss_and_grads, bit for bit."""
+    from refgpt.backward import backward_from
+    from refgpt.tl.hooks import GradientRun
+
+    cfg = Config(d_model=12, n_layers=2, n_heads=3, d_mlp=20, d_vocab=17, n_ctx=9)
+    model = build(cfg, seed=4)
+    rng = np.random.default_rng(5)
+    tokens = rng.integers(0, cfg.d_vocab, (2, 7))
+    G = rng.standard_normal((2, 7, cfg.d_vocab))
+    A = rng.standard_normal((2, 7, cfg.d_model))
+    S = rng.standard_normal((2, 7, 1))
+    reads = ("blocks.1.hook_resid_mid", "blocks.0.ln2.hook_scale")
+
+    def metric(m, fwd_hooks=()):
+        logits, cache = m.run_with_cache(tokens, names=list(reads), fwd_hooks=fwd_hooks)
+        return float((G * logits).sum() + (A * cache[reads[0]]).sum() + (S * cache[reads[1]]).sum())
+
+    _, cache = model.run_with_cache(tokens)
+    grads = backward_from(model, tokens, cache, G, GradientRun(model.hook_dict, {reads[0]: A, reads[1]: S}))
+    assert grads.loss is None and grads.targets is None
+    for name in ("blocks.0.attn.W_Q", "blocks.0.ln1.w", "blocks.1.mlp.W_in", "embed.W_E", "pos_embed.W_pos"):
+        u = rng.standard_normal(model.params[name].shape)
+
+        def at(t, name=name, u=u):
+            params = dict(model.params)
+            params[name] = params[name] + t * u
+            if name == "embed.W_E":
+                params["unembed.W_U"] = model.params["unembed.W_U"]  # the embedding's use alone
+            return metric(Model(model.cfg, params))
+        assert directional_error(float((grads.params[name] * u).sum()), richardson(at)) <= 1e-7, name
+    u = rng.standard_normal((2, 7, cfg.d_model))
+    numeric = richardson(lambda t: metric(model, [("blocks.0.hook_resid_pre", lambda a, _: a + t * u)]))
+    assert directional_error(float((grads.activations["blocks.0.hook_resid_pre"] * u).sum()), numeric) <= 1e-7
+    loss = loss_and_grads(model, tokens)
+    again = backward_from(model, tokens, cache, loss.logits)
+    assert all(np.array_equal(again.params[n], loss.params[n]) for n in loss.params)

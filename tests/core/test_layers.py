@@ -9,7 +9,8 @@ refgpt/ holds a small top level and rooms named by idea, in layers from the bott
     tl        refgpt/tl/: TransformerLens compatibility (hooks, cache, decomposition, text, …)
     model     refgpt/model.py, backward.py, non_finite.py: the Model, forward and backward
     files     refgpt/files/: files and hub (safetensors, checkpoints, saving, the HF cache)
-    analysis, oracle, train   each built on the layers below, never on each other
+    analysis, oracle, train, tl_torch   each built on the layers below, never on each other
+              (tl_torch: the torch-facing TransformerLens model, the one room that imports torch)
     sweep     refgpt/sweep/: one task over a corpus, serially or on Dask; its tasks are analysis's
               and oracle's (lens, attribution, golden files, comparison), so it sits above both
     cli       the refgpt command, on top of all of them
@@ -42,9 +43,11 @@ import refgpt
 PACKAGE = Path(refgpt.__file__).parent
 BASE = {"refgpt.errors", "refgpt.version", "refgpt.dtypes", "refgpt.strict_json", "refgpt.threads", "refgpt.memory"}
 MODEL = {"refgpt.model", "refgpt.backward", "refgpt.non_finite"}
-#: Layer of each room, bottom first; rooms of one rank never import each other.
-RANK = {"base": 0, "gpt2": 1, "tl": 2, "model": 3, "files": 4, "analysis": 5, "oracle": 5, "train": 5, "sweep": 6,
-        "cli": 7}
+#: Layer of each room, bottom first; rooms of one rank never import each other. tl_torch (the
+#: torch-facing model) loads checkpoints (files) and wraps the model, so it sits where analysis
+#: does, and the optional torch stays out of everything below it.
+RANK = {"base": 0, "gpt2": 1, "tl": 2, "model": 3, "files": 4, "analysis": 5, "oracle": 5, "train": 5,
+        "tl_torch": 5, "sweep": 6, "cli": 7}
 CORE = {"base", "gpt2", "tl", "model", "files"}
 CORE_THIRD_PARTY = {"numpy", "safetensors", "regex"}  # setup.cfg's install_requires
 PEERS = {"torch", "transformers", "transformer_lens", "tiktoken", "matplotlib", "dask", "distributed"}
@@ -187,6 +190,16 @@ def test_no_peer_package_in_the_core():
 def test_dask_is_imported_by_the_sweep_on_dask_module_alone():
     found = sorted({m for m, imported in EDGES.items() for t, _ in imported if t.split(".")[0] in ("dask", "distributed")})
     assert found == ["refgpt.sweep.on_dask"], found
+
+
+def test_torch_is_imported_by_the_torch_room_only():
+    """The torch-facing model (refgpt/tl_torch/) is optional: torch is imported there and nowhere
+    else, and no core module imports the room (the core runs without torch installed)."""
+    torch_users = sorted(m for m, found in EDGES.items() for t, _ in found if t.split(".")[0] == "torch")
+    assert torch_users and all(layer(m) == "tl_torch" for m in torch_users), torch_users
+    importers = sorted(f"{where(m, line)}" for m, found in EDGES.items() if layer(m) != "tl_torch"
+                       for t, line in found if layer(t) == "tl_torch")
+    assert importers == [], importers
 
 
 def test_import_refgpt_loads_the_core_only():

@@ -25,7 +25,7 @@ import peers as P
 torch, transformers, transformer_lens = P.require_peers()
 
 import tl_port  # noqa: E402
-from tl_port import N, close  # noqa: E402
+from tl_port import N, close, is_numpy  # noqa: E402
 from refgpt import RefGPTError  # noqa: E402
 from transformer_lens.utilities import Slice, get_act_name  # noqa: E402
 
@@ -33,14 +33,18 @@ prompt = "Hello World!"
 embed = lambda name: name == "hook_embed"  # noqa: E731
 
 
-@pytest.fixture
-def pair(tl_pair):
-    return tl_pair  # built once per session, reset around each test (tests/conftest.py)
+@pytest.fixture(params=["refgpt", "torch"])
+def pair(tl_pair, tl_torch, request):
+    """(refgpt's model, TransformerLens): refgpt's NumPy model, or its torch-facing model (which runs
+    TransformerLens's bodies as written); built once per session, reset around each test."""
+    return tl_pair if request.param == "refgpt" else (tl_torch, tl_pair[1])
 
 
-@pytest.fixture(params=["refgpt", "tl"])
-def model(pair, request):
-    m = pair[0] if request.param == "refgpt" else pair[1]
+@pytest.fixture(params=["refgpt", "torch", "tl"])
+def model(tl_pair, tl_torch, request):
+    """refgpt's NumPy model (with the departures below), its torch-facing model (TL's bodies as
+    written) or TransformerLens."""
+    m = {"refgpt": tl_pair[0], "torch": tl_torch, "tl": tl_pair[1]}[request.param]
     m.cfg.default_prepend_bos = True
     m.tokenizer.padding_side = "right"
     m.reset_hooks(including_permanent=True)
@@ -114,11 +118,13 @@ def test_context_manager_run_with_cache(model):
 
 
 def backward(model):
-    """DEPARTURE: TL runs ``model(prompt).sum().backward()``; refgpt has no autograd, its backward
-    hooks run in ``loss_and_grads`` (the mean next-token loss). TL is given the same loss here."""
-    if hasattr(model, "kv_cache"):
+    """TL's ``out = model(prompt); out.sum().backward()``, as written for TL and the torch-facing
+    model. DEPARTURE for the NumPy model (2.4): it has no autograd, its backward hooks run in
+    ``loss_and_grads`` (the mean next-token loss)."""
+    if is_numpy(model):
         return model.loss_and_grads(prompt)
-    model(prompt, return_type="loss").backward()
+    out = model(prompt)
+    out.sum().backward()
 
 
 def test_backward_hook_runs_successfully(model):
@@ -178,7 +184,12 @@ def test_backward_hooks_see_and_replace_the_same_gradients_as_tl(pair):
         m.add_hook("blocks.1.hook_mlp_out", halve, dir="bwd", prepend=True)  # runs before the recorder
         m.add_hook("blocks.1.attn.hook_z", halve, dir="bwd", prepend=True)  # inside attention
         m.add_hook("blocks.0.mlp.hook_post", halve, dir="bwd", prepend=True)  # inside the MLP
-    grads = ref.loss_and_grads(prompt)
+    if is_numpy(ref):
+        grads = ref.loss_and_grads(prompt).params
+    else:  # the torch-facing model: TL's way, through torch, into refgpt's analytic backward
+        ref.zero_grad()
+        ref(prompt, return_type="loss").backward()
+        grads = {n: p.grad for n, p in ref.named_parameters()}
     tl.zero_grad()
     tl(prompt, return_type="loss").backward()
     for n in names:
@@ -186,7 +197,7 @@ def test_backward_hooks_see_and_replace_the_same_gradients_as_tl(pair):
     tl_params = dict(tl.named_parameters())
     for name in ("blocks.1.mlp.W_out", "blocks.1.mlp.W_in", "blocks.1.attn.W_V", "blocks.1.attn.W_Q",
                  "blocks.0.mlp.W_in", "blocks.0.attn.W_Q", "pos_embed.W_pos"):
-        assert close(grads.params[name], tl_params[name].grad), name
+        assert close(grads[name], tl_params[name].grad), name
     for m in pair:
         m.reset_hooks(including_permanent=True)
 
@@ -322,20 +333,23 @@ def test_optional_hook_points_equal_tl(pair, switches):
         edited = None
         if "use_split_qkv_input" in switches:
             _, edited = m.run_with_cache(prompt, names_filter=["blocks.1.attn.hook_q", "blocks.1.attn.hook_k"],
-                                         fwd_hooks=[("blocks.1.hook_q_input", lambda x, hook: x * 2)]) if hasattr(m, "kv_cache") else \
+                                         fwd_hooks=[("blocks.1.hook_q_input", lambda x, hook: x * 2)]) if m is pair[0] else \
                 (None, None)
         outs.append((N(logits), {k: N(v) for k, v in cache.items()}, cache, edited))
         for s in switches:
             getattr(m, "set_" + s)(False)
     (ref_logits, ref_cache, ref_obj, edited), (tl_logits, tl_cache, _, _) = outs
     assert close(ref_logits, tl_logits)
-    assert [k for k in ref_cache if not k.endswith("hook_mean")] == [k for k in tl_cache if not k.startswith("unembed.")]
+    if is_numpy(pair[0]):  # DEPARTURE 2.10: hook_mean, no unembed hooks
+        assert [k for k in ref_cache if not k.endswith("hook_mean")] == [k for k in tl_cache if not k.startswith("unembed.")]
+    else:
+        assert list(ref_cache) == list(tl_cache)
     for k, v in tl_cache.items():
         if k in ref_cache:
             assert (P.rel_err_finite(ref_cache[k], v) if "attn_scores" in k else P.rel_err(ref_cache[k], v)) <= P.TL_TOL, k
     if edited is not None:
-        assert not np.allclose(edited["blocks.1.attn.hook_q"], ref_obj["blocks.1.attn.hook_q"])
-        assert np.allclose(edited["blocks.1.attn.hook_k"], ref_obj["blocks.1.attn.hook_k"], rtol=0, atol=1e-14)
+        assert not np.allclose(N(edited["blocks.1.attn.hook_q"]), N(ref_obj["blocks.1.attn.hook_q"]))
+        assert np.allclose(N(edited["blocks.1.attn.hook_k"]), N(ref_obj["blocks.1.attn.hook_k"]), rtol=0, atol=1e-14)
 
 
 @pytest.mark.parametrize("zero_attach_pos,prepend", [(z, p) for z in range(2) for p in [True, False]])
@@ -372,8 +386,11 @@ def test_cache_hook_names(pair):
     for lib, m in (("refgpt", ref), ("tl", tl)):
         _, cache = m.run_with_cache(prompt)
         names[lib] = list(cache.keys())
-    assert [n for n in names["refgpt"] if not n.endswith("hook_mean")] == \
-           [n for n in names["tl"] if not n.startswith("unembed.")]
+    if is_numpy(ref):
+        assert [n for n in names["refgpt"] if not n.endswith("hook_mean")] == \
+               [n for n in names["tl"] if not n.startswith("unembed.")]
+    else:  # the torch-facing model: TL's names exactly
+        assert names["refgpt"] == names["tl"]
 
 
 # ---- test_cache_pos_slice.py (TL: tiny-stories-1M) ----------------------------------------------

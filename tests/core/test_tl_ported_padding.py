@@ -27,9 +27,11 @@ from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache 
 PROMPTS = ["Hello world!", "How are you today?", "I'm fine, thank you.", "I am happy."]
 
 
-@pytest.fixture
-def pair(tl_pair):
-    return tl_pair  # built once per session, reset around each test (tests/conftest.py)
+@pytest.fixture(params=["refgpt", "torch"])
+def pair(tl_pair, tl_torch, request):
+    """(refgpt's model, TransformerLens): refgpt's NumPy model, or its torch-facing model (which runs
+    TransformerLens's bodies as written); built once per session, reset around each test."""
+    return tl_pair if request.param == "refgpt" else (tl_torch, tl_pair[1])
 
 
 def reset(pair, side="right"):
@@ -42,6 +44,10 @@ def reset(pair, side="right"):
 def kv_cache(model, batch):
     if hasattr(model, "kv_cache"):
         return model.kv_cache(batch)
+    if hasattr(model, "refgpt"):  # DEPARTURE: the torch-facing model's cache is refgpt.tl_torch's class, same API
+        from refgpt.tl_torch import TransformerLensKeyValueCache as Cache
+
+        return Cache.init_cache(model.cfg, model.cfg.device, batch)
     return TransformerLensKeyValueCache.init_cache(model.cfg, model.cfg.device, batch)
 
 
@@ -74,6 +80,60 @@ def test_pos_embed(pair, padding_side, prepend_bos):
         target_position_ids = sum([list(range(len(t))) for t in str_tokens], [])
         assert close(output_pos_embed[attention_mask.astype(bool)], N(model.W_pos)[target_position_ids])
         assert output_pos_embed[~attention_mask.astype(bool)].sum() == 0
+        outs.append(output_pos_embed)
+    assert close(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("padding_side", ["left", "right"])
+@pytest.mark.parametrize("prepend_bos", [True, False])
+def test_pos_embed_as_written(tl_torch, tl_pair, padding_side, prepend_bos):
+    """TL's body as written (model.pos_embed, model.pos_embed.W_pos, torch tensors), on refgpt's
+    torch-facing model and on TL, whose outputs must also agree."""
+    outs = []
+    for model in (tl_torch, tl_pair[1]):
+        model.tokenizer.padding_side = padding_side
+        prompts = PROMPTS
+        tokens = model.to_tokens(prompts, prepend_bos=prepend_bos)
+        attention_mask = utils.get_attention_mask(model.tokenizer, tokens, prepend_bos)  # [batch pos]
+        output_pos_embed = model.pos_embed(tokens, 0, attention_mask=attention_mask)  # [batch pos d_model]
+        assert output_pos_embed.shape == (tokens.shape[0], tokens.shape[1], model.pos_embed.W_pos.shape[1])
+        str_tokens = model.to_str_tokens(prompts, prepend_bos=prepend_bos)
+        target_position_ids = torch.tensor(sum([list(range(len(t))) for t in str_tokens], []), device=tokens.device)
+        target_output_pos_embed = model.pos_embed.W_pos[target_position_ids, :]
+        attended_output_pos_embed = output_pos_embed[attention_mask.bool()]
+        assert torch.allclose(attended_output_pos_embed, target_output_pos_embed, atol=1e-4)
+        assert output_pos_embed[~attention_mask.bool()].sum() == 0
+        outs.append(output_pos_embed)
+    assert close(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("padding_side", ["left", "right"])
+@pytest.mark.parametrize("prepend_bos", [True, False])
+def test_pos_embed_with_cache_as_written(tl_torch, tl_pair, padding_side, prepend_bos):
+    """TL's body as written; the one change: the torch-facing model's TransformerLensKeyValueCache
+    is refgpt.tl_torch's class (DEPARTURE, the import)."""
+    from refgpt.tl_torch import TransformerLensKeyValueCache as RefgptCache
+
+    outs = []
+    for model, Cache in ((tl_torch, RefgptCache), (tl_pair[1], TransformerLensKeyValueCache)):
+        model.tokenizer.padding_side = padding_side
+        prompts = PROMPTS
+        tokens = model.to_tokens(prompts, prepend_bos=prepend_bos)
+        tokens_2 = model.to_tokens(prompts, prepend_bos=False)
+        past_kv_cache = Cache.init_cache(model.cfg, model.cfg.device, tokens.shape[0])
+        str_tokens = model.to_str_tokens(prompts, prepend_bos=prepend_bos)
+        str_tokens_2 = model.to_str_tokens(prompts, prepend_bos=False)
+        attention_mask = utils.get_attention_mask(model.tokenizer, tokens, prepend_bos)  # [batch pos]
+        past_kv_cache.append_attention_mask(attention_mask)
+        attention_mask_2 = utils.get_attention_mask(model.tokenizer, tokens_2, False)  # [batch pos]
+        cached_attention_mask = past_kv_cache.append_attention_mask(attention_mask_2)
+        output_pos_embed = model.pos_embed(tokens_2, tokens.shape[1], attention_mask=cached_attention_mask)
+        target_position_ids = torch.tensor(sum([list(range(len(t1), len(t1) + len(t2)))
+                                                for t1, t2 in zip(str_tokens, str_tokens_2)], []), device=tokens.device)
+        target_output_pos_embed = model.pos_embed.W_pos[target_position_ids, :]
+        attended_output_pos_embed = output_pos_embed[attention_mask_2.bool()]
+        assert torch.allclose(attended_output_pos_embed, target_output_pos_embed, atol=1e-4)
+        assert output_pos_embed[~attention_mask_2.bool()].sum() == 0
         outs.append(output_pos_embed)
     assert close(outs[0], outs[1])
 
@@ -214,6 +274,7 @@ def test_kv_cache_refuses_partial_passes(pair):
     """DEPARTURE for test_freeze_cache and test_kv_cache_and_start_at_layer: refgpt's KV cache has
     no freeze(), so a pass that runs only some blocks with it would leave it inconsistent: refused."""
     ref, _ = reset(pair, "left")
+    ref = getattr(ref, "refgpt", ref)  # (the torch-facing model refuses the same way: its NumPy model does)
     past = ref.kv_cache(1)
     ref(ref.to_tokens("I went to Staten Island,"), past_kv_cache=past)
     with pytest.raises(RefGPTError, match="runs every block"):

@@ -6,8 +6,7 @@ TL model) and on ``refgpt.tl.processing`` (the same weights), and every resultin
 Departures, on purpose (docs/transformerlens.md): refgpt's steps take and return plain dicts of
 NumPy arrays and a Config; ``process_weights(model, …)`` returns a new Model (TransformerLens's
 ``process_weights_`` edits the model in place; refgpt's weights are read-only);
-``accumulated_bias`` sums in the model's dtype (TransformerLens sums into float32 zeros);
-``QK``/``OV`` are a small ``FactoredMatrix`` (A, B, AB, BA, T, shape, indexing) without SVD helpers.
+``accumulated_bias`` sums in the model's dtype (TransformerLens sums into float32 zeros).
 """
 
 from __future__ import annotations
@@ -27,6 +26,8 @@ from transformer_lens.weight_processing import ProcessWeights  # noqa: E402
 
 @pytest.fixture
 def pair(tl_pair):
+    """(refgpt's NumPy model, TransformerLens): these bodies test refgpt.tl.processing's functions; the
+    torch-facing model's processing methods are tests/tl_torch/test_torch_model.py's."""
     return tl_pair  # built once per session, reset around each test (tests/conftest.py)
 
 
@@ -126,3 +127,33 @@ def test_cfg_fields_are_tl_for_gpt2(pair):
     assert tl.cfg.tokenizer_prepends_bos and tl.tokenizer.encode("") == [50256]
     assert not ref.cfg.tokenizer_prepends_bos and ref.tokenizer.encode("") == []
     assert ref.cfg.attn_scale == tl.cfg.attn_scale == ref.cfg.d_head ** 0.5  # a divisor, as TL's
+
+
+def test_numpy_factored_matrix_is_tl_s(pair):
+    """refgpt.tl.circuits.FactoredMatrix (the NumPy model's QK/OV) against TL's on the same factors:
+    the product, its SVD (up to each singular vector's sign: NumPy's LAPACK is not torch's), the
+    singular values, norm, eigenvalues (as a multiset), make_even, indexing, products, TL's repr."""
+    from transformer_lens import FactoredMatrix as TLFactoredMatrix
+    from refgpt.tl.circuits import FactoredMatrix
+
+    ref, tl = pair
+    rng = np.random.default_rng(0)
+    C = rng.standard_normal((ref.cfg.d_model, 5))
+    for ours, theirs in ((ref.OV, tl.OV), (ref.QK[2], tl.QK[2]), (ref.OV[1, 1] @ C, tl.OV[1, 1] @ torch.tensor(C)),
+                         (C.T @ ref.OV[0], torch.tensor(C.T) @ tl.OV[0]), (ref.OV * 2.5, tl.OV * 2.5)):
+        assert tuple(ours.shape) == tuple(theirs.shape) and (ours.ldim, ours.mdim, ours.rdim) == (theirs.ldim, theirs.mdim, theirs.rdim)
+        assert close(ours.AB, theirs.AB) and close(ours.S, theirs.S) and close(ours.norm(), theirs.norm())
+        U, S, V = ours.svd()
+        assert close(U * S[..., None, :] @ np.swapaxes(V, -1, -2), theirs.AB)  # U·diag(S)·Vᵀ is the product
+        signs = np.sign((U * N(theirs.U)).sum(-2, keepdims=True))  # ±1 per singular vector
+        assert close(U * signs, theirs.U) and close(V * signs, theirs.V)
+        assert close(ours.make_even().AB, theirs.AB) and close(ours.get_corner(2), theirs.get_corner(2))
+        if ours.ldim == ours.rdim:
+            key = lambda e: np.sort_complex(np.round(e, 9))  # noqa: E731
+            assert close(key(ours.eigenvalues).real, key(N(theirs.eigenvalues)).real)
+            assert close(key(ours.eigenvalues).imag, key(N(theirs.eigenvalues)).imag)
+    assert repr(ref.OV).split("), Hidden")[1] == repr(tl.OV).split("), Hidden")[1]  # (NumPy's shape is a tuple)
+    assert repr(FactoredMatrix(np.ones((3, 2)), np.ones((2, 3)))) == "FactoredMatrix: Shape((3, 3)), Hidden Dim(2)"
+    A, B = rng.standard_normal((4, 2)), rng.standard_normal((2, 4))
+    assert close(FactoredMatrix(A, B)[1:3].AB, TLFactoredMatrix(torch.tensor(A), torch.tensor(B))[1:3].AB)
+    assert close(FactoredMatrix(A, B) @ A[:, 0], TLFactoredMatrix(torch.tensor(A), torch.tensor(B)) @ torch.tensor(A[:, 0]))

@@ -20,9 +20,11 @@ from tl_port import N  # noqa: E402
 from refgpt import RefGPTError  # noqa: E402
 
 
-@pytest.fixture
-def pair(tl_pair):
-    return tl_pair  # built once per session, reset around each test (tests/conftest.py)
+@pytest.fixture(params=["refgpt", "torch"])
+def pair(tl_pair, tl_torch, request):
+    """(refgpt's model, TransformerLens): refgpt's NumPy model, or its torch-facing model (which runs
+    TransformerLens's bodies as written); built once per session, reset around each test."""
+    return tl_pair if request.param == "refgpt" else (tl_torch, tl_pair[1])
 
 
 def both(pair):
@@ -51,7 +53,25 @@ def test_to_str_tokens(pair):
     assert results["refgpt"] == results["tl"]
 
 
-# test_test_prompt (utils.test_prompt, a printing helper) is not ported: refgpt has no test_prompt.
+@pytest.mark.parametrize("prepend_space_to_answer,tokenized_answer", [(True, [" le", "."]), (False, ["le", "."])])
+def test_test_prompt(tl_torch, tl_pair, prepend_space_to_answer, tokenized_answer):
+    """TL's body as written (solu-1l's "<|BOS|>" is GPT-2's "<|endoftext|>"), on refgpt's torch-facing
+    model and on TL: the same printed tokenization and the same printed numbers. (DEPARTURE 2.19
+    for the NumPy model: TL's test_prompt needs torch tensors; it is not run there.)"""
+    from unittest import mock
+
+    from transformer_lens import utilities as utils
+
+    tokenized_prompt = ["<|endoftext|>", "The", " circumference", " is", " the", " perimeter", " of", " the", " circ"]
+    calls = []
+    for model in (tl_torch, tl_pair[1]):
+        with mock.patch("builtins.print") as mocked_print:
+            utils.test_prompt("The circumference is the perimeter of the circ", "le.", model,
+                              prepend_space_to_answer=prepend_space_to_answer)
+        assert mocked_print.mock_calls[0] == mock.call("Tokenized prompt:", tokenized_prompt)
+        assert mocked_print.mock_calls[1] == mock.call("Tokenized answer:", tokenized_answer)
+        calls.append(mocked_print.mock_calls)
+    assert calls[0] == calls[1]
 
 
 # ---- test_prepend_bos.py ----------------------------------------------------------------------

@@ -118,8 +118,8 @@ BACKWARD_BUGS = [
      "(grad_scores @ k.transpose(per_head)).transpose(per_head) * score_scale)",
      "(grad_scores @ k.transpose(per_head)).transpose(per_head))", (backward, "attention_backward"),
      f"grad.blocks.{LAST}.attn.hook_q", "the scores"),
-    ("∂W_pos from the first sequence only", backward, "backward", "g_W_pos[: tokens.shape[1]] = g_pos.sum(axis=0)",
-     "g_W_pos[: tokens.shape[1]] = g_pos[0]", (backward, "backward"), "grad.pos_embed.W_pos", "position embedding"),
+    ("∂W_pos from the first sequence only", backward, "backward_from", "g_W_pos[: tokens.shape[1]] = g_pos.sum(axis=0)",
+     "g_W_pos[: tokens.shape[1]] = g_pos[0]", (backward, "backward_from"), "grad.pos_embed.W_pos", "position embedding"),
 ]
 
 

@@ -1,0 +1,3 @@
+from display_record import recorder
+
+hello = recorder("cv.examples.hello")

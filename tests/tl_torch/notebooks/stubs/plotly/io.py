@@ -1,0 +1,5 @@
+class _Renderers:
+    default = "notebook"
+
+
+renderers = _Renderers()
