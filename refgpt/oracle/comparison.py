@@ -61,13 +61,39 @@ _F32_TINY = float(np.finfo(np.float32).tiny)
 
 @dataclass
 class Element:
-    """One element of a tensor: where it is, and the two values."""
+    """One element of a tensor: where it is, and the two files' values there."""
 
     index: tuple[int, ...]
     where: dict[str, int]  # axis label → index, e.g. {"batch": 0, "pos": 3, "d_model": 17}
-    reference: float
-    candidate: float
-    tolerance: float
+    reference: float  # the reference file's value at ``index``
+    candidate: float  # the candidate file's value at ``index``
+    tolerance: float  # the most |judged difference| may be here
+    row_shift: float | None = None  # the row's shift taken out before judging (logits, log_probs)
+    row_factor: float | None = None  # the row's factor divided out before judging (probs, attention patterns)
+
+    @property
+    def judged_difference(self) -> float:
+        """|candidate − shift − reference|, |candidate/factor − reference| or |candidate − reference|."""
+        c = self.candidate
+        if self.row_shift is not None:
+            c = c - self.row_shift
+        if self.row_factor is not None and self.row_factor != 0:
+            c = c / self.row_factor
+        return abs(c - self.reference)
+
+
+@dataclass
+class RowFreedom:
+    """How a tensor judged up to one factor or shift per row (golden.row_freedom_of) used it."""
+
+    kind: str  # "factor" (softmax rows: Σ candidate / Σ reference) or "shift" (median of candidate − reference)
+    bound: float | None  # the most |factor − 1| or |shift| may be (None: any shift is right, the logits)
+    largest: float = 0.0  # the largest |factor − 1| or |shift| over the rows
+    largest_at: list[int] | None = None  # the row's index (every axis but the last)
+    rows_out: int = 0  # rows whose factor or shift is beyond the bound
+    first_out: list[int] | None = None  # the first such row
+    first_out_value: float | None = None  # its factor (or shift)
+    first_out_sums: tuple[float, float] | None = None  # its Σ candidate and Σ reference (factor rows)
 
 
 @dataclass
@@ -92,6 +118,7 @@ class TensorResult:
     rtol: float = 0.0
     first_bad: Element | None = None  # the first element out of tolerance, in C order
     worst: Element | None = None  # the element furthest outside its tolerance
+    row: RowFreedom | None = None  # judged up to a factor or shift per row: how much of it was used
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -240,6 +267,9 @@ def compare(reference, candidate, *, atol=None, rtol=None, profile=None, name_ma
     if conditioning is None:
         conditioning = ref_golden.conditioning if ref_golden is not None else {}
     conditioning = golden_file.checked_conditioning(dict(conditioning), "conditioning")
+    old_format = ref_golden is not None and ref_golden.format_version < 2
+    if old_format and "log_probs" in conditioning:  # format 1 measured the logits raw: take log_probs' (as it judged)
+        conditioning["logits"] = conditioning["log_probs"]
     tol = _tolerance(atol, rtol, profile, cand, cand_dtypes)
     if tol["profile"] and not conditioning:
         notes.append("the reference has no measured conditioning (c_X = 0): ill-conditioned tensors may be "
@@ -249,14 +279,21 @@ def compare(reference, candidate, *, atol=None, rtol=None, profile=None, name_ma
     if not common:
         raise RefGPTError(f"no tensor names in common: the reference has e.g. {list(ref)[:3]}, the candidate "
                           f"{list(cand)[:3]}; is --map right (refgpt, hf, tl, llmc)?")
-    error_rms = ref_golden.error_rms if ref_golden is not None else {}
+    error_rms = dict(ref_golden.error_rms) if ref_golden is not None else {}
+    if old_format and "log_probs" in error_rms:
+        error_rms["logits"] = error_rms["log_probs"]
     if tol["profile"] and conditioning and not error_rms:  # a golden file written before r_X was recorded
         error_rms = None
         notes.append("the reference records c_X but not r_X (an older golden file): the bias of each tensor is "
                      "not judged; remake it with `refgpt golden`")
+    row_freedom = ref_golden.row_freedom if ref_golden is not None else {}
+    if tol["profile"] and conditioning and not row_freedom:
+        notes.append("the reference records no row freedom f_X (a golden file older than format 2): softmax rows "
+                     "are judged element by element, without their one shared factor; remake it with `refgpt golden`")
     results = []
     for n in common:  # files are mapped: each tensor's pages are let go once compared (Golden.release)
-        results.append(_compare_tensor(n, np.asarray(ref[n]), np.asarray(cand[n]), tol, conditioning, ref, error_rms))
+        results.append(_compare_tensor(n, np.asarray(ref[n]), np.asarray(cand[n]), tol, conditioning, ref, error_rms,
+                                       row_freedom))
         _release(n, ref_golden, cand_golden)
     certified = ref_golden.golden_error if ref_golden is not None else {}
     for t in results:
@@ -500,19 +537,23 @@ class _RootMeanSquare:
         return self.top * math.sqrt(self.scaled / self.n)
 
 
-def _compare_tensor(name, r, c, tol, conditioning, ref, error_rms=None) -> TensorResult:
+def _compare_tensor(name, r, c, tol, conditioning, ref, error_rms=None, row_freedom=None) -> TensorResult:
     """Judge candidate ``c`` against reference ``r`` block of rows by block of rows (BLOCK_BYTES).
 
-    Whole-tensor, the judgement is (X = r, or log-softmax of both for the logits; masked: not compared)
+    Whole-tensor, the judgement is (masked: not compared)
 
-        err = |c − r|,  limit = atol + rtol·|r|,  bad = err > limit,  first/worst = first bad, largest err/limit
+        c′ = c up to its row's freedom (golden.row_adjusted): logits − the row's shift (free),
+             log_probs − its shift, probs and attention patterns / the row's factor (each bounded:
+             |shift| or |factor − 1| ≤ G·u·(f_X + 1), f_X from ``row_freedom``; without it, c′ = c)
+        err = |c′ − r|,  limit = atol + rtol·|r|,  bad = err > limit,  first/worst = first bad, largest err/limit
         max_abs = max err,  max_over_tol = max err/limit,  frac_out = #bad / #compared
-        mean_error = Σ(c − r)/n,  rms = √(Σ err²/n),  RMS(X_ref) = √(Σ r²/n)    (the bias bound)
+        mean_error = Σ(c′ − r)/n,  rms = √(Σ err²/n),  RMS(X_ref) = √(Σ r²/n)    (the bias bound)
 
-    Maxima, counts and the first element are the same numbers blocked; the three sums are summed per
-    block and then exactly (math.fsum), so they differ from numpy's pairwise whole-tensor sum by
-    rounding only: relative ≤ (⌈log₂ n⌉ + ⌈log₂ b⌉ + 1)·2⁻⁵³ of Σ|terms| (b: elements in a block).
-    atol needs S_X = max|X_ref| before any block is judged: a first pass finds it."""
+    Maxima, counts and the first element are the same numbers blocked (a row's freedom is the row's
+    alone); the three sums are summed per block and then exactly (math.fsum), so they differ from
+    numpy's pairwise whole-tensor sum by rounding only: relative ≤ (⌈log₂ n⌉ + ⌈log₂ b⌉ + 1)·2⁻⁵³ of
+    Σ|terms| (b: elements in a block). atol needs S_X = max|X_ref| before any block is judged: a
+    first pass finds it."""
     res = TensorResult(name, layer_of(name), "ok", list(r.shape), list(c.shape))
     if c.shape != r.shape and r.ndim >= 1 and r.shape[0] == 1 and c.shape == r.shape[1:]:
         c = c[None]  # a candidate without the batch axis, for a batch of one
@@ -526,6 +567,9 @@ def _compare_tensor(name, r, c, tol, conditioning, ref, error_rms=None) -> Tenso
 
     def index(a, k):  # flat index k in the block starting at row a → index into r
         return tuple(int(i) for i in np.unravel_index(a * last + int(k), r.shape))
+
+    def row_index(a, k):  # row k of the block starting at row a → the row's index (every axis but the last)
+        return [int(i) for i in np.unravel_index(a + int(k), r.shape[:-1])] if r.ndim > 1 else []
 
     if r.dtype.kind in "iub" or c.dtype.kind in "iub":
         n_differ, first = 0, None
@@ -543,57 +587,71 @@ def _compare_tensor(name, r, c, tol, conditioning, ref, error_rms=None) -> Tenso
     if causal:
         res.notes.append("∂pattern compared on the causal part (above the diagonal no loss depends on it through "
                          "the softmax; llm.c never computes it)")
-    judged_name = name
-    ref_log_probs = None
-    if name == "logits":  # shift-invariant: judge log-softmax against log-softmax
-        if "log_probs" in ref:
-            ref_log_probs = _as_rows(np.asarray(ref["log_probs"]))  # [rows, d_vocab]
-        judged_name = "log_probs" if "log_probs" in conditioning else "logits"
-        res.notes.append("judged shift-invariantly: log-softmax of the logits")
+    freedom = golden_file.row_freedom_of(name)
+    if freedom is not None and freedom[1] and not (tol["profile"] and row_freedom and name in row_freedom):
+        freedom = None  # a bounded freedom needs its measured f_X (a golden of format 2) and a profile
+    if freedom is not None:
+        kind, bounded = freedom
+        bound = (GROWTH * tol["unit_roundoff"] * (row_freedom[name] + 1.0)) if bounded else None
+        res.row = RowFreedom(kind, bound)
 
-    def block(a, b):  # the block's compared mask, raw and judged values
+    def block(a, b):  # the block's compared mask, raw values, judged values and its rows' freedom
         r64, c64 = r2[a:b].astype(np.float64), c2[a:b].astype(np.float64)  # [block, last]
         compared = np.isfinite(r64)  # attention scores: the causal part
         if causal:
             pos = (np.arange(a, b) % r.shape[-2])[:, None]  # [block, 1] query position of each row
             compared &= np.arange(last)[None, :] <= pos  # [block, last] key_pos ≤ pos
-        jr, jc = r64, c64
-        if name == "logits":
-            jc = log_softmax(c64)
-            jr = ref_log_probs[a:b].astype(np.float64) if ref_log_probs is not None else log_softmax(r64)
-        return compared, r64, c64, jr, jc
+        jc, free = c64, None
+        if freedom is not None:
+            with np.errstate(invalid="ignore", over="ignore"):
+                jc, free = golden_file.row_adjusted(name, r64, c64)  # [block, last], [block]
+            if res.row.bound is not None:  # a row beyond the bound gets no freedom: judged as it is
+                beyond = ~(np.abs(free) <= res.row.bound)  # [block] (NaN: beyond)
+                jc = np.where(beyond[:, None], c64, jc)
+                return compared, r64, c64, jc, np.where(beyond, np.nan, free), free
+        return compared, r64, c64, jc, free, free
 
-    top_judged = top_raw = 0.0  # max|X_ref| over the compared part: judged (for atol) and raw (max_rel)
+    top_judged = 0.0  # max|X_ref| over the compared part
     for a, b in blocks:
-        compared, r64, _, jr, _ = block(a, b)
-        top_judged = float(np.max([top_judged, np.max(np.abs(jr[compared]), initial=0.0)]))
-        top_raw = float(np.max([top_raw, np.max(np.abs(r64[compared]), initial=0.0)]))
+        compared, r64, _, _, _, _ = block(a, b)
+        top_judged = float(np.max([top_judged, np.max(np.abs(r64[compared]), initial=0.0)]))
     scale = tensor_scale(name, np.array([top_judged]), ref)
     if tol["profile"]:
         u = tol["unit_roundoff"]
         res.rtol = GROWTH * u
-        res.atol = GROWTH * u * (conditioning.get(judged_name, 0.0) + scale)
+        res.atol = GROWTH * u * (conditioning.get(name, 0.0) + scale)
     else:
         res.rtol, res.atol = tol["rtol"], tol["atol"]
     if name == "probs" and tol["profile"]:
-        res.notes.append("probabilities judged relative to p: |Δp| ≤ p·(log_probs' tolerance)")
+        res.notes.append("probabilities judged relative to p: |Δp| ≤ p·(atol + rtol) + float32's smallest normal "
+                         "(a port may flush smaller ones to 0)")
     n = n_bad = 0
     max_abs = max_over_tol = 0.0
     worst_ratio = None
     signed, err_rms, ref_rms, all_finite = [], _RootMeanSquare(), _RootMeanSquare(), True
+
+    def element(a, k, local, r64, c64, limit, free):
+        local = tuple(int(i) for i in local)
+        e = Element(index(a, k), {}, float(r64[local]), float(c64[local]), float(limit[local]))
+        e.where = _where(name, e.index)
+        if freedom is not None and free is not None and np.isfinite(free[local[0]]):  # NaN: a row judged as it is
+            setattr(e, "row_factor" if freedom[0] == "factor" else "row_shift", float(
+                free[local[0]] + (1.0 if freedom[0] == "factor" else 0.0)))
+        return e
+
     for a, b in blocks:
-        compared, r64, c64, jr, jc = block(a, b)
+        compared, r64, c64, jc, free, row_free = block(a, b)
         with np.errstate(invalid="ignore"):  # −∞ − −∞ in the masked part, which is not compared
-            diff = np.where(compared, np.abs(c64 - r64), 0.0)  # [block, last] raw error, reported
-            jdiff = np.where(compared, np.abs(jc - jr), 0.0)  # [block, last] judged error
-        diff = np.where(np.isnan(diff), np.inf, diff)  # a NaN candidate is infinitely wrong
-        jdiff = np.where(np.isnan(jdiff), np.inf, jdiff)
-        if name == "probs" and tol["profile"]:  # |Δp| = p·|Δlog p|: log_probs' tolerance, relative to p
-            limit = (res.atol + res.rtol) * np.abs(np.where(compared, jr, 0.0)) + GROWTH * tol["unit_roundoff"] * _F32_TINY
+            jdiff = np.where(compared, np.abs(jc - r64), 0.0)  # [block, last] judged error
+        jdiff = np.where(np.isnan(jdiff), np.inf, jdiff)  # a NaN candidate is infinitely wrong
+        if name == "probs" and tol["profile"]:  # |Δp| ≤ p·(atol + rtol), and a flushed subnormal passes
+            limit = (res.atol + res.rtol) * np.abs(np.where(compared, r64, 0.0)) + _F32_TINY
         else:
-            limit = res.atol + res.rtol * np.abs(np.where(compared, jr, 0.0))  # [block, last]
+            limit = res.atol + res.rtol * np.abs(np.where(compared, r64, 0.0))  # [block, last]
         bad = jdiff > limit  # [block, last]
-        max_abs = max(max_abs, float(diff.max(initial=0.0)))
+        if res.row is not None and free is not None:
+            _judge_rows(res.row, row_free, a, row_index, r64, c64)
+        max_abs = max(max_abs, float(jdiff.max(initial=0.0)))
         max_over_tol = float(np.max([max_over_tol, np.max(np.where(
             compared, jdiff / np.maximum(limit, _F32_TINY * _F32_TINY), 0.0), initial=0.0)]))
         n += int(compared.sum())
@@ -602,13 +660,13 @@ def _compare_tensor(name, r, c, tol, conditioning, ref, error_rms=None) -> Tenso
         k = int(np.argmax(ratio)) if ratio.size else None  # argmax: first of the largest (or first NaN)
         if k is not None and (worst_ratio is None or (not np.isnan(worst_ratio) and
                                                       (np.isnan(ratio.flat[k]) or ratio.flat[k] > worst_ratio))):
-            worst_ratio, res.worst = ratio.flat[k], _element(name, index(a, k), np.unravel_index(k, bad.shape),
-                                                             jr, jc, limit)
+            worst_ratio = ratio.flat[k]
+            res.worst = element(a, k, np.unravel_index(k, bad.shape), r64, c64, limit, free)
         if bad.any() and res.first_bad is None:
             k = int(np.argmax(bad))
-            res.first_bad = _element(name, index(a, k), np.unravel_index(k, bad.shape), jr, jc, limit)
+            res.first_bad = element(a, k, np.unravel_index(k, bad.shape), r64, c64, limit, free)
         if tol["profile"]:
-            jc_in, jr_in = jc[compared], jr[compared]  # [compared in block]
+            jc_in, jr_in = jc[compared], r64[compared]  # [compared in block]
             all_finite = all_finite and bool(np.isfinite(jc_in).all())
             if all_finite:
                 with np.errstate(over="ignore", invalid="ignore"):
@@ -616,18 +674,51 @@ def _compare_tensor(name, r, c, tol, conditioning, ref, error_rms=None) -> Tenso
                 err_rms.add(jdiff[compared])
                 ref_rms.add(jr_in)
     res.max_abs = max_abs
-    res.max_rel = res.max_abs / tensor_scale(name, np.array([top_raw]), ref)
+    res.max_rel = res.max_abs / scale
     res.max_over_tol = max_over_tol
     res.frac_out = float(n_bad / n) if n else 0.0
-    if n_bad:
+    if n_bad or (res.row is not None and res.row.rows_out):
         res.status = "out of tolerance"
-    else:
+    if not n_bad:
         res.worst = None
+    if res.row is not None:
+        res.notes.append(_row_note(res.row))
     if tol["profile"] and n and error_rms is not None:
         _check_systematic(res, n, all_finite, _sum(signed) / n if all_finite else math.nan,
                           err_rms.value() if all_finite else math.inf, ref_rms.value() if all_finite else 0.0,
-                          tol["unit_roundoff"], error_rms.get(judged_name, 0.0))
+                          tol["unit_roundoff"], error_rms.get(name, 0.0))
     return res
+
+
+def _judge_rows(row: RowFreedom, free, a, row_index, r64, c64) -> None:
+    """Record the rows' factors − 1 or shifts ``free`` [block] of the block starting at row ``a``."""
+    size = np.abs(np.where(np.isfinite(free), free, np.inf))  # [block] a NaN factor is infinitely far
+    if not size.size:
+        return
+    k = int(np.argmax(size))
+    if row.largest_at is None or size[k] > row.largest:
+        row.largest, row.largest_at = float(size[k]), row_index(a, k)
+    if row.bound is None:
+        return
+    out = np.flatnonzero(size > row.bound)
+    row.rows_out += len(out)
+    if len(out) and row.first_out is None:
+        k = int(out[0])
+        row.first_out = row_index(a, k)
+        row.first_out_value = float(free[k] + (1.0 if row.kind == "factor" else 0.0))
+        if row.kind == "factor":
+            row.first_out_sums = (float(np.sum(c64[k])), float(np.sum(np.where(np.isfinite(r64[k]), r64[k], 0.0))))
+
+
+def _row_note(row: RowFreedom) -> str:
+    what = ("up to a factor per row (each softmax row is divided by one sum: Σ candidate / Σ reference)"
+            if row.kind == "factor" else "up to a shift per row (the median over the row of candidate − reference)")
+    at = f" at row {row.largest_at}" if row.largest_at else ""
+    size = "|factor − 1|" if row.kind == "factor" else "|shift|"
+    bound = (f", bound {row.bound:.3g} = {GROWTH}·u·(f_X + 1)" if row.bound is not None
+             else " (any shift is right: logits are defined up to a constant per position)")
+    out = f"; {row.rows_out} rows beyond it" if row.rows_out else ""
+    return f"judged {what}: largest {size} {row.largest:.3g}{at}{bound}{out}"
 
 
 def tensor_scale(name, values, reference=None) -> float:
@@ -724,12 +815,6 @@ def _check_systematic(res, n, finite, mean_error, rms, ref_rms, u, r_X) -> None:
 
 def _where(name, index):
     return dict(zip(axes(name, len(index)), (int(i) for i in index)))
-
-
-def _element(name, index, local, r, c, limit):
-    """The element at ``index`` of the tensor, which is at ``local`` in the block ``r``, ``c``, ``limit``."""
-    local = tuple(int(k) for k in local)
-    return Element(index, _where(name, index), float(r[local]), float(c[local]), float(limit[local]))
 
 
 def _top_k(x, k):
@@ -850,30 +935,86 @@ def format_report(report: Report, after_first: int | None = None) -> str:
 
 
 def describe_divergence(t: TensorResult) -> str:
-    """One paragraph: which tensor, where, and by how much."""
+    """One paragraph: which tensor, where, and by how much. Every value it prints is a file's own
+    value at the index it prints (the reference's ``probs`` are exp of the golden's log_probs)."""
     where = f"layer {t.layer}" if t.layer is not None else "outside the blocks"
     if t.status == "shape mismatch":
         return (f"first divergence: {t.name} ({where}): shape {_shape(t.candidate_shape)}, "
                 f"expected {_shape(t.shape)}")
     kind = "gradient" if is_gradient(t.name) else "tensor"
+    tail = f" Every {kind} after it inherits the error: look here first." + _backward_hint(t) + _certified(t)
     if t.status == "systematic error":
         return (f"first divergence: {t.name} ({where}): a systematic error: every element is within its "
                 f"tolerance, but the mean signed error {t.mean_error:.3g} is {abs(t.mean_error) / t.bias_tolerance:.3g}× "
                 f"the most rounding gives ({t.bias_tolerance:.3g}; RMS error {t.rms:.3g}): a wrong constant or "
-                f"formula in the op that computes this {kind}, not noise. Every {kind} after it inherits the "
-                f"error: look here first." + _backward_hint(t) + _certified(t))
+                f"formula in the op that computes this {kind}, not noise." + tail)
     e = t.first_bad
-    at = ", ".join(f"{k} {v}" for k, v in e.where.items() if k != "1")
-    text = (f"first divergence: {t.name} ({where}), first at {at} (index {list(e.index)}): candidate "
-            f"{e.candidate:.9g}, reference {e.reference:.9g}, |diff| {abs(e.candidate - e.reference):.3g}")
     if t.status == "values differ":
-        return text + "; everything after it ran on different input"
-    text += f" > tolerance {e.tolerance:.3g}; {100 * t.frac_out:.1f}% of its elements are out"
-    if t.worst is not None and t.worst.index != e.index:
+        return (f"first divergence: {t.name} ({where}), first at {_at(e)} (index {list(e.index)}): candidate "
+                f"{e.candidate:.9g}, reference {e.reference:.9g}; everything after it ran on different input")
+    parts = []
+    row = t.row
+    if row is not None and row.rows_out:
+        parts.append(_row_failure(t.name, row))
+    if e is not None:
+        text = (f"first at {_at(e)} (index {list(e.index)}): candidate {e.candidate:.9g}, reference "
+                f"{e.reference:.9g}{_reference_is(t.name)}, {_judged(e)} {e.judged_difference:.3g} > tolerance "
+                f"{e.tolerance:.3g}; {_fraction(t)} of its elements are out{_beyond(row)}")
         w = t.worst
-        text += (f"; worst at index {list(w.index)}: |diff| {abs(w.candidate - w.reference):.3g} "
-                 f"(tolerance {w.tolerance:.3g})")
-    return text + f". Every {kind} after it inherits the error: look here first." + _backward_hint(t) + _certified(t)
+        if w is not None and w.index != e.index:
+            text += (f"; furthest beyond its tolerance at index {list(w.index)}: candidate {w.candidate:.9g}, "
+                     f"reference {w.reference:.9g}, {_judged(w)} {w.judged_difference:.3g}, "
+                     f"{w.judged_difference / w.tolerance if w.tolerance else math.inf:.3g}× its tolerance "
+                     f"{w.tolerance:.3g}")
+        parts.append(text)
+    joiner = ": " if row is not None and row.rows_out else ", "
+    return f"first divergence: {t.name} ({where}){joiner}" + "; ".join(parts) + "." + tail
+
+
+def _at(e: Element) -> str:
+    return ", ".join(f"{k} {v}" for k, v in e.where.items() if k != "1")
+
+
+def _reference_is(name) -> str:
+    return " (exp of the golden's log_probs)" if name == "probs" else ""
+
+
+def _judged(e: Element) -> str:
+    """How the element's difference is judged: plain, after its row's shift, or after its row's factor."""
+    if e.row_shift is not None:
+        return f"judged after the row's shift {e.row_shift:.6g}: |candidate − shift − reference|"
+    if e.row_factor is not None:
+        return f"judged after the row's factor {e.row_factor:.9g}: |candidate/factor − reference|"
+    return "|diff|"
+
+
+def _fraction(t: TensorResult) -> str:
+    """The share of elements out, never rounded to 0 % (or 100 %) unless it is."""
+    share = 100 * t.frac_out
+    text = f"{share:.1f}%"
+    if 0 < share < 0.05 or (99.95 < share < 100):
+        n = math.prod(t.shape)
+        text = f"{round(t.frac_out * n):d} of {n} ({share:.2g}%)"
+    return text
+
+
+def _beyond(row: RowFreedom | None) -> str:
+    if row is None:
+        return ""
+    return " beyond their row's shift" if row.kind == "shift" else " beyond their row's factor"
+
+
+def _row_failure(name, row: RowFreedom) -> str:
+    """The first row whose factor or shift is beyond its bound, with the files' sums for a factor."""
+    if row.kind == "factor":
+        c, r = row.first_out_sums
+        return (f"the row at {row.first_out} sums to {c:.9g} in the candidate and {r:.9g} in the reference"
+                f"{_reference_is(name)}: a factor {row.first_out_value:.9g}, |factor − 1| "
+                f"{abs(row.first_out_value - 1):.3g} > {row.bound:.3g}, more than rounding of the row's one sum "
+                f"gives ({row.rows_out} rows are beyond it)")
+    return (f"the row at {row.first_out} is shifted by {row.first_out_value:.6g} (the median over the row of "
+            f"candidate − reference), |shift| > {row.bound:.3g}, more than rounding of the row's one log-sum gives "
+            f"({row.rows_out} rows are beyond it)")
 
 
 def _certified(t: TensorResult) -> str:

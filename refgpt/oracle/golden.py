@@ -30,6 +30,23 @@ the unit roundoff, so c_X·u_bf16 is the error a bfloat16 pass makes where c_X·
 pass's (docs/oracle.md measures how well this holds). c_X bounds each element's error, r_X the
 bias of a whole tensor (comparison.py, the bias bound).
 
+Two float32 passes, two accumulation orders. The error of a correct port depends on how it adds:
+refgpt's own float32 pass sums pairwise (NumPy) and in BLAS's blocks, a port written as loops one
+term at a time, with errors that grow with the length of the sum and are shared by a whole row
+(one softmax denominator, one LayerNorm σ). So c_X and r_X are the larger of the two passes':
+refgpt's, and refgpt/oracle/sequential.py's, which sums in index order as loops do.
+
+Normalised rows. A softmax row is divided by one sum, so a port's rounding of that sum scales
+the whole row by one factor; a log-softmax row is shifted by one log-sum; logits are defined only
+up to a constant per position (a centred unembedding adds one). The oracle judges these tensors
+up to that per-row factor or shift (``ROW_FREEDOM``), and the golden measures the same way: c_X of
+``probs`` and ``hook_pattern`` after each pass's own row factor is divided out, of ``logits`` and
+``log_probs`` after each row's own shift (the median over the row of pass − reference) is taken
+away, and f_X (``row_freedom``) = the largest |factor − 1| or |shift| over the rows, in units of
+2⁻²⁴, which bounds how far a port's row factor or shift may stray (none for ``logits``: any
+shift is right). ``probs`` (what llm.c keeps of the softmax) is not in the file but measured,
+relative to p, for llm.c candidates.
+
 Streaming. ``write_streamed`` (what ``refgpt golden`` runs for a forward golden) never holds the
 file: the header goes first (every shape follows from the config, ``layout``), then each tensor as
 the forward pass, driven a stage at a time by ``stream``, makes it; the float32 pass for c_X and r_X
@@ -67,7 +84,7 @@ from ..version import __version__
 from .name_maps import forward_order
 
 FORMAT = "refgpt-golden"
-FORMAT_VERSION = "1"
+FORMAT_VERSION = "2"  # 2: c_X of the logits shift-invariant, row_freedom (issue 25)
 F32_ROUNDOFF = 2.0**-24
 
 @dataclass
@@ -108,9 +125,21 @@ class Golden:
 
     @property
     def error_rms(self) -> dict[str, float]:
-        """r_X per tensor: the RMS error of refgpt's float32 pass, in units of 2⁻²⁴; empty if none."""
+        """r_X per tensor: the RMS error of the float32 passes, in units of 2⁻²⁴; empty if none."""
         return checked_conditioning(strict_json.loads(self.metadata.get("error_rms", "{}"),
                                                       "golden metadata 'error_rms'"), "golden metadata 'error_rms'")
+
+    @property
+    def row_freedom(self) -> dict[str, float]:
+        """f_X per normalised-row tensor (module docstring): the largest per-row factor − 1 or
+        shift of the float32 passes, in units of 2⁻²⁴; empty in a file older than format 2."""
+        return checked_conditioning(strict_json.loads(self.metadata.get("row_freedom", "{}"),
+                                                      "golden metadata 'row_freedom'"), "golden metadata 'row_freedom'")
+
+    @property
+    def format_version(self) -> int:
+        text = self.metadata.get("format_version", "1")
+        return int(text) if text.isdigit() else 1
 
 
 def checked_conditioning(values, where="golden metadata 'conditioning'") -> dict[str, float]:
@@ -280,20 +309,35 @@ def layout(model: Model, tokens_shape, names=None, targets_given=False) -> dict[
     return out
 
 
-def _three_passes(model: Model, tokens, names, targets=None):
-    """Yield (name, the golden tensor, its float64 value, its float32 value): the model's pass, a
-    float64 pass and a float32 pass of the same weights, run a stage at a time side by side
-    (``stream``), so only a stage's activations of each are held. A pass that would repeat another
-    (the model's own pass is the float64 one when it is float64 and unhooked) is run once."""
+def _passes(model: Model, tokens, names, targets=None):
+    """Yield (name, the golden tensor, its float64 value, its float32 values): the model's pass, a
+    float64 pass, a float32 pass of the same weights and the sequential port's float32 pass
+    (refgpt/oracle/sequential.py, None for a tensor it does not make), run a stage at a time side
+    by side (``stream``), so only a stage's activations of each are held. A pass that would repeat
+    another (the model's own pass is the float64 one when it is float64 and unhooked) is run once.
+    Last, ``probs``, which no file holds: (name, None, p, (refgpt's, the sequential port's))."""
+    from . import sequential
+
     hooked = bool(HookRun(model.hook_dict).hooks)  # hooks on the model's hook points
     exact = model if model.dtype == np.float64 and not hooked else Model(model.cfg, dict(model.params), dtype="float64")
     rounded = model if model.dtype == np.float32 and not hooked else float32_twin(model)  # weights rounded as a float32 port rounds them
     passes = list(dict.fromkeys([model, exact, rounded]))  # the distinct models
+    checked, _ = model.check_tokens(tokens)
+    twin = sequential.stages(model.cfg, rounded.params, checked,
+                             None if targets is None else check_golden_targets(model, checked, targets))
+    twin_names, stage, probs = set(sequential.golden_names(model.cfg)), {}, None
     for tensors in zip(*(stream(m, tokens, names, targets=targets) for m in passes), strict=True):
         made = dict(zip(passes, tensors))
         name = tensors[0][0]
         assert all(t[0] == name for t in tensors), tensors  # every pass makes the same tensors in the same order
-        yield name, made[model][1], made[exact][1], made[rounded][1]
+        while name in twin_names and name not in stage:
+            stage = next(twin)  # the sequential port's next stage, the last one let go
+        r, x = made[exact][1], made[rounded][1]
+        yield name, made[model][1], r, (x, stage.get(name))
+        if name == "log_probs":
+            probs = (np.exp(np.asarray(r, np.float64)), (np.exp(x.astype(np.float64)), stage.get("probs")))
+    if probs is not None:
+        yield "probs", None, *probs
 
 
 def float32_twin(model: Model) -> Model:
@@ -344,11 +388,77 @@ def conditioning(model: Model, tokens, names=None, targets=None, backward=False)
     return float32_errors(model, tokens, names, targets, backward)[0]
 
 
-def float32_errors(model: Model, tokens, names=None, targets=None, backward=False, reference=None):
-    """(c_X, r_X) per float golden tensor X: the largest and the root-mean-square error of
-    refgpt's own float32 pass against float64, both in units of 2⁻²⁴ (refgpt/oracle/comparison.py
-    bounds a candidate's error elementwise by the first and its bias by the second).
-    ``reference``: the float64 tensors, when already computed."""
+#: Tensors judged up to a per-row freedom (module docstring): name → "factor" or "shift", and
+#: whether that freedom is bounded (by f_X) or free.
+def row_freedom_of(name: str):
+    """("factor" | "shift", bounded) for a normalised-row tensor, None for any other."""
+    if name == "logits":
+        return "shift", False
+    if name == "log_probs":
+        return "shift", True
+    if name == "probs" or (name.endswith("attn.hook_pattern") and not name.startswith("grad.")):
+        return "factor", True
+    return None
+
+
+_F32_TINY = float(np.finfo(np.float32).tiny)
+
+
+#: Entries of a softmax row that estimate its factor: p ≥ 2⁻¹⁰⁰, far above where float32's exp
+#: underflows (a port's 0 for a p of 10⁻⁴⁰ says nothing about the row's sum).
+_FACTOR_FLOOR = 2.0**-100
+
+
+def row_adjusted(name, r, x):
+    """(x with its per-row factor or shift relative to r taken out, the factor − 1 or shift per row)
+    for a normalised-row tensor ``name`` (``row_freedom_of``); (x, None) for any other.
+
+    Both are medians over the row, so that an error in a few entries stays in those entries instead
+    of moving the whole row: the factor α is the median of x/r over the entries with r ≥ 2⁻¹⁰⁰ (1 if
+    there are none), the shift s the median of x − r over the entries where r is finite."""
+    freedom = row_freedom_of(name)
+    if freedom is None:
+        return x, None
+    kind, _ = freedom
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        if kind == "factor":
+            used = np.isfinite(r) & (r >= _FACTOR_FLOOR)  # [..., n]
+            ratio = np.where(used, x / np.where(used, r, 1.0), np.nan)  # [..., n]
+            free = _median(ratio, used)  # [..., 1]
+            free = np.where(np.isfinite(free) | np.isnan(x).any(-1, keepdims=True), free, 1.0)
+            free = np.where(used.any(-1, keepdims=True), free, 1.0)
+            return np.where(free != 0, x / np.where(free != 0, free, 1.0), x), (free - 1.0)[..., 0]
+        used = np.isfinite(r)
+        free = _median(np.where(used, x - r, np.nan), used)  # [..., 1]
+        free = np.where(used.any(-1, keepdims=True), free, 0.0)
+        return x - free, free[..., 0]
+
+
+def _median(values, used):
+    """The median over the last axis of ``values`` where ``used`` (NaN elsewhere; a NaN among the used
+    makes it NaN), keeping the axis."""
+    if used.all():
+        return np.median(values, axis=-1, keepdims=True)
+    nan_used = np.isnan(values) & used  # a NaN candidate entry: the row's factor is NaN
+    with np.errstate(invalid="ignore"):
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # rows with nothing used: NaN, replaced by the caller
+            m = np.nanmedian(values, axis=-1, keepdims=True)
+    return np.where(nan_used.any(-1, keepdims=True), np.nan, m)
+
+
+def float32_errors(model: Model, tokens, names=None, targets=None, backward=False, reference=None,
+                   attention_mask=None):
+    """(c_X, r_X, f_X) per float golden tensor X: the largest and the root-mean-square error of
+    the float32 passes against float64 — refgpt's own and the sequential port's
+    (refgpt/oracle/sequential.py), the larger of the two — and for normalised-row tensors the
+    largest row factor − 1 or shift (module docstring), all in units of 2⁻²⁴
+    (refgpt/oracle/comparison.py bounds a candidate's error elementwise by c_X, its bias by r_X,
+    its row factors by f_X). ``reference``: the float64 tensors, when already computed."""
+    from . import sequential
+
     params = dict(model.params)
     rounded = float32_twin(model)  # the same weights, rounded as a float32 port rounds them
     if reference is None or model.dtype != np.float64:
@@ -356,32 +466,82 @@ def float32_errors(model: Model, tokens, names=None, targets=None, backward=Fals
         reference = compute(exact, tokens, names, targets=targets, backward=backward)
     ref = reference
     f32 = compute(rounded, tokens, names, targets=targets, backward=backward)
-    c, rms = {}, {}
+    tokens_checked, _ = model.check_tokens(tokens)
+    seq = sequential.compute(model.cfg, rounded.params, tokens_checked, check_golden_targets(model, tokens_checked, targets)
+                             if targets is not None else None, backward, attention_mask)
+    errors = ErrorModel()
     for name, r in ref.items():
         if r.dtype.kind == "f":
-            c[name], rms[name] = float32_error(r, f32[name])
-    return c, rms
+            errors.add(name, r, f32[name], seq.get(name))
+    if "log_probs" in ref and "log_probs" in f32:
+        errors.add("probs", np.exp(np.asarray(ref["log_probs"], np.float64)), np.exp(f32["log_probs"].astype(np.float64)),
+                   seq.get("probs"))
+    return tuple({n: d[n] for n in forward_order(d)} for d in (errors.c, errors.rms, errors.freedom))
 
 
-def float32_error(r, x) -> tuple[float, float]:
-    """(c_X, r_X) of one tensor: the largest and the RMS |x − r| over the finite entries of the
-    float64 ``r`` (attention scores: the causal part), in units of 2⁻²⁴."""
+class ErrorModel:
+    """c_X, r_X and f_X (``float32_errors``) gathered tensor by tensor: the largest over the passes."""
+
+    def __init__(self):
+        self.c, self.rms, self.freedom = {}, {}, {}
+
+    def add(self, name, r, *passes):
+        """Add tensor ``name`` with float64 value ``r`` and its value in each float32 pass (None, a
+        wrong shape or a non-finite value where the reference is finite: that pass is not counted;
+        the first pass, refgpt's own, always is)."""
+        for i, x in enumerate(passes):
+            if x is None or np.shape(x) != np.shape(r):
+                continue
+            x = np.asarray(x)
+            if i and not np.isfinite(x[np.isfinite(r)]).all():
+                continue
+            c, rms, f = float32_error(name, r, x)
+            self.c[name], self.rms[name] = max(self.c.get(name, 0.0), c), max(self.rms.get(name, 0.0), rms)
+            if f is not None:
+                self.freedom[name] = max(self.freedom.get(name, 0.0), f)
+
+    def metadata(self) -> dict[str, str]:
+        """The three as a golden file's metadata strings, each in forward order."""
+        return {key: json.dumps({n: values[n] for n in forward_order(values)})
+                for key, values in (("conditioning", self.c), ("error_rms", self.rms), ("row_freedom", self.freedom))}
+
+
+def float32_error(name, r, x) -> tuple[float, float, float | None]:
+    """(c_X, r_X, f_X) of one tensor: the largest and the RMS |x − r| over the finite entries of the
+    float64 ``r`` (attention scores: the causal part), in units of 2⁻²⁴, after a normalised row's
+    factor or shift is taken out (``row_adjusted``; f_X: its largest size, None for other tensors and
+    for the logits, whose shift is free); ``probs`` relative to p, where p ≥ float32's smallest normal."""
     x = x.astype(np.float64)  # [...]
+    r = np.asarray(r, np.float64)
+    x, freedom = row_adjusted(name, r, x)
+    f = None
+    if freedom is not None and row_freedom_of(name)[1]:
+        f = float(np.max(np.abs(freedom), initial=0.0) / F32_ROUNDOFF)
     finite = np.isfinite(r)  # attention scores: compare the causal part only
-    err = np.abs(x[finite] - r[finite])  # [n_compared]
+    if name == "probs":
+        finite &= r >= _F32_TINY
+        err = np.abs(x[finite] - r[finite]) / r[finite]  # [n_compared] relative to p
+    else:
+        err = np.abs(x[finite] - r[finite])  # [n_compared]
     if not err.size:
-        return 0.0, 0.0
-    return float(err.max() / F32_ROUNDOFF), float(np.sqrt(np.mean(err**2)) / F32_ROUNDOFF)
+        return 0.0, 0.0, f
+    return float(err.max() / F32_ROUNDOFF), float(np.sqrt(np.mean(err**2)) / F32_ROUNDOFF), f
 
 
 def make(model: Model, tokens, names=None, command=None, targets=None, backward=False) -> Golden:
     """The golden file's contents for ``model`` on ``tokens``, with its metadata; with ``backward``
     also the mean loss and every gradient (refgpt/oracle/gradients.py)."""
     tensors = compute(model, tokens, names, targets=targets, backward=backward)
-    cond, rms = float32_errors(model, tokens, names, targets, backward, reference=tensors)
+    cond, rms, freedom = float32_errors(model, tokens, names, targets, backward, reference=tensors)
     metadata = {**provenance(model, command), "conditioning": json.dumps(cond), "error_rms": json.dumps(rms),
+                "row_freedom": json.dumps(freedom), "error_model": ERROR_MODEL,
                 "targets": "given" if targets is not None else "next token"}
     return Golden(tensors, metadata)
+
+
+#: What the metadata's c_X, r_X and f_X were measured from (module docstring).
+ERROR_MODEL = ("float32 passes against float64: refgpt's own (pairwise sums, BLAS) and a sequential port's "
+               "(refgpt/oracle/sequential.py: every sum in index order); the larger of the two")
 
 
 def provenance(model: Model, command=None) -> dict[str, str]:
@@ -447,19 +607,18 @@ def write_streamed(path, model: Model, tokens, names=None, command=None, targets
     tokens, _ = model.check_tokens(tokens)  # [batch, pos]
     names = _checked_names(model, names)
     shapes = layout(model, tokens.shape, names, targets_given=targets is not None)
-    meta = {**provenance(model, command), "conditioning": "{}", "error_rms": "{}",
-            "targets": "given" if targets is not None else "next token"}
+    meta = {**provenance(model, command), "conditioning": "{}", "error_rms": "{}", "row_freedom": "{}",
+            "error_model": ERROR_MODEL, "targets": "given" if targets is not None else "next token"}
 
     def fill(tmp):
-        c, rms = {}, {}
+        errors = ErrorModel()
         with SafetensorsWriter(tmp, shapes, meta, _header_length(shapes, meta)) as out:
-            for name, tensor, r, x in _three_passes(model, tokens, names, targets):
-                out.write(name, tensor)
+            for name, tensor, r, x in _passes(model, tokens, names, targets):
+                if tensor is not None:
+                    out.write(name, tensor)
                 if r.dtype.kind == "f":
-                    c[name], rms[name] = float32_error(r, x)
-            order = forward_order(c)
-            out.metadata = {**meta, "conditioning": json.dumps({n: c[n] for n in order}),
-                            "error_rms": json.dumps({n: rms[n] for n in order})}
+                    errors.add(name, r, *x)
+            out.metadata = {**meta, **errors.metadata()}
 
     return write_atomically(path, fill)
 
@@ -468,12 +627,18 @@ def _header_length(shapes, meta) -> int:
     """The header's length in a golden file: as long as the longest conditioning could make it
     (every c_X and r_X written in 24 characters, the longest a float's repr takes), so that the streamed
     writer can leave room for the conditioning before it is measured, and both writers agree."""
-    measured = [key for key in ("conditioning", "error_rms") if key in meta]
+    measured = [key for key in ("conditioning", "error_rms", "row_freedom") if key in meta]
     if not measured:
         return 0
     floats = [name for name, (dtype, _) in shapes.items() if np.dtype(dtype).kind == "f"]
-    longest = "{" + ", ".join(f"{json.dumps(name)}: {'9' * 24}" for name in floats) + "}"
-    return len(header_bytes(shapes, {**meta, **{key: longest for key in measured}}))
+    floats += ["probs"] if "log_probs" in shapes else []
+    rows = [name for name in floats if (row_freedom_of(name) or (None, False))[1]]
+
+    def longest(names):
+        return "{" + ", ".join(f"{json.dumps(name)}: {'9' * 24}" for name in names) + "}"
+
+    return len(header_bytes(shapes, {**meta, **{key: longest(rows if key == "row_freedom" else floats)
+                                                for key in measured}}))
 
 
 def read(path) -> Golden:
