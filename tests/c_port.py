@@ -1,10 +1,10 @@
 """Build and run tests/oracle/c_port/gpt2_port.c, a float32 GPT-2 in sequential C loops.
 
 ``build(flags, defines)`` compiles it once per (compiler flags, defines) into a cache directory
-and returns the executable (None without a C compiler); ``run_port(exe, model, tokens, targets,
-d)`` writes the model as an llm.c checkpoint and the batch as an llm.c debug state, runs the
-port, and returns the path of its dump (refgpt/oracle/llmc_dump.py), which ``refgpt compare
---map llmc`` reads. The builds the tests and benchmarks/oracle_tolerance.py use are ``BUILDS``:
+and returns the executable (None without a C compiler); ``write_inputs(d, model, tokens,
+targets)`` writes the model as an llm.c checkpoint and the batch as an llm.c debug state, and
+``run_port(exe, inputs, d)`` runs the port on them and returns the path of its dump
+(refgpt/oracle/llmc_dump.py), which ``refgpt compare --map llmc`` reads. The builds the tests and benchmarks/oracle_tolerance.py use are ``BUILDS``:
 the three accumulation orders of the source at -O3, and -Ofast (reassociated, vectorised sums,
 fast exp/tanh, denormals flushed) and -O3 -march=native (fused multiply-adds) in index order.
 """
@@ -53,14 +53,23 @@ def build(flags=("-O3",), defines=()) -> Path | None:
     return exe
 
 
-def run_port(exe, model, tokens, targets, d, name="port") -> Path:
-    """Run the port ``exe`` on ``model`` (a refgpt Model llm.c can represent) with inputs
-    ``tokens`` [B, T] and ``targets`` [B, T]; returns its dump ``d/NAME.bin``."""
+def write_inputs(d, model, tokens, targets, name="port") -> tuple[Path, Path]:
+    """The port's inputs in ``d``: the model as an llm.c checkpoint, and x, y as the head of an llm.c
+    debug state (all the port reads of it). Returns (checkpoint, state)."""
     from refgpt.oracle import llmc
 
     d = Path(d)
-    weights, state, out = d / f"{name}-model.bin", d / f"{name}-state.bin", d / f"{name}.bin"
+    weights, state = d / f"{name}-model.bin", d / f"{name}-state.bin"
     llmc.write_model(weights, model)
-    llmc.write_debug_state(state, model, np.asarray(tokens), grads=False, targets=np.asarray(targets))
-    subprocess.run([str(exe), str(weights), str(state), str(out)], check=True, capture_output=True)
+    x, y = np.asarray(tokens), np.asarray(targets)
+    header = np.zeros(256, "<i4")
+    header[:4] = (llmc.STATE_MAGIC, 2, *x.shape)
+    state.write_bytes(header.tobytes() + x.astype("<i4").tobytes() + y.astype("<i4").tobytes())
+    return weights, state
+
+
+def run_port(exe, inputs, d, name="port") -> Path:
+    """Run the port ``exe`` on ``inputs`` (``write_inputs``); returns its dump ``d/NAME.bin``."""
+    out = Path(d) / f"{name}.bin"
+    subprocess.run([str(exe), *map(str, inputs), str(out)], check=True, capture_output=True)
     return out
