@@ -219,16 +219,27 @@ def to_refgpt(tensors: dict, name_map: str, shape: ModelShape) -> tuple[dict, li
 _TL_EXTRA = {"unembed.hook_in": "ln_final.out", "unembed.hook_out": "logits"}
 
 
+#: TransformerLens runs ln1 once per query, key and value input (docs/transformerlens.md §2.21); the
+#: cache keeps the last call's backward gradient, the value path's alone, not the LayerNorm's.
+_TL_LN1_GRAD = re.compile(r"blocks\.\d+\.ln1\.hook_(normalized|scale|mean)_grad")
+
+
 def _from_tl(tensors, shape):
-    out = {}
+    out, notes = {}, []
+    dropped = sorted(k for k in tensors if _TL_LN1_GRAD.fullmatch(k))
+    if dropped:
+        notes.append(f"TransformerLens's ln1 gradients ({dropped[0]}, …) are the value input's ln1 call's alone "
+                     f"(ln1 runs once per query, key and value input): not compared")
     for k, v in tensors.items():
+        if k in dropped:
+            continue
         if k.endswith("_grad"):  # TL's run_with_cache(incl_bwd=True): "blocks.0.hook_resid_pre_grad"
             out[GRAD + _TL_EXTRA.get(k[: -len("_grad")], k[: -len("_grad")])] = v
         elif k.endswith(".grad"):  # a parameter's .grad under its TL name: "blocks.0.attn.W_Q.grad"
             out[GRAD + k[: -len(".grad")]] = v
         else:
             out[_TL_EXTRA.get(k, k)] = v
-    return out, []
+    return out, notes
 
 
 # ---- Hugging Face ------------------------------------------------------------------------------

@@ -17,66 +17,23 @@ import numpy as np
 import pytest
 
 import c_port
-from refgpt import Config, Model, load_default
-from refgpt.gpt2.params import param_shapes
+import port_cases
 from refgpt.oracle import comparison as oracle
-from refgpt.oracle import golden
 
 pytestmark = pytest.mark.skipif(c_port.compiler() is None, reason="no C compiler (cc, gcc or clang)")
 
 
-def trained_model() -> Model:
-    m = load_default()
-    return Model(m.cfg, {k: np.asarray(v, np.float32).astype(np.float64) for k, v in m.params.items()})
-
-
-def gpt2_init(cfg: Config, seed: int) -> dict:
-    """GPT-2's initialisation (N(0, 0.02²), the residual projections 0.02/√(2L)), with biases and
-    LayerNorms moved off 0 and 1 (which would hide bugs), float32-exact, W_U tied."""
-    rng = np.random.default_rng(seed)
-    p = {}
-    for name, shape in param_shapes(cfg).items():
-        if name.endswith(".w"):
-            a = 1 + 0.1 * rng.standard_normal(shape)
-        elif name.rsplit(".", 1)[-1].startswith("b"):
-            a = 0.02 * rng.standard_normal(shape)
-        else:
-            a = (0.02 / np.sqrt(2 * cfg.n_layers) if name.endswith(("W_O", "W_out")) else 0.02) * rng.standard_normal(shape)
-        p[name] = a.astype(np.float32).astype(np.float64)
-    p["unembed.W_U"] = p["embed.W_E"].T
-    return p
-
-
-GPT2_SMALL_SHAPE = Config(d_model=768, n_layers=1, n_heads=12, d_mlp=3072, d_vocab=50257, n_ctx=1024)
-
-
-def case(name):
-    """(model, x, y) of a named batch."""
-    rng = np.random.default_rng(0)
-    if name == "trained, random tokens":
-        model = trained_model()
-        x, y = (rng.integers(0, model.cfg.d_vocab, (4, 64)) for _ in range(2))
-    elif name == "trained, text":
-        model = trained_model()
-        ids = np.array(load_default().tokenizer.encode(open(__file__, encoding="utf-8").read()))[: 2 * 65]
-        x, y = ids.reshape(2, 65)[:, :-1], ids.reshape(2, 65)[:, 1:]
-    else:
-        model = Model(GPT2_SMALL_SHAPE, gpt2_init(GPT2_SMALL_SHAPE, 0))
-        x, y = (rng.integers(0, GPT2_SMALL_SHAPE.d_vocab, (1, 16)) for _ in range(2))
-    return model, x, y
-
-
 @pytest.fixture(scope="module")
 def goldens(tmp_path_factory):
-    """name → (golden, the port's inputs, directory), made once per module."""
-    made = {}
+    """name → (golden, the port's inputs, directory, model), the port's inputs written once per module."""
+    inputs = {}
 
     def get(name):
-        if name not in made:
-            model, x, y = case(name)
+        g, model, x, y = port_cases.golden_of(name)
+        if name not in inputs:
             d = tmp_path_factory.mktemp("c_port")
-            made[name] = (golden.make(model, x, targets=y, backward=True), c_port.write_inputs(d, model, x, y), d, model)
-        return made[name]
+            inputs[name] = (c_port.write_inputs(d, model, x, y), d)
+        return (g, *inputs[name], model)
 
     return get
 
