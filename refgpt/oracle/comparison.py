@@ -711,7 +711,8 @@ def _judge_rows(row: RowFreedom, free, a, row_index, r64, c64) -> None:
 
 
 def _row_note(row: RowFreedom) -> str:
-    what = ("up to a factor per row (each softmax row is divided by one sum: Σ candidate / Σ reference)"
+    what = ("up to a factor per row (each softmax row is divided by one sum; the factor: the median of "
+            "candidate/reference over the row's largest entries, weighted by the reference)"
             if row.kind == "factor" else "up to a shift per row (the median over the row of candidate − reference)")
     at = f" at row {row.largest_at}" if row.largest_at else ""
     size = "|factor − 1|" if row.kind == "factor" else "|shift|"

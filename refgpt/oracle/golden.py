@@ -40,9 +40,9 @@ Normalised rows. A softmax row is divided by one sum, so a port's rounding of th
 the whole row by one factor; a log-softmax row is shifted by one log-sum; logits are defined only
 up to a constant per position (a centred unembedding adds one). The oracle judges these tensors
 up to that per-row factor or shift (``ROW_FREEDOM``), and the golden measures the same way: c_X of
-``probs`` and ``hook_pattern`` after each pass's own row factor is divided out, of ``logits`` and
-``log_probs`` after each row's own shift (the median over the row of pass − reference) is taken
-away, and f_X (``row_freedom``) = the largest |factor − 1| or |shift| over the rows, in units of
+``probs`` and ``hook_pattern`` after each pass's own row factor (the r-weighted median of pass/reference
+over the row's largest entries) is divided out, of ``logits`` and ``log_probs`` after each row's own
+shift (the median over the row of pass − reference) is taken away, and f_X (``row_freedom``) = the largest |factor − 1| or |shift| over the rows, in units of
 2⁻²⁴, which bounds how far a port's row factor or shift may stray (none for ``logits``: any
 shift is right). ``probs`` (what llm.c keeps of the softmax) is not in the file but measured,
 relative to p, for llm.c candidates.
@@ -404,49 +404,67 @@ def row_freedom_of(name: str):
 _F32_TINY = float(np.finfo(np.float32).tiny)
 
 
-#: Entries of a softmax row that estimate its factor: p ≥ 2⁻¹⁰⁰, far above where float32's exp
-#: underflows (a port's 0 for a p of 10⁻⁴⁰ says nothing about the row's sum).
-_FACTOR_FLOOR = 2.0**-100
+#: A softmax row's factor is estimated from its FACTOR_ENTRIES largest reference entries.
+FACTOR_ENTRIES = 64
 
 
 def row_adjusted(name, r, x):
     """(x with its per-row factor or shift relative to r taken out, the factor − 1 or shift per row)
     for a normalised-row tensor ``name`` (``row_freedom_of``); (x, None) for any other.
 
-    Both are medians over the row, so that an error in a few entries stays in those entries instead
-    of moving the whole row: the factor α is the median of x/r over the entries with r ≥ 2⁻¹⁰⁰ (1 if
-    there are none), the shift s the median of x − r over the entries where r is finite."""
+    Both are robust, so that an error in a few entries stays in those entries instead of moving the
+    whole row. The factor α is the median of x/r over the row's 64 largest reference entries,
+    weighted by r (``weighted_median_ratio``): what the row's large entries agree on, as the row's sum is
+    theirs; a tiny probability's own relative error, however large, moves nothing. The shift s is
+    the median of x − r over the entries where r is finite. A row with no positive reference entry
+    has factor 1, a NaN candidate entry among those used makes the factor NaN."""
     freedom = row_freedom_of(name)
     if freedom is None:
         return x, None
     kind, _ = freedom
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         if kind == "factor":
-            used = np.isfinite(r) & (r >= _FACTOR_FLOOR)  # [..., n]
-            ratio = np.where(used, x / np.where(used, r, 1.0), np.nan)  # [..., n]
-            free = _median(ratio, used)  # [..., 1]
-            free = np.where(np.isfinite(free) | np.isnan(x).any(-1, keepdims=True), free, 1.0)
-            free = np.where(used.any(-1, keepdims=True), free, 1.0)
+            free = weighted_median_ratio(r, x)  # [..., 1]
             return np.where(free != 0, x / np.where(free != 0, free, 1.0), x), (free - 1.0)[..., 0]
         used = np.isfinite(r)
-        free = _median(np.where(used, x - r, np.nan), used)  # [..., 1]
-        free = np.where(used.any(-1, keepdims=True), free, 0.0)
+        d = np.where(used, x - r, np.nan)  # [..., n]
+        if used.all():
+            free = np.median(d, axis=-1, keepdims=True)  # [..., 1]
+        else:
+            import warnings
+
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # a row with nothing used: NaN, made 0 below
+                free = np.where(np.isnan(d) & used, np.nan, np.nanmedian(d, axis=-1, keepdims=True))
+            free = np.where(used.any(-1, keepdims=True), free, 0.0)
         return x - free, free[..., 0]
 
 
-def _median(values, used):
-    """The median over the last axis of ``values`` where ``used`` (NaN elsewhere; a NaN among the used
-    makes it NaN), keeping the axis."""
-    if used.all():
-        return np.median(values, axis=-1, keepdims=True)
-    nan_used = np.isnan(values) & used  # a NaN candidate entry: the row's factor is NaN
-    with np.errstate(invalid="ignore"):
-        import warnings
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)  # rows with nothing used: NaN, replaced by the caller
-            m = np.nanmedian(values, axis=-1, keepdims=True)
-    return np.where(nan_used.any(-1, keepdims=True), np.nan, m)
+def weighted_median_ratio(r, x, k=FACTOR_ENTRIES):
+    """Per row (last axis): the median of x/r over the k largest entries of r with r > 0, each
+    weighted by r (the smallest ratio at which the weight of the ratios up to it reaches half);
+    1 for a row with no positive r; NaN if x is NaN at any of those entries. [..., n] → [..., 1]."""
+    rows_r = r.reshape(-1, r.shape[-1]) if r.ndim else r.reshape(1, 1)  # [rows, n]
+    rows_x = x.reshape(rows_r.shape)
+    n = rows_r.shape[-1]
+    clean = np.where(np.isfinite(rows_r) & (rows_r > 0), rows_r, 0.0)  # [rows, n]
+    if n > k:
+        top = np.argpartition(-clean, k - 1, axis=-1)[:, :k]  # [rows, k] the k largest
+    else:
+        top = np.broadcast_to(np.arange(n), clean.shape)  # [rows, n]
+    w = np.take_along_axis(clean, top, -1)  # [rows, k]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratio = np.where(w > 0, np.take_along_axis(rows_x, top, -1) / np.where(w > 0, w, 1.0), np.inf)  # [rows, k]
+    nan = (np.isnan(ratio) & (w > 0)).any(-1)  # [rows]
+    ratio = np.where(np.isnan(ratio), np.inf, ratio)
+    order = np.argsort(ratio, axis=-1, kind="stable")  # [rows, k]
+    w_sorted = np.take_along_axis(w, order, -1)  # [rows, k]
+    half = w_sorted.sum(-1, keepdims=True) / 2  # [rows, 1]
+    at = np.argmax(np.cumsum(w_sorted, -1) >= half, axis=-1)[:, None]  # [rows, 1]
+    median = np.take_along_axis(np.take_along_axis(ratio, order, -1), at, -1)  # [rows, 1]
+    median = np.where(half > 0, median, 1.0)
+    median = np.where(nan[:, None], np.nan, median)
+    return median.reshape(*r.shape[:-1], 1) if r.ndim else median.reshape(())
 
 
 def float32_errors(model: Model, tokens, names=None, targets=None, backward=False, reference=None,
