@@ -32,6 +32,9 @@ def add_parser(subparsers, common):
                    help="tolerances from a format's unit roundoff (default: the candidate's precision)")
     p.add_argument("--map", dest="name_map", choices=MAPS, default="refgpt",
                    help="how the candidate names its tensors (default: refgpt/TransformerLens hook names)")
+    p.add_argument("--forward-only", action="store_true",
+                   help="judge the forward pass alone: a candidate's gradients against a golden made without "
+                        "--backward are otherwise a failure")
     p.set_defaults(run=run, usage_error=p.error)
     return p
 
@@ -40,6 +43,6 @@ def run(args) -> int:
     if args.profile is not None and (args.atol is not None or args.rtol is not None):
         args.usage_error("give either --profile or --atol/--rtol, not both")
     report = oracle.compare(args.reference, args.candidate, atol=args.atol, rtol=args.rtol,
-                            profile=args.profile, name_map=args.name_map)
+                            profile=args.profile, name_map=args.name_map, forward_only=args.forward_only)
     print(report.to_json() if args.json else report.table())
     return 0 if report.ok else 1

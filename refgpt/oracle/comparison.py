@@ -114,6 +114,8 @@ class TensorResult:
     golden_error: float | None = None  # the reference's own measured error, relative like max_rel (--certify)
     n_layers: int | None = None  # the reference model's, to say which op's backward computes a gradient
     frac_out: float = 0.0  # share of elements outside atol + rtol·|ref|
+    n_out: int = 0  # elements outside it (beyond their row's shift or factor, where one is allowed)
+    n_compared: int = 0  # elements judged (attention scores: the causal part)
     atol: float = 0.0
     rtol: float = 0.0
     first_bad: Element | None = None  # the first element out of tolerance, in C order
@@ -232,12 +234,16 @@ def default_profile(tensors, dtypes) -> str:
 
 
 def compare(reference, candidate, *, atol=None, rtol=None, profile=None, name_map="refgpt",
-            conditioning=None) -> Report:
+            conditioning=None, forward_only=False) -> Report:
     """Compare ``candidate`` with ``reference`` (each a path, a Golden, or a mapping name → array).
 
     Either ``profile`` ("float32", "bfloat16", "float16", "float64") or ``atol``/``rtol``; with
     neither, the profile of the candidate's precision. ``name_map`` ("refgpt", "hf", "tl", "llmc")
     says how the candidate names its tensors. ``conditioning`` overrides the reference's c_X.
+
+    A candidate with gradients against a reference without them (made without ``--backward``)
+    cannot be vouched for: the report fails, naming them, unless ``forward_only``, which judges
+    the forward pass alone (the candidate's gradients, and the reference's, are left out).
     """
     _check_not_swapped(reference, candidate)
     ref, _, ref_golden = load(reference)
@@ -275,6 +281,12 @@ def compare(reference, candidate, *, atol=None, rtol=None, profile=None, name_ma
         notes.append("the reference has no measured conditioning (c_X = 0): ill-conditioned tensors may be "
                      "flagged though correct; make the reference with `refgpt golden`")
     ref = _with_derived(ref, cand, conditioning)
+    if forward_only:
+        backward = [n for n in cand if is_gradient(n) or n == "loss_mean"]
+        if backward:
+            notes.append(f"--forward-only: the candidate's {len(backward)} backward tensors are not judged")
+        cand = {n: v for n, v in cand.items() if n not in backward}
+        ref = {n: v for n, v in ref.items() if not is_gradient(n) and n != "loss_mean"}
     common = [n for n in forward_order(ref) if n in cand]
     if not common:
         raise RefGPTError(f"no tensor names in common: the reference has e.g. {list(ref)[:3]}, the candidate "
@@ -306,8 +318,14 @@ def compare(reference, candidate, *, atol=None, rtol=None, profile=None, name_ma
     _release("logits", ref_golden, cand_golden)
     _release("log_probs", ref_golden, cand_golden)
     missing = [n for n in forward_order(ref) if n not in cand and n not in _DERIVED]
-    unexpected = sorted(n for n in cand if n not in ref)
-    return Report(results, tol, summary, missing, unexpected, notes, too_little(common, ref))
+    unexpected = forward_order(n for n in cand if n not in ref)
+    reasons = too_little(common, ref)
+    no_backward = [n for n in unexpected if is_gradient(n) or n == "loss_mean"]
+    if no_backward:
+        reasons.append(f"the candidate has {len(no_backward)} backward tensors ({_few(no_backward, 3)}) the reference "
+                       f"lacks: it was made without --backward. Remake it with `refgpt golden … --backward`, or pass "
+                       f"--forward-only to judge the forward pass alone")
+    return Report(results, tol, summary, missing, unexpected, notes, reasons)
 
 
 # ---- failing closed -------------------------------------------------------------------------------
@@ -578,6 +596,7 @@ def _compare_tensor(name, r, c, tol, conditioning, ref, error_rms=None, row_free
             if first is None and len(differ):
                 first = index(a, differ[0])
             n_differ += len(differ)
+        res.n_out, res.n_compared = n_differ, r.size
         if n_differ:
             res.status = "values differ"
             res.frac_out = float(n_differ / r.size)
@@ -677,6 +696,7 @@ def _compare_tensor(name, r, c, tol, conditioning, ref, error_rms=None, row_free
     res.max_rel = res.max_abs / scale
     res.max_over_tol = max_over_tol
     res.frac_out = float(n_bad / n) if n else 0.0
+    res.n_out, res.n_compared = n_bad, n
     if n_bad or (res.row is not None and res.row.rows_out):
         res.status = "out of tolerance"
     if not n_bad:
@@ -960,7 +980,7 @@ def describe_divergence(t: TensorResult) -> str:
     if e is not None:
         text = (f"first at {_at(e)} (index {list(e.index)}): candidate {e.candidate:.9g}, reference "
                 f"{e.reference:.9g}{_reference_is(t.name)}, {_judged(e)} {e.judged_difference:.3g} > tolerance "
-                f"{e.tolerance:.3g}; {_fraction(t)} of its elements are out{_beyond(row)}")
+                f"{e.tolerance:.3g}; {_fraction(t)} are out{_beyond(row)}")
         w = t.worst
         if w is not None and w.index != e.index:
             text += (f"; furthest beyond its tolerance at index {list(w.index)}: candidate {w.candidate:.9g}, "
@@ -990,13 +1010,11 @@ def _judged(e: Element) -> str:
 
 
 def _fraction(t: TensorResult) -> str:
-    """The share of elements out, never rounded to 0 % (or 100 %) unless it is."""
-    share = 100 * t.frac_out
-    text = f"{share:.1f}%"
-    if 0 < share < 0.05 or (99.95 < share < 100):
-        n = math.prod(t.shape)
-        text = f"{round(t.frac_out * n):d} of {n} ({share:.2g}%)"
-    return text
+    """How many elements are out, counted and as a share, never rounded to 0 % (or 100 %) unless it is."""
+    k, n = t.n_out, t.n_compared
+    share = 100 * k / n if n else 0.0
+    return f"{k} of {n} elements ({share:.2g}%)" if (0 < share < 0.1 or 99.9 < share < 100) else \
+        f"{k} of {n} elements ({share:.1f}%)"
 
 
 def _beyond(row: RowFreedom | None) -> str:

@@ -37,6 +37,7 @@ def whole_compare_tensor(name, r, c, tol, conditioning, ref, error_rms=None, row
         return res
     if r.dtype.kind in "iub" or c.dtype.kind in "iub":
         differ = np.argwhere(r != c)  # [n_differ, ndim]
+        res.n_out, res.n_compared = len(differ), r.size
         if len(differ):
             i = tuple(int(k) for k in differ[0])
             res.status = "values differ"
@@ -99,6 +100,7 @@ def whole_compare_tensor(name, r, c, tol, conditioning, ref, error_rms=None, row
                                     initial=0.0))
     n = int(compared.sum())
     res.frac_out = float(bad.sum() / n) if n else 0.0
+    res.n_out, res.n_compared = int(bad.sum()), n
     if bad.any() or (res.row is not None and res.row.rows_out):
         res.status = "out of tolerance"
     if bad.any():
