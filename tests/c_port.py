@@ -73,3 +73,12 @@ def run_port(exe, inputs, d, name="port") -> Path:
     out = Path(d) / f"{name}.bin"
     subprocess.run([str(exe), *map(str, inputs), str(out)], check=True, capture_output=True)
     return out
+
+
+def run_generate(exe, inputs, d, steps, name="generate") -> Path:
+    """The port's greedy generation of ``steps`` tokens after the state's x (``write_inputs``, targets
+    unused): a directory of llm.c-style per-step acts_memory dumps, step0.bin … (llmc_dump.read_steps)."""
+    out = Path(d) / name
+    out.mkdir(exist_ok=True)
+    subprocess.run([str(exe), *map(str, inputs), str(out), "--generate", str(steps)], check=True, capture_output=True)
+    return out

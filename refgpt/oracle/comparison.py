@@ -48,7 +48,8 @@ from .. import strict_json
 from ..errors import RefGPTError, RefGPTTypeError, real_number
 from . import golden as golden_file
 from . import llmc, llmc_dump
-from .name_maps import GRAD, ModelShape, axes, backward_op, forward_key, forward_order, is_gradient, layer_of, to_refgpt
+from .name_maps import (GRAD, ModelShape, axes, backward_op, decode_to_refgpt, forward_key, forward_order, inner_name,
+                        is_gradient, layer_of, split_step, to_refgpt)
 
 #: Unit roundoff of each format: half the distance from 1 to the next representable number.
 UNIT_ROUNDOFF = {"float64": 2.0**-53, "float32": 2.0**-24, "float16": 2.0**-11, "bfloat16": 2.0**-8}
@@ -97,6 +98,64 @@ class RowFreedom:
 
 
 @dataclass
+class Layout:
+    """Where a golden's elements sit in its sequences: which positions are pads (not judged unless
+    ``judge_pads``) and, in a decode golden, the absolute position each step's first new row is at.
+
+    ``mask`` [batch, positions] (1 real, 0 pad; None: no padding) covers every position of the golden,
+    a decode golden's generated ones too; ``starts`` maps a decode step to its first position."""
+
+    mask: np.ndarray | None = None
+    starts: dict[int, int] = field(default_factory=dict)
+    judge_pads: bool = False
+
+    @classmethod
+    def of(cls, ref, judge_pads=False) -> "Layout":
+        mask = np.asarray(ref["attention_mask"]) if "attention_mask" in ref else None
+        news = {}
+        for name in ref:
+            step, inner = split_step(name)
+            if step is not None and inner == "tokens":
+                news[step] = np.shape(ref[name])[1]
+        starts, total = {}, 0
+        for step in sorted(news):
+            starts[step], total = total, total + news[step]
+        return cls(mask if mask is not None and not mask.all() else None, starts, judge_pads)
+
+    def offset(self, name) -> int:
+        """The absolute position of index 0 of ``name``'s position axis (a KV cache's is 0)."""
+        step, inner = split_step(name)
+        if step is None or inner.endswith(("attn.cache_k", "attn.cache_v")):
+            return 0
+        return self.starts.get(step, 0)
+
+    def judged(self, name, shape):
+        """None (every element is judged), or fn(a, b) → bool [b − a, last] (or [b − a, 1]): which
+        elements of rows a … b − 1 (every axis but the last) sit at real positions."""
+        if self.mask is None or self.judge_pads or len(shape) < 2:
+            return None
+        labels = axes(name, len(shape))
+        if "batch" not in labels or "pos" not in labels:
+            return None
+        batch, pos, offset, mask = labels.index("batch"), labels.index("pos"), self.offset(name), self.mask
+        pairs = inner_name(name) in ("loss", "targets") and shape[-1] == mask.shape[1] - 1  # next-token: t and t + 1
+
+        def real(b, p):
+            ok = mask[b, offset + p] == 1
+            return ok & (mask[b, offset + p + 1] == 1) if pairs else ok
+
+        if pos == len(shape) - 1:  # [batch, pos]: positions along the rows
+            def judged(a, b):
+                rows = np.unravel_index(np.arange(a, b), shape[:-1])[batch]  # [block]
+                return real(rows[:, None], np.arange(shape[-1])[None, :])  # [block, pos]
+        else:
+            def judged(a, b):
+                rows = np.unravel_index(np.arange(a, b), shape[:-1])  # per axis [block]
+                return real(rows[batch], rows[pos])[:, None]  # [block, 1]
+        return judged
+
+
+@dataclass
 class TensorResult:
     """The comparison of one tensor."""
 
@@ -121,6 +180,8 @@ class TensorResult:
     first_bad: Element | None = None  # the first element out of tolerance, in C order
     worst: Element | None = None  # the element furthest outside its tolerance
     row: RowFreedom | None = None  # judged up to a factor or shift per row: how much of it was used
+    step: int | None = None  # a decode golden's step (refgpt/oracle/decode.py)
+    sequences: bool = False  # a decode or padded golden's: name rows and positions as such
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -234,7 +295,7 @@ def default_profile(tensors, dtypes) -> str:
 
 
 def compare(reference, candidate, *, atol=None, rtol=None, profile=None, name_map="refgpt",
-            conditioning=None, forward_only=False) -> Report:
+            conditioning=None, forward_only=False, judge_pads=False) -> Report:
     """Compare ``candidate`` with ``reference`` (each a path, a Golden, or a mapping name → array).
 
     Either ``profile`` ("float32", "bfloat16", "float16", "float64") or ``atol``/``rtol``; with
@@ -244,6 +305,10 @@ def compare(reference, candidate, *, atol=None, rtol=None, profile=None, name_ma
     A candidate with gradients against a reference without them (made without ``--backward``)
     cannot be vouched for: the report fails, naming them, unless ``forward_only``, which judges
     the forward pass alone (the candidate's gradients, and the reference's, are left out).
+
+    A padded golden's pad positions (its ``attention_mask``'s 0s) are not judged unless
+    ``judge_pads``: only what a real position computes must agree. A decode golden's steps are
+    walked in order, and each element is named at its absolute position (``Layout``).
     """
     _check_not_swapped(reference, candidate)
     ref, _, ref_golden = load(reference)
@@ -251,6 +316,13 @@ def compare(reference, candidate, *, atol=None, rtol=None, profile=None, name_ma
         raise RefGPTError("the reference holds no tensors")
     check_reference_finite(ref, ref_golden)
     shape = _model_shape(ref, ref_golden)
+    steps = sorted({split_step(n)[0] for n in ref} - {None})  # a decode golden's steps (refgpt/oracle/decode.py)
+    if isinstance(candidate, (str, Path)) and Path(candidate).is_dir():
+        if not steps or name_map != "llmc":
+            raise RefGPTError(f"{candidate} is a directory: a candidate directory holds llm.c's per-step dumps "
+                              f"(step0.bin, step1.bin, …) of a decode, compared with --map llmc against a decode golden")
+        candidate = llmc_dump.read_steps(candidate, ref, ref_golden)
+        name_map = "refgpt"
     cand, cand_dtypes, cand_golden = load(candidate, name_map, shape)
     if cand_golden is not None and ref_golden is not None and _is_golden(cand_golden) and not _is_golden(ref_golden):
         raise RefGPTError(f"{candidate} is a refgpt golden file and {reference} is not: arguments swapped? The "
@@ -266,10 +338,13 @@ def compare(reference, candidate, *, atol=None, rtol=None, profile=None, name_ma
         cand, notes = llmc_dump.to_refgpt_gradients(cand, ref_golden.config)
     elif name_map != "llmc":
         _hint_llmc_names(candidate, cand)
-    cand, map_notes = to_refgpt(cand, name_map, shape)
+    cand, map_notes = (decode_to_refgpt(cand, name_map, shape, steps[-1]) if steps else to_refgpt(cand, name_map, shape))
     notes += map_notes
     cand, target_notes = _reconcile_targets(ref, cand)
     notes += target_notes
+    if steps:
+        ref, cand, step_notes = _decode_tokens(ref, cand, steps)
+        notes += step_notes
     if conditioning is None:
         conditioning = ref_golden.conditioning if ref_golden is not None else {}
     conditioning = golden_file.checked_conditioning(dict(conditioning), "conditioning")
@@ -298,15 +373,21 @@ def compare(reference, candidate, *, atol=None, rtol=None, profile=None, name_ma
         error_rms = None
         notes.append("the reference records c_X but not r_X (an older golden file): the bias of each tensor is "
                      "not judged; remake it with `refgpt golden`")
-    row_freedom = ref_golden.row_freedom if ref_golden is not None else {}
+    row_freedom = dict(ref_golden.row_freedom) if ref_golden is not None else {}
+    for alias, source in _ALIASES(ref).items():  # derived tensors are judged with their source's measured errors
+        for measured in (conditioning, error_rms or {}, row_freedom):
+            if source in measured:
+                measured.setdefault(alias, measured[source])
     if tol["profile"] and conditioning and not row_freedom:
         notes.append("the reference records no row freedom f_X (a golden file older than format 2): softmax rows "
                      "are judged element by element, without their one shared factor; remake it with `refgpt golden`")
+    layout = Layout.of(ref, judge_pads)
     results = []
     for n in common:  # files are mapped: each tensor's pages are let go once compared (Golden.release)
         results.append(_compare_tensor(n, np.asarray(ref[n]), np.asarray(cand[n]), tol, conditioning, ref, error_rms,
-                                       row_freedom))
+                                       row_freedom, layout))
         _release(n, ref_golden, cand_golden)
+    results, off_path = _off_the_path(results, ref, cand)
     certified = ref_golden.golden_error if ref_golden is not None else {}
     for t in results:
         t.golden_error = certified.get(t.name)
@@ -317,15 +398,71 @@ def compare(reference, candidate, *, atol=None, rtol=None, profile=None, name_ma
     summary = _logits_summary(ref, cand) if "logits" in common or "log_probs" in common else None
     _release("logits", ref_golden, cand_golden)
     _release("log_probs", ref_golden, cand_golden)
-    missing = [n for n in forward_order(ref) if n not in cand and n not in _DERIVED]
+    missing = [n for n in forward_order(ref) if n not in cand and inner_name(n) not in _DERIVED]
     unexpected = forward_order(n for n in cand if n not in ref)
-    reasons = too_little(common, ref)
+    reasons = too_little(common, ref) + off_path
     no_backward = [n for n in unexpected if is_gradient(n) or n == "loss_mean"]
     if no_backward:
         reasons.append(f"the candidate has {len(no_backward)} backward tensors ({_few(no_backward, 3)}) the reference "
                        f"lacks: it was made without --backward. Remake it with `refgpt golden … --backward`, or pass "
                        f"--forward-only to judge the forward pass alone")
     return Report(results, tol, summary, missing, unexpected, notes, reasons)
+
+
+def _decode_tokens(ref, cand, steps):
+    """A decode golden's ``tokens`` (the prompt and every chosen token) judged on the prompt: each
+    chosen token is judged at its own step (``step.S.chosen``), where a wrong one is named. A
+    candidate with only the whole sequence (HF's ``sequences``) gets its steps' tokens from it."""
+    if "tokens" not in ref or "step.0.tokens" not in ref:
+        return ref, cand, []
+    P = np.shape(ref["step.0.tokens"])[1]
+    ref, cand, notes = dict(ref), dict(cand), []
+    if "tokens" in cand:
+        full = np.asarray(cand["tokens"])
+        if full.ndim == 2 and full.shape[1] >= P:
+            for S in steps:
+                if P + S < full.shape[1] and f"step.{S}.chosen" not in cand:
+                    cand[f"step.{S}.chosen"] = full[:, P + S]  # [batch]
+                if S > 0 and P + S - 1 < full.shape[1] and f"step.{S}.tokens" not in cand:
+                    cand[f"step.{S}.tokens"] = full[:, P + S - 1:P + S]  # [batch, 1]
+            cand["tokens"] = full[:, :P]
+            notes.append("tokens judged on the prompt; each generated token at its step (step.S.chosen)")
+    ref["tokens"] = np.asarray(ref["tokens"])[:, :P]
+    if "attention_mask" in ref and "attention_mask" in cand:
+        cand["attention_mask"] = np.asarray(cand["attention_mask"])[:, :np.shape(ref["attention_mask"])[1]]
+    return ref, cand, notes
+
+
+def _off_the_path(results, ref, cand):
+    """(results, reasons): a greedy decode candidate that chose another token than the golden at a
+    step where the golden's two logits are within the logits' tolerance of each other took a
+    near-tie the other way — no bug, but every later step ran on other tokens: those steps are
+    left out and the report says so (a forced continuation judges every step)."""
+    for i, t in enumerate(results):
+        step, inner = split_step(t.name)
+        if step is None or inner != "chosen" or t.status != "values differ":
+            continue
+        logits = next((x for x in results if x.name == f"step.{step}.logits"), None)
+        if logits is None or not logits.ok:
+            return results, []
+        row = t.first_bad.index[0]
+        r = np.asarray(ref[f"step.{step}.logits"], np.float64)[row, -1]  # [d_vocab]
+        mine, theirs = int(t.first_bad.candidate), int(t.first_bad.reference)
+        gap = float(r[theirs] - r[mine])
+        limit = 2 * (logits.atol + logits.rtol * float(np.max(np.abs(r[[mine, theirs]]))))
+        if gap > limit:
+            return results, []
+        t.status = "near tie"
+        t.notes.append(f"row {row}: the candidate chose token {mine}, the golden {theirs}; the golden's logits of "
+                       f"the two differ by {gap:.3g}, within twice the logits' tolerance ({limit:.3g}): a near-tie")
+        later = [x.name for x in results[i + 1:] if x.step is not None and x.step > step]
+        kept = [x for x in results if x.step is None or x.step <= step]
+        return kept, [f"the decode left the golden's path at step {step} by a near-tie (row {row}: token {mine} "
+                      f"against the golden's {theirs}, whose logits differ by {gap:.3g}, within tolerance): no bug, "
+                      f"but every later step ran on other tokens and {len(later)} tensors are not judged; make the "
+                      f"golden with a forced continuation (refgpt golden --tokens PROMPT_AND_CONTINUATION "
+                      f"--generate N) to judge every step"]
+    return results, []
 
 
 # ---- failing closed -------------------------------------------------------------------------------
@@ -479,11 +616,26 @@ def _tolerance(atol, rtol, profile, cand, dtypes) -> dict:
 
 
 # Reference tensors the oracle derives when a candidate has them and the reference does not.
-_DERIVED = ("probs", "loss_mean", "log_probs")
+_DERIVED = ("probs", "loss_mean", "log_probs", "next_logits")
+
+
+def _ALIASES(ref) -> dict[str, str]:
+    """Derived reference tensors → the tensor whose measured errors judge them."""
+    out = {"probs": "log_probs", "loss_mean": "loss"}
+    for step in sorted({split_step(n)[0] for n in ref} - {None}):
+        out[f"step.{step}.next_logits"] = f"step.{step}.logits"
+        out[f"step.{step}.probs"] = f"step.{step}.log_probs"
+    return out
 
 
 def _with_derived(ref, cand, conditioning):
     ref = dict(ref)
+    for step in sorted({split_step(n)[0] for n in cand} - {None}):
+        p = f"step.{step}."
+        if p + "next_logits" in cand and p + "next_logits" not in ref and p + "logits" in ref:
+            ref[p + "next_logits"] = np.asarray(ref[p + "logits"])[:, -1]  # [batch, d_vocab]: the logits that choose
+        if p + "probs" in cand and p + "probs" not in ref and p + "log_probs" in ref:
+            ref[p + "probs"] = np.exp(np.asarray(ref[p + "log_probs"], np.float64))  # [batch, new, d_vocab]
     if "log_probs" not in ref and "logits" in ref and ("log_probs" in cand or "probs" in cand):
         ref["log_probs"] = log_softmax(np.asarray(ref["logits"], np.float64))
     if "probs" in cand and "probs" not in ref and "log_probs" in ref:
@@ -555,7 +707,8 @@ class _RootMeanSquare:
         return self.top * math.sqrt(self.scaled / self.n)
 
 
-def _compare_tensor(name, r, c, tol, conditioning, ref, error_rms=None, row_freedom=None) -> TensorResult:
+def _compare_tensor(name, r, c, tol, conditioning, ref, error_rms=None, row_freedom=None,
+                    layout: Layout | None = None) -> TensorResult:
     """Judge candidate ``c`` against reference ``r`` block of rows by block of rows (BLOCK_BYTES).
 
     Whole-tensor, the judgement is (masked: not compared)
@@ -573,6 +726,9 @@ def _compare_tensor(name, r, c, tol, conditioning, ref, error_rms=None, row_free
     Σ|terms| (b: elements in a block). atol needs S_X = max|X_ref| before any block is judged: a
     first pass finds it."""
     res = TensorResult(name, layer_of(name), "ok", list(r.shape), list(c.shape))
+    layout = layout or Layout()
+    res.step = split_step(name)[0]
+    res.sequences = res.step is not None or layout.mask is not None
     if c.shape != r.shape and r.ndim >= 1 and r.shape[0] == 1 and c.shape == r.shape[1:]:
         c = c[None]  # a candidate without the batch axis, for a batch of one
         res.notes.append("candidate has no batch axis: compared as batch 1")
@@ -589,18 +745,26 @@ def _compare_tensor(name, r, c, tol, conditioning, ref, error_rms=None, row_free
     def row_index(a, k):  # row k of the block starting at row a → the row's index (every axis but the last)
         return [int(i) for i in np.unravel_index(a + int(k), r.shape[:-1])] if r.ndim > 1 else []
 
+    at_real = layout.judged(name, r.shape)  # None, or which elements sit at real (not pad) positions
+    offset = layout.offset(name)
+    if at_real is not None:
+        res.notes.append("pad positions not judged (--judge-pads judges them)")
+
     if r.dtype.kind in "iub" or c.dtype.kind in "iub":
-        n_differ, first = 0, None
+        n_differ, n_judged, first = 0, 0, None
         for a, b in blocks:
-            differ = np.flatnonzero(r2[a:b] != c2[a:b])  # [n_differ in block]
+            differ = r2[a:b] != c2[a:b]  # [block, last]
+            judged = np.ones_like(differ) if at_real is None else np.broadcast_to(at_real(a, b), differ.shape)
+            differ = np.flatnonzero(differ & judged)  # [n_differ in block]
             if first is None and len(differ):
                 first = index(a, differ[0])
             n_differ += len(differ)
-        res.n_out, res.n_compared = n_differ, r.size
+            n_judged += int(judged.sum())
+        res.n_out, res.n_compared = n_differ, n_judged
         if n_differ:
             res.status = "values differ"
-            res.frac_out = float(n_differ / r.size)
-            res.first_bad = res.worst = Element(first, _where(name, first), float(r[first]), float(c[first]), 0.0)
+            res.frac_out = float(n_differ / n_judged)
+            res.first_bad = res.worst = Element(first, _where(name, first, offset), float(r[first]), float(c[first]), 0.0)
         return res
     causal = is_gradient(name) and name.endswith("attn.hook_pattern")
     if causal:
@@ -617,6 +781,8 @@ def _compare_tensor(name, r, c, tol, conditioning, ref, error_rms=None, row_free
     def block(a, b):  # the block's compared mask, raw values, judged values and its rows' freedom
         r64, c64 = r2[a:b].astype(np.float64), c2[a:b].astype(np.float64)  # [block, last]
         compared = np.isfinite(r64)  # attention scores: the causal part
+        if at_real is not None:
+            compared &= at_real(a, b)  # pads are not judged
         if causal:
             pos = (np.arange(a, b) % r.shape[-2])[:, None]  # [block, 1] query position of each row
             compared &= np.arange(last)[None, :] <= pos  # [block, last] key_pos ≤ pos
@@ -641,7 +807,8 @@ def _compare_tensor(name, r, c, tol, conditioning, ref, error_rms=None, row_free
         res.atol = GROWTH * u * (conditioning.get(name, 0.0) + scale)
     else:
         res.rtol, res.atol = tol["rtol"], tol["atol"]
-    if name == "probs" and tol["profile"]:
+    probs = inner_name(name) == "probs"
+    if probs and tol["profile"]:
         res.notes.append("probabilities judged relative to p: |Δp| ≤ p·(atol + rtol) + float32's smallest normal "
                          "(a port may flush smaller ones to 0)")
     n = n_bad = 0
@@ -652,7 +819,7 @@ def _compare_tensor(name, r, c, tol, conditioning, ref, error_rms=None, row_free
     def element(a, k, local, r64, c64, limit, free):
         local = tuple(int(i) for i in local)
         e = Element(index(a, k), {}, float(r64[local]), float(c64[local]), float(limit[local]))
-        e.where = _where(name, e.index)
+        e.where = _where(name, e.index, offset)
         if freedom is not None and free is not None and np.isfinite(free[local[0]]):  # NaN: a row judged as it is
             setattr(e, "row_factor" if freedom[0] == "factor" else "row_shift", float(
                 free[local[0]] + (1.0 if freedom[0] == "factor" else 0.0)))
@@ -663,7 +830,7 @@ def _compare_tensor(name, r, c, tol, conditioning, ref, error_rms=None, row_free
         with np.errstate(invalid="ignore"):  # −∞ − −∞ in the masked part, which is not compared
             jdiff = np.where(compared, np.abs(jc - r64), 0.0)  # [block, last] judged error
         jdiff = np.where(np.isnan(jdiff), np.inf, jdiff)  # a NaN candidate is infinitely wrong
-        if name == "probs" and tol["profile"]:  # |Δp| ≤ p·(atol + rtol), and a flushed subnormal passes
+        if probs and tol["profile"]:  # |Δp| ≤ p·(atol + rtol), and a flushed subnormal passes
             limit = (res.atol + res.rtol) * np.abs(np.where(compared, r64, 0.0)) + _F32_TINY
         else:
             limit = res.atol + res.rtol * np.abs(np.where(compared, r64, 0.0))  # [block, last]
@@ -834,8 +1001,12 @@ def _check_systematic(res, n, finite, mean_error, rms, ref_rms, u, r_X) -> None:
                          f"({res.bias_tolerance:.3g}); RMS error {res.rms:.3g}")
 
 
-def _where(name, index):
-    return dict(zip(axes(name, len(index)), (int(i) for i in index)))
+def _where(name, index, offset=0):
+    """axis label → index of an element; ``pos`` as an absolute position (a decode step's ``offset`` added)."""
+    where = dict(zip(axes(name, len(index)), (int(i) for i in index)))
+    if "pos" in where:
+        where["pos"] += offset
+    return where
 
 
 def _top_k(x, k):
@@ -959,26 +1130,29 @@ def describe_divergence(t: TensorResult) -> str:
     """One paragraph: which tensor, where, and by how much. Every value it prints is a file's own
     value at the index it prints (the reference's ``probs`` are exp of the golden's log_probs)."""
     where = f"layer {t.layer}" if t.layer is not None else "outside the blocks"
+    named = f"step {t.step}, {inner_name(t.name)}" if t.step is not None else t.name
     if t.status == "shape mismatch":
-        return (f"first divergence: {t.name} ({where}): shape {_shape(t.candidate_shape)}, "
-                f"expected {_shape(t.shape)}")
+        return (f"first divergence: {named} ({where}): shape {_shape(t.candidate_shape)}, "
+                f"expected {_shape(t.shape)}{_shape_hint(t)}")
     kind = "gradient" if is_gradient(t.name) else "tensor"
     tail = f" Every {kind} after it inherits the error: look here first." + _backward_hint(t) + _certified(t)
     if t.status == "systematic error":
-        return (f"first divergence: {t.name} ({where}): a systematic error: every element is within its "
+        return (f"first divergence: {named} ({where}): a systematic error: every element is within its "
                 f"tolerance, but the mean signed error {t.mean_error:.3g} is {abs(t.mean_error) / t.bias_tolerance:.3g}× "
                 f"the most rounding gives ({t.bias_tolerance:.3g}; RMS error {t.rms:.3g}): a wrong constant or "
                 f"formula in the op that computes this {kind}, not noise." + tail)
     e = t.first_bad
+    if t.status == "near tie":
+        return f"first divergence: {named}: {t.notes[-1]}: not a bug; the steps after it ran on other tokens."
     if t.status == "values differ":
-        return (f"first divergence: {t.name} ({where}), first at {_at(e)} (index {list(e.index)}): candidate "
+        return (f"first divergence: {named} ({where}), first at {_at(e, t)} (index {list(e.index)}): candidate "
                 f"{e.candidate:.9g}, reference {e.reference:.9g}; everything after it ran on different input")
     parts = []
     row = t.row
     if row is not None and row.rows_out:
         parts.append(_row_failure(t.name, row))
     if e is not None:
-        text = (f"first at {_at(e)} (index {list(e.index)}): candidate {e.candidate:.9g}, reference "
+        text = (f"first at {_at(e, t)} (index {list(e.index)}): candidate {e.candidate:.9g}, reference "
                 f"{e.reference:.9g}{_reference_is(t.name)}, {_judged(e)} {e.judged_difference:.3g} > tolerance "
                 f"{e.tolerance:.3g}; {_fraction(t)} are out{_beyond(row)}")
         w = t.worst
@@ -989,11 +1163,32 @@ def describe_divergence(t: TensorResult) -> str:
                      f"{w.tolerance:.3g}")
         parts.append(text)
     joiner = ": " if row is not None and row.rows_out else ", "
-    return f"first divergence: {t.name} ({where}){joiner}" + "; ".join(parts) + "." + tail
+    return f"first divergence: {named} ({where}){joiner}" + "; ".join(parts) + "." + tail
 
 
-def _at(e: Element) -> str:
-    return ", ".join(f"{k} {v}" for k, v in e.where.items() if k != "1")
+def _at(e: Element, t: TensorResult) -> str:
+    """Where an element is: "batch 0, pos 3, d_model 17"; in a decode or padded golden "row 0, position 7, …"
+    (the absolute position in the row: a decode step's new rows continue after the earlier ones)."""
+    words = {"batch": "row", "pos": "position", "key_pos": "key position"} if t.sequences else {}
+    return ", ".join(f"{words.get(k, k)} {v}" for k, v in e.where.items() if k != "1")
+
+
+def _shape_hint(t: TensorResult) -> str:
+    """What a decode step's wrong shape usually means."""
+    if t.step is None or len(t.shape) < 2 or len(t.candidate_shape) != len(t.shape):
+        return ""
+    inner = inner_name(t.name)
+    keys = 1 if inner.endswith(("attn.cache_k", "attn.cache_v")) else (
+        len(t.shape) - 1 if inner.endswith(("hook_attn_scores", "hook_pattern")) else None)
+    if keys is None:
+        return ""
+    got, want = t.candidate_shape[keys], t.shape[keys]
+    what = "keys" if inner.endswith(("hook_attn_scores", "hook_pattern")) else "cached positions"
+    if got == want:
+        return ""
+    more = "more" if got > want else "fewer"
+    return (f": {abs(got - want)} {more} {what} than the {want} the reference has after step {t.step} (a cache "
+            f"{'appended twice' if got > want else 'not appended, or the newest key missing'}?)")
 
 
 def _reference_is(name) -> str:

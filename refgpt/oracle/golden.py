@@ -77,11 +77,12 @@ from ..files.atomic_write import write_atomically
 from ..errors import RefGPTError, RefGPTTypeError
 from ..tl.hooks import HookRun
 from ..gpt2.ln_views import cached_output
+from ..gpt2.padding import position_ids
 from ..model import Model
 from .gradients import compute_gradients
 from ..files.safetensors_file import SafetensorsFile, SafetensorsWriter, header_bytes
 from ..version import __version__
-from .name_maps import forward_order
+from .name_maps import forward_order, inner_name
 
 FORMAT = "refgpt-golden"
 FORMAT_VERSION = "2"  # 2: c_X of the logits shift-invariant, row_freedom (issue 25)
@@ -182,15 +183,21 @@ def select(model: Model, patterns) -> list[str]:
     return chosen
 
 
-def compute(model: Model, tokens, names=None, fwd_hooks=(), targets=None, backward=False) -> dict[str, np.ndarray]:
+def compute(model: Model, tokens, names=None, fwd_hooks=(), targets=None, backward=False,
+            attention_mask=None) -> dict[str, np.ndarray]:
     """The golden tensors (``names`` from :func:`golden_names`; None: all) of one forward pass,
     and with ``backward`` the loss and every gradient (refgpt/oracle/gradients.py).
 
     ``fwd_hooks`` run as in ``model.run_with_hooks``: the golden values are what flowed, which is
     how tests build a candidate with an error injected at a known place (the backward pass ignores
     them). ``targets`` [batch, pos]: one target per input position, as llm.c's y (default: the
-    next token inside ``tokens``, [batch, pos − 1]).
+    next token inside ``tokens``, [batch, pos − 1]). ``attention_mask`` [batch, pos] (1 real, 0
+    pad): a padded batch (refgpt/gpt2/padding.py), adding ``attention_mask`` and ``position_ids``;
+    its loss is 0 where a target is not a real token after a real one (forward only).
     """
+    if attention_mask is not None and backward:
+        raise RefGPTError("golden: the backward pass of a padded batch is not implemented; give rows of one "
+                          "length for --backward")
     tokens, _ = model.check_tokens(tokens)  # [batch, pos]
     if names is not None and (isinstance(names, str) or not isinstance(names, (list, tuple))
                               or not all(isinstance(n, str) for n in names)):
@@ -200,10 +207,14 @@ def compute(model: Model, tokens, names=None, fwd_hooks=(), targets=None, backwa
     hooks = set(model.hook_names)
     need = {n for n in wanted if n in hooks}
     need |= {n[: -len("out")] + "hook_normalized" for n in wanted if n.endswith(".out")}
-    logits, cache = model.run_with_cache(tokens, names=sorted(need), fwd_hooks=fwd_hooks)  # [batch, pos, d_vocab]
+    logits, cache = model.run_with_cache(tokens, names=sorted(need), fwd_hooks=fwd_hooks,
+                                         attention_mask=attention_mask)  # [batch, pos, d_vocab]
     log_probs = log_softmax(logits)  # [batch, pos, d_vocab]
     b_idx, t_idx = np.indices(targets.shape)  # [batch, pos − 1] (or [batch, pos]) each
     out = {}
+    if attention_mask is not None:
+        mask = np.asarray(attention_mask, np.int64)  # [batch, pos]
+        out["attention_mask"], out["position_ids"] = mask, position_ids(mask)  # [batch, pos] each
     for name in forward_order(wanted):
         if name == "tokens":
             out[name] = tokens
@@ -215,6 +226,9 @@ def compute(model: Model, tokens, names=None, fwd_hooks=(), targets=None, backwa
             out[name] = log_probs
         elif name == "loss":
             out[name] = -log_probs[b_idx, t_idx, targets]  # [batch, pos − 1] (or [batch, pos])
+            if attention_mask is not None:  # a real target after a real position only
+                counted = mask[:, :-1] * mask[:, 1:] if targets.shape[1] < tokens.shape[1] else mask
+                out[name] = np.where(counted == 1, out[name], 0.0).astype(logits.dtype)
         elif name.endswith(".out"):
             out[name] = cached_output(cache, name[: -len("out")])  # "blocks.3.ln1." or "ln_final."
         elif name in hooks:
@@ -391,8 +405,9 @@ def conditioning(model: Model, tokens, names=None, targets=None, backward=False)
 #: Tensors judged up to a per-row freedom (module docstring): name → "factor" or "shift", and
 #: whether that freedom is bounded (by f_X) or free.
 def row_freedom_of(name: str):
-    """("factor" | "shift", bounded) for a normalised-row tensor, None for any other."""
-    if name == "logits":
+    """("factor" | "shift", bounded) for a normalised-row tensor (also a decode step's), None for any other."""
+    name = inner_name(name)
+    if name in ("logits", "next_logits"):
         return "shift", False
     if name == "log_probs":
         return "shift", True
@@ -481,9 +496,9 @@ def float32_errors(model: Model, tokens, names=None, targets=None, backward=Fals
     rounded = float32_twin(model)  # the same weights, rounded as a float32 port rounds them
     if reference is None or model.dtype != np.float64:
         exact = Model(model.cfg, params, dtype="float64")
-        reference = compute(exact, tokens, names, targets=targets, backward=backward)
+        reference = compute(exact, tokens, names, targets=targets, backward=backward, attention_mask=attention_mask)
     ref = reference
-    f32 = compute(rounded, tokens, names, targets=targets, backward=backward)
+    f32 = compute(rounded, tokens, names, targets=targets, backward=backward, attention_mask=attention_mask)
     tokens_checked, _ = model.check_tokens(tokens)
     seq = sequential.compute(model.cfg, rounded.params, tokens_checked, check_golden_targets(model, tokens_checked, targets)
                              if targets is not None else None, backward, attention_mask)
@@ -546,15 +561,33 @@ def float32_error(name, r, x) -> tuple[float, float, float | None]:
     return float(err.max() / F32_ROUNDOFF), float(np.sqrt(np.mean(err**2)) / F32_ROUNDOFF), f
 
 
-def make(model: Model, tokens, names=None, command=None, targets=None, backward=False) -> Golden:
+def make(model: Model, tokens, names=None, command=None, targets=None, backward=False, attention_mask=None,
+         padding_side=None, pad_token_id=None) -> Golden:
     """The golden file's contents for ``model`` on ``tokens``, with its metadata; with ``backward``
-    also the mean loss and every gradient (refgpt/oracle/gradients.py)."""
-    tensors = compute(model, tokens, names, targets=targets, backward=backward)
-    cond, rms, freedom = float32_errors(model, tokens, names, targets, backward, reference=tensors)
+    also the mean loss and every gradient (refgpt/oracle/gradients.py). ``attention_mask`` [batch,
+    pos]: a padded batch, padded on ``padding_side`` with ``pad_token_id`` (the metadata's ``padding``
+    says which convention its mask and position ids follow)."""
+    tensors = compute(model, tokens, names, targets=targets, backward=backward, attention_mask=attention_mask)
+    cond, rms, freedom = float32_errors(model, tokens, names, targets, backward, reference=tensors,
+                                        attention_mask=attention_mask)
     metadata = {**provenance(model, command), "conditioning": json.dumps(cond), "error_rms": json.dumps(rms),
                 "row_freedom": json.dumps(freedom), "error_model": ERROR_MODEL,
                 "targets": "given" if targets is not None else "next token"}
+    if attention_mask is not None:
+        metadata["padding"] = json.dumps(padding_metadata(padding_side, pad_token_id))
     return Golden(tensors, metadata)
+
+
+def padding_metadata(side, pad_token_id) -> dict:
+    """What a padded golden's ``attention_mask`` and ``position_ids`` mean (refgpt/gpt2/padding.py)."""
+    return {"side": side, "pad_token_id": pad_token_id,
+            "attention_mask": "1 for a real token, 0 for a pad; a pad is never attended to",
+            "position_ids": "each real token's position is the number of real tokens before it in its row "
+                            "(cumsum(attention_mask) - 1); a pad has position 0 and a zero position embedding "
+                            "(TransformerLens's convention; HF fills pad positions with 1)",
+            "judged": "real positions only: what a pad position computes is not compared (compare --judge-pads "
+                      "compares it too)",
+            "loss": "a target counts where it and its position are real tokens; 0 elsewhere"}
 
 
 #: What the metadata's c_X, r_X and f_X were measured from (module docstring).

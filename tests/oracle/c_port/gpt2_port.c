@@ -6,11 +6,15 @@
 // refgpt's oracle must pass it at every optimisation level (tests/oracle/test_c_port.py).
 //
 //   gpt2_port MODEL.bin STATE.bin OUT.bin
+//   gpt2_port MODEL.bin STATE.bin OUT_DIR --generate N
 //
 // MODEL: an llm.c checkpoint (float32, version 3). STATE: an llm.c debug state, of which the
 // batch x and targets y are read. OUT: refgpt's llm.c dump (refgpt/oracle/llmc_dump.py): the
 // inputs, targets, mean loss, and the activations, parameter gradients and activation gradients
-// in llm.c's buffer layouts.
+// in llm.c's buffer layouts. With --generate N, x is a prompt, greedily continued by N tokens as
+// llm.c's generation loop does it: every step runs the whole forward pass over T = prompt + N − 1
+// positions (those not yet generated hold token V − 1) and takes the arg-max of the newest
+// position's logits; each step's acts_memory is written to OUT_DIR/step{S}.bin.
 //
 // Build-time choices:
 //   -DORDER=0   every dot product and sum in index order (default)
@@ -98,7 +102,7 @@ static void read_exactly(void *dst, size_t size, size_t n, FILE *f, const char *
     if (fread(dst, size, n, f) != n) { fprintf(stderr, "gpt2_port: %s: short read\n", what); exit(1); }
 }
 
-static void load(Port *m, const char *model_path, const char *state_path) {
+static void load(Port *m, const char *model_path, const char *state_path, int extra) {
     int h[256];
     FILE *f = fopen(model_path, "rb");
     if (!f) { fprintf(stderr, "gpt2_port: cannot open %s\n", model_path); exit(1); }
@@ -120,12 +124,14 @@ static void load(Port *m, const char *model_path, const char *state_path) {
     if (!f) { fprintf(stderr, "gpt2_port: cannot open %s\n", state_path); exit(1); }
     read_exactly(h, sizeof(int), 256, f, state_path);
     if (h[0] != 20240327) { fprintf(stderr, "gpt2_port: %s: not an llm.c debug state\n", state_path); exit(1); }
-    m->B = h[2]; m->T = h[3];
+    int T0 = h[3];
+    m->B = h[2]; m->T = T0 + extra;
     size_t BT = (size_t)m->B * m->T, B = m->B, T = m->T, NH = m->NH;
     m->inputs = checked(malloc(BT * sizeof(int)));
     m->targets = checked(malloc(BT * sizeof(int)));
-    read_exactly(m->inputs, sizeof(int), BT, f, state_path);
-    read_exactly(m->targets, sizeof(int), BT, f, state_path);
+    for (size_t i = 0; i < BT; i++) m->inputs[i] = m->targets[i] = m->V - 1;
+    for (size_t b = 0; b < B; b++) read_exactly(m->inputs + b * T, sizeof(int), T0, f, state_path);
+    for (size_t b = 0; b < B; b++) read_exactly(m->targets + b * T, sizeof(int), T0, f, state_path);
     fclose(f);
     size_t as[N_ACTS] = {BT * C, L * BT * C, L * BT, L * BT, L * BT * 3 * C, L * BT * C, L * B * NH * T * T,
                          L * B * NH * T * T, L * BT * C, L * BT * C, L * BT * C, L * BT, L * BT, L * BT * 4 * C,
@@ -421,13 +427,42 @@ static void dump(const Port *m, const char *path) {  // refgpt's llm.c dump, mag
     if (fclose(f) != 0) { fprintf(stderr, "gpt2_port: cannot write %s\n", path); exit(1); }
 }
 
+static void generate(Port *m, int steps, const char *dir, float *scratch) {
+    int prompt = m->T - (steps - 1);
+    for (int S = 0; S < steps; S++) {
+        forward(m, scratch);
+        int pos = prompt + S - 1;  // the newest position
+        for (int b = 0; b < m->B; b++) {
+            const float *x = m->a[LOGITS] + ((size_t)b * m->T + pos) * m->Vp;
+            int best = 0;
+            for (int i = 1; i < m->V; i++) if (x[i] > x[best]) best = i;  // ties: the lowest id
+            if (pos + 1 < m->T) m->inputs[b * m->T + pos + 1] = best;
+        }
+        char path[4096];
+        snprintf(path, sizeof path, "%s/step%d.bin", dir, S);
+        FILE *f = fopen(path, "wb");
+        if (!f || fwrite(m->acts, sizeof(float), m->n_acts, f) != m->n_acts || fclose(f) != 0) {
+            fprintf(stderr, "gpt2_port: cannot write %s\n", path);
+            exit(1);
+        }
+    }
+}
+
 int main(int argc, char **argv) {
-    if (argc != 4) { fprintf(stderr, "usage: gpt2_port MODEL.bin STATE.bin OUT.bin\n"); return 2; }
+    int steps = argc == 6 && strcmp(argv[4], "--generate") == 0 ? atoi(argv[5]) : 0;
+    if (argc != 4 && steps < 1) {
+        fprintf(stderr, "usage: gpt2_port MODEL.bin STATE.bin OUT.bin [--generate N]\n");
+        return 2;
+    }
     Port m;
-    load(&m, argv[1], argv[2]);
+    load(&m, argv[1], argv[2], steps > 0 ? steps - 1 : 0);
     size_t n = (size_t)m.B * m.T;
     if (n < (size_t)4 * m.C) n = (size_t)4 * m.C;
     float *scratch = checked(malloc(2 * n * sizeof(float)));
+    if (steps > 0) {
+        generate(&m, steps, argv[3], scratch);
+        return 0;
+    }
     forward(&m, scratch);
     backward(&m, scratch);
     dump(&m, argv[3]);
