@@ -181,6 +181,7 @@ class TensorResult:
     worst: Element | None = None  # the element furthest outside its tolerance
     row: RowFreedom | None = None  # judged up to a factor or shift per row: how much of it was used
     step: int | None = None  # a decode golden's step (refgpt/oracle/decode.py)
+    offset: int = 0  # the absolute position of index 0 of its position axis (a decode step's first new one)
     sequences: bool = False  # a decode or padded golden's: name rows and positions as such
     notes: list[str] = field(default_factory=list)
 
@@ -746,7 +747,7 @@ def _compare_tensor(name, r, c, tol, conditioning, ref, error_rms=None, row_free
         return [int(i) for i in np.unravel_index(a + int(k), r.shape[:-1])] if r.ndim > 1 else []
 
     at_real = layout.judged(name, r.shape)  # None, or which elements sit at real (not pad) positions
-    offset = layout.offset(name)
+    offset = res.offset = layout.offset(name)
     if at_real is not None:
         res.notes.append("pad positions not judged (--judge-pads judges them)")
 
@@ -791,7 +792,7 @@ def _compare_tensor(name, r, c, tol, conditioning, ref, error_rms=None, row_free
             with np.errstate(invalid="ignore", over="ignore"):
                 jc, free = golden_file.row_adjusted(name, r64, c64)  # [block, last], [block]
             if res.row.bound is not None:  # a row beyond the bound gets no freedom: judged as it is
-                beyond = ~(np.abs(free) <= res.row.bound)  # [block] (NaN: beyond)
+                beyond = ~(np.abs(free) <= res.row.bound) & compared.any(-1)  # [block] (NaN: beyond)
                 jc = np.where(beyond[:, None], c64, jc)
                 return compared, r64, c64, jc, np.where(beyond, np.nan, free), free
         return compared, r64, c64, jc, free, free
@@ -835,8 +836,8 @@ def _compare_tensor(name, r, c, tol, conditioning, ref, error_rms=None, row_free
         else:
             limit = res.atol + res.rtol * np.abs(np.where(compared, r64, 0.0))  # [block, last]
         bad = jdiff > limit  # [block, last]
-        if res.row is not None and free is not None:
-            _judge_rows(res.row, row_free, a, row_index, r64, c64)
+        if res.row is not None and free is not None:  # rows with nothing judged (a pad's) have no factor to judge
+            _judge_rows(res.row, np.where(compared.any(-1), row_free, 0.0), a, row_index, r64, c64)
         max_abs = max(max_abs, float(jdiff.max(initial=0.0)))
         max_over_tol = float(np.max([max_over_tol, np.max(np.where(
             compared, jdiff / np.maximum(limit, _F32_TINY * _F32_TINY), 0.0), initial=0.0)]))
@@ -1150,7 +1151,7 @@ def describe_divergence(t: TensorResult) -> str:
     parts = []
     row = t.row
     if row is not None and row.rows_out:
-        parts.append(_row_failure(t.name, row))
+        parts.append(_row_failure(t, row))
     if e is not None:
         text = (f"first at {_at(e, t)} (index {list(e.index)}): candidate {e.candidate:.9g}, reference "
                 f"{e.reference:.9g}{_reference_is(t.name)}, {_judged(e)} {e.judged_difference:.3g} > tolerance "
@@ -1218,15 +1219,20 @@ def _beyond(row: RowFreedom | None) -> str:
     return " beyond their row's shift" if row.kind == "shift" else " beyond their row's factor"
 
 
-def _row_failure(name, row: RowFreedom) -> str:
+def _row_failure(t: TensorResult, row: RowFreedom) -> str:
     """The first row whose factor or shift is beyond its bound, with the files' sums for a factor."""
+    name = t.name
+    labels = axes(name, len(t.shape))[:-1]
+    where = _where(name, tuple(row.first_out) + (0,), t.offset)
+    words = {"batch": "row", "pos": "position"} if t.sequences else {}
+    at = f"{row.first_out} ({', '.join(f'{words.get(k, k)} {where[k]}' for k in labels if k != '1')})"
     if row.kind == "factor":
         c, r = row.first_out_sums
-        return (f"the row at {row.first_out} sums to {c:.9g} in the candidate and {r:.9g} in the reference"
+        return (f"the row at {at} sums to {c:.9g} in the candidate and {r:.9g} in the reference"
                 f"{_reference_is(name)}: a factor {row.first_out_value:.9g}, |factor − 1| "
                 f"{abs(row.first_out_value - 1):.3g} > {row.bound:.3g}, more than rounding of the row's one sum "
                 f"gives ({row.rows_out} rows are beyond it)")
-    return (f"the row at {row.first_out} is shifted by {row.first_out_value:.6g} (the median over the row of "
+    return (f"the row at {at} is shifted by {row.first_out_value:.6g} (the median over the row of "
             f"candidate − reference), |shift| > {row.bound:.3g}, more than rounding of the row's one log-sum gives "
             f"({row.rows_out} rows are beyond it)")
 

@@ -60,13 +60,15 @@ def whole_compare_tensor(name, r, c, tol, conditioning, ref, error_rms=None, row
         bound = GROWTH * tol["unit_roundoff"] * (row_freedom[name] + 1.0) if freedom[1] else None
         raw_free = free
         res.row = RowFreedom(freedom[0], bound)
+        free = np.where(compared.any(-1), free, 0.0)  # a row with nothing judged has no factor to judge
+        raw_free = free
         size = np.abs(np.where(np.isfinite(free), free, np.inf)).reshape(-1)  # [rows]
         if size.size:
             k = int(np.argmax(size))
             res.row.largest = float(size[k])
             res.row.largest_at = [int(i) for i in np.unravel_index(k, r.shape[:-1])]
         if bound is not None:  # a row beyond the bound gets no freedom: judged as it is
-            beyond = ~(np.abs(free) <= bound)  # [rows...]
+            beyond = ~(np.abs(free) <= bound) & compared.any(-1)  # [rows...]
             jc = np.where(beyond[..., None], c64, jc)
             free = np.where(beyond, np.nan, free)
         if bound is not None and (size > bound).any():
