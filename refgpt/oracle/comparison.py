@@ -236,8 +236,8 @@ class Report:
     def to_json(self) -> str:
         return strict_json.dumps(self.to_dict(), indent=1, default=_json_default)
 
-    def table(self, after_first: int | None = None) -> str:
-        return format_report(self, after_first)
+    def table(self, after_first: int | None = None, names=None, failing: bool = False) -> str:
+        return format_report(self, after_first, names, failing)
 
     __str__ = table
 
@@ -1065,11 +1065,15 @@ def _logits_summary(ref, cand) -> LogitsSummary:
 # ---- the report as text ---------------------------------------------------------------------------
 
 
-def format_report(report: Report, after_first: int | None = None) -> str:
+def format_report(report: Report, after_first: int | None = None, names=None, failing: bool = False) -> str:
     """The readable table: one row per tensor in forward order, then the verdict.
 
     ``after_first``: show only this many rows after the first divergence (None: every row).
+    ``names`` (glob patterns) and ``failing`` (only tensors out of tolerance) filter the rows shown;
+    the verdict below is always the whole report's.
     """
+    import fnmatch
+
     first = report.first_divergence
     certified = any(t.golden_error is not None for t in report.tensors)
     rows = [("tensor", "shape", "max abs", "max rel", *(("golden err",) if certified else ()), "max/tol", "bias/tol",
@@ -1077,6 +1081,11 @@ def format_report(report: Report, after_first: int | None = None) -> str:
     shown = report.tensors
     if after_first is not None and first is not None:
         shown = shown[: report.tensors.index(first) + 1 + after_first]
+    filtered = bool(names) or failing
+    if names:
+        shown = [t for t in shown if any(fnmatch.fnmatchcase(t.name, p) for p in names)]
+    if failing:
+        shown = [t for t in shown if not t.ok]
     for t in shown:
         mark = "FIRST DIVERGENCE" if t is first else ("" if t.ok else t.status)
         if t.status in ("shape mismatch",):
@@ -1092,7 +1101,11 @@ def format_report(report: Report, after_first: int | None = None) -> str:
     lines = ["  ".join(c.ljust(w) if i == 0 or i == 1 else c.rjust(w) for i, (c, w) in enumerate(zip(r[:k], widths)))
              + ("  " + r[k] if r[k] else "") for r in rows]
     lines.insert(1, "-" * len(lines[0]))
-    if len(shown) < len(report.tensors):
+    if filtered:
+        what = " and ".join(x for x in ((f"--names {' '.join(names)}" if names else ""), ("--failing" if failing else ""))
+                            if x)
+        lines.append(f"({len(shown)} of {len(report.tensors)} tensors shown: {what})")
+    elif len(shown) < len(report.tensors):
         lines.append(f"… {len(report.tensors) - len(shown)} more tensors")
     lines.append("")
     tol = report.tolerance
@@ -1100,8 +1113,9 @@ def format_report(report: Report, after_first: int | None = None) -> str:
         lines.append(f"tolerance: profile {tol['profile']}: |cand − ref| ≤ atol_X + rtol·|ref|, rtol = {GROWTH}·u = "
                      f"{tol['rtol']:.2e}, atol_X = {GROWTH}·u·(c_X + S_X)  (u = {tol['unit_roundoff']:.3g}); "
                      f"bias: |mean(cand − ref)| ≤ {BIAS_GROWTH}·u·(r_X + RMS(ref))·max(1, √({BIAS_FULL_ELEMENTS}/n)) "
-                     f"on n ≥ {BIAS_MIN_ELEMENTS} elements. "
-                     f"max/tol and bias/tol: 1 is the limit")
+                     f"on n ≥ {BIAS_MIN_ELEMENTS} elements; softmax rows judged up to one factor per row, log_probs "
+                     f"up to one shift (|factor − 1|, |shift| ≤ {GROWTH}·u·(f_X + 1)), logits up to any shift per "
+                     f"position. max abs/max rel: after that factor or shift; max/tol and bias/tol: 1 is the limit")
     else:
         lines.append(f"tolerance: |cand − ref| ≤ {tol['atol']:.3g} + {tol['rtol']:.3g}·|ref|")
     if report.logits is not None:

@@ -77,7 +77,7 @@ def run(model: Model, prompt, steps: int, continuation=None, attention_mask=None
             t["position_ids"] = np.broadcast_to(np.arange(start, start + new), (batch, new)).copy()
         else:
             full = np.concatenate([mask, np.ones((batch, start + new - P), np.int64)], axis=1)  # [batch, keys]
-            t["position_ids"] = position_ids(full, start)  # [batch, new]
+            t["position_ids"] = np.where(full[:, start:] == 1, position_ids(full, start), 0)  # [batch, new], pads 0
         for name in model.hook_names:
             t[name] = np.asarray(cache[name])
             if name.endswith("hook_normalized"):

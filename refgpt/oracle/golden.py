@@ -184,7 +184,7 @@ def select(model: Model, patterns) -> list[str]:
 
 
 def compute(model: Model, tokens, names=None, fwd_hooks=(), targets=None, backward=False,
-            attention_mask=None) -> dict[str, np.ndarray]:
+            attention_mask=None, progress=None) -> dict[str, np.ndarray]:
     """The golden tensors (``names`` from :func:`golden_names`; None: all) of one forward pass,
     and with ``backward`` the loss and every gradient (refgpt/oracle/gradients.py).
 
@@ -194,6 +194,7 @@ def compute(model: Model, tokens, names=None, fwd_hooks=(), targets=None, backwa
     next token inside ``tokens``, [batch, pos − 1]). ``attention_mask`` [batch, pos] (1 real, 0
     pad): a padded batch (refgpt/gpt2/padding.py), adding ``attention_mask`` and ``position_ids``;
     its loss is 0 where a target is not a real token after a real one (forward only).
+    ``progress()`` is called once per block of the forward pass and of the backward pass.
     """
     if attention_mask is not None and backward:
         raise RefGPTError("golden: the backward pass of a padded batch is not implemented; give rows of one "
@@ -207,14 +208,15 @@ def compute(model: Model, tokens, names=None, fwd_hooks=(), targets=None, backwa
     hooks = set(model.hook_names)
     need = {n for n in wanted if n in hooks}
     need |= {n[: -len("out")] + "hook_normalized" for n in wanted if n.endswith(".out")}
-    logits, cache = model.run_with_cache(tokens, names=sorted(need), fwd_hooks=fwd_hooks,
+    ticks = block_ticks(model, progress)
+    logits, cache = model.run_with_cache(tokens, names=sorted(need), fwd_hooks=[*fwd_hooks, *ticks[0]],
                                          attention_mask=attention_mask)  # [batch, pos, d_vocab]
     log_probs = log_softmax(logits)  # [batch, pos, d_vocab]
     b_idx, t_idx = np.indices(targets.shape)  # [batch, pos − 1] (or [batch, pos]) each
     out = {}
     if attention_mask is not None:
         mask = np.asarray(attention_mask, np.int64)  # [batch, pos]
-        out["attention_mask"], out["position_ids"] = mask, position_ids(mask)  # [batch, pos] each
+        out["attention_mask"], out["position_ids"] = mask, np.where(mask == 1, position_ids(mask), 0)  # pads: 0
     for name in forward_order(wanted):
         if name == "tokens":
             out[name] = tokens
@@ -236,8 +238,21 @@ def compute(model: Model, tokens, names=None, fwd_hooks=(), targets=None, backwa
         else:
             raise RefGPTError(f"golden: {name!r} is not a tensor of this model's golden file")
     if backward:
-        out.update(compute_gradients(model, tokens, targets))
+        with model.hooks(bwd_hooks=ticks[1]):
+            out.update(compute_gradients(model, tokens, targets))
     return out
+
+
+def block_ticks(model: Model, progress):
+    """(forward hooks, backward hooks) that call ``progress()`` once per block, changing nothing."""
+    if progress is None:
+        return [], []
+
+    def tick(activation, hook):
+        progress()
+
+    names = [f"blocks.{L}.hook_resid_post" for L in range(model.cfg.n_layers)]
+    return [(n, tick) for n in names], [(n, tick) for n in names]
 
 
 def stream(model: Model, tokens, names=None, fwd_hooks=(), targets=None):
@@ -483,7 +498,7 @@ def weighted_median_ratio(r, x, k=FACTOR_ENTRIES):
 
 
 def float32_errors(model: Model, tokens, names=None, targets=None, backward=False, reference=None,
-                   attention_mask=None):
+                   attention_mask=None, progress=None):
     """(c_X, r_X, f_X) per float golden tensor X: the largest and the root-mean-square error of
     the float32 passes against float64 — refgpt's own and the sequential port's
     (refgpt/oracle/sequential.py), the larger of the two — and for normalised-row tensors the
@@ -496,12 +511,17 @@ def float32_errors(model: Model, tokens, names=None, targets=None, backward=Fals
     rounded = float32_twin(model)  # the same weights, rounded as a float32 port rounds them
     if reference is None or model.dtype != np.float64:
         exact = Model(model.cfg, params, dtype="float64")
-        reference = compute(exact, tokens, names, targets=targets, backward=backward, attention_mask=attention_mask)
+        reference = compute(exact, tokens, names, targets=targets, backward=backward, attention_mask=attention_mask,
+                            progress=progress)
     ref = reference
-    f32 = compute(rounded, tokens, names, targets=targets, backward=backward, attention_mask=attention_mask)
+    f32 = compute(rounded, tokens, names, targets=targets, backward=backward, attention_mask=attention_mask,
+                  progress=progress)
     tokens_checked, _ = model.check_tokens(tokens)
     seq = sequential.compute(model.cfg, rounded.params, tokens_checked, check_golden_targets(model, tokens_checked, targets)
                              if targets is not None else None, backward, attention_mask)
+    if progress is not None:
+        for _ in range(model.cfg.n_layers * (2 if backward else 1)):
+            progress()
     errors = ErrorModel()
     for name, r in ref.items():
         if r.dtype.kind == "f":
@@ -562,20 +582,42 @@ def float32_error(name, r, x) -> tuple[float, float, float | None]:
 
 
 def make(model: Model, tokens, names=None, command=None, targets=None, backward=False, attention_mask=None,
-         padding_side=None, pad_token_id=None) -> Golden:
+         padding_side=None, pad_token_id=None, progress=None) -> Golden:
     """The golden file's contents for ``model`` on ``tokens``, with its metadata; with ``backward``
     also the mean loss and every gradient (refgpt/oracle/gradients.py). ``attention_mask`` [batch,
     pos]: a padded batch, padded on ``padding_side`` with ``pad_token_id`` (the metadata's ``padding``
-    says which convention its mask and position ids follow)."""
-    tensors = compute(model, tokens, names, targets=targets, backward=backward, attention_mask=attention_mask)
+    says which convention its mask and position ids follow). ``progress(done, total)``: called as
+    the passes run, in blocks (``make_steps`` gives the total)."""
+    tick = _counter(progress, make_steps(model, backward))
+    tensors = compute(model, tokens, names, targets=targets, backward=backward, attention_mask=attention_mask,
+                      progress=tick)
     cond, rms, freedom = float32_errors(model, tokens, names, targets, backward, reference=tensors,
-                                        attention_mask=attention_mask)
+                                        attention_mask=attention_mask, progress=tick)
     metadata = {**provenance(model, command), "conditioning": json.dumps(cond), "error_rms": json.dumps(rms),
                 "row_freedom": json.dumps(freedom), "error_model": ERROR_MODEL,
                 "targets": "given" if targets is not None else "next token"}
     if attention_mask is not None:
         metadata["padding"] = json.dumps(padding_metadata(padding_side, pad_token_id))
     return Golden(tensors, metadata)
+
+
+def make_steps(model: Model, backward=False) -> int:
+    """How many blocks ``make`` runs: three passes (float64, float32, the sequential port's), forward
+    and with ``backward`` backward, one block at a time."""
+    return 3 * model.cfg.n_layers * (2 if backward else 1)
+
+
+def _counter(progress, total):
+    """A no-argument tick calling ``progress(done, total)``, or None."""
+    if progress is None:
+        return None
+    done = [0]
+
+    def tick():
+        done[0] += 1
+        progress(min(done[0], total), total)
+
+    return tick
 
 
 def padding_metadata(side, pad_token_id) -> dict:
@@ -647,7 +689,7 @@ def write(path, golden: Golden) -> Path:
     return write_atomically(path, fill)
 
 
-def write_streamed(path, model: Model, tokens, names=None, command=None, targets=None) -> Path:
+def write_streamed(path, model: Model, tokens, names=None, command=None, targets=None, progress=None) -> Path:
     """Make and write a golden file without ever holding it, in one pass.
 
     The header (every tensor's name, dtype and shape, known from the config) goes first, with room
@@ -664,9 +706,11 @@ def write_streamed(path, model: Model, tokens, names=None, command=None, targets
     def fill(tmp):
         errors = ErrorModel()
         with SafetensorsWriter(tmp, shapes, meta, _header_length(shapes, meta)) as out:
-            for name, tensor, r, x in _passes(model, tokens, names, targets):
+            for i, (name, tensor, r, x) in enumerate(_passes(model, tokens, names, targets)):
                 if tensor is not None:
                     out.write(name, tensor)
+                if progress is not None:
+                    progress(min(i + 1, len(shapes)), len(shapes))
                 if r.dtype.kind == "f":
                     errors.add(name, r, *x)
             out.metadata = {**meta, **errors.metadata()}
