@@ -209,7 +209,59 @@ def ports(tally, kind, model, x, y, builds, torch_ports, d, ref=None):
         tally.add("TL float32", kind, comparison.compare(ref, tl_forward_backward(torch, tl, x, y), name_map="tl"), detail)
 
 
-def run(models=500, seed=0, trained=0, c_ports=0, torch_models=0, gpt2_small=0, builds=None, progress=None) -> dict:
+def decode_case(rng, steps, llmc_shaped=False):
+    """A random model (drawn like ``random_case``, or llm.c-shaped) with room for a prompt of 1–8
+    tokens and ``steps`` decoding steps, the prompt [batch, P] (batch 1–3) and, for a batch of more
+    than one, a left-padding mask (each row 1–P real tokens; None unpadded)."""
+    import dataclasses
+
+    if llmc_shaped:
+        model, _, _ = llmc_case(rng)
+        cfg, params = model.cfg, dict(model.params)
+    else:
+        cfg, params, _ = random_case(rng)
+    P = int(rng.integers(1, 9))
+    cfg = dataclasses.replace(cfg, n_ctx=P + steps)
+    params["pos_embed.W_pos"] = random_params(cfg, int(rng.integers(2**31)), 0.5)["pos_embed.W_pos"].astype(
+        np.float32).astype(np.float64)  # [n_ctx, d_model]
+    B = int(rng.integers(1, 4))
+    prompt = rng.integers(0, cfg.d_vocab, (B, P))
+    mask = None
+    if B > 1 and P > 1:
+        mask = np.zeros((B, P), np.int64)
+        for b in range(B):
+            mask[b, P - int(rng.integers(1, P + 1)):] = 1
+        mask[0] = 1
+    return Model(cfg, params), prompt, mask
+
+
+def decoded(tally, kind, model, prompt, mask, steps, builds, d):
+    """A float64 decode golden of ``steps`` greedy steps against float32 decodes: refgpt's own (greedy,
+    its own choices; a near-tie taken the other way is counted apart) and forced along the golden's
+    tokens, and the C builds' llm.c-style generation (unpadded, llm.c-shaped models)."""
+    from refgpt.oracle import decode
+
+    ref = decode.make(model, prompt, steps, attention_mask=mask)
+    m32 = Model(model.cfg, dict(model.params), dtype="float32")
+    tensors, chosen = decode.run(m32, prompt, steps, attention_mask=mask)
+    report = comparison.compare(ref, {"tokens": np.concatenate([prompt, chosen], 1), **tensors})
+    near_tie = any(t.status == "near tie" for t in report.tensors)
+    tally.add("decode f32 greedy" + (" (near tie)" if near_tie else ""), kind, report, f", d_model {model.cfg.d_model}")
+    forced, _ = decode.run(m32, prompt, steps, np.asarray(ref.tensors["tokens"])[:, prompt.shape[1]:], mask)
+    tally.add("decode f32 forced", kind, comparison.compare(ref, forced), f", d_model {model.cfg.d_model}")
+    if builds and mask is None:
+        import c_port
+
+        inputs = c_port.write_inputs(d, model, prompt, prompt)
+        for build in builds:
+            flags, defines = c_port.BUILDS[build]
+            out = c_port.run_generate(c_port.build(flags, defines), inputs, d, steps, f"gen-{build}")
+            tally.add(f"decode C {build}", kind, comparison.compare(ref, out, name_map="llmc"),
+                      f", d_model {model.cfg.d_model}")
+
+
+def run(models=500, seed=0, trained=0, c_ports=0, torch_models=0, gpt2_small=0, builds=None, progress=None,
+        decodes=0, decode_steps=32) -> dict:
     """The calibration (module docstring): ``models`` random models with the simulated ports,
     ``c_ports`` random llm.c-shaped models with the C builds, ``torch_models`` with HF and TL,
     ``trained`` batches of the embedded model (half random tokens, half text) with all of them, and
@@ -250,6 +302,14 @@ def run(models=500, seed=0, trained=0, c_ports=0, torch_models=0, gpt2_small=0, 
             model, x, y = llmc_case(rng)
             ports(tally, "random, llm.c-shaped", model, x, y, builds, i < torch_models, d)
             tick()
+        for i in range(decodes):
+            llmc_shaped = i % 4 == 3  # every 4th llm.c-shaped, for the C builds' generation loop
+            model, prompt, mask = decode_case(rng, decode_steps, llmc_shaped)
+            if llmc_shaped:
+                mask, prompt = None, prompt[:1]
+            decoded(tally, f"random, {decode_steps} steps" + (", llm.c-shaped" if llmc_shaped else ""), model, prompt,
+                    mask, decode_steps, builds if llmc_shaped else [], d)
+            tick()
     return tally.summary()
 
 
@@ -261,6 +321,8 @@ def main(argv=None) -> int:
     p.add_argument("--torch", type=int, default=0, help="… of which this many also with HF and TL in float32")
     p.add_argument("--trained", type=int, default=0, help="batches of the embedded trained model, every port")
     p.add_argument("--gpt2-small", type=int, default=0, help="batches at GPT-2 small's full shape (slow)")
+    p.add_argument("--decode", type=int, default=0, help="random models with float32 decodes against a float64 decode golden")
+    p.add_argument("--decode-steps", type=int, default=32)
     p.add_argument("--builds", help="comma-separated C builds (default: all of tests/c_port.py's BUILDS)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--progress", action="store_true", help="print the results so far every 50 cases")
@@ -271,7 +333,8 @@ def main(argv=None) -> int:
         print(f"-- after {time.time() - t0:.0f} s\n{report(summary)}", flush=True)
 
     summary = run(args.models, args.seed, args.trained, args.c_ports, args.torch, args.gpt2_small,
-                  args.builds.split(",") if args.builds else None, progress if args.progress else None)
+                  args.builds.split(",") if args.builds else None, progress if args.progress else None,
+                  args.decode, args.decode_steps)
     print(report(summary))
     print(f"({time.time() - t0:.0f} s)")
     return 0

@@ -268,10 +268,15 @@ def _read_acts_of_any_T(path, cfg, B, at_least):
     import math
 
     n_floats, rem = divmod(path.stat().st_size, 4)
-    for T in range(at_least, cfg.n_ctx + 1):
-        fixed = sum(math.prod(s) for s in llmc.activation_shapes(cfg, B, T, 0).values())
-        Vp, odd = divmod(n_floats - fixed, 2 * B * T)
-        if not rem and not odd and Vp >= cfg.d_vocab:
+    fixed = {T: sum(math.prod(s) for s in llmc.activation_shapes(cfg, B, T, 0).values())
+             for T in range(at_least, cfg.n_ctx + 1)}
+    Vp = llmc.padded_vocab(cfg.d_vocab)  # llm.c's: the vocabulary padded to a multiple of 128
+    for T in fixed if not rem else ():
+        if n_floats == fixed[T] + 2 * B * T * Vp:
+            return llmc.read_activations(path, cfg, B, T)
+    for T in fixed if not rem else ():  # another padding of the vocabulary
+        other, odd = divmod(n_floats - fixed[T], 2 * B * T)
+        if not odd and other >= cfg.d_vocab:
             return llmc.read_activations(path, cfg, B, T)
     raise RefGPTError(f"{path}: {path.stat().st_size} bytes is no llm.c acts_memory of B = {B} and any T from "
                       f"{at_least} to {cfg.n_ctx} for this model")
