@@ -183,6 +183,10 @@ def test_a_kv_path_bug_is_named_at_its_step_row_and_tensor(goldens, bug, kind, s
         assert t.first_bad.where["pos"] == PROMPT.shape[1] and f"position {PROMPT.shape[1]}," in text
     if bug is AppendedTwice:
         assert "more cached positions" in text and "appended twice" in text
+        from doc_pages import DOCS
+
+        page = " ".join((DOCS / "oracle.md").read_text(encoding="utf-8").split())
+        assert text.split("first divergence: ")[1] in page  # docs/oracle.md quotes it
     if bug in (NotAppended, NewestKeyMissing):
         assert "fewer" in text
 
