@@ -475,4 +475,5 @@ def _llmc_stat(prefix, which, a):
     a = np.asarray(a)[..., None]  # [B, T, 1]
     if which == "mean":
         return {prefix + "hook_mean": a}
-    return {prefix + "hook_scale": 1.0 / a.astype(np.float64)}  # rstd = 1/scale
+    with np.errstate(divide="ignore"):  # a port's rstd of 0 is an infinite scale: infinitely wrong, and said so
+        return {prefix + "hook_scale": 1.0 / a.astype(np.float64)}  # rstd = 1/scale

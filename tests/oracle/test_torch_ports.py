@@ -10,6 +10,8 @@ shape — every activation HF's ``hidden_states`` and TransformerLens's cache ho
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -80,7 +82,8 @@ def test_hf_in_float32_passes_forward_and_backward(tmp_path, name):
     assert report["logits"].row.kind == "shift"
 
 
-@pytest.mark.parametrize("name", port_cases.CASES)
+@pytest.mark.parametrize("name", [*port_cases.CASES[:2], pytest.param(port_cases.CASES[2], marks=pytest.mark.skipif(
+    os.environ.get("REFGPT_CALIBRATION") != "long", reason="set REFGPT_CALIBRATION=long (HF covers this shape by default)"))])
 def test_transformer_lens_in_float32_passes_forward_and_backward(tmp_path, name):
     torch = _torch()
     pytest.importorskip("transformer_lens", reason="needs the 'peers' extra (transformer_lens)")
