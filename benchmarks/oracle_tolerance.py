@@ -41,6 +41,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "oracle"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from random_models import random_params  # noqa: E402
 from refgpt import Config, Model  # noqa: E402
@@ -326,8 +327,12 @@ def main(argv=None) -> int:
     p.add_argument("--builds", help="comma-separated C builds (default: all of tests/c_port.py's BUILDS)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--progress", action="store_true", help="print the results so far every 50 cases")
+    p.add_argument("--results", metavar="NAME", help="also write the report into benchmarks/RESULTS.md's section NAME")
     args = p.parse_args(argv)
     t0 = time.time()
+    import machine
+
+    where = machine.describe(machine.machine())
 
     def progress(summary):
         print(f"-- after {time.time() - t0:.0f} s\n{report(summary)}", flush=True)
@@ -335,8 +340,13 @@ def main(argv=None) -> int:
     summary = run(args.models, args.seed, args.trained, args.c_ports, args.torch, args.gpt2_small,
                   args.builds.split(",") if args.builds else None, progress if args.progress else None,
                   args.decode, args.decode_steps)
-    print(report(summary))
+    text = report(summary)
+    print(text)
     print(f"({time.time() - t0:.0f} s)")
+    if args.results:
+        command = "python benchmarks/oracle_tolerance.py " + " ".join(argv if argv is not None else sys.argv[1:])
+        machine.update_section(args.results, f"### {args.results}: the oracle's false-alarm calibration\n\n{where}.\n\n"
+                               f"```\n$ nice {command}\n{text}\n({time.time() - t0:.0f} s)\n```")
     return 0
 
 
