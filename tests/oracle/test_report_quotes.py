@@ -75,7 +75,7 @@ def test_a_softmax_row_off_by_more_than_its_one_sum_can_be_says_so_with_the_sums
     first = report.first_divergence
     assert first.name == "probs" and first.row.rows_out == 1 and first.row.first_out == [1, 3]
     text = oracle.describe_divergence(first)
-    assert f"the row at [1, 3] sums to {probs[1, 3].sum():.9g} in the candidate" in text
+    assert f"the row at [1, 3] (batch 1, pos 3) sums to {probs[1, 3].sum():.9g} in the candidate" in text
     assert "(exp of the golden's log_probs)" in text and "factor 1.01" in text
 
 
