@@ -1207,7 +1207,7 @@ def _shape_hint(t: TensorResult) -> str:
 
 
 def _reference_is(name) -> str:
-    return " (exp of the golden's log_probs)" if name == "probs" else ""
+    return " (exp of the golden's log_probs)" if inner_name(name) == "probs" else ""
 
 
 def _judged(e: Element) -> str:

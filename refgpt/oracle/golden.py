@@ -571,7 +571,7 @@ def float32_error(name, r, x) -> tuple[float, float, float | None]:
     if freedom is not None and row_freedom_of(name)[1]:
         f = float(np.max(np.abs(freedom), initial=0.0) / F32_ROUNDOFF)
     finite = np.isfinite(r)  # attention scores: compare the causal part only
-    if name == "probs":
+    if inner_name(name) == "probs":  # a decode step's too
         finite &= r >= _F32_TINY
         err = np.abs(x[finite] - r[finite]) / r[finite]  # [n_compared] relative to p
     else:
