@@ -41,7 +41,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "oracle"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # machine.py, dump_hf_tl.py
 
 from random_models import random_params  # noqa: E402
 from refgpt import Config, Model  # noqa: E402
@@ -236,20 +236,36 @@ def decode_case(rng, steps, llmc_shaped=False):
     return Model(cfg, params), prompt, mask
 
 
-def decoded(tally, kind, model, prompt, mask, steps, builds, d):
-    """A float64 decode golden of ``steps`` greedy steps against float32 decodes: refgpt's own (greedy,
-    its own choices; a near-tie taken the other way is counted apart) and forced along the golden's
-    tokens, and the C builds' llm.c-style generation (unpadded, llm.c-shaped models)."""
+def decoded(tally, kind, model, prompt, mask, steps, builds, d, hf=False, seed=0):
+    """A float64 decode golden of ``steps`` greedy steps against independent float32 decodes, each
+    greedy on its own (a near-tie taken the other way is counted apart): the simulated port (refgpt
+    in float32 with a second rounding at every activation of every step), HF's ``generate`` (with
+    ``hf``), and the C builds' llm.c-style generation (unpadded, llm.c-shaped models)."""
     from refgpt.oracle import decode
 
     ref = decode.make(model, prompt, steps, attention_mask=mask)
+    detail = f", d_model {model.cfg.d_model}"
     m32 = Model(model.cfg, dict(model.params), dtype="float32")
-    tensors, chosen = decode.run(m32, prompt, steps, attention_mask=mask)
+    rng = np.random.default_rng(seed)
+
+    def perturb(a, hook):
+        return (a * (1.0 + UNIT_ROUNDOFF["float32"] * rng.uniform(-1.0, 1.0, a.shape))).astype(a.dtype)
+
+    with m32.hooks([(lambda n: True, perturb)]):
+        tensors, chosen = decode.run(m32, prompt, steps, attention_mask=mask)
     report = comparison.compare(ref, {"tokens": np.concatenate([prompt, chosen], 1), **tensors})
-    near_tie = any(t.status == "near tie" for t in report.tensors)
-    tally.add("decode f32 greedy" + (" (near tie)" if near_tie else ""), kind, report, f", d_model {model.cfg.d_model}")
-    forced, _ = decode.run(m32, prompt, steps, np.asarray(ref.tensors["tokens"])[:, prompt.shape[1]:], mask)
-    tally.add("decode f32 forced", kind, comparison.compare(ref, forced), f", d_model {model.cfg.d_model}")
+    tie = " (near tie)" if any(t.status == "near tie" for t in report.tensors) else ""
+    tally.add("decode simulated" + tie, kind, report, detail)
+    if hf:
+        import torch
+        from dump_hf_tl import hf_generate_candidate
+        from test_torch_ports import hf_model
+
+        torch.set_num_threads(1)
+        cand = hf_generate_candidate(hf_model(model, Path(d) / "hf-decode"), prompt, steps, mask)
+        report = comparison.compare(ref, cand, name_map="hf")
+        tie = " (near tie)" if any(t.status == "near tie" for t in report.tensors) else ""
+        tally.add("decode HF f32" + tie, kind, report, detail)
     if builds and mask is None:
         import c_port
 
@@ -257,8 +273,7 @@ def decoded(tally, kind, model, prompt, mask, steps, builds, d):
         for build in builds:
             flags, defines = c_port.BUILDS[build]
             out = c_port.run_generate(c_port.build(flags, defines), inputs, d, steps, f"gen-{build}")
-            tally.add(f"decode C {build}", kind, comparison.compare(ref, out, name_map="llmc"),
-                      f", d_model {model.cfg.d_model}")
+            tally.add(f"decode C {build}", kind, comparison.compare(ref, out, name_map="llmc"), detail)
 
 
 def run(models=500, seed=0, trained=0, c_ports=0, torch_models=0, gpt2_small=0, builds=None, progress=None,
@@ -309,7 +324,7 @@ def run(models=500, seed=0, trained=0, c_ports=0, torch_models=0, gpt2_small=0, 
             if llmc_shaped:
                 mask, prompt = None, prompt[:1]
             decoded(tally, f"random, {decode_steps} steps" + (", llm.c-shaped" if llmc_shaped else ""), model, prompt,
-                    mask, decode_steps, builds if llmc_shaped else [], d)
+                    mask, decode_steps, builds if llmc_shaped else [], d, hf=i % 8 == 1, seed=i)
             tick()
     return tally.summary()
 
