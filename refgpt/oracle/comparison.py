@@ -443,7 +443,7 @@ def _off_the_path(results, ref, cand):
         step, inner = split_step(t.name)
         if step is None or inner != "chosen" or t.status != "values differ":
             continue
-        logits = next((x for x in results if x.name == f"step.{step}.logits"), None)
+        logits = next((x for x in results if x.name in (f"step.{step}.logits", f"step.{step}.next_logits")), None)
         if logits is None or not logits.ok:
             return results, []
         row = t.first_bad.index[0]

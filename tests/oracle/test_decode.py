@@ -301,3 +301,25 @@ def test_a_bug_in_an_hf_decoding_loop_is_named_at_its_step_row_and_tensor(golden
     assert t.name == f"step.{step}.{tensor}", report.table(after_first=2)
     if row is not None:
         assert t.first_bad.index[0] == row
+
+
+def test_a_near_tie_taken_the_other_way_leaves_the_path_without_a_false_divergence(goldens):
+    """A greedy candidate whose logits are right but whose arg-max at step 2 picks the runner-up
+    of a (planted) near-tie: told so, the later steps not judged, never "a bug at step 3"."""
+    g = goldens["plain"]
+    ref = {n: np.array(a) for n, a in g.tensors.items()}
+    logits = ref["step.2.logits"][0, -1]
+    top, second = np.argsort(-logits)[:2]
+    ref["step.2.logits"][0, -1, second] = logits[top] - 1e-9  # the golden's two best now a near-tie
+    ref["step.2.log_probs"] = ref["step.2.logits"] - np.log(np.exp(ref["step.2.logits"]).sum(-1, keepdims=True))
+    tied = type(g)(ref, dict(g.metadata))
+    cand = f32_decode(g)
+    m = model("float32")
+    cand_chosen = np.array([[int(cand["step.0.chosen"][0]), int(cand["step.1.chosen"][0]), int(second)]])
+    tensors, _ = decode.run(m, PROMPT[:1], 3, continuation=cand_chosen)
+    tensors["step.2.logits"], tensors["step.2.log_probs"] = ref["step.2.logits"].astype(np.float32), ref["step.2.log_probs"].astype(np.float32)
+    report = oracle.compare(tied, tensors)
+    t = report.first_divergence
+    assert t.name == "step.2.chosen" and t.status == "near tie", report.table(after_first=1)
+    assert "near-tie" in report.table() and not any(x.step is not None and x.step > 2 for x in report.tensors)
+    assert not report.ok and "forced continuation" in report.too_little[0]
