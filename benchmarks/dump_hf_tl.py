@@ -75,11 +75,17 @@ def hf_generate_candidate(model, prompt, steps, attention_mask=None) -> dict[str
     import torch
 
     ids = torch.as_tensor(np.atleast_2d(prompt), dtype=torch.long)  # [batch, P]
-    mask = None if attention_mask is None else torch.as_tensor(attention_mask, dtype=torch.long)
-    with torch.no_grad():
-        out = model.generate(ids, attention_mask=mask, max_new_tokens=steps, min_new_tokens=steps, do_sample=False,
-                             output_hidden_states=True, output_attentions=True, output_logits=True,
-                             return_dict_in_generate=True, pad_token_id=int(model.config.eos_token_id or 0))
+    # an explicit mask: without one HF infers it from pad_token_id, masking every real token of that id
+    mask = torch.ones_like(ids) if attention_mask is None else torch.as_tensor(attention_mask, dtype=torch.long)
+    config = model.generation_config
+    eos, config.eos_token_id = config.eos_token_id, None  # exactly ``steps`` tokens, as refgpt golden --generate: no stop
+    try:
+        with torch.no_grad():
+            out = model.generate(ids, attention_mask=mask, max_new_tokens=steps, do_sample=False,
+                                 output_hidden_states=True, output_attentions=True, output_logits=True,
+                                 return_dict_in_generate=True, pad_token_id=0)
+    finally:
+        config.eos_token_id = eos
     tensors = {"sequences": _np(out.sequences)}  # [batch, P + steps]
     for S in range(len(out.hidden_states)):
         tensors.update({f"hidden_states.{S}.{i}": _np(h) for i, h in enumerate(out.hidden_states[S])})

@@ -175,8 +175,10 @@ def simulated(tally, kind, cfg, params, tokens, seed, backward=True):
 def llmc_case(rng):
     """A random model llm.c can represent (tied, d_mlp = 4·d_model, gelu_new, ε = 1e-5, 1/√d_head),
     float32-exact, with tokens x and targets y."""
-    n_heads = int(rng.integers(1, 5))
-    d_head = int(rng.integers(1, 9))
+    while True:  # d_model ≥ 2: a LayerNorm over one element is exact in any port (module docstring)
+        n_heads, d_head = int(rng.integers(1, 5)), int(rng.integers(1, 9))
+        if n_heads * d_head >= 2:
+            break
     cfg = Config(d_model=n_heads * d_head, n_layers=int(rng.integers(1, 4)), n_heads=n_heads, d_mlp=4 * n_heads * d_head,
                  d_vocab=int(rng.integers(2, 200)), n_ctx=int(rng.integers(2, 17)))
     params = random_params(cfg, int(rng.integers(2**31)), float(rng.choice([0.1, 0.5, 1.0])))
