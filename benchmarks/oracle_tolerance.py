@@ -227,6 +227,8 @@ def decode_case(rng, steps, llmc_shaped=False):
     cfg = dataclasses.replace(cfg, n_ctx=P + steps)
     params["pos_embed.W_pos"] = random_params(cfg, int(rng.integers(2**31)), 0.5)["pos_embed.W_pos"].astype(
         np.float32).astype(np.float64)  # [n_ctx, d_model]
+    if cfg.tie_word_embeddings:  # one matrix, as HF's checkpoint (and llm.c's) holds it
+        params["unembed.W_U"] = params["embed.W_E"].T
     B = int(rng.integers(1, 4))
     prompt = rng.integers(0, cfg.d_vocab, (B, P))
     mask = None
