@@ -791,10 +791,11 @@ def _compare_tensor(name, r, c, tol, conditioning, ref, error_rms=None, row_free
         if freedom is not None:
             with np.errstate(invalid="ignore", over="ignore"):
                 jc, free = golden_file.row_adjusted(name, r64, c64)  # [block, last], [block]
-            if res.row.bound is not None:  # a row beyond the bound gets no freedom: judged as it is
+            if res.row.bound is not None:  # a row beyond the bound, or no mere rescaling, gets no freedom
                 beyond = ~(np.abs(free) <= res.row.bound) & compared.any(-1)  # [block] (NaN: beyond)
-                jc = np.where(beyond[:, None], c64, jc)
-                return compared, r64, c64, jc, np.where(beyond, np.nan, free), free
+                unfree = beyond | ~(np.abs(free) <= MAX_ROW_FREEDOM[res.row.kind])  # judged as it is
+                jc = np.where(unfree[:, None], c64, jc)
+                return compared, r64, c64, jc, np.where(unfree, np.nan, free), free
         return compared, r64, c64, jc, free, free
 
     top_judged = 0.0  # max|X_ref| over the compared part
@@ -876,6 +877,13 @@ def _compare_tensor(name, r, c, tol, conditioning, ref, error_rms=None, row_free
                           err_rms.value() if all_finite else math.inf, ref_rms.value() if all_finite else 0.0,
                           tol["unit_roundoff"], error_rms.get(name, 0.0))
     return res
+
+
+#: The most a row's factor − 1 or shift may be and still be taken out: a factor within [1/2, 2]
+#: (a shift within ±ln 2) rescales a row; beyond, the row has another shape — a 16-bit port's
+#: attention that picked another key at a near-tie of huge scores — and is judged as it is
+#: (it fails only if its factor is also beyond the bound, or its elements beyond their tolerance).
+MAX_ROW_FREEDOM = {"factor": 0.5, "shift": math.log(2.0)}
 
 
 def _judge_rows(row: RowFreedom, free, a, row_index, r64, c64) -> None:

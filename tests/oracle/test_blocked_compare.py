@@ -67,8 +67,9 @@ def whole_compare_tensor(name, r, c, tol, conditioning, ref, error_rms=None, row
             k = int(np.argmax(size))
             res.row.largest = float(size[k])
             res.row.largest_at = [int(i) for i in np.unravel_index(k, r.shape[:-1])]
-        if bound is not None:  # a row beyond the bound gets no freedom: judged as it is
+        if bound is not None:  # a row beyond the bound, or no mere rescaling, gets no freedom: judged as it is
             beyond = ~(np.abs(free) <= bound) & compared.any(-1)  # [rows...]
+            beyond |= ~(np.abs(free) <= comparison.MAX_ROW_FREEDOM[freedom[0]])
             jc = np.where(beyond[..., None], c64, jc)
             free = np.where(beyond, np.nan, free)
         if bound is not None and (size > bound).any():
