@@ -27,7 +27,7 @@ from refgpt.oracle.name_maps import is_gradient, layer_of
 # ---- the whole-tensor judgement (compare before issue 17) ---------------------------------------
 
 
-def whole_compare_tensor(name, r, c, tol, conditioning, ref, error_rms=None, row_freedom=None) -> TensorResult:
+def whole_compare_tensor(name, r, c, tol, conditioning, ref, error_rms=None, row_freedom=None, layout=None) -> TensorResult:
     res = TensorResult(name, layer_of(name), "ok", list(r.shape), list(c.shape))
     if c.shape != r.shape and r.ndim >= 1 and r.shape[0] == 1 and c.shape == r.shape[1:]:
         c = c[None]  # a candidate without the batch axis, for a batch of one
