@@ -1,8 +1,9 @@
-"""GPT-2 small's forward pass: refgpt next to HF transformers (PyTorch) and a naive NumPy forward.
+"""GPT-2 small's forward pass: refgpt next to HF transformers (PyTorch) and the plain NumPy forward
+(refgpt/gpt2/plain.py, the reading copy: the textbook formulas, no thought for speed).
 
 One process, one run, the same random GPT-2-small-shaped weights for all three (no download),
 the same thread count for NumPy's BLAS and for torch. Also measured here: the GEMM peak of this
-machine in this run (the yardstick for "share of peak"), run_with_cache over a plain forward, a
+machine in this run (the yardstick for "share of peak"), run_with_cache over model(), a
 full cache's memory, checkpoint load time, and incremental decoding with the KV cache.
 
     python benchmarks/bench_forward.py            # prints the table; benchmarks/run.py records it
@@ -31,8 +32,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 sys.path.insert(0, str(REPO))
 
-import naive_forward  # noqa: E402
 import refgpt  # noqa: E402
+from refgpt.gpt2 import plain  # noqa: E402
 
 GPT2_SMALL = dict(n_embd=768, n_layer=12, n_head=12, n_positions=1024, vocab_size=50257)
 LENGTHS = (1, 64, 256, 1024)
@@ -122,9 +123,9 @@ def make_checkpoint(directory):
     return model
 
 
-def run(lengths=LENGTHS, dtypes=DTYPES, naive=True, extras=True) -> dict:
+def run(lengths=LENGTHS, dtypes=DTYPES, plain_forward=True, extras=True) -> dict:
     """The forward table (refgpt and torch alternating, medians), batched throughput, and with
-    ``extras`` the cache / decoding / load measurements; ``naive``: time the naive forward too."""
+    ``extras`` the cache / decoding / load measurements; ``plain_forward``: time plain.forward too."""
     import torch
 
     from machine import blas_kernel
@@ -137,7 +138,6 @@ def run(lengths=LENGTHS, dtypes=DTYPES, naive=True, extras=True) -> dict:
                "clock": CLOCK, "forward": [], "batched": [], "extras": {}}
     with tempfile.TemporaryDirectory() as tmp:
         hf = make_checkpoint(tmp)
-        naive_on = naive
         if extras:
             results["extras"]["load_float32_s"] = median_seconds(lambda: refgpt.load(tmp, dtype="float32"), 5)
             results["extras"]["load_float64_s"] = median_seconds(lambda: refgpt.load(tmp, dtype="float64"), 3)
@@ -146,25 +146,24 @@ def run(lengths=LENGTHS, dtypes=DTYPES, naive=True, extras=True) -> dict:
             results[f"gemm_peak_gflops_{dtype}"] = peak
             model = refgpt.load(tmp, dtype=dtype)
             torch_model = hf.to(getattr(torch, dtype))
-            naive_w = {k.removeprefix("transformer."): v.detach().numpy() for k, v in torch_model.state_dict().items()}
             for T in lengths:
                 tokens = np.random.default_rng(T).integers(0, 50257, (1, T))
                 t_tokens = torch.tensor(tokens)
                 r = repeats_for(T)
                 with torch.no_grad():
                     ours, theirs = paired_medians(lambda: model(tokens), lambda: torch_model(t_tokens), r)
-                naive = (median_seconds(lambda: naive_forward.forward(tokens[0], naive_w, 12, 12), max(1, r // 2))
-                         if naive_on else float("nan"))
+                plain_s = (median_seconds(lambda: plain.forward(model.params, model.cfg, tokens[0]), max(1, r // 2))
+                           if plain_forward else float("nan"))
                 gflops = flops(T) / ours / 1e9
                 row = {"dtype": dtype, "T": T, "refgpt_ms": ours * 1e3, "torch_ms": theirs * 1e3,
-                       "naive_ms": naive * 1e3, "ratio_to_torch": ours / theirs,
-                       "naive_ratio_to_torch": naive / theirs, "gflops": gflops, "share_of_peak": gflops / peak}
+                       "plain_ms": plain_s * 1e3, "ratio_to_torch": ours / theirs,
+                       "plain_ratio_to_torch": plain_s / theirs, "gflops": gflops, "share_of_peak": gflops / peak}
                 results["forward"].append(row)
                 print(_row(row), flush=True)
             results["batched"] += batched_throughput(model, torch_model, dtype)
             if dtype == "float64" and extras:
                 results["extras"].update(_cache_and_decode(model, tmp))
-            del model, torch_model, naive_w
+            del model, torch_model
             gc.collect()
     return results
 
@@ -181,10 +180,10 @@ def cache_tokens():
 
 
 def run_with_cache_ratio(model, repeats=3):
-    """run_with_cache (every name) over a plain forward, float64 T = 1024, alternating, medians."""
+    """run_with_cache (every name) over model(), float64 T = 1024, alternating, medians."""
     tokens = cache_tokens()
-    plain, cached = paired_medians(lambda: model(tokens), lambda: model.run_with_cache(tokens), repeats)
-    return cached / plain
+    forward, cached = paired_medians(lambda: model(tokens), lambda: model.run_with_cache(tokens), repeats)
+    return cached / forward
 
 
 def run_with_cache_ratio_memory_kept(checkpoint):
@@ -240,7 +239,7 @@ def _cache_and_decode(model, checkpoint):
 
 def _row(r):
     return (f"{r['dtype']:>8} T={r['T']:>5}  refgpt {r['refgpt_ms']:9.1f} ms  torch {r['torch_ms']:9.1f} ms  "
-            f"naive {r['naive_ms']:9.1f} ms  ratio {r['ratio_to_torch']:5.2f}  "
+            f"plain {r['plain_ms']:9.1f} ms  ratio {r['ratio_to_torch']:5.2f}  "
             f"{r['gflops']:6.1f} GFLOP/s ({100 * r['share_of_peak']:4.1f}% of peak)")
 
 

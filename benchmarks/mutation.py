@@ -80,12 +80,14 @@ _LATER_PEERS = ["tests/core/test_tl_ported_hooks_cache.py"]
 _LOADING = ["tests/core/test_safetensors_fuzz.py", "tests/core/test_file_fuzz.py", "tests/core/test_saving.py"]
 # KV-cached decoding of padded batches (issue 16), NumPy-only.
 _PADDING = ["tests/core/test_padding.py", "tests/core/test_tl_ported_padding.py", "tests/analysis/test_steered_generation.py"]
-NEW = {*_LOADING, *_PADDING, "tests/core/test_forward_paths.py", "tests/core/test_forward_reference.py", "tests/core/test_activations.py",
+NEW = {*_LOADING, *_PADDING, "tests/core/test_forward_paths.py", "tests/core/test_plain.py", "tests/core/test_activations.py",
        "tests/core/test_config.py",
        "tests/core/test_checkpoint.py", "tests/core/test_fused_qkv.py", *_NEW_PEERS, *_LATER_FAST, *_LATER_PEERS}
-_PATHS = ["tests/core/test_forward_reference.py", "tests/core/test_forward_paths.py"]
-# The backward is also judged by the backward hooks (NumPy-only) and by TL's torch gradients (peers).
-_BACKWARD_TESTS = [["tests/core/test_backward.py", "tests/oracle/test_gradients.py", "tests/core/test_tl_semantics.py"],
+# Every fast path against the plain reading copy (refgpt/gpt2/plain.py), then the paths against each other.
+_PATHS = ["tests/core/test_plain.py", "tests/core/test_forward_paths.py"]
+# The backward is also judged by plain.backward and the backward hooks (NumPy-only) and by TL's torch gradients (peers).
+_BACKWARD_TESTS = [["tests/core/test_backward.py", "tests/core/test_plain.py", "tests/oracle/test_gradients.py",
+                    "tests/core/test_tl_semantics.py"],
                    ["tests/core/test_tl_ported_hooks_cache.py"]]
 MODULES = {
     "layernorm": [_OLD_FAST + ["tests/core/test_ln_views.py"], _PATHS, _OLD_PEERS + ["tests/core/test_mission.py"], _NEW_PEERS],

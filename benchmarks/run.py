@@ -53,11 +53,11 @@ def markdown(results) -> str:
              "(only ratios measured side by side mean anything on a shared machine). GEMM peak: "
              f"{fw['gemm_peak_gflops_float32']:.0f} GFLOP/s float32, {fw['gemm_peak_gflops_float64']:.0f} float64 "
              "(one [1024,768]×[768,3072] product, same run).", "",
-             "| dtype | T | refgpt ms | torch ms | naive NumPy ms | refgpt / torch | naive / torch | GFLOP/s | share of GEMM peak |",
+             "| dtype | T | refgpt ms | torch ms | plain NumPy ms | refgpt / torch | plain / torch | GFLOP/s | share of GEMM peak |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in fw["forward"]:
-        lines.append(f"| {r['dtype']} | {r['T']} | {r['refgpt_ms']:.1f} | {r['torch_ms']:.1f} | {r['naive_ms']:.1f} | "
-                     f"**{r['ratio_to_torch']:.2f}** | {r['naive_ratio_to_torch']:.2f} | {r['gflops']:.1f} | {100 * r['share_of_peak']:.0f}% |")
+        lines.append(f"| {r['dtype']} | {r['T']} | {r['refgpt_ms']:.1f} | {r['torch_ms']:.1f} | {r['plain_ms']:.1f} | "
+                     f"**{r['ratio_to_torch']:.2f}** | {r['plain_ratio_to_torch']:.2f} | {r['gflops']:.1f} | {100 * r['share_of_peak']:.0f}% |")
     lines += ["", "Batched throughput (one forward pass over batch × T tokens):", "",
               "| dtype | batch × T | refgpt tokens/s | torch tokens/s | refgpt time / torch time |", "|---|---|---|---|---|"]
     for r in fw["batched"]:
@@ -88,10 +88,10 @@ def main():
 
     parser = argparse.ArgumentParser(description="every benchmark in one run")
     parser.add_argument("--quick", action="store_true",
-                        help="no naive forward, tokenizer or attribution benchmarks")
+                        help="no plain forward (refgpt/gpt2/plain.py), tokenizer or attribution benchmarks")
     args = parser.parse_args()
     results = {"machine": machine()}
-    results["forward"] = bench_forward.run(naive=not args.quick)
+    results["forward"] = bench_forward.run(plain_forward=not args.quick)
     if not args.quick:
         results["tokenizer"] = bench_tokenizer.run()
         print("tokenizer:", results["tokenizer"], flush=True)

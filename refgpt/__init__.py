@@ -1,7 +1,8 @@
 """refgpt: a pure-NumPy reference implementation of GPT-2.
 
 Exact enough to be the oracle other implementations check themselves against (float64 by
-default), and written to be read.
+default), and written to be read: start with ``refgpt/gpt2/plain.py``, GPT-2's forward and
+backward pass written plainly, the specification every fast path here is tested against.
 
     import refgpt
     model = refgpt.load("path/to/gpt2")              # config.json + model.safetensors
@@ -23,35 +24,35 @@ The package is a small top level and rooms named by idea, in layers; imports poi
 - ``refgpt.analysis`` (attribution, interventions, measurements, lens, plots),
   ``refgpt.oracle`` (golden files, comparison, name maps, llm.c formats) and
   ``refgpt.train`` (optimizer, BPE trainer), each built on the layers below, never on each other;
+- ``refgpt.sweep``: one task over a corpus of prompts, serially or on Dask (an optional extra),
+  built on analysis and oracle;
 - ``refgpt.cli``, the ``refgpt`` command, on top of all of them.
 
-``import refgpt`` loads the core only: ``analysis``, ``oracle``, ``train``, ``cli`` and the hub client
-load on first use (``refgpt.oracle.compare(...)`` works after a plain ``import refgpt``).
+``import refgpt`` loads nothing yet: each name below is imported on first use (``refgpt.load`` the
+core, ``refgpt.oracle.compare(...)`` the oracle, ``refgpt.sweep`` the sweep, ``refgpt.download`` the
+hub client), so the ``refgpt`` command can catch Ctrl-C from its first moment, imports included
+(refgpt/__main__.py).
 """
 
 import importlib as _importlib
 
-from .errors import RefGPTError
-from .files.checkpoint import load
-from .files.default_model import default_model_path, load_default
-from .files.saving import save
-from .gpt2.config import Config
-from .gpt2.tokenizer import Tokenizer
-from .model import Model
-from .tl.cache import ActivationCache, act_name
-from .version import __version__
-
-#: Subpackages and names loaded on first attribute access (the analysis, the oracle and the hub
-#: client's HTTP imports cost time that a forward pass does not need).
+#: Every public name, and the module it comes from (imported on first attribute access). A name
+#: whose module is the name itself is a subpackage or module.
 _LAZY = {
+    "RefGPTError": "refgpt.errors", "load": "refgpt.files.checkpoint",
+    "default_model_path": "refgpt.files.default_model", "load_default": "refgpt.files.default_model",
+    "save": "refgpt.files.saving", "Config": "refgpt.gpt2.config", "Tokenizer": "refgpt.gpt2.tokenizer",
+    "Model": "refgpt.model", "ActivationCache": "refgpt.tl.cache", "act_name": "refgpt.tl.cache",
+    "__version__": "refgpt.version",
     "analysis": "refgpt.analysis", "oracle": "refgpt.oracle", "train": "refgpt.train", "cli": "refgpt.cli",
+    "sweep": "refgpt.sweep",
     "attribute": "refgpt.analysis.attribution", "Attribution": "refgpt.analysis.attribution",
     "download": "refgpt.files.hub",
 }
 
 __all__ = ["ActivationCache", "Attribution", "Config", "Model", "RefGPTError", "Tokenizer", "__version__",
            "act_name", "analysis", "attribute", "default_model_path", "download", "load", "load_default", "oracle",
-           "save", "train"]
+           "save", "sweep", "train"]
 
 
 def __getattr__(name):
@@ -59,7 +60,9 @@ def __getattr__(name):
     if target is None:
         raise AttributeError(f"module 'refgpt' has no attribute {name!r}")
     module = _importlib.import_module(target)
-    return module if target.rsplit(".", 1)[-1] == name else getattr(module, name)
+    value = module if target.rsplit(".", 1)[-1] == name else getattr(module, name)
+    globals()[name] = value  # once imported, an ordinary attribute
+    return value
 
 
 def __dir__():

@@ -6,6 +6,7 @@ finite does ``raise_at_first_non_finite`` run the same pass again with every hoo
 after its hooks, and raise a RefGPTError naming the first hook point, index and value that is not
 finite (the −∞ of the causal mask in the attention scores is expected). A finite sum whose terms
 are finite but overflowed is told apart by that second pass too: it then names the output itself.
+A second pass that finds nothing (a hook returning something else each time) is an error too.
 """
 
 from __future__ import annotations
@@ -44,6 +45,10 @@ def raise_at_first_non_finite(model, tokens, past, start, last_only, padding, st
                       (f"the stream entering block {stop_at_layer}", "the embedding overflowed"))
         raise RefGPTError(f"the forward pass produced {output[tuple(bad[0])]} in {where} "
                           f"(index {[int(i) for i in bad[0]]}) from finite input: {why}")
+    # Found by tests/core/test_edge_fuzz.py: a hook that returns NaN once and finite values the
+    # next time made the locating pass clean, and the first pass's NaN logits were returned.
+    raise RefGPTError("the forward pass produced a non-finite value from finite input, but the same pass run "
+                      "again did not: a hook or intervention that returns something different each time it runs")
 
 
 class _NonFinite(Exception):

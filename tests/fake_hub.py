@@ -13,7 +13,10 @@
 Faults to inject: ``hub.break_after[filename] = [n, …]`` — each GET of that file (in turn) sends
 its headers, then only n bytes, then drops the connection; ``hub.corrupt.add(filename)`` — the
 bytes served differ from the hashes advertised; ``hub.ignore_range = True`` — 200 and the whole
-file whatever the Range. ``hub.requests`` records (method, path, Range).
+file whatever the Range; ``hub.answer[filename] = (status, headers)`` — the hub's HEAD and GET of
+that file answer so instead (a redirect to ``file:``, a malformed Location, …); ``hub.pace = s`` —
+bodies are sent in 4 KiB pieces, ``s`` seconds apart (for downloads that must overlap).
+``hub.requests`` records (method, path, Range).
 
 Everything binds to 127.0.0.1 on a port the OS chooses; the threads are daemons and ``close()``
 stops them. Nothing here contacts anything else.
@@ -62,6 +65,8 @@ class FakeHub:
         self.break_after: dict[str, list[int]] = {}
         self.corrupt: set[str] = set()
         self.ignore_range = False  # answer every GET with 200 and the whole file, as some servers do
+        self.answer: dict[str, tuple[int, dict]] = {}
+        self.pace = 0.0
         self.requests: list[tuple[str, str, str | None]] = []
         self._lock = threading.Lock()
         self.hub = _serve(self, lfs_store=False)
@@ -135,6 +140,9 @@ class _Handler(BaseHTTPRequestHandler):
         repo_id, revision, filename = unquote(repo_id), unquote(revision), unquote(filename)
         if not sep or not filename:
             return self._status(404, {})
+        if filename in self.hub.answer:
+            status, headers = self.hub.answer[filename]
+            return self._status(status, headers)
         if repo_id in self.hub.renamed:
             return self._status(307, {"Location": f"/{self.hub.renamed[repo_id]}/resolve/{rest}"})
         repo = self.hub.repos.get(repo_id)
@@ -187,6 +195,14 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.flush()
             self.close_connection = True
             return
+        if self.hub.pace:
+            import time
+
+            for i in range(0, len(body), 4096):
+                self.wfile.write(body[i:i + 4096])
+                self.wfile.flush()
+                time.sleep(self.hub.pace)
+            return
         self.wfile.write(body)
 
 
@@ -232,7 +248,8 @@ def tiny_gpt2_files(seed: int = 0, sharded: bool = False) -> dict[str, bytes]:
     model.tokenizer = refgpt.Tokenizer.from_dir(refgpt.default_model_path())
     with tempfile.TemporaryDirectory() as directory:
         refgpt.save(model, directory, dtype="float32")
-        files = {path.name: path.read_bytes() for path in Path(directory).iterdir()}
+        files = {path.name: path.read_bytes() for path in Path(directory).iterdir()
+                 if path.name != "refgpt-manifest.json"}  # refgpt's own record, which a hub repository lacks
     if not sharded:
         return files
     tensors = load(files.pop("model.safetensors"))

@@ -5,7 +5,12 @@
 - ``measurements`` — KL divergences, norms and injection ratios of steered runs.
 - ``lens`` — the logit lens (recomputed and cached-scale) and a tuned lens.
 - ``plots`` — figures of the above (needs the optional ``plot`` extra, matplotlib).
+- ``explorer`` — one offline web page of a forward pass (``explore``); plain canvas and SVG, no extra.
 
 Everything here imports the core (``refgpt.model``, ``refgpt.tl.cache``, ``refgpt.tl.decomposition``, …)
 and nothing above it; the core never imports this package.
 """
+
+from .explorer import Explorer, explore
+
+__all__ = ["Explorer", "explore"]

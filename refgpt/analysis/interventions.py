@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import RefGPTError
+from ..errors import RefGPTError, whole_number, whole_numbers
 from ..tl.hook_points import position_axis
 
 
@@ -129,7 +129,8 @@ def steering_vector(model, plus, minus, layer: int, coeff: float = 1.0, *, prepe
     name = resid_pre_name(model, layer)
     plus_ids, minus_ids = (_prompt_tokens(model, p, prepend_bos, what) for p, what in ((plus, "plus"), (minus, "minus")))
     if len(plus_ids) != len(minus_ids):
-        pad = space_token(model) if pad_token is None else int(pad_token)
+        pad = space_token(model) if pad_token is None else whole_number(pad_token, "pad_token", least=0,
+                                                                         below=model.cfg.d_vocab)
         length = max(len(plus_ids), len(minus_ids))
         plus_ids, minus_ids = (np.concatenate([t, np.full(length - len(t), pad, np.int64)]) for t in (plus_ids, minus_ids))
     # Two separate passes of the same shape, not one batch: each row is then computed by exactly
@@ -161,7 +162,9 @@ def add_vector(model, tokens, vector, layer: int, positions="front", coeff: floa
             raise RefGPTError(f"positions: expected 'front' or a list of positions, found {positions!r}")
         where = np.arange(len(rows))
     else:
-        where = np.asarray(positions, dtype=np.int64).reshape(-1)
+        where = whole_numbers(positions, "positions").reshape(-1)
+        if not len(where):
+            raise RefGPTError("positions: none given (a list of at least one position, or 'front')")
         if len(np.unique(where % max(n_pos, 1))) != len(where):
             raise RefGPTError(f"positions: {where.tolist()} names a position twice")
     out_of_range = where[(where >= n_pos) | (where < -n_pos)]
@@ -198,8 +201,7 @@ def injection_limit(model, direction, layer: int, position: int) -> Intervention
     if not norm > 0:
         raise RefGPTError("direction: P·d = 0 (a constant vector has no direction after centering)")
     limit = np.sqrt(n) * centered / norm  # [d_model] x̂∞ = √n·Pd/‖Pd‖
-    if isinstance(position, bool) or not isinstance(position, (int, np.integer)):
-        raise RefGPTError(f"position must be an integer, found {position!r}")
+    position = whole_number(position, "position")
 
     def replace(normalized, hook):
         hook_name, start = hook.name, hook.start
@@ -242,7 +244,7 @@ def patch(model, tokens, source_cache, names, positions=None) -> Intervention:
     if positions is None:
         where = np.arange(n_pos)
     else:
-        where = np.asarray(positions, dtype=np.int64).reshape(-1)
+        where = given = whole_numbers(positions, "patch: positions").reshape(-1)
         outside = where[(where >= n_pos) | (where < -n_pos)]
         if len(outside) or not len(where):
             raise RefGPTError(f"patch: positions {where.tolist()} are not positions of a prompt of {n_pos}")
@@ -259,7 +261,7 @@ def patch(model, tokens, source_cache, names, positions=None) -> Intervention:
             wanted = f"the prompt has {n_pos}" if positions is None else f"patching needs {int(where.max()) + 1}"
             raise RefGPTError(f"patch: the source's {name} has {have} positions, {wanted}")
         hooks.append((name, _patcher(source, where, name)))
-    where = "every position" if positions is None else f"positions {list(positions)}"
+    where = "every position" if positions is None else f"positions {given.tolist()}"
     return Intervention(model, hooks, f"patch {len(names)} hook point(s) at {where}")
 
 

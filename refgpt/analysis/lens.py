@@ -38,8 +38,9 @@ from pathlib import Path
 import numpy as np
 
 from ..gpt2.activations import log_softmax
-from ..files.atomic_write import write_atomically
-from ..errors import RefGPTError, need
+from ..files.atomic_write import refuse_temporary
+from ..files.safetensors_file import SafetensorsWriter
+from ..errors import RefGPTError, need, whole_numbers
 from ..gpt2 import ln_views
 from .measurements import stream_labels, streams
 
@@ -70,7 +71,7 @@ class LensResult:
         ``target`` is one token id, or ids [batch, pos] (e.g. each position's next token).
         """
         n_stream, batch, pos, d_vocab = self.logits.shape
-        target = np.broadcast_to(np.asarray(target, dtype=np.int64), (batch, pos))  # [batch, pos]
+        target = np.broadcast_to(whole_numbers(target, "target"), (batch, pos))  # [batch, pos]
         if np.any((target < 0) | (target >= d_vocab)):
             raise RefGPTError(f"target: ids must be in [0, {d_vocab}), found {target.min()}..{target.max()}")
         log_p = np.take_along_axis(self.log_probs(), np.broadcast_to(target[None, ..., None], (n_stream, batch, pos, 1)), -1)
@@ -109,6 +110,15 @@ def logit_lens_final_scale(cache) -> LensResult:
     return LensResult(_unembed(model, normed), stream_labels(model.cfg.n_layers), "logit lens, final scale")
 
 
+def read_out(model, resid) -> np.ndarray:
+    """The logit lens's read-out of one stream: ln_final recomputed from ``resid`` [..., d_model]
+    itself, then W_U (and b_U): [..., d_vocab]. ``logit_lens`` is this over every stream at once;
+    a sweep's lens task (refgpt/sweep/task_lens.py) applies it one stream at a time, so that only
+    one stream's [pos, d_vocab] logits are held (13 streams of GPT-2 small at T = 1024 would be
+    5.4 GB in float64)."""
+    return _unembed(model, _ln_final(model, resid))  # [..., d_vocab]
+
+
 # ---- the tuned lens ----------------------------------------------------------------------------
 
 
@@ -119,6 +129,7 @@ def load_translators(path, model) -> dict[int, tuple[np.ndarray, np.ndarray]]:
     path = Path(path)
     if not path.is_file():
         raise RefGPTError(f"{path}: translator file not found")
+    refuse_temporary(path)
     try:
         tensors = load_file(str(path))
     except Exception as error:  # safetensors raises its own types for a malformed file
@@ -135,13 +146,14 @@ def load_translators(path, model) -> dict[int, tuple[np.ndarray, np.ndarray]]:
 
 def save_translators(path, translators) -> Path:
     """Write {layer: (A, b)} to a safetensors file in tuned-lens keys (float32 or float64 as given)."""
-    from safetensors.numpy import save_file
-
     tensors = {}
     for L, (A, b) in sorted(translators.items()):
-        tensors[f"layer_translators.{L}.weight"] = np.ascontiguousarray(A)
-        tensors[f"layer_translators.{L}.bias"] = np.ascontiguousarray(b)
-    return write_atomically(path, lambda tmp: save_file(tensors, str(tmp)))
+        tensors[f"layer_translators.{L}.weight"] = np.asarray(A)
+        tensors[f"layer_translators.{L}.bias"] = np.asarray(b)
+    with SafetensorsWriter(path, {name: (a.dtype, a.shape) for name, a in tensors.items()}) as out:
+        for name, a in tensors.items():
+            out.write(name, a)
+    return out.path
 
 
 def _checked_translators(translators, model, where):

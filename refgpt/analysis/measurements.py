@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..gpt2.activations import log_softmax
-from ..errors import RefGPTError, need
+from ..errors import RefGPTError, need, whole_number, whole_numbers
 
 RESID_KINDS = ("resid_pre", "resid_mid", "resid_post")
 
@@ -58,11 +58,18 @@ def injection_ratio(cache, vector, positions, batch: int = 0) -> np.ndarray:
     ``vector`` is the injected [d_model] or [m, d_model] (coefficient included); rows of streams
     before the injection layer compare it with a stream that does not yet contain it.
     """
-    where = np.asarray(positions, dtype=np.int64).reshape(-1)  # [m]
+    where = whole_numbers(positions, "positions").reshape(-1)  # [m]
+    if not len(where):
+        raise RefGPTError("positions: none given")
     rows = np.asarray(vector).reshape(-1, np.shape(vector)[-1])  # [m or 1, d_model]
     if len(rows) not in (1, len(where)):
         raise RefGPTError(f"vector has {len(rows)} rows but {len(where)} positions were given")
-    stream = streams(cache)[:, batch][:, where]  # [stream, m, d_model]
+    every = streams(cache)  # [stream, batch, pos, d_model]
+    batch = whole_number(batch, "batch", least=-every.shape[1], below=every.shape[1])
+    outside = where[(where >= every.shape[2]) | (where < -every.shape[2])]
+    if len(outside):
+        raise RefGPTError(f"positions: {int(outside[0])} is outside the cached run's {every.shape[2]} positions")
+    stream = every[:, batch][:, where]  # [stream, m, d_model]
     return norm(rows) / norm(stream)  # [stream, m]
 
 

@@ -1,8 +1,8 @@
 """Figures: the residual stream's size, lens heatmaps, convergence and attribution bars.
 
-matplotlib is an optional extra (``pip install refgpt[plot]``): it is imported inside each
-function, never when refgpt is imported, and its absence is a ``RefGPTError`` with the install
-hint. Figures are built on ``matplotlib.figure.Figure`` directly (no pyplot, no global state, the
+matplotlib is optional (``pip install matplotlib``, which works wherever refgpt came from; the
+``plot`` extra names it too): it is imported inside each function, never when refgpt is imported,
+and its absence is a ``RefGPTError`` with that install command (:func:`require_matplotlib`). Figures are built on ``matplotlib.figure.Figure`` directly (no pyplot, no global state, the
 Agg renderer), returned, and written to ``path`` when one is given.
 
     resid_norm_figure(cache, position=p)     ‖resid‖ per position, one line per layer, log scale:
@@ -26,11 +26,23 @@ from ..errors import RefGPTError
 from .measurements import norm, stream_labels, streams
 
 
-def _figure(width, height):
+#: How to get matplotlib: a command that works from a clone and from PyPI alike (``refgpt[plot]``
+#: names the package on PyPI, not the clone a user may be in).
+INSTALL_HINT = "pip install matplotlib"
+
+
+def require_matplotlib():
+    """matplotlib's Figure, or a RefGPTError saying how to install it (the CLI calls this before
+    it runs a model whose figure it could not draw)."""
     try:
         from matplotlib.figure import Figure
     except ImportError:
-        raise RefGPTError("plotting needs matplotlib, an optional extra: pip install refgpt[plot]") from None
+        raise RefGPTError(f"plotting needs matplotlib, an optional dependency: {INSTALL_HINT}") from None
+    return Figure
+
+
+def _figure(width, height):
+    Figure = require_matplotlib()
     return Figure(figsize=(width, height), dpi=110, layout="constrained")
 
 

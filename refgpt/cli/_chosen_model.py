@@ -1,14 +1,21 @@
-"""The model a subcommand runs on, and the text it reads: what ``--model``, ``--dtype`` and TEXT mean.
+"""The model a subcommand runs on, the text it reads, and the options several subcommands share.
 
-Every subcommand takes ``--model DIR`` or a hub name such as ``--model gpt2`` (refgpt.files.hub.resolve;
-default: the embedded model, ``refgpt.default_model_path()``)
-and ``--dtype float64|float32``. A model directory carrying an ``UNTRAINED`` marker (a random
-initialisation, as the embedded default was before it was trained) gets a warning in everything a
-command prints: :func:`untrained_note` for tables, ``"untrained": true`` in JSON. Every answer
-starts the same way: :func:`header` for tables, :func:`print_json` for ``--json``.
+The shared options are ``--model DIR`` or a hub name such as ``--model gpt2``
+(refgpt.files.hub.resolve; default: the embedded model, ``refgpt.default_model_path()``),
+``--dtype float64|float32``, ``--json``, and TEXT with ``--bos``. Each subcommand declares the
+ones it uses (``USES`` in its module, passed to :func:`add_subcommand`); any other shared option
+is refused when given, a usage error (exit status 2), never accepted and ignored:
+``refgpt compare g g --dtype banana`` is an error, because compare runs no model.
+
+A model directory carrying an ``UNTRAINED`` marker (a random initialisation, as the embedded
+default was before it was trained) gets a warning in everything a command prints:
+:func:`untrained_note` for tables, ``"untrained": true`` in JSON. Every answer starts the same
+way: :func:`header` for tables, :func:`print_json` for ``--json``.
 """
 
 from __future__ import annotations
+
+import argparse
 
 import numpy as np
 
@@ -17,20 +24,87 @@ from ..files.checkpoint import load
 from ..dtypes import COMPUTE_DTYPES
 from ..files.default_model import default_model_path, is_untrained
 from ..errors import RefGPTError
+from ._output import shown
 
 
-def add_text_arguments(p):
-    """TEXT and --bos, as every text-reading subcommand takes them."""
-    p.add_argument("text", metavar="TEXT", help="the text to run (put -- before TEXT if it starts with -)")
+def _add_model(p):
+    p.add_argument("--model", metavar="DIR", default=None,
+                   help="HF GPT-2 directory (config.json + model.safetensors), or a hub name found in "
+                   "the HF cache or downloaded (gpt2, openai-community/gpt2@REVISION; see refgpt download); "
+                   "default: the embedded model")
+
+
+def _add_dtype(p):
+    p.add_argument("--dtype", choices=list(COMPUTE_DTYPES), default="float64", metavar="DTYPE",
+                   help="float64 (default) or float32")
+
+
+def _add_json(p):
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table, for scripts")
+
+
+def add_text_arguments(p, optional: bool | str | None = False):
+    """TEXT and --bos, as every text-reading subcommand takes them (``optional`` None: --bos alone,
+    for a subcommand whose texts come from a file, ``refgpt sweep``; ``"many"``: any number of TEXTs,
+    ``refgpt golden``'s padded batch)."""
+    if optional == "many":  # refgpt golden: several TEXTs make a padded batch
+        p.add_argument("text", metavar="TEXT", nargs="*",
+                       help="the text to run; several make a padded batch (put -- before TEXT if it starts with -)")
+    elif optional is not None:
+        p.add_argument("text", metavar="TEXT", nargs="?" if optional else None,
+                       help="the text to run (put -- before TEXT if it starts with -)")
     p.add_argument("--bos", action="store_true", help="put <|endoftext|> before the text, as GPT-2 saw "
-                   "documents start in training (needed to run on empty TEXT)")
+                   "documents start in training and as the Python API's model(TEXT) does by default "
+                   + ("(needed to run on empty TEXT)" if optional is not None else "(before each text prompt)"))
+
+
+#: option → (how a subcommand that uses it adds it, whether it takes a value, why one that does
+#: not use it refuses it).
+SHARED = {
+    "--model": (_add_model, True, "it runs no model"),
+    "--dtype": (_add_dtype, True, "it runs no model"),
+    "--json": (_add_json, False, "it has no JSON output"),
+    "--bos": (add_text_arguments, False, "it reads no TEXT"),
+}
+
+
+class _Refused(argparse.Action):
+    """A shared option this subcommand does not use: giving it is a usage error, not a no-op."""
+
+    def __init__(self, option_strings, dest, reason, **kwargs):
+        self.reason = reason
+        super().__init__(option_strings, dest, help=argparse.SUPPRESS, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error(self.reason)
+
+
+def add_subcommand(subparsers, name, run, *, uses, help, description, examples, optional_text=False):
+    """The parser of ``refgpt NAME``: the shared options it ``uses`` (``"--bos"`` brings TEXT, or with
+    ``optional_text=None`` no TEXT: the texts come from a file), the others refused, its description,
+    and ``examples`` (command lines, each runnable as printed on the embedded model;
+    tests/cli/test_help_examples.py runs every one) as the epilog."""
+    unknown = set(uses) - set(SHARED)
+    if unknown:
+        raise ValueError(f"refgpt {name}: no shared option {sorted(unknown)}")
+    p = subparsers.add_parser(name, help=help, description=description,
+                              epilog="examples:\n" + "".join(f"  {line}\n" for line in examples),
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    for option, (add, takes_value, reason) in SHARED.items():
+        if option == "--bos" and option in uses:
+            add(p, optional_text)
+        elif option in uses:
+            add(p)
+        else:
+            p.add_argument(option, action=_Refused, nargs=None if takes_value else 0,
+                           reason=f"{name} takes no {option}: {reason}")
+    p.set_defaults(run=run, usage_error=p.error)
+    return p
 
 
 def load_chosen(args):
-    """The model ``--model`` names (default: the embedded one) in ``--dtype``, with its tokenizer."""
-    if args.dtype not in COMPUTE_DTYPES:
-        args.usage_error(f"argument --dtype: invalid choice: {args.dtype!r} (choose from "
-                         f"{', '.join(map(repr, COMPUTE_DTYPES))})")
+    """The model ``--model`` names (default: the embedded one) in ``--dtype`` (checked by argparse),
+    with its tokenizer."""
     return load(args.model if args.model is not None else default_model_path(), dtype=args.dtype)
 
 
@@ -54,17 +128,18 @@ def tokens_of(model, args) -> np.ndarray:
 
 
 def text_line(args, tokens) -> str:
-    """The header line that says what was run: TEXT and its token count."""
+    """The header line that says what was run: TEXT, its token count, and whether <|endoftext|> comes
+    first (the CLI's default is no, the Python API's model(TEXT) is yes, as TransformerLens's)."""
     n = len(tokens)
-    bos = " (<|endoftext|> first)" if args.bos else ""
-    return f"text:  {args.text!r} = {n} token{'s' if n != 1 else ''}{bos}"
+    bos = " (<|endoftext|> first)" if args.bos else " (no <|endoftext|> first: --bos adds it)"
+    return f"text:  {shown(args.text)} = {n} token{'s' if n != 1 else ''}{bos}"
 
 
 def token_text(model, token_id) -> str:
     """One token as the tables show it: repr() of its text, or of its bytes if they are not whole UTF-8."""
     raw = model.tokenizer.decode_bytes([int(token_id)])
     try:
-        return repr(raw.decode("utf-8"))
+        return shown(raw.decode("utf-8"))
     except UnicodeDecodeError:  # one byte of a multi-byte character, e.g. b'\xe2'
         return repr(raw)
 

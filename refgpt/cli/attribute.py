@@ -11,15 +11,13 @@ difference. TOKEN is text that encodes to exactly one token (" Paris"), or ``#ID
 
 from __future__ import annotations
 
-import argparse
-
 import numpy as np
 
 from ..analysis.attribution import GRANULARITIES, attribute, required_hooks
 from ..errors import RefGPTError
 from ..tl.processing import process
 from ._arguments import add_token_argument, positive_int, token_argument
-from ._chosen_model import add_text_arguments, header, load_chosen, print_json, token_json, token_text, tokens_of
+from ._chosen_model import add_subcommand, header, load_chosen, print_json, token_json, token_text, tokens_of
 from ._table import table
 
 DESCRIPTION = """\
@@ -29,19 +27,19 @@ constant (each b_O, b_out, share of b_V, ln_final's bias, b_U) as a component of
 parts sum to the model's logit exactly; the last lines show that sum next to the logit.
 """
 
-EXAMPLES = """\
-examples:
-  refgpt attribute "The capital of France is" --target " Paris" --model ~/models/gpt2
-  refgpt attribute "To be, or not to" --target " be" --against " the" --granularity head
-  refgpt attribute "My lord, I" --target "#11" --granularity neuron --top 10 --json
-"""
+USES = ("--model", "--dtype", "--json", "--bos")
+
+EXAMPLES = (
+    'refgpt attribute "To be, or not to" --target " be"',
+    'refgpt attribute "To be, or not to" --target " be" --against " the" --granularity head',
+    'refgpt attribute "My lord, I" --target "#11" --granularity neuron --top 10 --json',
+    'refgpt attribute "The capital of France is" --target " Paris" --model gpt2',
+)
 
 
-def add_parser(subparsers, common):
-    p = subparsers.add_parser("attribute", parents=[common], help="exact logit attribution: parts that sum to a logit",
-                              description=DESCRIPTION, epilog=EXAMPLES,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_text_arguments(p)
+def add_parser(subparsers):
+    p = add_subcommand(subparsers, "attribute", run, uses=USES, help="exact logit attribution: parts that sum to a logit",
+                       description=DESCRIPTION, examples=EXAMPLES)
     add_token_argument(p, "target", "the token whose logit to split")
     add_token_argument(p, "against", "split the logit difference target − against instead")
     p.add_argument("--granularity", choices=GRANULARITIES, default="layer",
@@ -50,7 +48,6 @@ def add_parser(subparsers, common):
     p.add_argument("--pos", type=int, default=-1, help="the position of TEXT to attribute (default -1, the last)")
     p.add_argument("--process", action="store_true",
                    help="process the weights as TransformerLens's from_pretrained does first (refgpt.tl.processing)")
-    p.set_defaults(run=run, usage_error=p.error)
 
 
 def run(args) -> int:

@@ -21,12 +21,24 @@ from __future__ import annotations
 from ..oracle import comparison as oracle
 from ..oracle.name_maps import MAPS
 from ._arguments import non_negative_float
+from ._chosen_model import add_subcommand
 
 
-def add_parser(subparsers, common):
-    p = subparsers.add_parser("compare", parents=[common], help="compare a candidate's activations with a golden file",
-                              description="Compare CANDIDATE's tensors with REFERENCE's (a golden file) and name the "
-                              "first tensor out of tolerance. Exit status 0 if all are within tolerance, 1 if not.")
+USES = ("--json",)  # it runs no model: REFERENCE holds everything the comparison needs
+
+EXAMPLES = (
+    'refgpt golden "To be, or not to" -o golden.safetensors',
+    'refgpt golden "To be, or not to" -o mine.safetensors --dtype float32     # a stand-in for your port\'s tensors',
+    'refgpt compare golden.safetensors mine.safetensors     # tolerances from mine\'s dtype, float32',
+    'refgpt compare golden.safetensors mine.safetensors --profile bfloat16 --json',
+)
+
+
+def add_parser(subparsers):
+    p = add_subcommand(subparsers, "compare", run, uses=USES, help="compare a candidate's activations with a golden file",
+                       description="Compare CANDIDATE's tensors with REFERENCE's (a golden file) and name the first "
+                       "tensor out of tolerance. Exit status 0 if all are within tolerance, 1 if not.",
+                       examples=EXAMPLES)
     p.add_argument("reference", metavar="REFERENCE", help="golden file written by `refgpt golden`")
     p.add_argument("candidate", metavar="CANDIDATE", help=".safetensors or .npz (or an llm.c .bin with --map llmc: "
                    "acts_memory, refgpt's llm.c dump, or a debug state)")
@@ -45,13 +57,14 @@ def add_parser(subparsers, common):
                    help="show only tensors matching this glob (repeatable), e.g. 'step.3.*' or 'grad.blocks.0.*'; "
                         "the verdict is still the whole comparison's")
     p.add_argument("--failing", action="store_true", help="show only tensors out of tolerance")
-    p.set_defaults(run=run, usage_error=p.error)
     return p
 
 
 def run(args) -> int:
     if args.profile is not None and (args.atol is not None or args.rtol is not None):
         args.usage_error("give either --profile or --atol/--rtol, not both")
+    if args.json and (args.names or args.failing):  # refused, not ignored: the JSON holds every tensor
+        args.usage_error("--names and --failing filter the table; --json gives every tensor (filter it there)")
     report = oracle.compare(args.reference, args.candidate, atol=args.atol, rtol=args.rtol,
                             profile=args.profile, name_map=args.name_map, forward_only=args.forward_only,
                             judge_pads=args.judge_pads)

@@ -7,12 +7,12 @@ and TransformerLens's ``from_pretrained(NAME)``.
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 from ..errors import RefGPTError
 from ..files.hf_cache import parse_name
 from ..files.hub import download_files
+from ._chosen_model import add_subcommand
 
 DESCRIPTION = """\
 Download a GPT-2 checkpoint from the Hugging Face hub into the HF cache (HF_HUB_CACHE, else
@@ -23,23 +23,22 @@ download resumes where it stopped. Afterwards --model NAME runs on it, offline t
 HF_ENDPOINT chooses another hub (a mirror).
 """
 
-EXAMPLES = """\
-examples:
-  refgpt download gpt2 && refgpt predict "The capital of France is" --model gpt2
-  refgpt download openai-community/gpt2-medium --revision main
-  HF_HUB_OFFLINE=1 refgpt predict "Hello" --model gpt2      # the cache only, no network
-"""
+USES = ()
+
+EXAMPLES = (
+    'refgpt download gpt2 && refgpt predict "The capital of France is" --model gpt2',
+    'refgpt download openai-community/gpt2-medium --revision main',
+    'HF_HUB_OFFLINE=1 refgpt predict "Hello" --model gpt2      # the cache only, no network',
+)
 
 
-def add_parser(subparsers, common):
-    p = subparsers.add_parser(
-        "download", help="a GPT-2 from the HF hub into the HF cache", description=DESCRIPTION,
-        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_parser(subparsers):
+    p = add_subcommand(subparsers, "download", run, uses=USES, help="a GPT-2 from the HF hub into the HF cache",
+                       description=DESCRIPTION, examples=EXAMPLES)
     p.add_argument("name", metavar="NAME", help="a hub repository: gpt2, gpt2-medium, distilgpt2, "
                    "openai-community/gpt2, any owner/name GPT-2 (NAME@REVISION also works)")
     p.add_argument("--revision", metavar="R", default=None,
                    help="a branch, tag or commit hash (default main)")
-    p.set_defaults(run=run, usage_error=p.error)
 
 
 def run(args) -> int:

@@ -9,37 +9,40 @@ Progress (tokens so far) goes to stderr when it is a terminal (``--progress``, `
 
 from __future__ import annotations
 
-import argparse
-
 from . import _progress
 from ._arguments import count, non_negative_float, positive_int
-from ._chosen_model import add_text_arguments, load_chosen, print_json, token_json, tokens_of, untrained_note
+from ._chosen_model import add_subcommand, load_chosen, print_json, token_json, tokens_of, untrained_note
+from ._output import escaped
 
-EXAMPLES = """\
-examples:
-  refgpt generate "To be, or not to" -n 20 --temperature 0
-  refgpt generate "Now is the winter of" -n 50 --top-k 40 --seed 1
-  refgpt generate "The king" -n 5 --json
-"""
+USES = ("--model", "--dtype", "--json", "--bos")
+
+EXAMPLES = (
+    'refgpt generate "To be, or not to" -n 20 --temperature 0',
+    'refgpt generate "Now is the winter of" -n 50 --top-k 40 --seed 1',
+    'refgpt generate "The king" -n 5 --bos --json',
+)
 
 
-def add_parser(subparsers, common):
-    p = subparsers.add_parser(
-        "generate", parents=[common], help="continue TEXT by N tokens (KV-cached decoding)",
-        description="Continue TEXT by N tokens: greedy with --temperature 0, else sampled "
-                    "(optionally from the top K) with a seeded generator.",
-        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_text_arguments(p)
+def add_parser(subparsers):
+    p = add_subcommand(subparsers, "generate", run, uses=USES, help="continue TEXT by N tokens (KV-cached decoding)",
+                       description="Continue TEXT by N tokens: greedy with --temperature 0, else sampled "
+                                   "(optionally from the top K) with a seeded generator.",
+                       examples=EXAMPLES)
     p.add_argument("-n", "--max-new-tokens", type=count, default=20, metavar="N",
                    help="how many tokens to add (default 20)")
     p.add_argument("--temperature", type=non_negative_float, default=1.0, help="0 = greedy (default 1)")
-    p.add_argument("--top-k", type=positive_int, default=None, metavar="K", help="sample only from the K most likely")
-    p.add_argument("--seed", type=count, default=0, help="seed of the sampler (default 0)")
+    p.add_argument("--top-k", type=positive_int, default=None, metavar="K",
+                   help="sample only from the K most likely (not with --temperature 0)")
+    p.add_argument("--seed", type=count, default=None, help="seed of the sampler (default 0; not with --temperature 0)")
     _progress.add_arguments(p)
-    p.set_defaults(run=run, usage_error=p.error)
 
 
 def run(args) -> int:
+    greedy = args.temperature == 0
+    for option, value in (("--top-k", args.top_k), ("--seed", args.seed)):
+        if greedy and value is not None:  # refused, not ignored: greedy decoding samples nothing
+            args.usage_error(f"{option} is for sampling; --temperature 0 decodes greedily and would ignore it")
+    seed = None if greedy else args.seed if args.seed is not None else 0
     model = load_chosen(args)
     prompt = tokens_of(model, args)  # [pos]
     progress = _progress.Progress.of(args, "generate")
@@ -52,14 +55,15 @@ def run(args) -> int:
     try:
         with model.hooks([("ln_final.hook_scale", tick)]):
             out = model.generate(prompt, args.max_new_tokens, temperature=args.temperature,
-                                 top_k=args.top_k, seed=args.seed, stop_at_eos=False)  # [pos + n], exactly n new
+                                 top_k=args.top_k, seed=seed, stop_at_eos=False)  # [pos + n], exactly n new
     finally:
         progress.close()
     new = out[len(prompt):]  # [n]
     if args.json:
-        return print_json(model, {"text": args.text, "continuation": model.to_string(new),
+        return print_json(model, {"text": args.text, "tokens": [token_json(model, t) for t in prompt],
+                                  "continuation": model.to_string(new),
                                   "new_tokens": [token_json(model, t) for t in new],
-                                  "temperature": args.temperature, "top_k": args.top_k, "seed": args.seed})
+                                  "temperature": args.temperature, "top_k": args.top_k, "seed": seed})
     note = untrained_note(model)
-    print("\n".join([*([note, ""] if note else []), model.to_string(out)]))
+    print("\n".join([*([note, ""] if note else []), escaped(model.to_string(out))]))
     return 0

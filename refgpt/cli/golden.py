@@ -37,17 +37,29 @@ from ..errors import RefGPTError
 from ..oracle import golden
 from . import _progress
 from ._arguments import positive_int
-from ._chosen_model import load_chosen, print_json, tokens_of, untrained_note
+from ._chosen_model import add_subcommand, load_chosen, print_json, tokens_of, untrained_note
+from ._output import shown
 
 
-def add_parser(subparsers, common):
-    p = subparsers.add_parser("golden", parents=[common], help="write a golden file (every activation) for a port to check against",
-                              description="Run the model once and write the tokens, every cached activation, each "
-                              "LayerNorm's output, the logits, log-probabilities and per-position loss to one "
-                              "safetensors file, with metadata (version, config, weight hashes, dtype, numpy/BLAS).")
-    p.add_argument("text", nargs="*", metavar="TEXT", help="the input text (needs the model's tokenizer); several "
-                   "make a padded batch")
-    p.add_argument("--bos", action="store_true", help="put <|endoftext|> before TEXT")
+USES = ("--model", "--dtype", "--json", "--bos")
+
+EXAMPLES = (
+    'refgpt golden "To be, or not to" --bos -o golden.safetensors --backward --certify',
+    'refgpt golden --model gpt2_124M.bin --tokens gpt2_124M_debug_state.bin --backward -o golden.safetensors     # llm.c\'s',
+    'refgpt golden "To be, or not to" "The king" --padding-side left -o padded.safetensors',
+    'refgpt golden "To be, or not to" --generate 8 -o decode.safetensors',
+)
+
+
+def add_parser(subparsers):
+    p = add_subcommand(subparsers, "golden", run, uses=USES, optional_text="many", examples=EXAMPLES,
+                       help="write a golden file (every activation) for a port to check against",
+                       description="Run the model once and write the tokens, every cached activation, each "
+                       "LayerNorm's output, the logits, log-probabilities and per-position loss to one "
+                       "safetensors file, with metadata (version, config, weight hashes, dtype, numpy/BLAS). "
+                       "TEXT needs the model's tokenizer (several TEXTs make a padded batch); --tokens FILE gives "
+                       "the ids instead. --generate N writes a decode golden: the prompt pass and each KV-cached "
+                       "step.")
     p.add_argument("--padding-side", choices=("left", "right"),
                    help="pad a batch of rows of different lengths on this side (default right; --generate: left)")
     p.add_argument("--generate", type=positive_int, metavar="N",
@@ -74,13 +86,17 @@ def add_parser(subparsers, common):
     p.add_argument("--debug-state", metavar="FILE",
                    help="also write llm.c's gpt2_124M_debug_state.bin for the same tokens (x, y, logits, loss, grads)")
     _progress.add_arguments(p)
-    p.set_defaults(run=run, usage_error=p.error)
     return p
 
 
 def run(args) -> int:
     if bool(args.text) == (args.tokens is not None):
         args.usage_error("give either TEXT or --tokens FILE")
+    if args.tokens is not None and args.bos:
+        args.usage_error("--bos goes with TEXT: --tokens FILE gives the ids as they are (put the <|endoftext|> id in FILE)")
+    for option, value in (("--tokens-dtype", args.tokens_dtype), ("--tokens-shape", args.tokens_shape)):
+        if value is not None and args.tokens is None:
+            args.usage_error(f"{option} describes --tokens FILE, and there is none")
     if args.greedy and not (args.generate and args.tokens):
         args.usage_error("--greedy goes with --tokens FILE --generate N")
     if args.generate and (args.backward or args.certify or args.names or args.debug_state):
@@ -95,6 +111,8 @@ def run(args) -> int:
     else:
         tokens = [tokens_of(model, argparse.Namespace(**{**vars(args), "text": t})) for t in args.text]
         tokens = tokens[0] if len(tokens) == 1 else tokens
+    if args.padding_side is not None and (len(tokens) if isinstance(tokens, list) else np.atleast_2d(tokens).shape[0]) == 1:
+        args.usage_error("--padding-side pads a batch of several rows of different lengths; one row has nothing to pad")
     progress = _progress.Progress.of(args, "golden")
     try:
         if args.generate:
@@ -194,7 +212,7 @@ def _decode(args, model, tokens, source, progress) -> int:
         lines.append(f"prompts padded on the left with id {_pad_id(model)}: real tokens per row "
                      f"{[int(n) for n in mask.sum(1)]}")
     for b, row in enumerate(chosen):
-        text = f" {model.to_string(row)!r}" if model.tokenizer is not None else ""
+        text = f" {shown(model.to_string(row))}" if model.tokenizer is not None else ""
         lines.append(f"row {b} chose {row.tolist()}{text}")
     if note := untrained_note(model):
         print(note)
@@ -256,7 +274,7 @@ def _decoded(tok, tokens):
         return None
     first = np.asarray(tokens).reshape(-1, np.asarray(tokens).shape[-1])[0]
     text = tok.decode_bytes(first[:40]).decode("utf-8", errors="replace")
-    return f"text of the first row (llm.c tokenizer): {text!r}{' …' if len(first) > 40 else ''}"
+    return f"text of the first row (llm.c tokenizer): {shown(text)}{' …' if len(first) > 40 else ''}"
 
 
 def _shape(args):
@@ -285,8 +303,11 @@ def read_tokens(path, dtype=None, shape=None, cfg=None, ragged=False):
     if dtype is not None:
         return _raw_tokens(path, dtype, shape), None, f"raw {dtype} ids from {path}"
     magic = llmc_dump.file_magic(path) if path.suffix != ".npy" else None
+    if shape is not None and magic != llmc.SHARD_MAGIC:  # refused, not ignored: the file holds its own shape
+        raise RefGPTError(f"{path}: --tokens-shape B,T is for raw ids (--tokens-dtype) and llm.c data shards; "
+                          f"this file's ids come in the shape it holds")
     if magic == llmc.STATE_MAGIC:
-        s = llmc.read_debug_state(path, cfg.d_vocab)
+        s = llmc.read_debug_state(path, cfg.d_vocab, cfg)
         return s.x, s.y, f"x [B, T] = {list(s.x.shape)} and its targets y of llm.c's debug state {path}"
     if magic == llmc_dump.DUMP_MAGIC:
         d = llmc_dump.read_dump(path, cfg)

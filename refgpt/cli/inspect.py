@@ -14,13 +14,11 @@ position and token.
 
 from __future__ import annotations
 
-import argparse
-
 import numpy as np
 
 from ..gpt2 import ln_views
 from ..tl.decomposition import decompose_resid
-from ._chosen_model import add_text_arguments, header, load_chosen, print_json, token_json, token_text, tokens_of
+from ._chosen_model import add_subcommand, header, load_chosen, print_json, token_json, token_text, tokens_of
 from ._table import table
 
 DESCRIPTION = """\
@@ -32,25 +30,22 @@ cached scale, match the logits up to rounding (to 1e-12 of max(1, max |logit|) i
 normalising each component with its own scale instead misses by far more.
 """
 
-EXAMPLES = """\
-examples:
-  refgpt inspect "To be, or not to"
-  refgpt inspect "Now is the winter of" --dtype float32
-  refgpt inspect "The capital of France is" --model ~/models/gpt2 --json
-"""
+USES = ("--model", "--dtype", "--json", "--bos")
+
+EXAMPLES = (
+    'refgpt inspect "To be, or not to"',
+    'refgpt inspect "Now is the winter of" --dtype float32',
+    'refgpt inspect "To be, or not to" --bos --json',
+)
 
 
-def add_parser(subparsers, common):
-    p = subparsers.add_parser(
-        "inspect", parents=[common], help="LayerNorm statistics per layer and position, and the "
-                                          "cached-scale decomposition checked live",
-        description=DESCRIPTION,
-        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_text_arguments(p)
+def add_parser(subparsers):
+    p = add_subcommand(subparsers, "inspect", run, uses=USES, description=DESCRIPTION, examples=EXAMPLES,
+                       help="LayerNorm statistics per layer and position, and the cached-scale decomposition checked live")
     p.add_argument("--layers", metavar="LIST", help="show only these layers, e.g. 0,2-3 (default: all)")
     p.add_argument("--positions", metavar="LIST", help="show only these positions, e.g. 0-4,-1 (negative: from "
                    "the end; default: all)")
-    p.set_defaults(run=run, usage_error=p.error)
+    return p
 
 
 def decomposition_errors(model, logits, cache) -> dict:

@@ -6,16 +6,14 @@ cell is the lens's top next token and its probability — or, with ``--target TO
 probability of that token. ``--kind`` picks the lens (refgpt.analysis.lens): ``logit`` recomputes
 ln_final from each stream (the correct logit lens), ``final-scale`` divides by the final stream's
 cached scale, ``tuned`` applies translators from ``--translators FILE`` (tuned-lens safetensors
-keys). ``--plot FILE`` saves the heatmap (needs the ``plot`` extra).
+keys). ``--plot FILE`` saves the heatmap (needs matplotlib: ``pip install matplotlib``).
 """
 
 from __future__ import annotations
 
-import argparse
-
 from ..analysis.lens import logit_lens, logit_lens_final_scale, tuned_lens
 from ._arguments import add_token_argument, token_argument
-from ._chosen_model import add_text_arguments, header, load_chosen, print_json, token_json, token_text, tokens_of
+from ._chosen_model import add_subcommand, header, load_chosen, print_json, token_json, token_text, tokens_of
 from ._table import table
 
 KINDS = ("logit", "final-scale", "tuned")
@@ -27,29 +25,32 @@ of --target (or --target-id). --kind final-scale uses the final stream's cached 
 stream's own; --kind tuned applies affine translators from --translators FILE first.
 """
 
-EXAMPLES = """\
-examples:
-  refgpt lens "To be, or not to" --bos
-  refgpt lens "The capital of France is" --target " Paris" --model ~/models/gpt2
-  refgpt lens "My lord, I" --kind tuned --translators lens.safetensors --plot lens.png
-"""
+USES = ("--model", "--dtype", "--json", "--bos")
+
+EXAMPLES = (
+    'refgpt lens "To be, or not to" --bos',
+    'refgpt lens "To be, or not to" --target " be" --kind final-scale --json',
+    'refgpt lens "My lord, I" --plot lens.png',
+    'refgpt lens "My lord, I" --kind tuned --translators lens.safetensors     # translators trained by tuned-lens',
+)
 
 
-def add_parser(subparsers, common):
-    p = subparsers.add_parser("lens", parents=[common], help="the logit lens: each layer's prediction",
-                              description=DESCRIPTION, epilog=EXAMPLES,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_text_arguments(p)
+def add_parser(subparsers):
+    p = add_subcommand(subparsers, "lens", run, uses=USES, help="the logit lens: each layer's prediction",
+                       description=DESCRIPTION, examples=EXAMPLES)
     p.add_argument("--kind", choices=KINDS, default="logit", help="which lens (default: logit)")
     p.add_argument("--translators", metavar="FILE", help="tuned-lens translators (safetensors), for --kind tuned")
     add_token_argument(p, "target", "show the probability of this token")
-    p.add_argument("--plot", metavar="FILE", help="save the heatmap (PNG) to FILE")
-    p.set_defaults(run=run, usage_error=p.error)
+    p.add_argument("--plot", metavar="FILE", help="save the heatmap (PNG) to FILE (needs matplotlib: pip install matplotlib)")
 
 
 def run(args) -> int:
     if (args.kind == "tuned") != (args.translators is not None):
         args.usage_error("--translators FILE goes with --kind tuned, and --kind tuned needs it")
+    if args.plot:  # before the model runs: a missing matplotlib is said at once
+        from ..analysis.plots import require_matplotlib
+
+        require_matplotlib()
     model = load_chosen(args)
     tokens = tokens_of(model, args)  # [pos]
     _, cache = model.run_with_cache(tokens)

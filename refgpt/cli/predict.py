@@ -8,38 +8,35 @@ Ties in the logits are ranked by token id.
 
 from __future__ import annotations
 
-import argparse
-
 import numpy as np
 
 from ..gpt2.activations import softmax
 from ._arguments import positive_int
-from ._chosen_model import add_text_arguments, header, load_chosen, print_json, token_json, token_text, tokens_of
+from ._chosen_model import add_subcommand, header, load_chosen, print_json, token_json, token_text, tokens_of
 from ._table import table
 
 DESCRIPTION = """\
 Run the model on TEXT and print its distribution over the next token: the K most likely
-tokens with their rank, id, text (as a Python repr, so spaces and newlines show), probability
-and logit. --json prints the same for scripts, with each token's bytes in hex.
+tokens with their rank, id, text (as a Python repr, so spaces and newlines show; a lone byte
+of a multi-byte character shows as b'\\xe2'), probability and logit. --json prints the same
+for scripts, with each token's bytes in hex.
 """
 
-EXAMPLES = """\
-examples:
-  refgpt predict "To be, or not to"
-  refgpt predict "O Romeo, Romeo!" --top-k 5 --dtype float32
-  refgpt predict "The capital of France is" --model ~/models/gpt2 --json
-"""
+USES = ("--model", "--dtype", "--json", "--bos")
+
+EXAMPLES = (
+    'refgpt predict "To be, or not to"',
+    'refgpt predict "To be, or not to" --bos --top-k 5     # <|endoftext|> first, as model(TEXT) reads it',
+    'refgpt predict "O Romeo, Romeo!" --dtype float32 --json',
+    'refgpt predict "The capital of France is" --model gpt2     # GPT-2 itself: refgpt download gpt2',
+)
 
 
-def add_parser(subparsers, common):
-    p = subparsers.add_parser(
-        "predict", parents=[common], help="the next-token distribution after TEXT",
-        description=DESCRIPTION,
-        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_text_arguments(p)
+def add_parser(subparsers):
+    p = add_subcommand(subparsers, "predict", run, uses=USES, help="the next-token distribution after TEXT",
+                       description=DESCRIPTION, examples=EXAMPLES)
     p.add_argument("--top-k", type=positive_int, default=10, metavar="K",
                    help="how many of the most likely tokens to show (default 10)")
-    p.set_defaults(run=run, usage_error=p.error)
 
 
 def next_token_distribution(model, tokens):

@@ -5,7 +5,7 @@ space token; it is added to the first positions of TEXT's stream entering block 
 (refgpt.analysis.interventions). The command prints, per position of TEXT, the clean and the steered top
 next token and KL(steered ‖ clean); and, per steered position, ‖v‖ and its ratio to the stream
 at layer L and at the end — the ratio tends to 1 as C grows (docs/steering.md). ``--plot FILE``
-saves the residual-norm figure (needs the ``plot`` extra). ``--generate N`` continues TEXT by N
+saves the residual-norm figure (needs matplotlib: ``pip install matplotlib``). ``--generate N`` continues TEXT by N
 greedy tokens with and without the steering vector, side by side: the vector is added to TEXT's
 front positions once, in the pass over TEXT, and the generated tokens see it through the KV cache
 (refgpt/analysis/interventions.py, "Under generation").
@@ -13,15 +13,14 @@ front positions once, in the pass over TEXT, and the generated tokens see it thr
 
 from __future__ import annotations
 
-import argparse
-
 import numpy as np
 
 from ..gpt2.activations import softmax
 from ..analysis.interventions import steering_vector
+from ._output import shown
 from ..analysis.measurements import injection_ratio, kl_divergence, norm
 from ._arguments import count, finite_float
-from ._chosen_model import add_text_arguments, header, load_chosen, print_json, token_json, token_text, tokens_of
+from ._chosen_model import add_subcommand, header, load_chosen, print_json, token_json, token_text, tokens_of
 from ._table import table
 
 DESCRIPTION = """\
@@ -31,31 +30,32 @@ the clean and steered next-token predictions at each position with their KL dive
 large the added vector is against the stream. --bos puts <|endoftext|> before TEXT, PLUS and MINUS.
 """
 
-EXAMPLES = """\
-examples:
-  refgpt steer "I hate you because" --plus "Love" --minus "Hate" --layer 2 --coeff 5 --bos
-  refgpt steer "I went up to my friend" --plus " weddings" --minus " " --layer 6 --coeff 4 --bos --model ~/models/gpt2
-  refgpt steer "The king" --plus "a" --minus "b" --layer 1 --coeff 1e6 --plot norms.png
-  refgpt steer "I think that" --plus "Love" --minus "Hate" --layer 1 --coeff 10 --bos --generate 20
-"""
+USES = ("--model", "--dtype", "--json", "--bos")
+
+EXAMPLES = (
+    'refgpt steer "I hate you because" --plus "Love" --minus "Hate" --layer 2 --coeff 5 --bos',
+    'refgpt steer "I think that" --plus "Love" --minus "Hate" --layer 1 --coeff 10 --bos --generate 20',
+    'refgpt steer "The king" --plus "a" --minus "b" --layer 1 --coeff 1e6 --plot norms.png',
+)
 
 
-def add_parser(subparsers, common):
-    p = subparsers.add_parser("steer", parents=[common], help="ActAdd steering: predictions, KL and norms",
-                              description=DESCRIPTION, epilog=EXAMPLES,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_text_arguments(p)
+def add_parser(subparsers):
+    p = add_subcommand(subparsers, "steer", run, uses=USES, help="ActAdd steering: predictions, KL and norms",
+                       description=DESCRIPTION, examples=EXAMPLES)
     p.add_argument("--plus", required=True, metavar="TEXT", help="the prompt to steer towards")
     p.add_argument("--minus", required=True, metavar="TEXT", help="the prompt to steer away from")
     p.add_argument("--layer", type=int, required=True, metavar="L", help="the block whose input stream is steered")
     p.add_argument("--coeff", type=finite_float, default=1.0, metavar="C", help="the coefficient (default 1)")
-    p.add_argument("--plot", metavar="FILE", help="save the residual-norm figure (PNG) to FILE")
+    p.add_argument("--plot", metavar="FILE", help="save the residual-norm figure (PNG) to FILE (needs matplotlib: pip install matplotlib)")
     p.add_argument("--generate", type=count, default=0, metavar="N",
                    help="also continue TEXT by N greedy tokens, steered and unsteered, side by side")
-    p.set_defaults(run=run, usage_error=p.error)
 
 
 def run(args) -> int:
+    if args.plot:  # before the model runs: a missing matplotlib is said at once
+        from ..analysis.plots import require_matplotlib
+
+        require_matplotlib()
     model = load_chosen(args)
     tokens = tokens_of(model, args)  # [pos]
     sv = steering_vector(model, args.plus, args.minus, args.layer, args.coeff, prepend_bos=args.bos)
@@ -77,7 +77,7 @@ def run(args) -> int:
                           path=args.plot, title=f"‖resid‖ with ActAdd at layer {sv.layer}, coeff {args.coeff:g}")
     if args.json:
         answer = {
-            "text": args.text, "layer": sv.layer, "coeff": args.coeff,
+            "text": args.text, "tokens": [token_json(model, t) for t in tokens], "layer": sv.layer, "coeff": args.coeff,
             "plus": [token_json(model, t) for t in sv.plus_tokens],
             "minus": [token_json(model, t) for t in sv.minus_tokens],
             "positions": [{"position": j, "token": token_json(model, tokens[j]),
@@ -102,7 +102,7 @@ def run(args) -> int:
                   f"{ratio[sv.layer, j]:.6g}", f"{ratio[-1, j]:.6g}"] for j in range(m)]
     print("\n".join([
         *header(model, args, tokens),
-        f"steering: {args.coeff:g}·(resid({args.plus!r}) − resid({args.minus!r})) into blocks.{sv.layer}.hook_resid_pre, "
+        f"steering: {args.coeff:g}·(resid({shown(args.plus)}) − resid({shown(args.minus)})) into blocks.{sv.layer}.hook_resid_pre, "
         f"positions 0..{m - 1}",
         "",
         table(["pos", "token", "clean top", "p", "steered top", "p", "KL(steered‖clean)"], rows, align="><<><>>"),
@@ -121,4 +121,4 @@ def _generations_side_by_side(model, unsteered, steered) -> list[str]:
             for i, (a, b) in enumerate(zip(unsteered, steered, strict=True))]
     return ["", f"greedy continuation, {len(steered)} tokens:",
             table(["step", "unsteered", "steered", ""], rows, align="><<<"), "",
-            f"unsteered: {model.to_string(unsteered)!r}", f"steered:   {model.to_string(steered)!r}"]
+            f"unsteered: {shown(model.to_string(unsteered))}", f"steered:   {shown(model.to_string(steered))}"]

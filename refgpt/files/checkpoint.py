@@ -18,6 +18,7 @@ dtype: nothing is copied. The parameter dict uses TransformerLens's state-dict n
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -29,6 +30,8 @@ from ..dtypes import compute_dtype
 from ..errors import RefGPTError, as_path
 from ..model import Model
 from ..tl.processing import process as process_weights
+from .atomic_write import old_directory_left, refuse_temporary
+from .manifest import check as check_manifest
 from .safetensors_file import SafetensorsFile
 from ..gpt2.tokenizer import Tokenizer
 
@@ -242,25 +245,95 @@ def _shown(path, limit: int = 120) -> str:
 
 
 def _load(path, directory: Path, dtype, tokenizer, process):
+    refuse_temporary(directory)
     if not directory.is_dir():  # a hub name? (the HTTP client's imports cost ~0.1 s: only then)
+        left = old_directory_left(directory) if isinstance(path, (str, Path)) else None
+        if left is not None and not directory.exists():
+            raise RefGPTError(f"{directory}: model directory not found; an interrupted refgpt.save left the old "
+                              f"model at {left} (rename it back, or save again)")
         from .hub import resolve
 
         directory = resolve(path)
+    for _ in range(5):
+        pinned = _pin(directory)
+        if pinned is None:
+            break
+        fd, inside = pinned  # every file is read from the directory as it was when the load began
+        try:
+            return _load_files(inside, directory, dtype, tokenizer, process)
+        except (RefGPTError, OSError) as error:
+            if _identity(directory) != _identity(fd):  # a save switched it, and removed the one held: again
+                continue
+            if isinstance(error, OSError):
+                if error.filename:  # errors name the directory as given, not /proc/self/fd/N
+                    error.filename = str(error.filename).replace(str(inside), str(directory))
+                raise
+            raise RefGPTError(str(error).replace(str(inside), str(directory))) from None
+        finally:
+            os.close(fd)
+    for _ in range(5):  # no /proc: a directory switched by a concurrent refgpt.save mid-load is read again
+        before = _identity(directory)
+        try:
+            model = _load_files(directory, directory, dtype, tokenizer, process)
+        except RefGPTError:
+            if _identity(directory) != before:
+                continue
+            raise
+        if _identity(directory) == before:
+            return model
+    raise RefGPTError(f"{directory}: replaced five times while it was being read (another process keeps "
+                      "saving into it)")
+
+
+def _pin(directory: Path):
+    """(fd, path) through which the directory's files are read as one: ``/proc/self/fd/N`` names the
+    directory this fd holds, whatever takes its place meanwhile (refgpt.save exchanges a whole
+    directory; a load reads several files). A save that switched the directory removes the one
+    held, though: a load that fails while the path names another directory is read again. None
+    where there is no /proc (then: read, and read again if the directory was replaced)."""
+    if not os.path.isdir("/proc/self/fd"):
+        return None
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    inside = Path(f"/proc/self/fd/{fd}")
+    if not (inside / ".").is_dir():
+        os.close(fd)
+        return None
+    return fd, inside
+
+
+def _identity(directory):
+    """(device, inode) of a directory given by path or fd; None if it cannot be seen."""
+    try:
+        info = os.stat(directory)
+    except OSError:
+        return None
+    return info.st_dev, info.st_ino
+
+
+def _load_files(directory: Path, source: Path, dtype, tokenizer, process):
+    """Read the checkpoint's files from ``directory``; the model's source is ``source`` (the same
+    directory, as the caller named it)."""
     cfg = Config.from_json(directory / "config.json")
     cfg.check_fits_in_memory(dtype.itemsize, source=str(directory / "config.json"))
     weight_map = _weight_map(directory) if _is_sharded(directory) else None
     files = sorted(set(weight_map.values())) if weight_map else [directory / "model.safetensors"]
     tensors = read_hf_tensors(files, cfg, dtype, weight_map)
-    model = Model(cfg, to_circuits(tensors, cfg), dtype=dtype, source=directory)
+    model = Model(cfg, to_circuits(tensors, cfg), dtype=dtype, source=source)
     if tokenizer:
         model.tokenizer = _find_tokenizer(directory)
+    check_manifest(directory)  # after every file was read and checked: a broken file is named as such first
     if process:
         model = process_weights(model, process)
     return model
 
 
+_TOKENIZER_FILES = [("vocab.json", "merges.txt"), ("encoder.json", "vocab.bpe")]
+
+
 def _find_tokenizer(directory: Path):
-    pairs = [("vocab.json", "merges.txt"), ("encoder.json", "vocab.bpe")]
-    if not any((directory / v).exists() and (directory / m).exists() for v, m in pairs):
+    if not any((directory / v).exists() and (directory / m).exists() for v, m in _TOKENIZER_FILES):
         return None
     return Tokenizer.from_dir(directory)

@@ -28,6 +28,7 @@ names, but a cache folder is named after the name that was *asked for*: transfor
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -35,6 +36,7 @@ import uuid
 from pathlib import Path
 
 from ..errors import RefGPTError
+from .atomic_write import write_atomically
 
 #: The bare names of GPT-2 checkpoints and the organisation repositories they moved to.
 RENAMED = {
@@ -169,9 +171,16 @@ def find_snapshot(repo_id: str, revision: str, cache: Path | None = None) -> tup
 # ---- writing, as huggingface_hub writes ------------------------------------------------------
 
 def link_into_snapshot(folder: Path, commit: str, filename: str, etag: str) -> Path:
-    """``snapshots/<commit>/<filename>`` → the blob, a relative symlink made atomically (link, rename)."""
+    """``snapshots/<commit>/<filename>`` → the blob, a relative symlink made atomically (link, rename).
+    Called with the blob's lock held (refgpt.files.hub.blob_lock), which every writer of this link
+    holds too: a temporary link of the same name left by a killed writer is removed here."""
     pointer = folder / "snapshots" / commit / filename
     pointer.parent.mkdir(parents=True, exist_ok=True)
+    stale = re.compile(rf"\.{re.escape(pointer.name)}\.[0-9a-f]{{8}}\.tmp")
+    for entry in os.scandir(pointer.parent):
+        if stale.fullmatch(entry.name) and entry.is_symlink():
+            with contextlib.suppress(OSError):
+                os.unlink(entry.path)
     target = os.path.relpath(folder / "blobs" / etag, pointer.parent)
     temporary = pointer.with_name(f".{pointer.name}.{uuid.uuid4().hex[:8]}.tmp")
     os.symlink(target, temporary)
@@ -180,11 +189,10 @@ def link_into_snapshot(folder: Path, commit: str, filename: str, etag: str) -> P
 
 
 def write_ref(folder: Path, revision: str, commit: str) -> None:
-    """``refs/<revision>`` ← the commit (no newline), atomically; nothing for a commit-hash revision."""
+    """``refs/<revision>`` ← the commit (no newline), atomically (refgpt.files.atomic_write); nothing
+    for a commit-hash revision."""
     if revision == commit:
         return
     ref = folder / "refs" / revision
     ref.parent.mkdir(parents=True, exist_ok=True)
-    temporary = ref.with_name(f"{ref.name}.{uuid.uuid4().hex[:8]}.tmp")
-    temporary.write_text(commit, encoding="ascii")
-    os.replace(temporary, ref)
+    write_atomically(ref, lambda tmp: tmp.write_text(commit, encoding="ascii"))

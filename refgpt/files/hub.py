@@ -16,14 +16,20 @@ the cache, exactly as huggingface_hub lays it out. For each file:
    hub's own host (renamed repositories: ``gpt2`` → ``openai-community/gpt2``) are followed; a
    redirect elsewhere (the LFS file store) is where the bytes will come from. The first file's
    commit pins every later request, so all files come from one commit even if ``main`` moves.
-2. ``GET`` writes ``blobs/<etag>.incomplete``; if one is already there, ``Range: bytes=N-`` resumes
-   it (a broken connection is retried twice, each time from where it stopped, and a later run
-   resumes too).
+2. Under a lock per blob — ``.locks/models--owner--name/<etag>.lock``, the file huggingface_hub
+   locks, so refgpt and huggingface_hub wait for each other too — ``GET`` writes a partial file of
+   this process's own, ``blobs/<etag>.<12 hex digits>.incomplete``, itself locked while it grows.
+   An interrupted download's bytes (``blobs/<etag>.incomplete``, or a killed process's partial) are
+   taken over by renaming them, and ``Range: bytes=N-`` resumes them; a broken connection is retried
+   twice, each time from where it stopped, and what is left is kept as ``blobs/<etag>.incomplete``
+   for a later run to resume.
 3. The bytes are checked against the ETag, which *is* the file's hash on the hub: the sha256 of an
    LFS file (64 hex digits), git's blob sha1 — sha1(b"blob <size>\\0" + bytes) — of any other (40).
    A mismatch removes the downloaded file and stops with one line.
-4. Only then is the file renamed to ``blobs/<etag>`` and linked as ``snapshots/<commit>/<file>``
-   (an atomic rename each), and, after the last file, ``refs/<revision>`` is written.
+4. Only then is the partial renamed to ``blobs/<etag>`` and linked as ``snapshots/<commit>/<file>``
+   (an atomic rename each), and, after the last file, ``refs/<revision>`` is written. A blob is
+   never written after it was verified: each process writes only its own partial, and the rename
+   puts a whole, checked file in place, even where a file system ignores the lock.
 
 Why a small client of refgpt's own (standard library only) rather than ``huggingface_hub``:
 
@@ -43,16 +49,21 @@ Why a small client of refgpt's own (standard library only) rather than ``hugging
   they write. huggingface_hub 2.x no longer resumes a broken download; this does.
 
 What it does not do: the Xet transfer protocol (the hub serves every file over plain HTTP too),
-access tokens (GPT-2 checkpoints are public; a private or gated repository is an HTTP 401 error),
-file locks (two downloads of one file at once can only fail the hash check, never be accepted).
+access tokens (GPT-2 checkpoints are public; a private or gated repository is an HTTP 401 error).
+Two downloads of one name at once are safe: the second waits for the first's lock, then finds the
+verified blob (tests/faults/test_hub_faults.py runs them side by side).
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import hashlib
 import http.client
 import os
 import re
+import secrets
 import sys
 import time
 import urllib.error
@@ -193,19 +204,28 @@ def content_hash(path: Path, etag: str) -> str:
 
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    """Redirects are followed by hand (_Hub.head, _Hub._get_from): which ones, and with which headers."""
+    """Redirects are followed by hand (_Hub.head, _Hub._get_from): which ones, and with which headers.
+    The 3xx answer comes back as it is (an HTTPError), its Location not even parsed here: urllib's
+    own handler parses it first, and a malformed one ("http://[::1") raised a bare ValueError."""
 
-    def redirect_request(self, *args, **kwargs):
+    def http_error_302(self, req, fp, code, msg, headers):
         return None
+
+    http_error_301 = http_error_303 = http_error_307 = http_error_308 = http_error_302
 
 
 class _Hub:
     """HTTP to one hub endpoint for one repository: HEAD for a file's facts, GET for its bytes."""
 
     def __init__(self, endpoint: str, repo_id: str, progress: bool):
-        parts = urlsplit(endpoint)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise RefGPTError(f"hub endpoint {endpoint!r} (HF_ENDPOINT): not an http:// or https:// URL")
+        try:
+            parts = urlsplit(endpoint)
+            parts.port  # raises for a port that is not a number in [0, 65535]
+        except ValueError as error:
+            raise RefGPTError(f"hub endpoint {endpoint!r:.100} (HF_ENDPOINT): a malformed URL ({error})") from None
+        if parts.scheme not in ("http", "https") or not parts.hostname or any(
+                not c.isprintable() or c.isspace() for c in endpoint):
+            raise RefGPTError(f"hub endpoint {endpoint!r:.100} (HF_ENDPOINT): not an http:// or https:// URL")
         self.endpoint, self.repo_id, self.progress = endpoint.rstrip("/"), repo_id, progress
         self.opener = urllib.request.build_opener(_NoRedirect)
 
@@ -219,7 +239,7 @@ class _Hub:
             if response.status < 300 or location is None:
                 get_url = url
                 break
-            target = urljoin(url, location)
+            target = self._redirect(url, location, where)
             if urlsplit(target).netloc != urlsplit(url).netloc:  # the LFS store: the bytes are there
                 get_url = target
                 break
@@ -227,6 +247,25 @@ class _Hub:
         else:
             raise RefGPTError(f"{where}: more than {MAX_REDIRECTS} redirects from {self.endpoint}")
         return self._remote_file(response.headers, response.status >= 300, filename, get_url, where)
+
+    def _redirect(self, url: str, location, where: str) -> str:
+        """Where a redirect from ``url`` leads: an http(s) URL, else one line (a ``file:`` or ``ftp:``
+        Location, or a malformed one, is never followed)."""
+        if location is None:
+            raise RefGPTError(f"{where}: {_site(url)} redirected without a Location")
+        try:
+            target = urljoin(url, location)
+            parts = urlsplit(target)
+            parts.port  # a port that is not a number in [0, 65535] raises here
+        except ValueError as error:
+            raise RefGPTError(f"{where}: {_site(url)} redirected to a malformed URL {location!r:.100} ({error})") from None
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise RefGPTError(f"{where}: {_site(url)} redirected to {location!r:.100}, which is not an http:// or "
+                              "https:// URL: not followed")
+        if any(not c.isprintable() or c.isspace() for c in target):
+            raise RefGPTError(f"{where}: {_site(url)} redirected to a malformed URL {location!r:.100} "
+                              "(spaces or control characters)")
+        return target
 
     def _remote_file(self, headers, redirected: bool, filename: str, url: str, where: str) -> RemoteFile:
         commit = headers.get("X-Repo-Commit")
@@ -247,29 +286,37 @@ class _Hub:
         """The file in the cache, verified, linked from its snapshot: downloaded if its blob is absent."""
         blob = folder / "blobs" / remote.etag
         where = f"{self.repo_id}@{remote.commit[:12]}: {remote.filename}"
-        if blob.is_file():
-            if content_hash(blob, remote.etag) != remote.etag:  # not ours to delete: someone else's cache
-                raise RefGPTError(f"{where}: the cached {blob} does not hash to its name; delete it and "
-                                  "download again")
-        else:
-            blob.parent.mkdir(parents=True, exist_ok=True)
-            partial = blob.with_name(blob.name + ".incomplete")
-            self._get(remote, partial, where)
-            found = content_hash(partial, remote.etag)
-            if found != remote.etag:
-                partial.unlink()
-                kind = "sha256" if len(remote.etag) == 64 else "git sha1"
-                raise RefGPTError(f"{where}: downloaded {kind} {found} does not match the hub's {remote.etag}; "
-                                  "the file was removed")
-            os.replace(partial, blob)
-        return link_into_snapshot(folder, remote.commit, remote.filename, remote.etag)
+        blob.parent.mkdir(parents=True, exist_ok=True)
+        with blob_lock(folder, remote.etag, lambda: self._waiting(where)):
+            if blob.is_file():
+                if content_hash(blob, remote.etag) != remote.etag:  # not ours to delete: someone else's cache
+                    raise RefGPTError(f"{where}: the cached {blob} does not hash to its name; delete it and "
+                                      "download again")
+            else:
+                partial = take_over_partial(blob, remote.size)
+                try:
+                    self._get(remote, partial, where)
+                    found = content_hash(partial.path, remote.etag)
+                    if found != remote.etag:
+                        partial.path.unlink()
+                        kind = "sha256" if len(remote.etag) == 64 else "git sha1"
+                        raise RefGPTError(f"{where}: downloaded {kind} {found} does not match the hub's "
+                                          f"{remote.etag}; the file was removed")
+                    os.replace(partial.path, blob)
+                finally:
+                    partial.close()
+            return link_into_snapshot(folder, remote.commit, remote.filename, remote.etag)
 
-    def _get(self, remote: RemoteFile, partial: Path, where: str) -> None:
+    def _waiting(self, where: str) -> None:
+        if self.progress:
+            sys.stderr.write(f"{where}: waiting for another download of the same file to finish\n")
+
+    def _get(self, remote: RemoteFile, partial: "Partial", where: str) -> None:
         """``partial`` ← the file's bytes, resuming what is there; retried ATTEMPTS times if broken off."""
         for _ in range(ATTEMPTS):
-            have = partial.stat().st_size if partial.exists() else 0
+            have = partial.size()
             if have > remote.size:  # not a prefix of this file: start over
-                partial.unlink()
+                partial.truncate()
                 have = 0
             if have == remote.size:
                 return
@@ -278,8 +325,8 @@ class _Hub:
                 return
             except _Interrupted as error:
                 broke = error
-        held = partial.stat().st_size if partial.exists() else 0
-        kept = (f"{held} of {remote.size} bytes are kept in {partial}, and downloading again resumes there"
+        held = partial.size()
+        kept = (f"{held} of {remote.size} bytes are kept in {partial.keep()}, and downloading again resumes there"
                 if held else "nothing was kept")
         raise RefGPTError(f"{where}: the download broke off ({broke}) {ATTEMPTS} times; {kept}")
 
@@ -292,13 +339,13 @@ class _Hub:
                 raise _Interrupted(str(error).removeprefix(f"{self.repo_id}: ")) from None
             except RefGPTError as error:
                 if getattr(error, "status", None) == 416:  # the server will not resume this: start over
-                    partial.unlink()
+                    partial.truncate()
                     raise _Interrupted("the server refused to resume (HTTP 416)") from None
                 raise
             if response.status < 300:
                 break
             response.close()
-            url = urljoin(url, response.headers.get("Location", ""))
+            url = self._redirect(url, response.headers.get("Location"), where)
         else:
             raise RefGPTError(f"{where}: more than {MAX_REDIRECTS} redirects")
         with response:
@@ -310,7 +357,7 @@ class _Hub:
                 mode = "ab"
             else:  # 200: the whole file (a server may ignore Range)
                 have, mode = 0, "wb"
-            with open(partial, mode) as out, self._bar(remote.filename, have, remote.size) as bar:
+            with open(partial.path, mode) as out, self._bar(remote.filename, have, remote.size) as bar:
                 while have < remote.size:
                     try:
                         block = response.read(min(CHUNK, remote.size - have))
@@ -358,6 +405,104 @@ class _Hub:
             error = RefGPTError(f"{where}: {self.endpoint} answered HTTP {status}")
         error.status = status
         return error
+
+
+# ---- several writers: a lock per blob, a partial file per process -------------------------------
+
+
+@contextlib.contextmanager
+def blob_lock(folder: Path, etag: str, waiting=lambda: None):
+    """Hold ``.locks/<repo folder>/<etag>.lock`` (flock), as huggingface_hub's FileLock does, for
+    the time one process checks, downloads and links one blob. ``waiting()`` is called once if
+    another process holds it. Where the file system cannot lock, nothing is held: every process
+    then writes a partial file of its own, so a blob is still never written twice."""
+    lock = folder.parent / ".locks" / folder.name / f"{etag}.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o664)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            waiting()
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError as error:
+            if error.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL):
+                raise
+        yield lock
+    finally:
+        os.close(fd)
+
+
+class Partial:
+    """This process's partial file of one blob, ``blobs/<etag>.<12 hex digits>.incomplete``, locked
+    (flock) while it is open, so that a later process can tell a killed download's bytes from a
+    live one's."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as error:
+            if error.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL):
+                os.close(self._fd)
+                raise
+
+    def size(self) -> int:
+        return os.fstat(self._fd).st_size
+
+    def truncate(self) -> None:
+        os.ftruncate(self._fd, 0)
+
+    def keep(self) -> Path:
+        """Leave the bytes for a later run to resume, as ``blobs/<etag>.incomplete``; returns that path."""
+        kept = self.path.with_name(self.path.name.split(".")[0] + ".incomplete")
+        os.replace(self.path, kept)
+        self.path = kept
+        return kept
+
+    def close(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
+
+def take_over_partial(blob: Path, size: int) -> Partial:
+    """A fresh Partial for ``blob``, holding the bytes of the longest interrupted download of it
+    that no live process holds (``<etag>.incomplete``, or a killed process's partial); the others
+    are removed. Called with the blob's lock held."""
+    candidates = []
+    for entry in os.scandir(blob.parent):
+        if entry.name.startswith(blob.name + ".") and entry.name.endswith(".incomplete") and entry.is_file():
+            if _held_by_a_live_process(entry.path):
+                continue
+            candidates.append((entry.stat().st_size, entry.path))
+    mine = blob.with_name(f"{blob.name}.{secrets.token_hex(6)}.incomplete")
+    best = max((c for c in candidates if c[0] <= size), default=None)
+    for _, path in candidates:
+        if best is not None and path == best[1]:
+            try:
+                os.rename(path, mine)
+                continue
+            except FileNotFoundError:  # taken by another process meanwhile
+                pass
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+    return Partial(mine)
+
+
+def _held_by_a_live_process(path) -> bool:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except OSError as error:
+        return error.errno in (errno.EWOULDBLOCK, errno.EAGAIN)
+    finally:
+        os.close(fd)
 
 
 def _site(url: str) -> str:

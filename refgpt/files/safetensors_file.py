@@ -35,8 +35,10 @@ at fault where it can, and the reference's reason otherwise.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import mmap
+import os
 from pathlib import Path
 
 import numpy as np
@@ -45,6 +47,7 @@ import safetensors
 from .. import strict_json
 from ..dtypes import widen_bfloat16
 from ..errors import RefGPTError, as_path
+from .atomic_write import AtomicFile, cannot_write, refuse_temporary, reserve
 
 # safetensors dtype code → (NumPy dtype of the stored bytes, is it a floating-point format)
 DTYPES = {
@@ -73,11 +76,24 @@ class SafetensorsFile:
         self.path = as_path(path, "safetensors path")
         if not self.path.is_file():
             raise RefGPTError(f"{self.path}: weights file not found")
-        with open(self.path, "rb") as f:
-            size = f.seek(0, 2)
-            if size == 0:
-                raise RefGPTError(f"{self.path}: weights file is empty")
-            self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        refuse_temporary(self.path)
+        self._fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)  # kept: its size is checked before every read
+        try:
+            self._open()
+        except BaseException:
+            self.__del__()
+            raise
+
+    def __del__(self):
+        fd, self._fd = getattr(self, "_fd", None), None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def _open(self):
+        if os.fstat(self._fd).st_size == 0:
+            raise RefGPTError(f"{self.path}: weights file is empty")
+        self._map = mmap.mmap(self._fd, 0, access=mmap.ACCESS_READ)
         refusal = _reference_refusal(self.path)
         if refusal is not None:
             raise RefGPTError(f"{self.path}: {self._diagnose() or refusal}")
@@ -103,8 +119,20 @@ class SafetensorsFile:
     def shape(self, name: str) -> tuple[int, ...]:
         return self._entries[name][1]
 
+    def check_size(self) -> None:
+        """A RefGPTError if the file is now shorter than when it was mapped: reading the lost pages
+        would end the process with SIGBUS (docs/files.md, "Files that change while refgpt reads them")."""
+        try:
+            size = os.fstat(self._fd).st_size
+        except (OSError, TypeError):
+            return
+        if size < len(self._map):
+            raise RefGPTError(f"{self.path}: the file shrank from {len(self._map)} to {size} bytes while refgpt was "
+                              "reading it: another process truncated or rewrote it in place")
+
     def raw(self, name: str) -> np.ndarray:
         """The tensor exactly as stored: a read-only view of the mapped file (BF16 as uint16)."""
+        self.check_size()
         code, shape, begin = self._entries[name]
         if code not in DTYPES:
             raise RefGPTError(f"{self.path}: tensor {name!r} is {code}, which refgpt does not read")
@@ -238,19 +266,21 @@ def header_bytes(layout: dict[str, tuple[np.dtype, tuple[int, ...]]], metadata: 
 class SafetensorsWriter:
     """Write a safetensors file tensor by tensor, never holding more than the tensor at hand.
 
-    Every tensor's name, dtype and shape is given up front (``layout``, in file order), so the
-    header goes first; ``write(name, array)`` then puts each tensor's bytes at its place, in any
+    Every tensor's name, dtype and shape is given up front (``layout``, in file order), so every
+    offset is known; ``write(name, array)`` then puts each tensor's bytes at its place, in any
     order. ``header_length`` leaves room in the header: ``metadata`` may then be replaced until
-    ``close``, which rewrites the header (it must still fit). The file appears under its name only
-    when every tensor has been written (``close``, or the end of a ``with`` block); until then it
-    is ``NAME.partial``, removed on any error::
+    ``close``. The file is written as refgpt.files.atomic_write writes every output: under a
+    temporary name beside ``path``, renamed onto it only by ``close`` (or the end of a ``with``
+    block) once every tensor is there; any error removes it, whichever call failed. Until ``close``
+    the header's bytes stay zero, so a temporary cut short (a kill, a full disk) is not a
+    safetensors file any reader accepts. Errors name ``path``, never the temporary::
 
         with SafetensorsWriter(path, {"x": (np.float64, (2, 3))}, {"note": "…"}) as w:
             w.write("x", x)
     """
 
     def __init__(self, path, layout: dict, metadata: dict | None = None, header_length: int = 0):
-        self.path = Path(path)
+        self.path = as_path(path, "safetensors path")
         self._layout = {name: (np.dtype(dtype), tuple(shape)) for name, (dtype, shape) in layout.items()}
         self.metadata = self._written_metadata = dict(metadata or {})
         header = header_bytes(self._layout, self.metadata, header_length)
@@ -259,13 +289,14 @@ class SafetensorsWriter:
         for name, (dtype, shape) in self._layout.items():
             self._offsets[name] = offset
             offset += int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        self._partial = self.path.with_name(self.path.name + ".partial")
+        self._out = AtomicFile(self.path, "safetensors path")
+        self._file = None
         try:
-            self._file = open(self._partial, "wb")
+            self._file = open(self._out.tmp, "r+b", buffering=0)  # unbuffered: each error at its own write
+            reserve(self._file.fileno(), offset)  # a full disk fails now, not after the work
+            self._file.truncate(offset)
         except OSError as error:
-            raise RefGPTError(f"{self.path}: cannot write ({error.strerror})") from None
-        self._file.write(header)
-        self._file.truncate(offset)
+            self._fail(error)
         self._pending = set(self._layout)
 
     def write(self, name: str, array: np.ndarray) -> None:
@@ -277,33 +308,52 @@ class SafetensorsWriter:
         if array.dtype != dtype or array.shape != shape:
             raise RefGPTError(f"{self.path}: tensor {name!r} is {array.dtype} {list(array.shape)}, "
                               f"the header says {dtype} {list(shape)}")
+        if self._file is None:
+            raise RefGPTError(f"{self.path}: the writer is closed")
         data = np.ascontiguousarray(array, dtype=dtype.newbyteorder("<"))  # a copy only if strided
-        self._file.seek(self._offsets[name])
-        self._file.write(memoryview(data.reshape(-1)).cast("B"))
+        try:
+            self._write_at(self._offsets[name], memoryview(data.reshape(-1)).cast("B"))
+        except OSError as error:
+            self._fail(error)
         self._pending.discard(name)
 
+    def _write_at(self, offset: int, data) -> None:
+        self._file.seek(offset)
+        while data:  # an unbuffered write may take only part
+            data = data[self._file.write(data):]
+
+    def _fail(self, error: OSError):
+        self.abort()
+        raise cannot_write(self.path, error) from error
+
     def close(self) -> Path:
-        """Finish the file: every tensor must have been written."""
-        if self.metadata != self._written_metadata and not self._pending:
-            header = header_bytes(self._layout, self.metadata, self._header_length)
-            if len(header) != self._header_length:
-                self.abort()
-                raise RefGPTError(f"{self.path}: the metadata outgrew the room left for it in the header "
-                                  f"({len(header)} > {self._header_length} bytes)")
-            self._file.seek(0)
-            self._file.write(header)
-        self._file.close()
+        """Finish the file: every tensor must have been written. Then the header, then the switch."""
+        if self._file is None:
+            raise RefGPTError(f"{self.path}: the writer is closed")
         if self._pending:
-            self._partial.unlink(missing_ok=True)
+            self.abort()
             missing = [n for n in self._layout if n in self._pending]
             raise RefGPTError(f"{self.path}: {len(missing)} tensor(s) never written, e.g. {missing[:3]}")
-        self._partial.replace(self.path)
-        return self.path
+        header = header_bytes(self._layout, self.metadata, self._header_length)
+        if len(header) != self._header_length:
+            self.abort()
+            raise RefGPTError(f"{self.path}: the metadata outgrew the room left for it in the header "
+                              f"({len(header)} > {self._header_length} bytes)")
+        try:
+            self._write_at(0, memoryview(header))
+            file, self._file = self._file, None
+            file.close()
+        except OSError as error:
+            self._fail(error)
+        return self._out.commit()
 
     def abort(self) -> None:
-        """Give up: close and remove the partial file."""
-        self._file.close()
-        self._partial.unlink(missing_ok=True)
+        """Give up: close and remove the temporary file. Never raises."""
+        file, self._file = self._file, None
+        if file is not None:
+            with contextlib.suppress(OSError):
+                file.close()
+        self._out.abort()
 
     def __enter__(self):
         return self

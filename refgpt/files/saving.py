@@ -1,6 +1,6 @@
 """Write a Model as a Hugging Face GPT-2 checkpoint directory: the inverse of ``refgpt.load``.
 
-    refgpt.save(model, "out/")    # config.json, model.safetensors (+ vocab.json, merges.txt)
+    refgpt.save(model, "out/")    # config.json, model.safetensors (+ vocab.json, merges.txt), refgpt-manifest.json
 
 ``config.json`` is the GPT2Config of the model's real values (``Config.to_hf``: sizes, eps, the
 activation function, the attention-scale flags, tied embeddings; the context length as both
@@ -15,23 +15,38 @@ Tied embeddings are stored once, as HF stores them (``transformer.wte.weight``, 
 is only honest when the model's W_U *is* W_Eᵀ; otherwise ``save`` refuses. GPT-2 has no
 unembedding bias, so neither can a saved model (a processed model's b_U is refused too).
 
-Every file is written to a temporary name beside it and renamed into place (atomic on POSIX), and
-config.json comes last, so a reader never sees a half-written file.
+**One unit.** The directory changes as a whole: the new files are written into a fresh directory
+beside it, which then takes its place in one atomic exchange (refgpt/files/atomic_write.py), so a
+kill at any moment leaves the old checkpoint or the new one, never new weights with an old
+config. Files of the old directory that ``save`` does not write (a README, a training log) are
+carried over; the old model's own files (and an old shard index with its shards) are not. The
+manifest written last, ``refgpt-manifest.json``, lets ``refgpt.load`` refuse a directory mixed by
+other hands (refgpt/files/manifest.py). Every failure — a full or read-only disk included — is a
+``RefGPTError`` naming the directory and the first cause, and leaves the old directory as it was.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import re
 from pathlib import Path
 
 import numpy as np
-from safetensors.numpy import save_file
 
 from .checkpoint import hf_tensors
 from ..dtypes import compute_dtype
-from .atomic_write import write_atomically
+from .atomic_write import write_directory_atomically
 from ..errors import RefGPTError, as_path
 from ..gpt2.tokenizer import Tokenizer
+from .manifest import MANIFEST, WEIGHTS, file_entry, manifest_text
+from .safetensors_file import SafetensorsWriter
+
+#: The files a save writes, in the order it writes them (the manifest last).
+SAVED = (WEIGHTS, "vocab.json", "merges.txt", "config.json", MANIFEST)
+TOKENIZER_FILES = ("vocab.json", "merges.txt")
+_SHARD = re.compile(r"model-\d{5}-of-\d{5}\.safetensors")
 
 
 def save(model, directory, dtype=None, config: dict | None = None) -> Path:
@@ -55,40 +70,91 @@ def save(model, directory, dtype=None, config: dict | None = None) -> Path:
         raise RefGPTError(f"save: config would set {', '.join(clash)}, which the model itself fixes "
                           f"({', '.join(f'{key}={hf[key]!r}' for key in clash)})")
     hf.update(config or {})
-    directory = _make_directory(directory)
-    tensors = {k: np.ascontiguousarray(v, dtype=storage) for k, v in hf_tensors(cfg, p).items()}
-    write_atomically(directory / "model.safetensors",
-                lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}))
-    if model.tokenizer is not None:
-        save_tokenizer(model.tokenizer, directory)
-        if model.tokenizer.eot_token is not None:
-            hf.setdefault("bos_token_id", model.tokenizer.eot_token)
-            hf.setdefault("eos_token_id", model.tokenizer.eot_token)
-    _write_text(directory / "config.json", json.dumps(hf, indent=2) + "\n")
-    return directory
+    tensors = hf_tensors(cfg, p)
+    texts = tokenizer_texts(model.tokenizer) if model.tokenizer is not None else {}
+    if model.tokenizer is not None and model.tokenizer.eot_token is not None:
+        hf.setdefault("bos_token_id", model.tokenizer.eot_token)
+        hf.setdefault("eos_token_id", model.tokenizer.eot_token)
+    texts["config.json"] = json.dumps(hf, indent=2) + "\n"
+
+    def fill(staging: Path):
+        save_id = _write_weights(staging / WEIGHTS, tensors, storage, texts)
+        for name in SAVED[1:-1]:
+            if name in texts:
+                _write_new(staging / name, texts[name].encode("utf-8"))
+        files = {name: file_entry(staging / name) for name in SAVED[:-1] if (staging / name).is_file()}
+        _write_new(staging / MANIFEST, manifest_text(save_id, files).encode("utf-8"))
+
+    return write_directory_atomically(directory, fill, owned=_owned_by_a_save(directory))
 
 
 def save_tokenizer(tokenizer: Tokenizer, directory) -> Path:
-    """Write ``vocab.json`` (token → id, in id order) and ``merges.txt`` (ranked pairs) as HF lays them out."""
-    directory = _make_directory(directory)
-    _write_text(directory / "vocab.json", json.dumps(tokenizer.encoder, ensure_ascii=False) + "\n")
+    """Write ``vocab.json`` (token → id, in id order) and ``merges.txt`` (ranked pairs) as HF lays
+    them out, the two as one unit (a kill never pairs one tokenizer's vocabulary with another's merges)."""
+    texts = tokenizer_texts(tokenizer)
+
+    def fill(staging: Path):
+        for name, text in texts.items():
+            _write_new(staging / name, text.encode("utf-8"))
+
+    return write_directory_atomically(as_path(directory, "save_tokenizer: directory"), fill,
+                                      owned=lambda name: name in TOKENIZER_FILES, what="save_tokenizer")
+
+
+def tokenizer_texts(tokenizer: Tokenizer) -> dict[str, str]:
+    """The texts of ``vocab.json`` and ``merges.txt`` for ``tokenizer``."""
     lines = ["#version: 0.2"] + [f"{a} {b}" for a, b in tokenizer.merges]
-    _write_text(directory / "merges.txt", "\n".join(lines) + "\n")
-    return directory
+    return {"vocab.json": json.dumps(tokenizer.encoder, ensure_ascii=False) + "\n",
+            "merges.txt": "\n".join(lines) + "\n"}
 
 
-def _make_directory(directory) -> Path:
-    """``directory``, created with its parents if absent; a RefGPTError if a file (or a link to
-    nowhere) is in the way."""
-    directory = Path(directory)
+def _write_weights(path: Path, tensors: dict, storage, texts: dict[str, str]) -> str:
+    """model.safetensors, tensor by tensor, in name order (as the reference writer orders them);
+    returns the save's id, which its metadata carries (``refgpt_save``): 32 hex digits of the
+    sha256 of everything the save writes, so saving one model twice gives the same bytes. An
+    OSError propagates, for the directory writer to report."""
+    order = sorted(tensors)
+    layout = {name: (storage, np.shape(tensors[name])) for name in order}
+    digest = hashlib.sha256()
+    for name in sorted(texts):
+        digest.update(b"%d:%s%d:" % (len(name), name.encode(), len(texts[name].encode())) + texts[name].encode())
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-    except FileExistsError:
-        raise RefGPTError(f"save: {directory} exists and is not a directory") from None
-    except OSError as error:
-        raise RefGPTError(f"save: cannot make the directory {directory}: {error.strerror}") from None
-    return directory
+        with SafetensorsWriter(path, layout, {"format": "pt", "refgpt_save": "0" * 32}) as out:
+            for name in order:
+                data = np.ascontiguousarray(tensors[name], dtype=np.dtype(storage).newbyteorder("<"))
+                digest.update(f"{name}:{data.dtype.str}:{list(data.shape)}:".encode())
+                digest.update(memoryview(data.reshape(-1)).cast("B"))
+                out.write(name, data.astype(storage, copy=False))
+            save_id = digest.hexdigest()[:32]
+            out.metadata = {"format": "pt", "refgpt_save": save_id}
+    except RefGPTError as error:
+        if isinstance(error.__cause__, OSError):
+            raise error.__cause__ from None
+        raise
+    return save_id
 
 
-def _write_text(path: Path, text: str):
-    write_atomically(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+def _write_new(path: Path, data: bytes) -> None:
+    """A new file in the (private) staging directory, complete or absent: written as NAME.partial
+    and renamed (so that even the staging directory of a killed save never holds a file cut short
+    that parses, such as an empty merges.txt)."""
+    partial = path.with_name(path.name + ".partial")
+    with open(partial, "xb") as f:
+        f.write(data)
+    os.rename(partial, path)
+
+
+def _owned_by_a_save(directory: Path):
+    """Which entries of the old directory a save replaces (the rest is carried over): its own
+    files, and an old shard index with its shards, which would contradict the new weights."""
+    shards = set()
+    try:
+        index = json.loads((Path(directory) / "model.safetensors.index.json").read_text(encoding="utf-8"))
+        shards = {s for s in index["weight_map"].values() if isinstance(s, str)}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        pass
+
+    def owned(name: str) -> bool:
+        return name in SAVED or name == "model.safetensors.index.json" or name in shards or bool(_SHARD.fullmatch(name))
+
+    return owned

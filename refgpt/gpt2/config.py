@@ -157,12 +157,17 @@ class Config:
         ``held``: bytes of weights this process already holds in the compute dtype (a Model built
         from arrays): memory already taken, which MemAvailable no longer counts."""
         needed, available = self.bytes_needed(itemsize) - held, available_memory()
+        where = f"the machine has {_gib(available)} available" if available is not None else None
+        headroom = address_space_left()
+        if headroom is not None and (available is None or headroom < available):
+            available = headroom
+            where = (f"this process may map only {_gib(headroom)} more (its address-space limit, RLIMIT_AS: "
+                     f"ulimit -v)")
         if available is not None and needed > available:
             more = f" more (besides {_gib(held)} of weights already in memory)" if held else ""
             raise RefGPTError(
                 f"{source}: this model needs at least {_gib(needed)}{more} for its weights and one forward "
-                f"pass in {8 * itemsize}-bit floats ({self.n_params():,} parameters), but the machine "
-                f"has {_gib(available)} available"
+                f"pass in {8 * itemsize}-bit floats ({self.n_params():,} parameters), but {where}"
             )
 
     @property
@@ -273,8 +278,44 @@ def available_memory() -> int | None:
         return None
 
 
+def address_space_left() -> int | None:
+    """Bytes this process may still map under its address-space limit (RLIMIT_AS, ``ulimit -v``):
+    the soft limit less the address space already mapped (VmSize). None without a limit. Past it,
+    every allocation fails — and OpenBLAS ends the process with a message of its own — however
+    much memory the machine has free: so the memory check counts it too."""
+    try:
+        import resource
+
+        limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    except (ImportError, AttributeError, OSError, ValueError):
+        return None
+    if limit == resource.RLIM_INFINITY or limit < 0:
+        return None
+    mapped = 0
+    try:
+        with open("/proc/self/statm", encoding="ascii") as statm:
+            mapped = int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError, AttributeError):
+        pass
+    threads = os.environ.get("OPENBLAS_NUM_THREADS") or os.environ.get("OMP_NUM_THREADS") or os.cpu_count() or 1
+    try:
+        threads = max(1, int(threads))
+    except ValueError:
+        threads = os.cpu_count() or 1
+    return max(0, limit - mapped - _BLAS_BUFFER * (threads + 1))
+
+
+#: OpenBLAS maps a work buffer of 32 MiB per thread at its first use (BUFFER_SIZE, measured here as
+#: the jump in VmSize at the first matrix product), and gives up with its own message if it cannot.
+_BLAS_BUFFER = 32 * 2**20
+
+
 def _gib(n: int) -> str:
-    return f"{n / 2**30:,.1f} GiB"
+    """A size in GiB (MiB or KiB below a tenth of the unit above)."""
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20)):
+        if n >= size / 10:
+            return f"{n / size:,.1f} {unit}"
+    return f"{n / 2**10:,.1f} KiB"
 
 
 def _shown(value) -> str:

@@ -38,7 +38,7 @@ from pathlib import Path
 import regex
 
 from refgpt import strict_json
-from refgpt.errors import RefGPTError, RefGPTTypeError
+from refgpt.errors import RefGPTError, RefGPTTypeError, shown
 
 #: GPT-2's pre-tokenizer: contractions, letters, digits, other symbols (each optionally
 #: preceded by one space), whitespace not followed by a word, and any leftover whitespace.
@@ -261,13 +261,15 @@ class Tokenizer:
         """The exact bytes the ids stand for (may end inside a multi-byte character)."""
         if isinstance(ids, (str, bytes)):
             raise RefGPTTypeError(f"token ids must be integers, found the {type(ids).__name__} {ids!r:.40}")
+        if getattr(ids, "ndim", 1) != 1:  # an array [batch, pos] is several texts: decode one row at a time
+            raise RefGPTError(f"token ids must be one sequence [pos], found an array of shape {list(ids.shape)}")
         try:
             ids, table = list(ids), self._id_to_bytes
         except TypeError:
-            raise RefGPTTypeError(f"token ids must be a sequence of integers, found {ids!r:.60}") from None
+            raise RefGPTTypeError(f"token ids must be a sequence of integers, found {shown(ids)}") from None
         kind = next(((pos, i) for pos, i in enumerate(ids) if isinstance(i, bool) or not isinstance(i, Integral)), None)
         if kind is not None:  # True is not token 1, 305.7 is not token 305
-            raise RefGPTTypeError(f"token id {kind[1]!r:.40} at position {kind[0]} is not an integer")
+            raise RefGPTTypeError(f"token id {shown(kind[1], 40)} at position {kind[0]} is not an integer")
         try:
             if ids and min(ids) < 0:  # a negative index would silently count from the end
                 raise IndexError

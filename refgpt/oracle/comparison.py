@@ -46,6 +46,7 @@ import numpy as np
 from ..gpt2.activations import log_softmax
 from .. import strict_json
 from ..errors import RefGPTError, RefGPTTypeError, real_number
+from ..files.atomic_write import refuse_temporary
 from . import golden as golden_file
 from . import llmc, llmc_dump
 from .name_maps import (GRAD, ModelShape, axes, backward_op, decode_to_refgpt, forward_key, forward_order, inner_name,
@@ -264,11 +265,14 @@ def load(source, name_map="refgpt", shape: ModelShape | None = None):
     path = Path(source)
     if not path.is_file():
         raise RefGPTError(f"{path}: file not found")
+    refuse_temporary(path)
     if path.suffix == ".npz":
         try:
             # The file is opened here, not by np.load, which leaks its handle when the zip is broken.
             with open(path, "rb") as handle, np.load(handle, allow_pickle=False) as z:
-                return {k: z[k] for k in z.files}, {}, None
+                return _npz_arrays(path, z), {}, None
+        except RefGPTError:
+            raise
         except (ValueError, OSError, EOFError, KeyError, zipfile.BadZipFile, NotImplementedError) as error:
             raise RefGPTError(f"{path}: not a readable .npz file ({type(error).__name__}: "
                               f"{str(error).splitlines()[0] if str(error) else 'truncated'})") from None
@@ -279,6 +283,47 @@ def load(source, name_map="refgpt", shape: ModelShape | None = None):
         return None, {}, None  # read by compare(), which knows B and T from the reference
     g = golden_file.read(path)
     return dict(g.tensors), dict(g.dtypes), g
+
+
+def _npz_arrays(path, z) -> dict[str, np.ndarray]:
+    """Every member of an .npz archive, each an .npy array of numbers: a member that is not an .npy
+    file (np.load would hand its raw bytes over) is refused, as is one whose name repeats."""
+    members = z.zip.namelist()
+    if len(set(members)) != len(members):
+        twice = next(m for m in members if members.count(m) > 1)
+        raise RefGPTError(f"{path}: the archive holds {twice!r} twice; which copy is meant is ambiguous")
+    arrays = {}
+    for member in members:
+        if not member.endswith(".npy"):
+            raise RefGPTError(f"{path}: archive member {member!r:.80} is not an .npy array (np.savez names "
+                              "every array NAME.npy)")
+        name = member[: -len(".npy")]
+        _check_npy_header(path, z.zip, member)
+        array = z[name]
+        if not isinstance(array, np.ndarray) or array.dtype.kind not in "biuf":
+            raise RefGPTError(f"{path}: {name!r:.80} holds {getattr(array, 'dtype', type(array).__name__)}, "
+                              "expected numbers")
+        arrays[name] = array
+    return arrays
+
+
+def _check_npy_header(path, archive, member) -> None:
+    """An .npy member must hold the bytes its header declares (read before NumPy allocates them: a
+    few compressed bytes may declare terabytes) and numbers, not objects."""
+    from numpy.lib import format as npy
+
+    info = archive.getinfo(member)
+    with archive.open(member) as f:
+        version = npy.read_magic(f)
+        read = npy.read_array_header_1_0 if version == (1, 0) else npy.read_array_header_2_0
+        shape, _, dtype = read(f)
+        room = info.file_size - f.tell()
+    if dtype.hasobject or dtype.kind not in "biuf":
+        raise RefGPTError(f"{path}: {member[:-4]!r:.80} holds {dtype}, expected numbers")
+    declared = math.prod(shape) * dtype.itemsize
+    if declared > room:
+        raise RefGPTError(f"{path}: {member[:-4]!r:.80} declares shape {list(shape)} ({declared:,} bytes) but holds "
+                          f"{max(room, 0):,}: truncated, or not an array NumPy wrote")
 
 
 def default_profile(tensors, dtypes) -> str:
@@ -385,6 +430,7 @@ def compare(reference, candidate, *, atol=None, rtol=None, profile=None, name_ma
     layout = Layout.of(ref, judge_pads)
     results = []
     for n in common:  # files are mapped: each tensor's pages are let go once compared (Golden.release)
+        _check_unchanged(ref_golden, cand_golden)  # a mapped file that shrank would end the process (SIGBUS)
         results.append(_compare_tensor(n, np.asarray(ref[n]), np.asarray(cand[n]), tol, conditioning, ref, error_rms,
                                        row_freedom, layout))
         _release(n, ref_golden, cand_golden)
@@ -396,6 +442,7 @@ def compare(reference, candidate, *, atol=None, rtol=None, profile=None, name_ma
     if certified:
         notes.append(f"the golden is certified: each tensor's own error was measured against "
                      f"{ref_golden.metadata.get('golden_error_precision', 'extended precision')} (column 'golden err')")
+    _check_unchanged(ref_golden, cand_golden)
     summary = _logits_summary(ref, cand) if "logits" in common or "log_probs" in common else None
     _release("logits", ref_golden, cand_golden)
     _release("log_probs", ref_golden, cand_golden)
@@ -484,6 +531,14 @@ def numeric_arrays(source) -> dict[str, np.ndarray]:
     return arrays
 
 
+def _check_unchanged(*goldens):
+    """A RefGPTError if a mapped golden file shrank since it was opened (another process truncated
+    it): reading its lost pages would end the process with SIGBUS (docs/files.md)."""
+    for g in goldens:
+        if g is not None and g.file is not None:
+            g.file.check_size()
+
+
 def _release(name, *goldens):
     """Let go of the memory a compared tensor of a mapped file occupies (see Golden.release)."""
     for g in goldens:
@@ -495,6 +550,7 @@ def check_reference_finite(ref, golden=None) -> None:
     """A reference value that is NaN or ±∞ cannot judge anything: refuse it, naming the tensor.
     The one exception is −∞ in attention scores, refgpt's (and TransformerLens's) causal mask."""
     for name, value in ref.items():
+        _check_unchanged(golden)
         a = np.asarray(value)
         if a.dtype.kind not in "fc":
             continue
@@ -555,6 +611,9 @@ def _read_llmc_bin(candidate, ref, ref_golden) -> dict:
         raise RefGPTError("an llm.c .bin candidate needs a refgpt golden file as the reference "
                           "(it gives B, T and the model's shape)")
     cfg = ref_golden.config
+    if tokens.ndim != 2:
+        raise RefGPTError(f"the reference's tokens have shape {list(tokens.shape)}; an llm.c candidate is judged "
+                          "against a batch [B, T] (a golden file's tokens are [batch, pos])")
     magic = llmc_dump.file_magic(candidate)
     if magic == llmc_dump.DUMP_MAGIC:
         return llmc_dump.read_dump(candidate, cfg)

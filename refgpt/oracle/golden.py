@@ -73,7 +73,6 @@ from ..files.checkpoint import load as load_checkpoint, weight_files
 from ..gpt2.config import Config
 from ..dtypes import widen_bfloat16
 from .. import strict_json
-from ..files.atomic_write import write_atomically
 from ..errors import RefGPTError, RefGPTTypeError
 from ..tl.hooks import HookRun
 from ..gpt2.ln_views import cached_output
@@ -644,7 +643,7 @@ def provenance(model: Model, command=None) -> dict[str, str]:
         "format_version": FORMAT_VERSION,
         "refgpt_version": __version__,
         "config": json.dumps(model.cfg.to_hf(), sort_keys=True),
-        "weights_sha256": json.dumps(_weight_hashes(model), sort_keys=True),
+        "weights_sha256": json.dumps(weight_hashes(model.source), sort_keys=True),
         "dtype": model.dtype.name,
         "numpy_version": np.__version__,
         "blas": json.dumps(_blas()),
@@ -653,17 +652,35 @@ def provenance(model: Model, command=None) -> dict[str, str]:
     }
 
 
-def _weight_hashes(model: Model) -> dict[str, str]:
-    if model.source is None:
+def weight_hashes(source) -> dict[str, str]:
+    """{file name: sha256} of the weight files a model was loaded from, given its ``source`` (an
+    llm.c .bin, or a directory with HF's model.safetensors or shards); {} for None (a model made
+    in memory).
+
+    Each file is hashed once per process and remembered by its device, inode, size and
+    modification time: a sweep writes a golden file per prompt, and GPT-2 XL's 6 GB would
+    otherwise be read again for each. A file replaced (refgpt writes by rename: a new inode) or
+    rewritten (a new mtime) is hashed again."""
+    if source is None:
         return {}
-    hashes = {}
-    for path in [model.source] if model.source.is_file() else weight_files(model.source):  # an llm.c .bin, or HF's
+    source = Path(source)
+    paths = [source] if source.is_file() else weight_files(source)
+    return {path.name: _file_sha256(path) for path in paths}
+
+
+_HASHED: dict[tuple, str] = {}
+
+
+def _file_sha256(path: Path) -> str:
+    info = path.stat()
+    key = (str(path.resolve()), info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+    if key not in _HASHED:
         h = hashlib.sha256()
         with open(path, "rb") as f:
             for chunk in iter(lambda: f.read(1 << 20), b""):
                 h.update(chunk)
-        hashes[path.name] = h.hexdigest()
-    return hashes
+        _HASHED[key] = h.hexdigest()
+    return _HASHED[key]
 
 
 def _blas() -> dict:
@@ -681,12 +698,10 @@ def write(path, golden: Golden) -> Path:
     """Write ``golden`` as a safetensors file: tensors in forward order, C-contiguous, metadata as
     strings. The same bytes as ``write_streamed`` writes for the same pass."""
     shapes = {name: (np.asarray(a).dtype, np.shape(a)) for name, a in golden.tensors.items()}
-    def fill(tmp):
-        with SafetensorsWriter(tmp, shapes, golden.metadata, _header_length(shapes, golden.metadata)) as out:
-            for name, a in golden.tensors.items():
-                out.write(name, a)
-
-    return write_atomically(path, fill)
+    with SafetensorsWriter(path, shapes, golden.metadata, _header_length(shapes, golden.metadata)) as out:
+        for name, a in golden.tensors.items():
+            out.write(name, a)
+    return out.path
 
 
 def write_streamed(path, model: Model, tokens, names=None, command=None, targets=None, progress=None) -> Path:
@@ -703,19 +718,17 @@ def write_streamed(path, model: Model, tokens, names=None, command=None, targets
     meta = {**provenance(model, command), "conditioning": "{}", "error_rms": "{}", "row_freedom": "{}",
             "error_model": ERROR_MODEL, "targets": "given" if targets is not None else "next token"}
 
-    def fill(tmp):
-        errors = ErrorModel()
-        with SafetensorsWriter(tmp, shapes, meta, _header_length(shapes, meta)) as out:
-            for i, (name, tensor, r, x) in enumerate(_passes(model, tokens, names, targets)):
-                if tensor is not None:
-                    out.write(name, tensor)
-                if progress is not None:
-                    progress(min(i + 1, len(shapes)), len(shapes))
-                if r.dtype.kind == "f":
-                    errors.add(name, r, *x)
-            out.metadata = {**meta, **errors.metadata()}
-
-    return write_atomically(path, fill)
+    errors = ErrorModel()
+    with SafetensorsWriter(path, shapes, meta, _header_length(shapes, meta)) as out:
+        for i, (name, tensor, r, x) in enumerate(_passes(model, tokens, names, targets)):
+            if tensor is not None:
+                out.write(name, tensor)
+            if progress is not None:
+                progress(min(i + 1, len(shapes)), len(shapes))
+            if r.dtype.kind == "f":
+                errors.add(name, r, *x)
+        out.metadata = {**meta, **errors.metadata()}
+    return out.path
 
 
 def _header_length(shapes, meta) -> int:

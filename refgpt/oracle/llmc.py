@@ -44,7 +44,8 @@ from ..gpt2.activations import log_softmax
 from ..gpt2.config import Config
 from ..files.atomic_write import write_atomically
 from ..dtypes import round_to_bfloat16, widen_bfloat16
-from ..errors import RefGPTError
+from ..errors import RefGPTError, RefGPTTypeError, shown, whole_number, whole_numbers
+from ..files.atomic_write import refuse_temporary
 from ..model import Model
 
 MODEL_MAGIC, STATE_MAGIC, TOKENIZER_MAGIC, SHARD_MAGIC = 20240326, 20240327, 20240328, 20240520
@@ -70,6 +71,23 @@ def padded_vocab(V: int, multiple: int = 128) -> int:
     return (V + multiple - 1) // multiple * multiple
 
 
+def checked_padded_vocab(V: int, C: int, padded_vocab_size=None) -> int:
+    """Vp: ``padded_vocab_size`` checked (a whole number, V ≤ Vp < 2³¹ as llm.c's int32 header
+    holds it, its zero rows small enough to make), else llm.c's multiple of 128."""
+    if padded_vocab_size is None:
+        return padded_vocab(V)
+    Vp = whole_number(padded_vocab_size, "padded vocabulary size", below=2**31)
+    if Vp < V:
+        raise RefGPTError(f"padded vocabulary {Vp} is smaller than the vocabulary {V}")
+    from ..gpt2.config import available_memory
+
+    room = available_memory()
+    if room is not None and 4 * (Vp - V) * C > room:
+        raise RefGPTError(f"padded vocabulary {Vp}: its {Vp - V:,} zero rows of {C} floats would take more memory "
+                          "than the machine has available")
+    return Vp
+
+
 # ---- the header ---------------------------------------------------------------------------------
 
 
@@ -78,6 +96,7 @@ def _read_header(path: Path, magic: int) -> tuple[np.ndarray, bytes]:
     path = Path(path)
     if not path.is_file():
         raise RefGPTError(f"{path}: file not found")
+    refuse_temporary(path)
     data = path.read_bytes()
     if len(data) < _HEADER_BYTES:
         raise RefGPTError(f"{path}: truncated: {len(data)} bytes, shorter than llm.c's {_HEADER_BYTES}-byte header")
@@ -93,6 +112,18 @@ def _header(*values) -> bytes:
     header = np.zeros(HEADER_INTS, dtype="<i4")  # [256]
     header[: len(values)] = values
     return header.tobytes()
+
+
+def write_header_last(tmp: Path, header: bytes, body) -> None:
+    """``header`` then the byte strings of ``body``, with the header written last: until the body
+    is complete the file starts with zeros, so one cut short (a kill, a full disk) never has a magic
+    number, and no reader takes it for a file without its gradients."""
+    with open(tmp, "wb") as f:
+        f.write(b"\0" * len(header))
+        for part in body:
+            f.write(part)
+        f.seek(0)
+        f.write(header)
 
 
 def _check_size(path, body, expected, what):
@@ -163,19 +194,16 @@ def write_model(path, model: Model, dtype: str = "float32", padded_vocab_size: i
     cfg = model.cfg
     t = llmc_parameters(model)
     V, C = cfg.d_vocab, cfg.d_model
-    Vp = padded_vocab(V) if padded_vocab_size is None else int(padded_vocab_size)
-    if Vp < V:
-        raise RefGPTError(f"padded vocabulary {Vp} is smaller than the vocabulary {V}")
+    Vp = checked_padded_vocab(V, C, padded_vocab_size)
     t["wte"] = np.concatenate([t["wte"], np.zeros((Vp - V, C), t["wte"].dtype)])  # [Vp, C]
 
-    def write(tmp):
-        with open(tmp, "wb") as f:
-            f.write(_header(MODEL_MAGIC, versions[dtype], cfg.n_ctx, V, cfg.n_layers, cfg.n_heads, C, Vp))
-            for name in PARAMETERS:
-                a = np.asarray(t[name], dtype=np.float32)
-                f.write((round_to_bfloat16(a) if dtype == "bfloat16" else a).astype("<u2" if dtype == "bfloat16" else "<f4").tobytes())
+    def body():
+        for name in PARAMETERS:
+            a = np.asarray(t[name], dtype=np.float32)
+            yield (round_to_bfloat16(a) if dtype == "bfloat16" else a).astype("<u2" if dtype == "bfloat16" else "<f4").tobytes()
 
-    return write_atomically(path, write)
+    header = _header(MODEL_MAGIC, versions[dtype], cfg.n_ctx, V, cfg.n_layers, cfg.n_heads, C, Vp)
+    return write_atomically(path, lambda tmp: write_header_last(tmp, header, body()))
 
 
 def read_model(path, dtype="float64") -> Model:
@@ -252,7 +280,23 @@ class LlmcTokenizer:
     eot_token: int | None
 
     def decode_bytes(self, ids) -> bytes:
-        return b"".join(self.tokens[int(i)] for i in ids)
+        """The bytes of ``ids`` (integers in [0, number of tokens)), concatenated."""
+        if isinstance(ids, np.ndarray):
+            if ids.ndim != 1:
+                raise RefGPTError(f"decode_bytes: expected token ids [pos], found an array of shape {list(ids.shape)}")
+            ids = whole_numbers(ids, "decode_bytes: ids").tolist()
+        try:
+            ids = list(ids)
+        except TypeError:
+            raise RefGPTTypeError(f"decode_bytes: expected a sequence of token ids, found {shown(ids)}") from None
+        out = []
+        for position, i in enumerate(ids):
+            i = whole_number(i, f"decode_bytes: id at position {position}")
+            if not 0 <= i < len(self.tokens):
+                raise RefGPTError(f"decode_bytes: id {i} at position {position} is outside the tokenizer's "
+                                  f"{len(self.tokens)} tokens [0, {len(self.tokens)})")
+            out.append(self.tokens[i])
+        return b"".join(out)
 
 
 def write_tokenizer(path, tokenizer) -> Path:
@@ -324,16 +368,14 @@ def write_debug_state(path, model: Model, tokens, grads: bool = True, targets=No
     loss = -np.take_along_axis(logp, y[..., None], axis=-1).mean()  # scalar: mean over [B, T]
     B, T = x.shape
 
-    def write(tmp):
-        with open(tmp, "wb") as f:
-            f.write(_header(STATE_MAGIC, 2, B, T))
-            f.write(x.astype("<i4").tobytes() + y.astype("<i4").tobytes())
-            f.write(np.asarray(logits, "<f4").tobytes() + np.asarray([loss], "<f4").tobytes())
-            if grads:  # ---- the gradients (issue 8) ----
-                for name, g in llmc_gradients(model, x, y).items():
-                    f.write(np.asarray(g, "<f4").tobytes())
+    def body():
+        yield x.astype("<i4").tobytes() + y.astype("<i4").tobytes()
+        yield np.asarray(logits, "<f4").tobytes() + np.asarray([loss], "<f4").tobytes()
+        if grads:  # ---- the gradients (issue 8) ----
+            for name, g in llmc_gradients(model, x, y).items():
+                yield np.asarray(g, "<f4").tobytes()
 
-    return write_atomically(path, write)
+    return write_atomically(path, lambda tmp: write_header_last(tmp, _header(STATE_MAGIC, 2, B, T), body()))
 
 
 def llmc_gradients(model: Model, x, y, padded_vocab_size: int | None = None) -> dict[str, np.ndarray]:
@@ -344,13 +386,19 @@ def llmc_gradients(model: Model, x, y, padded_vocab_size: int | None = None) -> 
     wte = g.tied_W_E  # [V, C]
     t = llmc_parameters(Model(model.cfg, {**g.params, "embed.W_E": wte, "unembed.W_U": wte.T}, dtype=model.dtype))
     V, C = wte.shape
-    Vp = padded_vocab(V) if padded_vocab_size is None else int(padded_vocab_size)
+    Vp = checked_padded_vocab(V, C, padded_vocab_size)
     t["wte"] = np.concatenate([wte, np.zeros((Vp - V, C), wte.dtype)])  # [Vp, C]
     return t
 
 
-def read_debug_state(path, vocab_size: int) -> DebugState:
-    """Read a debug state; ``vocab_size`` V (not in its header) sizes the logits."""
+def read_debug_state(path, vocab_size: int, cfg: Config | None = None) -> DebugState:
+    """Read a debug state; ``vocab_size`` V (not in its header) sizes the logits. With ``cfg`` (the
+    model's, d_vocab = V) what follows the loss must be nothing or exactly every parameter's
+    gradient (wte's padded to llm.c's Vp): a wrong V shifts every later byte, and would otherwise
+    read logits as gradients."""
+    vocab_size = whole_number(vocab_size, "debug state: vocab_size", least=1)
+    if cfg is not None and cfg.d_vocab != vocab_size:
+        raise RefGPTError(f"debug state: vocab_size {vocab_size} is not the model's d_vocab {cfg.d_vocab}")
     path = Path(path)
     header, body = _read_header(path, STATE_MAGIC)
     if int(header[1]) != 2:
@@ -366,6 +414,14 @@ def read_debug_state(path, vocab_size: int) -> DebugState:
     rest = body[n:]
     if len(rest) % 4:
         raise RefGPTError(f"{path}: {len(rest)} bytes after the loss: not a whole number of float32 gradients")
+    if cfg is not None and rest:
+        n_grads = sum(math.prod(s) for s in parameter_shapes(cfg.n_ctx, padded_vocab(vocab_size), cfg.n_layers,
+                                                             cfg.d_model).values())
+        if len(rest) != 4 * n_grads:
+            raise RefGPTError(f"{path}: {len(rest)} bytes after the loss, which are neither nothing nor the "
+                              f"{n_grads:,} float32 gradients of this model ({4 * n_grads:,} bytes, Vp = "
+                              f"{padded_vocab(vocab_size)}): is the vocabulary size right (V = {vocab_size}, B = {B}, "
+                              f"T = {T})?")
     grads = np.frombuffer(rest, dtype="<f4") if rest else None  # [n_parameters]
     return DebugState(ints[: B * T].reshape(B, T), ints[B * T:].reshape(B, T),
                       logits.reshape(B, T, vocab_size), loss, grads)
@@ -405,6 +461,9 @@ def read_data_shard(path, B: int, T: int, start: int = 0):
     """llm.c's token data shard (dev/data/data_common.py: magic 20240520, version 1, header[2] = the
     number of tokens, then uint16 ids) → llm.c's first batch from ``start``: x [B, T] and y [B, T]
     from B·T + 1 consecutive tokens (x = buf[:-1], y = buf[1:], as llm.c's dataloader reads them)."""
+    B = whole_number(B, "data shard: B", least=1)
+    T = whole_number(T, "data shard: T", least=1)
+    start = whole_number(start, "data shard: start", least=0)
     path = Path(path)
     header, body = _read_header(path, SHARD_MAGIC)
     version, n = int(header[1]), int(header[2])
@@ -436,9 +495,12 @@ def activation_shapes(cfg: Config, B: int, T: int, Vp: int) -> dict[str, tuple[i
 def read_activations(path, cfg: Config, B: int, T: int) -> dict[str, np.ndarray]:
     """A raw float32 dump of llm.c's acts_memory → its 23 tensors by llm.c name. Vp is found from
     the file's size (logits and probs are the only tensors that depend on it)."""
+    B = whole_number(B, "llm.c activations: B", least=1)
+    T = whole_number(T, "llm.c activations: T", least=1)
     path = Path(path)
     if not path.is_file():
         raise RefGPTError(f"{path}: file not found")
+    refuse_temporary(path)
     n_floats, rem = divmod(path.stat().st_size, 4)
     fixed = sum(math.prod(s) for k, s in activation_shapes(cfg, B, T, 0).items())
     Vp, odd = divmod(n_floats - fixed, 2 * B * T)

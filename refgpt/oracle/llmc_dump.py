@@ -42,6 +42,7 @@ import numpy as np
 
 from ..gpt2.config import Config
 from ..errors import RefGPTError
+from ..files.atomic_write import refuse_temporary, write_atomically
 from . import llmc
 from .name_maps import GRAD
 
@@ -62,6 +63,7 @@ def file_magic(path) -> int | None:
 def read_dump(path, cfg: Config) -> dict[str, np.ndarray]:
     """A dump (module docstring) of a run of the model ``cfg`` → tensors under llm.c's names."""
     path = Path(path)
+    refuse_temporary(path)
     header, body = llmc._read_header(path, DUMP_MAGIC) if file_magic(path) == DUMP_MAGIC else _not_a_dump(path)
     version, B, T, Vp, has_targets, has_grads, has_grads_acts = (int(h) for h in header[1:8])
     if version != 1:
@@ -117,8 +119,8 @@ def write_dump(path, cfg: Config, tensors: dict, Vp: int | None = None) -> Path:
     has_grads_acts = any(k.startswith("grads_acts.") for k in tensors)
     act_shapes = llmc.activation_shapes(cfg, B, T, Vp)
     par_shapes = llmc.parameter_shapes(cfg.n_ctx, Vp, cfg.n_layers, cfg.d_model)
-    parts = [llmc._header(DUMP_MAGIC, 1, B, T, Vp, int(has_targets), int(has_grads), int(has_grads_acts)),
-             tokens.astype("<i4").tobytes()]
+    header = llmc._header(DUMP_MAGIC, 1, B, T, Vp, int(has_targets), int(has_grads), int(has_grads_acts))
+    parts = [tokens.astype("<i4").tobytes()]
     if has_targets:
         parts += [np.asarray(tensors["targets"], "<i4").tobytes(), np.asarray([tensors["loss_mean"]], "<f4").tobytes()]
     parts += [_exact(tensors, name, shape) for name, shape in act_shapes.items()]
@@ -126,9 +128,7 @@ def write_dump(path, cfg: Config, tensors: dict, Vp: int | None = None) -> Path:
         parts += [_exact(tensors, "grads." + name, shape) for name, shape in par_shapes.items()]
     if has_grads_acts:
         parts += [_exact(tensors, "grads_acts." + name, shape) for name, shape in act_shapes.items()]
-    path = Path(path)
-    path.write_bytes(b"".join(parts))
-    return path
+    return write_atomically(path, lambda tmp: llmc.write_header_last(tmp, header, parts))
 
 
 def _exact(tensors, name, shape) -> bytes:
@@ -285,7 +285,7 @@ def _read_acts_of_any_T(path, cfg, B, at_least):
 def read_debug_state_candidate(path, cfg: Config) -> dict[str, np.ndarray]:
     """An llm.c debug state (e.g. written by llm.c's train_gpt2.py from PyTorch) as a candidate:
     tokens x, targets y, logits, loss_mean and, when present, every parameter's gradient."""
-    s = llmc.read_debug_state(path, cfg.d_vocab)
+    s = llmc.read_debug_state(path, cfg.d_vocab, cfg)
     out = {"tokens": s.x, "targets": s.y, "logits": s.logits, "loss_mean": np.asarray(s.loss, np.float32)}
     if s.grads is not None:
         shapes = llmc.parameter_shapes(cfg.n_ctx, llmc.padded_vocab(cfg.d_vocab), cfg.n_layers, cfg.d_model)

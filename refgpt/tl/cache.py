@@ -18,7 +18,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from . import decomposition
-from ..errors import MissingActivation, RefGPTError, RefGPTTypeError
+from ..errors import MissingActivation, RefGPTError, RefGPTTypeError, whole_number
 from .hook_points import ATTN_HOOKS, LN_HOOKS, MLP_HOOKS
 
 _ALIASES = {"attn": "pattern", "attn_logits": "attn_scores", "key": "k", "query": "q",
@@ -35,7 +35,15 @@ def act_name(name: str, layer: int | None = None, layer_type: str | None = None)
     ``act_name("resid_pre", 3)`` → ``blocks.3.hook_resid_pre``; ``act_name("k6")`` →
     ``blocks.6.attn.hook_k``; ``act_name("scale")`` → ``ln_final.hook_scale``;
     ``act_name("scale", 4, "ln1")`` → ``blocks.4.ln1.hook_scale``; a full name comes back as is.
+    A name that is not a string, a layer that is not a whole number (1.5, "3") or a layer type that
+    is not a string is a RefGPTTypeError, never a name no cache holds.
     """
+    if not isinstance(name, str):
+        raise RefGPTTypeError(f"act_name: the name must be a string, found {name!r:.60}")
+    if layer is not None:
+        layer = whole_number(layer, f"act_name({name!r:.40}): the layer")
+    if layer_type is not None and not isinstance(layer_type, str):
+        raise RefGPTTypeError(f"act_name({name!r:.40}): the layer type must be a string, found {layer_type!r:.60}")
     if ("." in name or name.startswith("hook_")) and layer is None and layer_type is None:
         return name
     packed = re.fullmatch(r"([a-z_]+?)(\d+)([a-z].*)?", name)
@@ -162,8 +170,10 @@ class ActivationCache(Mapping):
         if not isinstance(key, tuple) or not 1 <= len(key) <= 3:
             raise RefGPTTypeError(f"cache key must be a name or (name, layer[, kind]), found {key!r:.60}")
         name, layer, *rest = tuple(key) + (None,) * (2 - len(key))
-        if layer is not None and layer < 0:
-            layer += self.model.cfg.n_layers
+        if layer is not None:
+            layer = whole_number(layer, f"cache key {key!r:.60}: the layer")
+            if layer < 0:
+                layer += self.model.cfg.n_layers
         return act_name(name, layer, *rest)
 
     def __contains__(self, key) -> bool:

@@ -28,7 +28,7 @@ import numpy as np
 
 from . import inputs
 from ..gpt2.activations import softmax
-from ..errors import RefGPTError, real_number
+from ..errors import RefGPTError, real_number, whole_number
 from ..gpt2.padding import attention_mask_from_tokens
 
 
@@ -47,19 +47,16 @@ def generate(model, input="", max_new_tokens: int = 10, stop_at_eos: bool = True
     tokens, batched = model.check_tokens(input)
     if return_type not in ("input", "str", "tokens"):
         raise RefGPTError(f"generate: return_type must be 'input', 'str' or 'tokens', found {return_type!r}")
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 0:
-        raise RefGPTError(f"generate: max_new_tokens must be a whole number ≥ 0, found {max_new_tokens!r}")
+    max_new_tokens = whole_number(max_new_tokens, "generate: max_new_tokens", least=0)  # a Python int: no overflow
     if tokens.shape[1] + max_new_tokens > model.cfg.n_ctx:
         raise RefGPTError(f"generate: {tokens.shape[1]} prompt tokens + {max_new_tokens} new exceed "
                           f"n_positions={model.cfg.n_ctx}")
     temperature = real_number(temperature, "generate: temperature", least=0)
-    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or top_k < 1):
-        raise RefGPTError(f"generate: top_k must be a whole number ≥ 1, found {top_k!r:.60}")
+    top_k = None if top_k is None else whole_number(top_k, "generate: top_k", least=1)
     if top_p is not None and not 0 < real_number(top_p, "generate: top_p") <= 1:
         raise RefGPTError(f"generate: top_p must be in (0, 1], found {top_p!r}")
     freq_penalty = real_number(freq_penalty, "generate: freq_penalty")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0):
-        raise RefGPTError(f"generate: seed must be a whole number ≥ 0 or None, found {seed!r:.60}")
+    seed = None if seed is None else whole_number(seed, "generate: seed", least=0)
     stop_tokens, filler = _stop_tokens(model, stop_at_eos, eos_token_id)
 
     mask = None  # TransformerLens's initial attention mask: the pads of a batch, on its padding side

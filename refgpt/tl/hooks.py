@@ -327,10 +327,17 @@ class Scope:
 def _checked_replacement(name, old, new):
     if not isinstance(new, np.ndarray):
         raise RefGPTError(f"hook at {name}: returned {type(new).__name__}, expected a numpy array or None")
+    if type(new) is not np.ndarray:  # np.ma.MaskedArray, np.matrix, a memmap, …: other arithmetic, or none
+        raise RefGPTError(f"hook at {name}: returned a {type(new).__module__}.{type(new).__name__}, an ndarray "
+                          "subclass whose arithmetic is not NumPy's; return a plain array (np.asarray(x))")
     if new.shape != old.shape:
         raise RefGPTError(f"hook at {name}: returned shape {list(new.shape)}, expected {list(old.shape)}")
     if new.dtype != old.dtype:
         raise RefGPTError(
             f"hook at {name}: returned {new.dtype}, expected {old.dtype} (refgpt does not cast silently)"
         )
+    if new.strides != old.strides:  # in the layout of the activation it replaces: NumPy's matmul takes
+        laid_out = np.empty_like(old)  # another BLAS kernel (another summation order, other last bits)
+        laid_out[...] = new  # for a Fortran-ordered or strided array of the same values
+        new = laid_out
     return new

@@ -125,7 +125,7 @@ def check_tokens(cfg, tokens, start=0):
     if array.ndim not in (1, 2):
         raise RefGPTError(f"tokens: must be [pos] or [batch, pos], found {array.ndim} dimensions {list(array.shape)}")
     batched = array.ndim == 2
-    array = array.reshape(-1, array.shape[-1]).astype(np.int64, copy=False)  # [batch, pos]
+    array = array.reshape(-1, array.shape[-1])  # [batch, pos], the ids as given (uint64 ≥ 2⁶³ too)
     bad = np.argwhere((array < 0) | (array >= cfg.d_vocab))
     if len(bad):
         where = tuple(int(i) for i in bad[0]) if batched else int(bad[0][1])
@@ -133,6 +133,7 @@ def check_tokens(cfg, tokens, start=0):
             f"tokens: id {int(array[tuple(bad[0])])} at {'index' if batched else 'position'} {where} "
             f"is outside the vocabulary [0, {cfg.d_vocab})"
         )
+    array = array.astype(np.int64, copy=False)  # [batch, pos]: every id is now in [0, d_vocab)
     if start + array.shape[1] > cfg.n_ctx:
         held = f" after {start} cached" if start else ""
         raise RefGPTError(f"tokens: {array.shape[1]} positions{held}, but the model has only n_positions={cfg.n_ctx}")

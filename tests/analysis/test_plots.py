@@ -131,5 +131,16 @@ def test_missing_matplotlib_is_an_error_with_the_install_hint(runs, monkeypatch)
     from refgpt.analysis import plots
 
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)  # import now raises ImportError
-    with pytest.raises(RefGPTError, match=r"pip install refgpt\[plot\]"):
+    with pytest.raises(RefGPTError, match=r"pip install matplotlib$"):  # works from a clone and from PyPI
         plots.convergence_figure([1, 10], {"e": [1, 0.1]})
+
+
+@pytest.mark.parametrize("argv", [["lens", "To be", "--plot", "x.png"],
+                                  ["steer", "To be", "--plus", "a", "--minus", "b", "--layer", "1", "--plot", "x.png"]])
+def test_a_plot_without_matplotlib_is_refused_before_the_model_runs(refgpt_cli, monkeypatch, tmp_path, argv):
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
+    monkeypatch.setattr("refgpt.cli._chosen_model.load", lambda *a, **k: pytest.fail("the model was loaded"))
+    monkeypatch.chdir(tmp_path)
+    status, out, err = refgpt_cli.in_process(*argv)
+    assert (status, out) == (1, "") and err == "refgpt: error: plotting needs matplotlib, an optional dependency: pip install matplotlib\n"
+    assert "refgpt[plot]" not in err and not (tmp_path / "x.png").exists()

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,7 +18,6 @@ from refgpt.files.default_model import UNTRAINED_MARKER
 from refgpt.gpt2.tokenizer import bytes_to_unicode
 
 TEXT = "Hello, world\n"
-README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +26,7 @@ def model():
 
 
 def expected_token_text(token_id: int) -> str:
-    """A byte-level vocabulary's token as the README says tables show it: ASCII bytes as str reprs,
+    """A byte-level vocabulary's token as predict --help says tables show it: ASCII bytes as str reprs,
     other bytes (never whole UTF-8) as bytes reprs, 256 <|endoftext|>."""
     if token_id == 256:
         return "'<|endoftext|>'"
@@ -36,7 +34,7 @@ def expected_token_text(token_id: int) -> str:
 
 
 def shown_text(tokenizer, token_id: int) -> str:
-    """Any vocabulary's token as the README says tables show it: repr of its text, or of its bytes
+    """Any vocabulary's token as predict --help says tables show it: repr of its text, or of its bytes
     if they are not whole UTF-8."""
     raw = tokenizer.decode_bytes([int(token_id)])
     try:
@@ -320,18 +318,3 @@ def test_help_explains_each_subcommand_with_an_example(refgpt_cli, command):
     status, out, _ = refgpt_cli.in_process(command, "--help")
     assert status == 0 and "--model DIR" in out and "--dtype" in out and "--json" in out
     assert re.search(rf"examples:\n  refgpt {command} \"", out)
-
-
-# ---- the README ------------------------------------------------------------------------------
-
-
-def test_readme_quick_start_output_is_what_the_command_prints(refgpt_cli):
-    """The output pasted under the quick start is what its refgpt command prints today."""
-    quick_start = README.read_text(encoding="utf-8").split("## Quick start", 1)[1].split("\n## ", 1)[0]
-    command = re.search(r"&& (refgpt .*?)\s*(#.*)?\n", quick_start).group(1)
-    pasted = re.search(r"```text\n(.*?)```", quick_start, re.S).group(1)
-    argv = [a.strip('"') for a in re.findall(r'"[^"]*"|\S+', command)][1:]
-    status, out, _ = refgpt_cli.in_process(*argv)
-    default = str(refgpt.default_model_path())
-    assert status == 0
-    assert re.sub(r"\S*/weights/default", "DEFAULT", pasted) == out.replace(default, "DEFAULT")

@@ -117,24 +117,6 @@ def test_predict_model_gpt2_offline_gives_hfs_logits(refgpt_cli, hf_env, hub_fil
     np.testing.assert_array_equal(model(np.array(tokens), last_only=True)[-1], ours)
 
 
-def test_the_readmes_real_gpt2_commands(refgpt_cli, hf_env, hub):
-    """README "Real GPT-2 weights": its command line runs as written (against the fake hub), and the
-    hub_files land where it says, under models--gpt2."""
-    import shlex
-    from pathlib import Path
-
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
-    section = readme.split("## Real GPT-2 weights", 1)[1].split("\n## ", 1)[0]
-    line = section.split("```bash\n", 1)[1].split("\n```", 1)[0]
-    commands = [shlex.split(c) for c in line.split("&&")]
-    assert [c[:2] for c in commands] == [["refgpt", "download"], ["refgpt", "predict"]]
-    for command in commands:
-        status, out, _ = refgpt_cli.in_process(*command[1:])
-        assert status == 0
-    assert out.startswith(f"model: {hf_env}/models--gpt2/snapshots/{hub.commit} (float64)")
-    assert "`~/.cache/huggingface/hub/models--gpt2/`" in section and "`refs/main`" in section
-
-
 def test_an_interrupted_download_says_the_partial_file_is_kept(refgpt_cli, monkeypatch):
     def interrupted(repo_id, revision):
         raise KeyboardInterrupt

@@ -66,3 +66,54 @@ def test_a_failed_write_keeps_the_old_file(tmp_path):
 def test_a_missing_directory_is_one_line(tmp_path):
     with pytest.raises(RefGPTError, match="does not exist"):
         write_atomically(tmp_path / "no" / "a.txt", lambda tmp: tmp.write_text("x"))
+
+
+# ---- issue 24: temporaries that never look valid and never pile up ------------------------------------
+
+from refgpt.files.atomic_write import AtomicFile, is_temporary, remove_stale  # noqa: E402
+
+
+def test_a_target_name_of_name_max_bytes_works_and_errors_name_it(tmp_path):
+    """A legal name never fails because its temporary's would be too long: the temporary is then
+    named by the name's first bytes and a hash of all of it."""
+    long = "é" * 127 + "x"  # 255 bytes in UTF-8: the longest name ext4 allows
+    out = write_atomically(tmp_path / long, lambda tmp: tmp.write_text("ok"))
+    assert out.read_text() == "ok" and os.listdir(tmp_path) == [long]
+
+    def fails(tmp):
+        assert is_temporary(tmp) and len(os.fsencode(tmp.name)) <= 255
+        raise OSError(28, "No space left on device", str(tmp))
+
+    with pytest.raises(RefGPTError) as error:
+        write_atomically(tmp_path / long, fails)
+    assert str(error.value) == f"'{tmp_path / long}': cannot write (No space left on device)"
+    assert ".refgpt-" not in str(error.value) and os.listdir(tmp_path) == [long]
+
+
+def test_the_next_writer_removes_a_killed_writers_temporary_but_never_a_live_ones(tmp_path):
+    target = tmp_path / "g.safetensors"
+    live = AtomicFile(target)  # a writer at work: its temporary is flocked
+    stale = tmp_path / f".g.safetensors.refgpt-tmp-{'0' * 12}"  # a killed writer's: nobody holds it
+    stale.write_bytes(b"half")
+    write_atomically(target, lambda tmp: tmp.write_text("new"))
+    assert not stale.exists() and live.tmp.exists()
+    live.abort()
+    assert sorted(os.listdir(tmp_path)) == ["g.safetensors"]
+    remove_stale(target)  # nothing to do, and nothing else touched
+    assert target.read_text() == "new"
+
+
+def test_every_reader_refuses_a_temporary_by_name(tmp_path):
+    from refgpt.files.safetensors_file import SafetensorsWriter, SafetensorsFile
+    from refgpt.oracle import golden, llmc
+
+    import numpy as np
+
+    real = tmp_path / "x.safetensors"
+    with SafetensorsWriter(real, {"x": (np.float64, (2,))}) as out:
+        out.write("x", np.ones(2))
+    hidden = tmp_path / f".x.safetensors.refgpt-tmp-{'a' * 12}"
+    hidden.write_bytes(real.read_bytes())
+    for read in (SafetensorsFile, golden.read, llmc.read_model, llmc.read_tokenizer):
+        with pytest.raises(RefGPTError, match="a temporary file of a refgpt writer that never finished"):
+            read(hidden)

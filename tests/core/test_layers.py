@@ -9,6 +9,8 @@ refgpt/ holds a small top level and rooms named by idea, in layers from the bott
     model     refgpt/model.py, backward.py, non_finite.py: the Model, forward and backward
     files     refgpt/files/: files and hub (safetensors, checkpoints, saving, the HF cache)
     analysis, oracle, train   each built on the layers below, never on each other
+    sweep     refgpt/sweep/: one task over a corpus, serially or on Dask; its tasks are analysis's
+              and oracle's (lens, attribution, golden files, comparison), so it sits above both
     cli       the refgpt command, on top of all of them
 
 Every ``import`` statement of every module under refgpt/ is read with ``ast``, at module level and
@@ -18,7 +20,8 @@ inside functions alike (an import hidden in a function is still a dependency), a
 - a module imports only its own layer and the layers below (analysis, oracle and train never
   each other);
 - the core (base to files) imports no third-party package but numpy, safetensors and regex (never
-  torch, transformers, transformer_lens, tiktoken or matplotlib);
+  torch, transformers, transformer_lens, tiktoken, matplotlib or dask);
+- Dask, an optional extra, is imported by refgpt/sweep/on_dask.py alone;
 - the top level holds at most 12 modules, and every module sits in a known room;
 - ``import refgpt`` loads the core only.
 """
@@ -39,10 +42,11 @@ PACKAGE = Path(refgpt.__file__).parent
 BASE = {"refgpt.errors", "refgpt.version", "refgpt.dtypes", "refgpt.strict_json"}
 MODEL = {"refgpt.model", "refgpt.backward", "refgpt.non_finite"}
 #: Layer of each room, bottom first; rooms of one rank never import each other.
-RANK = {"base": 0, "gpt2": 1, "tl": 2, "model": 3, "files": 4, "analysis": 5, "oracle": 5, "train": 5, "cli": 6}
+RANK = {"base": 0, "gpt2": 1, "tl": 2, "model": 3, "files": 4, "analysis": 5, "oracle": 5, "train": 5, "sweep": 6,
+        "cli": 7}
 CORE = {"base", "gpt2", "tl", "model", "files"}
 CORE_THIRD_PARTY = {"numpy", "safetensors", "regex"}  # setup.cfg's install_requires
-PEERS = {"torch", "transformers", "transformer_lens", "tiktoken", "matplotlib"}
+PEERS = {"torch", "transformers", "transformer_lens", "tiktoken", "matplotlib", "dask", "distributed"}
 
 
 def module_names() -> dict[str, Path]:
@@ -179,12 +183,24 @@ def test_no_peer_package_in_the_core():
     assert not bad, "\n".join(bad)
 
 
+def test_dask_is_imported_by_the_sweep_on_dask_module_alone():
+    found = sorted({m for m, imported in EDGES.items() for t, _ in imported if t.split(".")[0] in ("dask", "distributed")})
+    assert found == ["refgpt.sweep.on_dask"], found
+
+
 def test_import_refgpt_loads_the_core_only():
-    code = ("import sys, refgpt; print(' '.join(sorted(m for m in sys.modules if m.startswith('refgpt') "
-            "or m.split('.')[0] in %r)))" % (PEERS,))
-    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
-    assert "refgpt.model" in loaded
+    """``import refgpt`` alone imports nothing heavy (so the refgpt command catches Ctrl-C from its
+    first moment, refgpt/__main__.py); its names load the core, and the core only."""
+    code = ("import sys, refgpt; bare = sorted(sys.modules); refgpt.load, refgpt.save, refgpt.Model, refgpt.Config; "
+            "print(' '.join(sorted(m for m in sys.modules if m.startswith('refgpt') "
+            "or m.split('.')[0] in %r))); print(' '.join(m for m in bare if m.split('.')[0] in ('numpy', 'refgpt')))"
+            % (PEERS,))
+    loaded, bare = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                  check=True).stdout.split("\n")[:2]
+    loaded = loaded.split()
+    assert "refgpt.model" in loaded and "refgpt.files.saving" in loaded
     assert [m for m in loaded if layer(m) not in CORE | {"package"}] == []
+    assert bare.split() == ["refgpt"]
 
 
 def test_old_module_paths_are_gone():
@@ -210,9 +226,11 @@ def test_the_public_api_is_all_of_import_refgpt():
 
 
 def test_every_file_the_docs_and_docstrings_name_exists():
-    """README.md, docs/*.md, weights/README.md and every module's text name files by path; each exists."""
+    """README.md, CONTRIBUTING.md, docs/*.md, weights/README.md and every module's text name files by
+    path; each exists."""
     repo = PACKAGE.parent
-    texts = [repo / "README.md", repo / "weights" / "README.md", *sorted((repo / "docs").glob("*.md")),
+    texts = [repo / "README.md", repo / "CONTRIBUTING.md", repo / "weights" / "README.md",
+             *sorted((repo / "docs").glob("*.md")),
              *MODULES.values()]
     path = re.compile(r"(?<![\w/.])((?:refgpt|tests|docs|benchmarks|weights)/[\w/.-]*\w\.(?:py|md|json|txt|png))")
     missing = [f"{text.relative_to(repo)}: {name}" for text in texts

@@ -46,19 +46,26 @@ def test_save_then_load_round_trips_bit_for_bit(tmp_path, dtype, tie):
     assert_same_model(model, back)
     tokens = np.array([[1, 2, 3, 4, 5], [5, 4, 3, 2, 1]])
     assert np.array_equal(model(tokens), back(tokens))
-    assert sorted(p.name for p in (tmp_path / "m").iterdir()) == ["config.json", "model.safetensors"]
+    assert sorted(p.name for p in (tmp_path / "m").iterdir()) == ["config.json", "model.safetensors", "refgpt-manifest.json"]
 
 
 def test_saving_the_embedded_model_as_float32_reproduces_its_files(tmp_path):
-    """Byte for byte, but for the n_ctx that save has written since the model was trained (the
-    shipped files are as the training run wrote them, and its log records their sha256)."""
+    """Byte for byte, but for the n_ctx that save has written since the model was trained and the
+    save id its weights' metadata has carried since 0.3 (the shipped files are as the training run
+    wrote them, and its log records their sha256): the tensors are the same bytes."""
+    from safetensors import safe_open
+
     default = refgpt.load_default()
     shipped = refgpt.default_model_path()
     shipped_config = json.loads((shipped / "config.json").read_text())
     refgpt.save(default, tmp_path / "copy", dtype="float32",
                 config={"initializer_range": shipped_config["initializer_range"]})
-    for name in ("model.safetensors", "vocab.json", "merges.txt"):
+    for name in ("vocab.json", "merges.txt"):
         assert (tmp_path / "copy" / name).read_bytes() == (shipped / name).read_bytes(), name
+    with safe_open(tmp_path / "copy" / "model.safetensors", "np") as new, safe_open(shipped / "model.safetensors", "np") as old:
+        assert sorted(new.keys()) == sorted(old.keys())
+        assert all(new.get_tensor(k).tobytes() == old.get_tensor(k).tobytes() for k in old.keys())
+        assert new.metadata() == {**old.metadata(), "refgpt_save": new.metadata()["refgpt_save"]}
     assert json.loads((tmp_path / "copy" / "config.json").read_text()) == {**shipped_config, "n_ctx": 128}
     back = refgpt.load(tmp_path / "copy")
     assert_same_model(default, back)
@@ -84,27 +91,27 @@ def test_save_into_something_that_is_not_a_directory_is_one_line(tmp_path):
     (tmp_path / "file").write_text("not a checkpoint")
     (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
     model = random_model(CFG)
-    for target, expected in [("file", "save: {} exists and is not a directory"),
-                             ("dangling", "save: {} exists and is not a directory"),
-                             ("file/sub", "save: cannot make the directory {}: Not a directory")]:
+    for target, expected in [("file", "save: '{}': exists and is not a directory"),
+                             ("dangling", "save: '{}': exists and is not a directory (a link to nowhere)"),
+                             ("file/sub", "save: '{}': cannot make the directory '{}' (Not a directory)")]:
         with pytest.raises(RefGPTError) as error:
             refgpt.save(model, tmp_path / target)
-        assert str(error.value) == expected.format(tmp_path / target)
+        assert str(error.value) == expected.format(tmp_path / target, tmp_path / "file")
     assert (tmp_path / "file").read_text() == "not a checkpoint" and not (tmp_path / "nowhere").exists()
 
 
 def test_a_failed_write_leaves_no_file_and_no_temporary(tmp_path, monkeypatch):
     import refgpt.files.saving as saving
 
-    def broken(tensors, path, metadata=None):
+    def broken(path, data):
         with open(path, "wb") as f:
-            f.write(b"half a file")
+            f.write(data[: len(data) // 2])
         raise OSError("disk full")
 
-    monkeypatch.setattr(saving, "save_file", broken)
-    with pytest.raises(refgpt.RefGPTError, match=r"model.safetensors': cannot write \(disk full\)"):
+    monkeypatch.setattr(saving, "_write_new", broken)
+    with pytest.raises(refgpt.RefGPTError, match=r"^save: '.*/m': cannot write \(disk full\)$"):
         refgpt.save(random_model(CFG), tmp_path / "m")
-    assert list((tmp_path / "m").iterdir()) == []
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_hf_reads_what_save_writes_and_computes_the_same_logits(tmp_path):

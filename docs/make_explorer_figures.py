@@ -1,0 +1,90 @@
+"""Screenshots of every view of the explorer page for docs/explorer.md and docs/primer.md.
+
+    python docs/make_explorer_figures.py          # needs chromium, chromium-driver and selenium
+
+The page is the one ``refgpt explore`` writes for the embedded model, with a tuned lens and an
+ActAdd steering vector; it is opened from file:// in headless Chromium (tests/browser.py) and each
+section is photographed after the clicks and hovers a reader would make.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+
+import refgpt  # noqa: E402
+from browser import Browser  # noqa: E402
+from refgpt.analysis import explorer  # noqa: E402
+
+FIGURES = REPO / "docs" / "figures"
+TEXT = "I hate you because you never listen to me, my lord."
+STEERING = {"plus": "Love", "minus": "Hate", "layer": 2, "coeffs": [1.0, 5.0, 50.0, 1e6]}
+
+
+def tuned_lens(model):
+    """The shipped tuned lens when there is one, else the least-squares baseline fitted on the
+    training text's start (refgpt.analysis.lens)."""
+    from refgpt.analysis import lens
+
+    shipped = getattr(lens, "default_tuned_lens", None)
+    if shipped is not None:
+        return shipped(model)
+    tokens = model.to_tokens((REPO / "weights" / "default" / "TRAINING.md").read_text(encoding="utf-8"))[0]
+    caches = [model.run_with_cache(tokens[i:i + 100])[1] for i in range(0, len(tokens) - 100, 100)]
+    return lens.fit_least_squares_translators(caches)
+
+
+def shoot(browser, css, name):
+    element = browser.driver.find_element("css selector", css)
+    browser.js("arguments[0].scrollIntoView()", element)
+    time.sleep(0.2)
+    element.screenshot(str(FIGURES / name))
+    print("wrote", FIGURES / name)
+
+
+def hover(browser, css, row, col):
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    canvas = browser.driver.find_element("css selector", css)
+    left, w, h = (float(browser.js(f"return arguments[0].dataset.{k}", canvas)) for k in ("left", "cellW", "cellH"))
+    box = browser.js("const b = arguments[0].getBoundingClientRect(); return [b.width, b.height]", canvas)
+    ActionChains(browser.driver).move_to_element_with_offset(
+        canvas, left + (col + 0.5) * w - box[0] / 2, (row + 0.5) * h - box[1] / 2).perform()
+
+
+def main():
+    model = refgpt.load_default()
+    page = explorer.explore(model, TEXT, target=" lord", tuned=tuned_lens(model), steering=STEERING, prepend_bos=True)
+    FIGURES.mkdir(exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = page.save(Path(tmp) / "page.html")
+        browser = Browser(width=1200, height=1400)
+        try:
+            console, _ = browser.open(path)
+            assert console == [], console
+            shoot(browser, "header", "explorer_header.png")
+            browser.driver.find_element("css selector", '#tokens .tok[data-pos="6"]').click()
+            shoot(browser, "#attention", "explorer_attention.png")
+            browser.driver.find_element("css selector", 'canvas.head[data-layer="1"][data-head="2"]').click()
+            hover(browser, "#modal-canvas", 9, 4)
+            shoot(browser, "#modal-box", "explorer_attention_head.png")
+            browser.js("document.getElementById('modal-close').click()")
+            browser.driver.find_element("id", "lens-kind-tuned").click()
+            hover(browser, "#lens-canvas", 2, 6)
+            shoot(browser, "#lens", "explorer_lens.png")
+            shoot(browser, "#layernorm", "explorer_layernorm.png")
+            browser.driver.find_element("id", "attr-by-head").click()
+            shoot(browser, "#attribution", "explorer_attribution.png")
+            browser.js("const s = document.getElementById('steer-slider'); s.value = 2; s.dispatchEvent(new Event('input'))")
+            shoot(browser, "#steering", "explorer_steering.png")
+        finally:
+            browser.quit()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,268 @@
+"""The explorer: one offline web page that shows a forward pass — attention, the lenses, LayerNorm's
+statistics, an exact attribution and a steering vector — linked by one selection of token, layer
+and head.
+
+    page = refgpt.analysis.explore(model, "The Eiffel Tower is in", target=" Paris")
+    page                         # in Jupyter: renders itself (_repr_html_)
+    page.save("page.html")       # the same page as a file; refgpt explore TEXT -o page.html
+
+The page is one self-contained HTML file: its code (refgpt/analysis/explorer_page/), styles and
+data are inline, it makes no network request and works from ``file://``, inside JupyterLab and VS
+Code. Every number it shows sits in one JSON document in the page,
+``<script type="application/json" id="refgpt-data">``, whose schema (``SCHEMA``) is documented in
+docs/explorer.md. ``Explorer.data`` is that document as Python objects.
+
+Rounding: attention weights are stored as whole thousandths (``pattern_unit`` = 0.001; a heat
+map cannot show a finer difference, and the hover shows three decimals); every other number is
+stored as the float64 value, shortest round-trip form, so the page's attribution sum is checked
+against the model's logit to float64 rounding.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import RefGPTError
+from ..files.atomic_write import write_atomically
+from ..gpt2 import ln_views
+from ..gpt2.activations import log_softmax
+from ..tl.decomposition import token_id
+from .attribution import attribute
+from .interventions import steering_vector
+from .measurements import norm, stream_labels, streams
+
+SCHEMA = "refgpt-explorer/1"
+PATTERN_UNIT = 1e-3  # attention weights are stored as whole multiples of this
+TOP_K = 5  # next tokens shown per position in the steering view
+
+
+class Explorer:
+    """A built explorer page: ``data`` (the JSON document), ``html`` (the page), ``save(path)``."""
+
+    def __init__(self, data: dict):
+        self.data = data
+
+    @property
+    def html(self) -> str:
+        return render(self.data)
+
+    def save(self, path) -> Path:
+        """Write the page to ``path`` atomically (the old file stays until the new one is whole)."""
+        page = self.html.encode("utf-8")
+        return write_atomically(path, lambda tmp: Path(tmp).write_bytes(page))
+
+    def _repr_html_(self) -> str:
+        """Jupyter's hook: the page in an iframe (its scripts run in JupyterLab, Notebook and VS Code
+        alike, and its styles cannot leak into the notebook's)."""
+        return (f'<iframe srcdoc="{html.escape(self.html, quote=True)}" title="refgpt explorer" '
+                'style="width: 100%; height: 900px; border: 1px solid #ddd;"></iframe>')
+
+    def __repr__(self) -> str:
+        d = self.data
+        return f"Explorer({len(d['tokens'])} tokens, layers {d['layers']}, heads {d['heads']})"
+
+
+def explore(model, text, *, target=None, prepend_bos=None, layers=None, heads=None, tuned=None,
+            steering=None) -> Explorer:
+    """Run ``model`` on ``text`` (a string, or token ids [pos]) and gather what the page shows.
+
+    ``target``: the token whose logit is attributed and whose rank the lenses show (text that is one
+    token, or an id); default the model's top next token at the last position. ``layers`` /
+    ``heads``: which attention heads the page holds (default all; a long input or a big model may
+    choose fewer, docs/explorer.md). ``tuned``: translators for the tuned lens ({layer: (A, b)} or
+    a translators file, refgpt.analysis.lens), or None for none. ``steering``: None, or a dict
+    ``plus``, ``minus``, ``layer``, ``coeffs`` (a list, precomputed for the slider) and optionally
+    ``prepend_bos``: ActAdd as ``refgpt steer`` does it.
+    """
+    tokens = _tokens(model, text, prepend_bos)  # [pos]
+    cfg = model.cfg
+    layers = _chosen(layers, cfg.n_layers, "layers")
+    heads = _chosen(heads, cfg.n_heads, "heads")
+    logits, cache = model.run_with_cache(tokens[None])  # [1, pos, d_vocab]
+    logits = logits[0]  # [pos, d_vocab]
+    target_id = int(np.argmax(logits[-1])) if target is None else token_id(model, target, "target")
+    translators = _translators(model, tuned)
+    data = {
+        "schema": SCHEMA,
+        "model": {"n_layers": cfg.n_layers, "n_heads": cfg.n_heads, "d_model": cfg.d_model, "d_vocab": cfg.d_vocab,
+                  "n_ctx": cfg.n_ctx, "dtype": model.dtype.name,
+                  "source": None if model.source is None else str(model.source)},
+        "text": text if isinstance(text, str) else None,
+        "tokens": _token_strings(model, tokens),
+        "token_ids": tokens.tolist(),
+        "target": {"id": target_id, "token": _token_strings(model, [target_id])[0]},
+        "layers": layers,
+        "heads": heads,
+        "pattern_unit": PATTERN_UNIT,
+        "pattern": [[_pattern_rows(cache[f"blocks.{L}.attn.hook_pattern"][0, h]) for h in heads] for L in layers],
+        "ln_scale": _ln_stat(cache, cfg.n_layers, "hook_scale"),
+        "ln_mean": _ln_stat(cache, cfg.n_layers, "hook_mean"),
+        "resid_norm": _resid_norms(cache, cfg.n_layers),
+        "lens": {"streams": stream_labels(cfg.n_layers),
+                 "logit": _lens(model, streams(cache)[:, 0], logits, target_id),
+                 "tuned": None if translators is None else
+                 _lens(model, _translated(streams(cache)[:, 0], translators), logits, target_id)},
+        "attribution": _attribution(cache, logits, target_id),
+        "steering": None if steering is None else _steering(model, tokens, steering, target_id),
+    }
+    return Explorer(data)
+
+
+# ---- the pieces of the document --------------------------------------------------------------
+
+
+def _tokens(model, text, prepend_bos):
+    if isinstance(text, str):
+        return model.to_tokens(text, prepend_bos=prepend_bos)[0]  # [pos]
+    tokens, batched = model.check_tokens(text)
+    if batched and len(tokens) != 1:
+        raise RefGPTError(f"explore: one sequence at a time, found a batch of {len(tokens)}")
+    return tokens[0]  # [pos]
+
+
+def _chosen(chosen, n, what):
+    if chosen is None:
+        return list(range(n))
+    picked = sorted({int(i) for i in chosen})
+    if not picked or picked[0] < 0 or picked[-1] >= n:
+        raise RefGPTError(f"explore: {what} must be a non-empty list in 0..{n - 1}, found {list(chosen)!r}")
+    return picked
+
+
+def _token_strings(model, ids):
+    if model.tokenizer is None:
+        return [f"#{int(i)}" for i in ids]
+    return model.to_str_tokens(np.asarray(ids, dtype=np.int64), prepend_bos=False)
+
+
+def _pattern_rows(pattern):
+    """[query, key] → ragged rows of whole thousandths, keys 0 … query (later keys are masked)."""
+    scaled = np.rint(np.asarray(pattern, dtype=np.float64) / PATTERN_UNIT).astype(np.int64)  # [query, key]
+    return [scaled[q, :q + 1].tolist() for q in range(len(scaled))]
+
+
+def _ln_stat(cache, n_layers, hook):
+    names = [f"blocks.{L}.{ln}" for L in range(n_layers) for ln in ("ln1", "ln2")] + ["ln_final"]
+    return {name: _floats(cache[f"{name}.{hook}"][0, :, 0]) for name in names}  # [pos] each
+
+
+def _resid_norms(cache, n_layers):
+    names = [(f"{L}_{kind}", f"blocks.{L}.hook_resid_{kind}") for L in range(n_layers) for kind in ("pre", "mid")]
+    names.append(("final_post", f"blocks.{n_layers - 1}.hook_resid_post"))
+    return {"streams": [label for label, _ in names], "values": [_floats(norm(cache[n][0])) for _, n in names]}
+
+
+def _read_out(model, x):
+    """Logits of streams x [..., d_model] read as if final: LN_final recomputed, then W_U (+ b_U)."""
+    p = model.params
+    logits = ln_views.recomputed(x, p["ln_final.w"], p["ln_final.b"], model.cfg.eps) @ p["unembed.W_U"]  # [..., d_vocab]
+    return logits + p["unembed.b_U"] if "unembed.b_U" in p else logits
+
+
+def _lens(model, x, logits, target_id):
+    """Per stream (rows of x [stream, pos, d_model]) and position: the lens's top token and its
+    probability, its entropy, KL(final ‖ lens) in nats, and the target's rank (1 = top) and probability."""
+    final = log_softmax(logits)  # [pos, d_vocab]
+    out = {k: [] for k in ("top_id", "top_token", "top_prob", "entropy", "kl", "target_rank", "target_prob")}
+    for stream in x:  # one stream at a time: [pos, d_vocab] logits, never [stream, pos, d_vocab]
+        log_p = log_softmax(_read_out(model, stream))  # [pos, d_vocab]
+        p = np.exp(log_p)  # [pos, d_vocab]
+        top = np.argmax(log_p, axis=-1)  # [pos]
+        target = log_p[:, target_id]  # [pos]
+        out["top_id"].append(top.tolist())
+        out["top_token"].append(_token_strings(model, top))
+        out["top_prob"].append(_floats(p[np.arange(len(top)), top]))
+        out["entropy"].append(_floats(-(p * log_p).sum(-1)))
+        out["kl"].append(_floats(np.maximum((np.exp(final) * (final - log_p)).sum(-1), 0.0)))
+        out["target_rank"].append((1 + (log_p > target[:, None]).sum(-1)).tolist())
+        out["target_prob"].append(_floats(np.exp(target)))
+    return out
+
+
+def _translators(model, tuned):
+    if tuned is None:
+        return None
+    from .lens import _checked_translators, load_translators
+
+    if isinstance(tuned, (str, Path)):
+        return load_translators(tuned, model)
+    return _checked_translators(tuned, model, "tuned")
+
+
+def _translated(x, translators):
+    """Each stream but the last moved by its translator: h + h·Aᵀ + b; [stream, pos, d_model]."""
+    moved = [x[L] + x[L] @ A.T + b for L, (A, b) in sorted(translators.items())]
+    return np.stack(moved + [x[-1]])
+
+
+def _attribution(cache, logits, target_id):
+    """The target's logit at every position split by head and constant (refgpt.analysis.attribution)."""
+    a = attribute(cache, target_id, granularity="head", logits=logits[None])
+    return {"labels": a.labels, "values": [_floats(v[0]) for v in a.values], "logit": _floats(a.logit[0])}
+
+
+def _steering(model, tokens, steering, target_id):
+    try:
+        plus, minus, layer = steering["plus"], steering["minus"], int(steering["layer"])
+        coeffs = [float(c) for c in steering.get("coeffs", [1.0])]
+    except (KeyError, TypeError, ValueError) as error:
+        raise RefGPTError(f"explore: steering needs plus, minus, layer and coeffs ({error})") from None
+    if not coeffs or not all(np.isfinite(coeffs)):
+        raise RefGPTError(f"explore: steering coeffs must be finite numbers, found {coeffs!r}")
+    bos = steering.get("prepend_bos", True)
+
+    def run(coeff):
+        if coeff == 0:
+            logits, cache = model.run_with_cache(tokens[None])
+        else:
+            sv = steering_vector(model, plus, minus, layer, coeff, prepend_bos=bos)
+            if len(sv.vector) > len(tokens):
+                raise RefGPTError(f"explore: the steering vector has {len(sv.vector)} positions, the text only "
+                                  f"{len(tokens)}")
+            logits, cache = model.run_with_cache(tokens[None], fwd_hooks=sv)
+        logits = logits[0]  # [pos, d_vocab]
+        lens = _lens(model, streams(cache)[:, 0], logits, target_id)
+        log_p = log_softmax(logits)  # [pos, d_vocab]
+        top = np.argsort(-log_p, axis=-1, kind="stable")[:, :TOP_K]  # [pos, k]
+        return {"coeff": coeff, "logits": logits,
+                "resid_norm": _resid_norms(cache, model.cfg.n_layers)["values"],
+                "lens_top_token": lens["top_token"], "lens_top_prob": lens["top_prob"],
+                "next_token": [_token_strings(model, row) for row in top],
+                "next_prob": [_floats(np.exp(log_p[i, row])) for i, row in enumerate(top)]}
+
+    clean = run(0.0)
+    runs = [run(c) for c in coeffs]
+    final_clean = log_softmax(clean.pop("logits"))
+    for r in runs:  # KL(steered ‖ clean) per position, as refgpt steer prints it
+        steered = log_softmax(r.pop("logits"))
+        r["kl"] = _floats(np.maximum((np.exp(steered) * (steered - final_clean)).sum(-1), 0.0))
+    return {"plus": plus if isinstance(plus, str) else list(map(int, plus)),
+            "minus": minus if isinstance(minus, str) else list(map(int, minus)),
+            "layer": layer, "prepend_bos": bool(bos), "clean": clean, "runs": runs}
+
+
+def _floats(array) -> list:
+    """float64 values as a list (JSON writes each in its shortest round-trip form)."""
+    return np.asarray(array, dtype=np.float64).tolist()
+
+
+# ---- the page ------------------------------------------------------------------------------------
+
+
+def _asset(name: str) -> str:
+    return resources.files(__package__).joinpath("explorer_page", name).read_text(encoding="utf-8")
+
+
+def render(data: dict) -> str:
+    """The self-contained page for a data document: template, styles, script and data inline."""
+    document = json.dumps(data, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    document = document.replace("<", "\\u003c")  # no "</script>" or "<!--" can end or bend the data block
+    title = html.escape(data["text"] if data.get("text") else " ".join(data["tokens"][:12]))
+    parts = {"title": title, "style": _asset("explorer.css"), "data": document, "script": _asset("explorer.js")}
+    return re.sub(r"\{\{(\w+)\}\}", lambda m: parts[m.group(1)], _asset("page.html"))

@@ -1,0 +1,88 @@
+"""``refgpt explore TEXT -o page.html``: one offline page that shows the forward pass.
+
+Attention (every head, click to enlarge), the logit and tuned lenses, LayerNorm's σ and mean and
+the stream's norm per layer and position, the exact attribution of a target logit, and — with
+``--plus/--minus/--layer`` — a steering vector side by side with the clean run, over coefficients
+computed ahead for a slider. One self-contained HTML file: it makes no network request and opens
+from ``file://`` (refgpt.analysis.explorer; the data schema in docs/explorer.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from ..analysis.explorer import explore
+from ._arguments import add_token_argument, finite_float, token_argument
+from ._chosen_model import add_subcommand, load_chosen, print_json, token_json, tokens_of
+
+DESCRIPTION = """\
+Write one self-contained web page (-o FILE) that shows what the model does with TEXT: every
+attention head, the logit and tuned lenses, each LayerNorm's scale and mean and the residual
+stream's norm per position, the exact attribution of a target logit and, with --plus/--minus/--layer,
+ActAdd steering over a slider of coefficients. The page opens offline, from file://.
+"""
+
+USES = ("--model", "--dtype", "--json", "--bos")
+
+EXAMPLES = (
+    'refgpt explore "To be, or not to" -o page.html',
+    'refgpt explore "To be, or not to" --target " be" --bos -o page.html',
+    'refgpt explore "I hate you because" --plus "Love" --minus "Hate" --layer 2 --coeff 1 --coeff 5 --coeff 50 --bos -o steer.html',
+    'refgpt explore "My lord, I" --layers 0,3 --heads 0-1 -o some_heads.html',
+)
+
+
+def index_list(text: str) -> list[int]:
+    """"0,3,5-7" → [0, 3, 5, 6, 7]."""
+    out = []
+    try:
+        for part in text.split(","):
+            a, _, b = part.strip().partition("-")
+            out += list(range(int(a), int(b) + 1)) if b else [int(a)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a list like 0,3,5-7") from None
+    return out
+
+
+def add_parser(subparsers):
+    p = add_subcommand(subparsers, "explore", run, uses=USES,
+                       help="an offline page: attention, lenses, LayerNorm, attribution, steering",
+                       description=DESCRIPTION, examples=EXAMPLES)
+    p.add_argument("-o", "--output", required=True, metavar="FILE", help="the page to write (.html)")
+    add_token_argument(p, "target", "the token whose logit is attributed and whose rank the lenses show "
+                       "(default: the model's top next token after TEXT)")
+    p.add_argument("--layers", type=index_list, metavar="LIST", help="attention heads of these layers only, e.g. 0,5-7")
+    p.add_argument("--heads", type=index_list, metavar="LIST", help="these heads of each layer only, e.g. 0-3")
+    p.add_argument("--translators", metavar="FILE", help="a tuned lens's translators (safetensors) for the tuned-lens view")
+    p.add_argument("--plus", metavar="TEXT", help="steer towards this prompt (with --minus and --layer)")
+    p.add_argument("--minus", metavar="TEXT", help="steer away from this prompt")
+    p.add_argument("--layer", type=int, metavar="L", help="the block whose input stream is steered")
+    p.add_argument("--coeff", type=finite_float, action="append", metavar="C",
+                   help="a steering coefficient for the slider (repeatable; default 1)")
+
+
+def run(args) -> int:
+    steering = None
+    given = [args.plus is not None, args.minus is not None, args.layer is not None]
+    if any(given) and not all(given):
+        args.usage_error("steering needs all of --plus, --minus and --layer")
+    if args.coeff and not all(given):
+        args.usage_error("--coeff goes with --plus, --minus and --layer")
+    model = load_chosen(args)
+    tokens = tokens_of(model, args)  # [pos]
+    if all(given):
+        steering = {"plus": args.plus, "minus": args.minus, "layer": args.layer, "coeffs": args.coeff or [1.0],
+                    "prepend_bos": args.bos}
+    target = token_argument(model, args, "target")
+    page = explore(model, tokens, target=target, layers=args.layers, heads=args.heads, tuned=args.translators,
+                   steering=steering)
+    path = page.save(args.output)
+    size = path.stat().st_size
+    d = page.data
+    if args.json:
+        return print_json(model, {"output": str(path), "bytes": size, "tokens": [token_json(model, t) for t in tokens],
+                                  "target": token_json(model, d["target"]["id"]), "layers": d["layers"],
+                                  "heads": d["heads"], "schema": d["schema"]})
+    print(f"wrote {path}: {len(tokens)} tokens, {len(d['layers'])} layers × {len(d['heads'])} heads, "
+          f"{model.dtype.name}, {size / 2**20:.1f} MiB")
+    return 0

@@ -1,0 +1,230 @@
+"""The explorer's data document: every number it holds is the model's, to its stated rounding, and the
+page carries it intact (no text in a token can end the data block); the notebook object and the
+command write the same page.
+
+The page itself is tested in headless Chromium in test_explorer_browser.py.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+
+import numpy as np
+import pytest
+
+import refgpt
+from random_models import random_model
+from refgpt import Config, RefGPTError
+from refgpt.analysis import explorer
+from refgpt.analysis.attribution import attribute
+from refgpt.analysis.interventions import steering_vector
+from refgpt.analysis.lens import fit_least_squares_translators, logit_lens, tuned_lens
+from refgpt.analysis.measurements import norm
+
+TEXT = "My lord, I am glad to see you well."
+
+
+@pytest.fixture(scope="module")
+def model():
+    return refgpt.load_default()
+
+
+@pytest.fixture(scope="module")
+def page(model):
+    translators = fit_least_squares_translators(model.run_with_cache(TEXT + " And so farewell.")[1])
+    steering = {"plus": "Love", "minus": "Hate", "layer": 2, "coeffs": [1.0, 10.0, 1e6]}
+    return explorer.explore(model, TEXT, target=" lord", tuned=translators, steering=steering), translators
+
+
+def document_of(page_html: str) -> dict:
+    """The JSON document as a reader of the file finds it: the one script element with its id."""
+    found = re.findall(r'<script type="application/json" id="refgpt-data">(.*?)</script>', page_html, re.S)
+    assert len(found) == 1
+    return json.loads(found[0])
+
+
+def test_the_page_holds_the_document_and_nothing_else_from_outside(page):
+    p, _ = page
+    text = p.html
+    assert document_of(text) == p.data
+    assert p.data["schema"] == explorer.SCHEMA
+    assert not re.search(r"""(?:src|href)\s*=\s*["']?(?:https?:)?//""", text)  # no external resource
+    assert "default-src 'none'" in text  # and the browser refuses any the page would try (CSP)
+
+
+def test_tokens_are_the_input_as_to_str_tokens_gives_them(model, page):
+    p, _ = page
+    assert p.data["tokens"] == model.to_str_tokens(TEXT)
+    assert p.data["token_ids"] == model.to_tokens(TEXT)[0].tolist()
+    assert p.data["target"] == {"id": model.to_single_token(" lord"), "token": " lord"}
+
+
+def test_the_document_matches_run_with_cache_to_its_stated_rounding(model, page):
+    p, _ = page
+    d = p.data
+    logits, cache = model.run_with_cache(TEXT)
+    cfg = model.cfg
+    assert d["layers"] == list(range(cfg.n_layers)) and d["heads"] == list(range(cfg.n_heads))
+    for L in range(cfg.n_layers):
+        pattern = cache[f"blocks.{L}.attn.hook_pattern"][0]  # [head, query, key]
+        for h in range(cfg.n_heads):
+            rows = d["pattern"][L][h]
+            assert [len(r) for r in rows] == list(range(1, pattern.shape[1] + 1))  # keys 0 … query
+            for q, row in enumerate(rows):
+                # whole thousandths: |stored·unit − weight| ≤ unit/2 (+ the rounding of the product)
+                assert np.all(np.abs(np.array(row) * d["pattern_unit"] - pattern[h, q, :q + 1]) <= 0.5e-3 + 1e-15)
+    for L in range(cfg.n_layers):
+        for ln in ("ln1", "ln2"):
+            assert d["ln_scale"][f"blocks.{L}.{ln}"] == cache[f"blocks.{L}.{ln}.hook_scale"][0, :, 0].tolist()
+            assert d["ln_mean"][f"blocks.{L}.{ln}"] == cache[f"blocks.{L}.{ln}.hook_mean"][0, :, 0].tolist()
+    assert d["ln_scale"]["ln_final"] == cache["ln_final.hook_scale"][0, :, 0].tolist()
+    assert len(d["ln_scale"]) == 2 * cfg.n_layers + 1
+    norms = dict(zip(d["resid_norm"]["streams"], d["resid_norm"]["values"]))
+    assert norms["2_mid"] == norm(cache["blocks.2.hook_resid_mid"][0]).tolist()
+    assert norms["final_post"] == norm(cache[f"blocks.{cfg.n_layers - 1}.hook_resid_post"][0]).tolist()
+
+
+@pytest.mark.parametrize("kind", ["logit", "tuned"])
+def test_the_lens_views_are_the_lens_modules_numbers(model, page, kind):
+    p, translators = page
+    lens = p.data["lens"][kind]
+    _, cache = model.run_with_cache(TEXT)
+    result = logit_lens(cache) if kind == "logit" else tuned_lens(cache, translators)
+    ids, probs = result.top(1)  # [stream, batch, pos, 1]
+    assert lens["top_id"] == ids[:, 0, :, 0].tolist()
+    np.testing.assert_allclose(lens["top_prob"], probs[:, 0, :, 0], rtol=1e-12)
+    assert lens["top_token"][-1] == [model.to_single_str_token(int(i)) for i in ids[-1, 0, :, 0]]
+    target = p.data["target"]["id"]
+    np.testing.assert_allclose(lens["target_prob"], result.prob(target)[:, 0], rtol=1e-12)
+    log_p = result.log_probs()[:, 0]  # [stream, pos, d_vocab]
+    rank = 1 + (log_p > log_p[..., target:target + 1]).sum(-1)
+    assert lens["target_rank"] == rank.tolist()
+    assert np.all(np.array(lens["kl"][-1]) == 0.0)  # the final stream is the model's own distribution
+    assert np.all(np.array(lens["kl"]) >= 0.0) and np.all(np.array(lens["entropy"]) > 0.0)
+    p_all = np.exp(log_p)
+    np.testing.assert_allclose(lens["entropy"], -(p_all * log_p).sum(-1), rtol=1e-12)
+
+
+def test_the_attribution_sums_to_the_logit_it_names(model, page):
+    p, _ = page
+    a = p.data["attribution"]
+    logits, cache = model.run_with_cache(TEXT)
+    target = p.data["target"]["id"]
+    assert a["logit"] == logits[0, :, target].tolist()
+    values = np.array(a["values"])  # [component, pos]
+    assert np.max(np.abs(values.sum(0) - a["logit"])) <= 1e-12 * max(1.0, np.max(np.abs(a["logit"])))
+    expected = attribute(cache, target, granularity="head")
+    assert a["labels"] == expected.labels
+    assert np.array_equal(values, expected.values[:, 0])
+
+
+def test_the_steering_runs_are_the_steered_model(model, page):
+    p, _ = page
+    s = p.data["steering"]
+    tokens = model.to_tokens(TEXT)
+    assert [r["coeff"] for r in s["runs"]] == [1.0, 10.0, 1e6]
+    _, clean = model.run_with_cache(tokens)
+    assert s["clean"]["resid_norm"][0] == norm(clean["blocks.0.hook_resid_pre"][0]).tolist()
+    for run in s["runs"]:
+        sv = steering_vector(model, "Love", "Hate", 2, run["coeff"])
+        logits, cache = model.run_with_cache(tokens, fwd_hooks=sv)
+        names = p.data["resid_norm"]["streams"]
+        assert run["resid_norm"][names.index("2_pre")] == norm(cache["blocks.2.hook_resid_pre"][0]).tolist()
+        top = np.argmax(logits[0], axis=-1)
+        assert [row[0] for row in run["next_token"]] == [model.to_single_str_token(int(t)) for t in top]
+        assert all(0.0 <= k for k in run["kl"])
+    # Position 0 is <|endoftext|> in both prompts, so the vector's row 0 is 0; row 1 grows with C.
+    steered = [run["resid_norm"][names.index("2_pre")] for run in s["runs"]]
+    assert steered[0][0] == steered[-1][0] and steered[-1][1] > 1e5 > steered[0][1]
+
+
+def test_text_that_looks_like_markup_stays_data(model):
+    hostile = '</script><script>alert(1)</script><!-- {{data}} "'
+    p = explorer.explore(model, hostile)
+    text = p.html
+    assert document_of(text)["tokens"] == model.to_str_tokens(hostile)
+    assert text.count("</script>") == 2  # the data block's and the code's, nothing from the text
+    assert "<script>alert" not in text  # in the title it is escaped, in the data \\u003c
+
+
+def test_layers_and_heads_choose_what_the_page_holds(model):
+    p = explorer.explore(model, TEXT, layers=[3, 1], heads=[0])
+    assert p.data["layers"] == [1, 3] and p.data["heads"] == [0]
+    assert len(p.data["pattern"]) == 2 and len(p.data["pattern"][0]) == 1
+    _, cache = model.run_with_cache(TEXT)
+    row = np.array(p.data["pattern"][1][0][-1]) * 1e-3
+    assert np.all(np.abs(row - cache["blocks.3.attn.hook_pattern"][0, 0, -1]) <= 0.5e-3 + 1e-15)
+    for bad, what in (([4], "layers"), ([], "layers")):
+        with pytest.raises(RefGPTError, match=what):
+            explorer.explore(model, TEXT, **{what: bad})
+    with pytest.raises(RefGPTError, match="heads"):
+        explorer.explore(model, TEXT, heads=[-1])
+
+
+def test_a_model_without_a_tokenizer_shows_ids():
+    cfg = Config(d_model=8, n_layers=2, n_heads=2, d_mlp=8, d_vocab=30, n_ctx=20)
+    p = explorer.explore(random_model(cfg, seed=3), [3, 1, 4, 1, 5])
+    assert p.data["tokens"] == ["#3", "#1", "#4", "#1", "#5"] and p.data["lens"]["tuned"] is None
+    assert p.data["steering"] is None and p.data["text"] is None
+    with pytest.raises(RefGPTError, match="one sequence"):
+        explorer.explore(random_model(cfg, seed=3), [[1, 2], [3, 4]])
+
+
+def test_the_notebook_object_renders_the_same_page_in_an_iframe(page):
+    p, _ = page
+    shown = p._repr_html_()
+    srcdoc = re.fullmatch(r'<iframe srcdoc="(.*)" title="refgpt explorer" style="[^"]*"></iframe>', shown, re.S)
+    assert srcdoc and html.unescape(srcdoc.group(1)) == p.html
+    assert '"' not in srcdoc.group(1)  # the attribute cannot end early
+
+
+def test_save_writes_the_page(page, tmp_path):
+    p, _ = page
+    path = p.save(tmp_path / "page.html")
+    assert path.read_text(encoding="utf-8") == p.html
+
+
+def test_the_command_writes_the_page(refgpt_cli, tmp_path, model):
+    out = tmp_path / "page.html"
+    done = refgpt_cli.in_process("explore", TEXT, "--target", " lord", "-o", out)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"wrote {out}: {len(model.to_tokens(TEXT, prepend_bos=False)[0])} tokens")
+    data = document_of(out.read_text(encoding="utf-8"))
+    assert data == explorer.explore(model, model.to_tokens(TEXT, prepend_bos=False)[0], target=" lord").data
+    steered = refgpt_cli.in_process("explore", TEXT, "--plus", "Love", "--minus", "Hate", "--layer", "1",
+                                    "--coeff", "2", "--coeff", "20", "-o", out)
+    assert steered.returncode == 0, steered.stderr
+    assert [r["coeff"] for r in document_of(out.read_text(encoding="utf-8"))["steering"]["runs"]] == [2.0, 20.0]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--plus", "Love", "--layer", "1"], "steering needs all of --plus, --minus and --layer"),
+    (["--coeff", "3"], "--coeff goes with --plus, --minus and --layer"),
+    (["--layers", "1,x"], "is not a list like 0,3,5-7"),
+])
+def test_the_command_refuses_incomplete_options(refgpt_cli, tmp_path, args, message):
+    done = refgpt_cli.in_process("explore", TEXT, "-o", tmp_path / "p.html", *args)
+    assert done.returncode == 2 and message in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "p.html").exists()
+
+
+def test_a_layer_outside_the_model_is_one_line(refgpt_cli, tmp_path):
+    done = refgpt_cli.in_process("explore", TEXT, "-o", tmp_path / "p.html", "--layers", "9")
+    assert done.returncode == 1 and done.stderr.startswith("refgpt: error: explore: layers must be")
+
+
+def test_the_primers_layernorm_picture_says_what_the_model_does(model):
+    """docs/primer.md, beside the LayerNorm figure: σ grows 15–35× across block 0's MLP, then stays
+    within a factor of 2 at each position (the figure's text, docs/make_explorer_figures.py)."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "docs"))
+    from make_explorer_figures import TEXT as FIGURE_TEXT
+
+    d = explorer.explore(model, FIGURE_TEXT, prepend_bos=True).data["ln_scale"]
+    jump = np.array(d["blocks.1.ln1"]) / np.array(d["blocks.0.ln2"])
+    assert np.all((15 < jump) & (jump < 35))
+    later = np.array([d[f"blocks.{L}.{ln}"] for L in range(1, 4) for ln in ("ln1", "ln2")] + [d["ln_final"]])
+    assert np.all(later.max(0) / later.min(0) < 2)

@@ -1,0 +1,496 @@
+"""The rounding bounds by which refgpt's fast paths are held to the plain reading copy
+(refgpt/gpt2/plain.py), and the walks that apply them op by op: ``check_forward`` and
+``check_backward``. The derivations, §1–§11, are in tests/core/test_plain.py's docstring.
+
+Every check hands one of plain's functions the *path's own* values of that function's inputs (the
+fast pass's cache, a golden file, a padded row, a KV-cached step …) and compares each value the
+function returns with the path's value of the same thing. Inside a function the later lines read
+plain's earlier values, so a bound is: the path's rounding + plain's rounding + the measured
+difference of the two inputs of that line, pushed through it (its Lipschitz constant).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from refgpt.gpt2 import plain
+
+U = 2.0 ** -53  # float64's unit roundoff
+LIBM = 8 * U  # §1: np.exp, np.tanh, np.log, np.power within 4 ulps, and an ulp of y is ≤ 2u·|y|
+SLACK = 1 + 1e-9  # §1: the bounds are evaluated at computed values, in float64
+GELU_LIPSCHITZ = 1.13  # §7: sup |gelu_new′| = 1.12899… (test_plain checks it)
+SQRT_2_OVER_PI = np.sqrt(2 / np.pi)  # plain's and activations.py's constant (test_plain checks they are one)
+
+
+def gamma(k):
+    """Higham's γ_k = k·u/(1 − k·u): a sum of k terms, in any order, is within γ_k·Σ|terms|."""
+    k = np.asarray(k, np.float64)
+    return k * U / (1 - k * U)
+
+
+class Ledger:
+    """Every comparison made, by op: the largest |path − plain| / bound and the largest |path − plain|.
+    A comparison over its bound fails at once, naming the tensor, the element and both values."""
+
+    def __init__(self):
+        self.ratio: dict[str, float] = {}
+        self.largest: dict[str, float] = {}
+
+    def compare(self, op, name, path, plain_value, bound):
+        """|path − plain_value| ≤ bound·SLACK elementwise (equal infinities differ by 0); returns the
+        measured |path − plain_value|, the difference the next line propagates."""
+        path, plain_value = np.asarray(path, np.float64), np.asarray(plain_value, np.float64)
+        assert path.shape == plain_value.shape, (name, path.shape, plain_value.shape)
+        with np.errstate(invalid="ignore"):
+            diff = np.where(path == plain_value, 0.0, np.abs(path - plain_value))  # [...]
+        diff = np.where(np.isnan(diff), np.inf, diff)  # a NaN on one side is infinitely wrong
+        limit = np.broadcast_to(np.asarray(bound, np.float64) * SLACK, diff.shape)  # [...]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = np.where(diff == 0, 0.0, diff / limit)  # [...]
+        ratio = np.where(np.isnan(ratio), np.inf, ratio)  # a NaN bound (∞·0 upstream) allows nothing
+        worst = float(ratio.max(initial=0.0))
+        self.ratio[op] = max(self.ratio.get(op, 0.0), worst)
+        self.largest[op] = max(self.largest.get(op, 0.0), float(diff.max(initial=0.0)))
+        if worst > 1:
+            i = np.unravel_index(int(np.argmax(ratio)), ratio.shape)
+            raise AssertionError(f"{name} ({op}) at {tuple(int(j) for j in i)}: path {path[i]!r}, plain "
+                                 f"{plain_value[i]!r}, |Δ| {diff[i]:.3g} > bound {limit[i]:.3g} ({worst:.3g}×)")
+        return diff
+
+    def exact(self, op, name, path, plain_value):
+        """The same value bit for bit (§2: one correctly rounded operation on the same operands)."""
+        return self.compare(op, name, path, plain_value, 0.0)
+
+    def merge(self, other: "Ledger"):
+        for op, r in other.ratio.items():
+            self.ratio[op] = max(self.ratio.get(op, 0.0), r)
+            self.largest[op] = max(self.largest.get(op, 0.0), other.largest[op])
+
+
+def absolute(*arrays):
+    return [np.abs(a) for a in arrays]
+
+
+# ---- one computation's rounding error, from §3–§8 ----------------------------------------------
+
+
+def affine_bound(x, W, b, spec):
+    """§3, both computations: 2·γ_{k+1}·(|x|·|W| + |b|), k the inner length; ``spec`` the einsum."""
+    k = x.shape[-1]
+    return 2 * gamma(k + 1) * (np.einsum(spec, np.abs(x), np.abs(W)) + np.abs(b))
+
+
+def softmax_error(p, scores):
+    """§6, one computation: |p̂ − p| ≤ p·(η + Σ p·η + γ_{n−1} + u), η = u·|s − max s| + LIBM, for
+    p = softmax(scores) over the last axis (−∞ entries: p = 0, exactly)."""
+    shifted = scores - scores.max(-1, keepdims=True)  # [..., n] ≤ 0, −∞ where masked
+    eta = U * np.abs(np.where(np.isfinite(shifted), shifted, 0.0)) + LIBM  # [..., n]
+    eta_mean = (p * eta).sum(-1, keepdims=True)  # [..., 1]
+    return p * (eta + eta_mean + gamma(scores.shape[-1] - 1) + U)  # [..., n]
+
+
+def softmax_propagation(p, d_scores):
+    """§6: |softmax(s + δ) − softmax(s)| ≤ softmax(s)·expm1(|δ_j| + max|δ|), row by row."""
+    return p * np.expm1(d_scores + d_scores.max(-1, keepdims=True))
+
+
+def gelu_new_error(x):
+    """§7, one computation of gelu_new(x)."""
+    a = SQRT_2_OVER_PI * (x + 0.044715 * x ** 3)  # the tanh argument
+    t = np.tanh(a)
+    dt = (1 - t * t) * np.abs(a) * (gamma(5) + LIBM) + LIBM * np.abs(t)  # |t̂ − tanh(a)|
+    return 0.5 * np.abs(x) * (dt + gamma(3) * (1 + t))
+
+
+def gelu_new_backward_error(x, grad):
+    """§8, one computation of gelu_new_backward(x, grad) = grad·f′(x)."""
+    a = SQRT_2_OVER_PI * (x + 0.044715 * x ** 3)
+    t = np.tanh(a)
+    dt = (1 - t * t) * np.abs(a) * (gamma(5) + LIBM) + LIBM * np.abs(t)
+    S = 1 - t * t  # sech²
+    D = SQRT_2_OVER_PI * (1 + 3 * 0.044715 * x * x)  # ∂a/∂x > 0
+    derivative = 0.5 * (1 + t) + 0.5 * x * S * D
+    error = 0.5 * (dt + U * (1 + t)) + 0.5 * np.abs(x) * D * ((2 * dt + gamma(2) + LIBM) + S * (gamma(6) + LIBM))
+    return np.abs(grad) * (error + gamma(2) * np.abs(derivative))
+
+
+def layer_norm_bounds(x, scale, eps):
+    """§4, one computation of LayerNorm on x [pos, n] whose scale (plain's) is ``scale``: bounds on
+    its mean, its scale and its normalized value."""
+    n = x.shape[-1]
+    e_mean = gamma(n) * np.abs(x).mean(-1, keepdims=True)  # [pos, 1]
+    C = np.abs(x - x.mean(-1, keepdims=True)) * (1 + 2 * U) + e_mean  # [pos, n] ≥ |x − μ| (exact)
+    e_centered = e_mean * (1 + U) + U * C  # [pos, n] |ĉ − c|
+    squares = (C * C).mean(-1, keepdims=True)  # [pos, 1]
+    e_var = (2 * U * (C * (C + e_mean)).mean(-1, keepdims=True) + (e_centered ** 2).mean(-1, keepdims=True)
+             + gamma(n + 1) * squares + U * (squares + eps))  # [pos, 1] |fl(mean ĉ² + ε) − σ²|
+    low = scale * (1 - U)
+    e_scale = e_var / (low + np.sqrt(np.maximum(low * low - e_var, 0))) + U * scale * (1 + U)  # [pos, 1]
+    low = scale - 2 * e_scale  # ≤ the exact σ and either computed one
+    e_normalized = (e_centered + U * (C + e_centered)) / low + C * e_scale / (low * low)  # [pos, n]
+    return e_mean, e_scale, e_normalized
+
+
+# ---- the forward, op by op ---------------------------------------------------------------------
+
+
+def check_layer_norm(ledger, acts, prefix, x, w, b, eps):
+    """plain.layer_norm on the path's input x [pos, d_model]; returns the path's output w ⊙ x̂ + b
+    (its ``prefix + "out"`` when the path has one, as a golden file does)."""
+    out, stats = plain.layer_norm(x, w, b, eps)
+    e_mean, e_scale, e_norm = layer_norm_bounds(x, stats["hook_scale"], eps)
+    ledger.compare("ln mean", prefix + "hook_mean", acts[prefix + "hook_mean"], stats["hook_mean"], 2 * e_mean)
+    ledger.compare("ln scale", prefix + "hook_scale", acts[prefix + "hook_scale"], stats["hook_scale"], 2 * e_scale)
+    normalized = acts[prefix + "hook_normalized"]  # [pos, d_model]
+    d_norm = ledger.compare("ln normalized", prefix + "hook_normalized", normalized, stats["hook_normalized"], 2 * e_norm)
+    handed_on = acts.get(prefix + "out", normalized * w + b)  # [pos, d_model], what the path's next op read
+    bound = np.abs(w) * d_norm + gamma(2) * (np.abs(normalized * w) + np.abs(stats["hook_normalized"] * w) + 2 * np.abs(b))
+    ledger.compare("ln out", prefix + "out", handed_on, out, bound)
+    return handed_on
+
+
+def scores_bound(q_f, k_f, q_p, k_p, dq, dk, score_scale):
+    """§5: s·[γ_{e+1}·(|q_f|·|k_f| + |q_p|·|k_p|) + Δq·|k_f| + |q_p|·Δk] [head, query, key]."""
+    e = q_f.shape[-1]
+    dot = lambda a, b: np.einsum("qhe,khe->hqk", a, b)  # noqa: E731
+    aq_f, ak_f, aq_p, ak_p = absolute(q_f, k_f, q_p, k_p)
+    return score_scale * (gamma(e + 1) * (dot(aq_f, ak_f) + dot(aq_p, ak_p)) + dot(dq, ak_f) + dot(aq_p, dk))
+
+
+def z_bound(p_f, v_f, p_p, v_p, dp, dv):
+    """§5: γ_n·(|p_f|·|v_f| + |p_p|·|v_p|) + Δp·|v_f| + |p_p|·Δv [pos, head, d_head], n keys."""
+    mix = lambda a, b: np.einsum("hqk,khe->qhe", a, b)  # noqa: E731
+    av_f, av_p = absolute(v_f, v_p)
+    return gamma(p_f.shape[-1]) * (mix(np.abs(p_f), av_f) + mix(np.abs(p_p), av_p)) + mix(dp, av_f) + mix(np.abs(p_p), dv)
+
+
+def out_bound(z_f, z_p, dz, W_O, b_O):
+    """§3 with the input's difference: γ_{k+1}·(|z_f|·|W_O| + |z_p|·|W_O| + 2|b_O|) + Δz·|W_O|."""
+    k = z_f.shape[-2] * z_f.shape[-1]
+    mix = lambda a: np.einsum("phe,hed->pd", a, np.abs(W_O))  # noqa: E731
+    return gamma(k + 1) * (mix(np.abs(z_f)) + mix(np.abs(z_p)) + 2 * np.abs(b_O)) + mix(dz)
+
+
+def check_attention(ledger, acts, prefix, x, weights, score_scale, out_name, edited=None):
+    """plain.attention on the path's input x [pos, d_model]. ``edited``: "scores" or "pattern" if a
+    hook edited that activation: from there on plain's lines are handed the path's (edited) values."""
+    W_Q, b_Q, W_K, b_K, W_V, b_V, W_O, b_O = weights
+    out_p, a = plain.attention(x, *weights, score_scale)
+    d = {}
+    for n, W, bias in (("q", W_Q, b_Q), ("k", W_K, b_K), ("v", W_V, b_V)):
+        d[n] = ledger.compare("q, k, v", prefix + f"hook_{n}", acts[prefix + f"hook_{n}"], a[f"hook_{n}"],
+                              affine_bound(x, W, bias, "pd,hde->phe"))
+    q_f, k_f, v_f = (acts[prefix + f"hook_{n}"] for n in "qkv")
+    scores_f, pattern_f, z_f = (acts[prefix + n] for n in ("hook_attn_scores", "hook_pattern", "hook_z"))
+    if edited == "scores":
+        d_scores, plain_pattern = np.zeros(scores_f.shape), plain.softmax(scores_f)  # plain's softmax of the hooked scores
+        softmax_input = scores_f
+    else:
+        softmax_input = a["hook_attn_scores"]
+        bound = scores_bound(q_f, k_f, a["hook_q"], a["hook_k"], d["q"], d["k"], score_scale)
+        d_scores = ledger.compare("scores", prefix + "hook_attn_scores", scores_f, a["hook_attn_scores"],
+                                  np.where(np.isfinite(a["hook_attn_scores"]), bound, 0.0))
+        plain_pattern = a["hook_pattern"]
+    if edited == "pattern":
+        d_pattern = np.zeros(pattern_f.shape)
+    else:
+        bound = 2 * softmax_error(plain_pattern, softmax_input) + softmax_propagation(plain_pattern, d_scores)
+        d_pattern = ledger.compare("pattern", prefix + "hook_pattern", pattern_f, plain_pattern, bound)
+    if edited:  # plain's z and out lines, handed the path's edited pattern
+        plain_pattern = pattern_f if edited == "pattern" else plain_pattern
+        z_p = np.einsum("hqk,khe->qhe", plain_pattern, a["hook_v"])  # [pos, head, d_head], plain.attention's line
+    else:
+        z_p = a["hook_z"]
+    d_z = ledger.compare("z", prefix + "hook_z", z_f, z_p,
+                         z_bound(pattern_f, v_f, plain_pattern, a["hook_v"], d_pattern, d["v"]))
+    if edited:
+        out_p = np.einsum("phe,hed->pd", z_p, W_O) + b_O  # [pos, d_model], plain.attention's line
+    ledger.compare("attn out", out_name, acts[out_name], out_p, out_bound(z_f, z_p, d_z, W_O, b_O))
+
+
+def check_mlp(ledger, acts, b, x, W_in, b_in, W_out, b_out, act):
+    """plain.mlp on the path's input x [pos, d_model]."""
+    out_p, m = plain.mlp(x, W_in, b_in, W_out, b_out, act)
+    pre_f, post_f = acts[b + "mlp.hook_pre"], acts[b + "mlp.hook_post"]
+    d_pre = ledger.compare("mlp pre", b + "mlp.hook_pre", pre_f, m["hook_pre"], affine_bound(x, W_in, b_in, "pd,dm->pm"))
+    if act == "gelu_new":
+        bound = gelu_new_error(pre_f) + gelu_new_error(m["hook_pre"]) + GELU_LIPSCHITZ * d_pre
+    else:  # relu: max(x, 0) is exact and 1-Lipschitz
+        bound = d_pre
+    d_post = ledger.compare(act, b + "mlp.hook_post", post_f, m["hook_post"], bound)
+    k = W_in.shape[1]
+    bound = (gamma(k + 1) * ((np.abs(post_f) + np.abs(m["hook_post"])) @ np.abs(W_out) + 2 * np.abs(b_out))
+             + d_post @ np.abs(W_out))
+    ledger.compare("mlp out", b + "hook_mlp_out", acts[b + "hook_mlp_out"], out_p, bound)
+
+
+def check_forward(ledger, params, cfg, tokens, acts, logits, edited=None):
+    """Every op of plain.forward on one sequence ``tokens`` [pos], handed the path's activations
+    ``acts`` (hook name → [pos, …], no batch axis) and compared with them and its ``logits``.
+    ``edited``: {layer: "scores" or "pattern"} where a hook edited attention (check_attention)."""
+    p, pos, edited = params, len(tokens), edited or {}
+    ledger.exact("embed", "hook_embed", acts["hook_embed"], p["embed.W_E"][tokens])
+    ledger.exact("embed", "hook_pos_embed", acts["hook_pos_embed"], p["pos_embed.W_pos"][:pos])
+    x = acts["hook_embed"] + acts["hook_pos_embed"]  # [pos, d_model], plain.forward's line
+    for L in range(cfg.n_layers):
+        b = f"blocks.{L}."
+        ledger.exact("residual", b + "hook_resid_pre", acts[b + "hook_resid_pre"], x)
+        x = acts[b + "hook_resid_pre"]
+        h = check_layer_norm(ledger, acts, b + "ln1.", x, p[b + "ln1.w"], p[b + "ln1.b"], cfg.eps)
+        check_attention(ledger, acts, b + "attn.", h, [p[b + "attn." + n] for n in plain.ATTN_PARAMS],
+                        cfg.score_scale(L), b + "hook_attn_out", edited.get(L))
+        ledger.exact("residual", b + "hook_resid_mid", acts[b + "hook_resid_mid"], x + acts[b + "hook_attn_out"])
+        x = acts[b + "hook_resid_mid"]
+        h = check_layer_norm(ledger, acts, b + "ln2.", x, p[b + "ln2.w"], p[b + "ln2.b"], cfg.eps)
+        check_mlp(ledger, acts, b, h, *(p[b + "mlp." + n] for n in plain.MLP_PARAMS), cfg.act_fn)
+        ledger.exact("residual", b + "hook_resid_post", acts[b + "hook_resid_post"], x + acts[b + "hook_mlp_out"])
+        x = acts[b + "hook_resid_post"]
+    final = check_layer_norm(ledger, acts, "ln_final.", x, p["ln_final.w"], p["ln_final.b"], cfg.eps)
+    b_U = p.get("unembed.b_U", 0)
+    expected = final @ p["unembed.W_U"] + b_U  # [pos, d_vocab], plain.forward's line
+    ledger.compare("logits", "logits", logits, expected, affine_bound(final, p["unembed.W_U"], b_U, "pd,dv->pv"))
+
+
+# ---- the backward, op by op --------------------------------------------------------------------
+
+
+class ParamGrads:
+    """A parameter's gradient summed over the rows of a batch, as the path sums it in one pass
+    (§9: a sum of N terms in any order, γ_{N+rows} for the rows' own sums added after)."""
+
+    def __init__(self):
+        self.value, self.magnitude, self.propagated, self.terms, self.rows = {}, {}, {}, {}, {}
+
+    def add(self, name, value, magnitude, terms, propagated=0.0):
+        """Plain's gradient for one row, Σ|terms| of both computations, their count, and the
+        propagated difference of the row's inputs."""
+        for store, v in ((self.value, value), (self.magnitude, magnitude), (self.propagated, propagated)):
+            store[name] = store.get(name, 0.0) + v
+        self.terms[name] = self.terms.get(name, 0) + terms
+        self.rows[name] = self.rows.get(name, 0) + 1
+
+    def check(self, ledger, op_of, grads):
+        for name, value in self.value.items():
+            bound = gamma(self.terms[name] + self.rows[name]) * self.magnitude[name] + self.propagated[name]
+            ledger.compare(op_of(name), name, grads[name], value, bound)
+
+
+def layer_norm_backward_bound(grad, w, normalized, scale):
+    """§9, both computations: |Δ∂x| ≤ 2·γ_{2n+6}·(K_i + mean K), K = (|g| + |x̂|·mean|g ⊙ x̂|)/σ,
+    g = ∂out ⊙ w."""
+    n = grad.shape[-1]
+    g = np.abs(grad * w)  # [pos, n]
+    K = (g + np.abs(normalized) * (g * np.abs(normalized)).mean(-1, keepdims=True)) / scale  # [pos, n]
+    return 2 * gamma(2 * n + 6) * (K + K.mean(-1, keepdims=True))
+
+
+def check_layer_norm_backward(ledger, sums, prefix, grad, acts, w, name, path_into, upstream):
+    """plain.layer_norm_backward handed the path's ∂out, x̂ and σ. The path adds its ∂x to the
+    ``upstream`` gradient (the residual stream's, or None): the sum, the path's ``path_into``, is
+    compared as ``name`` and returned (it flows on)."""
+    normalized, scale = acts[prefix + "hook_normalized"], acts[prefix + "hook_scale"]
+    dx, dw, db = plain.layer_norm_backward(grad, w, normalized, scale)
+    bound = layer_norm_backward_bound(grad, w, normalized, scale)
+    if upstream is not None:  # plain.backward's dx = dx + dln: one more rounding on each side
+        dx = upstream + dx
+        bound = bound + U * (np.abs(path_into) + np.abs(dx))
+    ledger.compare("ln backward", name, path_into, dx, bound)
+    N = len(grad)
+    sums.add(prefix + "w", dw, 2 * (np.abs(grad) * np.abs(normalized)).sum(0), N)
+    sums.add(prefix + "b", db, 2 * np.abs(grad).sum(0), N)
+    return path_into
+
+
+def check_mlp_backward(ledger, sums, b, grad, x, acts, g_acts, ln_out, W_in, W_out, act):
+    """plain.mlp_backward handed the path's ∂mlp_out, the MLP's input and its pre and post."""
+    saved = {n: acts[b + "mlp." + n] for n in ("hook_pre", "hook_post")}
+    dx_p, m = plain.mlp_backward(grad, x, saved, W_in, W_out, act)
+    ln_out = dx_p if ln_out is None else ln_out
+    pre, post = saved["hook_pre"], saved["hook_post"]
+    d_model, d_mlp, N = W_in.shape[0], W_in.shape[1], len(grad)
+    g_post, g_pre = g_acts[b + "mlp.hook_post"], g_acts[b + "mlp.hook_pre"]
+    d_post = ledger.compare("mlp backward", b + "mlp.hook_post grad", g_post, m["hook_post"],
+                            2 * gamma(d_model) * np.abs(grad) @ np.abs(W_out).T)
+    if act == "gelu_new":
+        derivative = np.abs(plain.gelu_new_backward(pre, np.ones_like(pre)))
+        bound = gelu_new_backward_error(pre, g_post) + gelu_new_backward_error(pre, m["hook_post"]) + derivative * d_post
+    else:
+        bound = (pre > 0) * d_post
+    d_pre = ledger.compare(f"{act} backward", b + "mlp.hook_pre grad", g_pre, m["hook_pre"], bound)
+    both = np.abs(g_pre) + np.abs(m["hook_pre"])  # [pos, d_mlp]
+    ledger.compare("mlp backward", b + "ln2.out grad", ln_out, dx_p,
+                   gamma(d_mlp) * both @ np.abs(W_in).T + d_pre @ np.abs(W_in).T)
+    ax = np.abs(x)
+    sums.add(b + "mlp.W_out", m["W_out"], 2 * np.abs(post).T @ np.abs(grad), N)
+    sums.add(b + "mlp.b_out", m["b_out"], 2 * np.abs(grad).sum(0), N)
+    sums.add(b + "mlp.W_in", m["W_in"], ax.T @ both, N, ax.T @ d_pre)
+    sums.add(b + "mlp.b_in", m["b_in"], both.sum(0), N, d_pre.sum(0))
+    return ln_out
+
+
+def check_attention_backward(ledger, sums, b, grad, x, acts, g_acts, ln_out, params, score_scale):
+    """plain.attention_backward handed the path's ∂attn_out, the attention's input and its q … z."""
+    a_ = b + "attn."
+    saved = {n: acts[a_ + n] for n in ("hook_q", "hook_k", "hook_v", "hook_pattern", "hook_z")}
+    W = {n: params[a_ + "W_" + n] for n in "QKVO"}
+    dx_p, g = plain.attention_backward(grad, x, saved, *W.values(), score_scale)
+    ln_out = dx_p if ln_out is None else ln_out
+    q, k, v, p, z = saved.values()
+    pos, heads, e = q.shape
+    d_model, N, s = x.shape[-1], len(grad), score_scale
+    path = {n: g_acts[a_ + n] for n in ("hook_z", "hook_pattern", "hook_attn_scores", "hook_q", "hook_k", "hook_v")}
+
+    def both(n):
+        return np.abs(path[n]) + np.abs(g[n])
+
+    def compare(n, bound):
+        return ledger.compare("attn backward", a_ + n + " grad", path[n], g[n], bound)
+
+    d_z = compare("hook_z", 2 * gamma(d_model) * np.einsum("pd,hed->phe", np.abs(grad), np.abs(W["O"])))
+    d_pattern = compare("hook_pattern", gamma(e) * np.einsum("qhe,khe->hqk", both("hook_z"), np.abs(v))
+                        + np.einsum("qhe,khe->hqk", d_z, np.abs(v)))
+    d_v = compare("hook_v", gamma(pos) * np.einsum("hqk,qhe->khe", p, both("hook_z")) + np.einsum("hqk,qhe->khe", p, d_z))
+    keys = p.shape[-1]
+
+    def scores_rounding(dp):
+        return p * gamma(keys + 2) * (np.abs(dp) + (p * np.abs(dp)).sum(-1, keepdims=True))
+
+    d_scores = compare("hook_attn_scores", scores_rounding(path["hook_pattern"]) + scores_rounding(g["hook_pattern"])
+                       + p * (d_pattern + (p * d_pattern).sum(-1, keepdims=True)))
+    d_q = compare("hook_q", s * (gamma(keys + 1) * np.einsum("hqk,khe->qhe", both("hook_attn_scores"), np.abs(k))
+                                 + np.einsum("hqk,khe->qhe", d_scores, np.abs(k))))
+    d_k = compare("hook_k", s * (gamma(pos + 1) * np.einsum("hqk,qhe->khe", both("hook_attn_scores"), np.abs(q))
+                                 + np.einsum("hqk,qhe->khe", d_scores, np.abs(q))))
+    diffs = {"Q": d_q, "K": d_k, "V": d_v}
+    rounding = sum(np.einsum("phe,hde->pd", both(f"hook_{n.lower()}"), np.abs(W[n])) for n in "QKV")
+    propagated = sum(np.einsum("phe,hde->pd", diffs[n], np.abs(W[n])) for n in "QKV")
+    ledger.compare("attn backward", b + "ln1.out grad", ln_out, dx_p, gamma(heads * e + 2) * rounding + propagated)
+    ax = np.abs(x)
+    sums.add(a_ + "W_O", g["W_O"], 2 * np.einsum("phe,pd->hed", np.abs(z), np.abs(grad)), N)
+    sums.add(a_ + "b_O", g["b_O"], 2 * np.abs(grad).sum(0), N)
+    for n in "QKV":
+        hook = f"hook_{n.lower()}"
+        sums.add(a_ + f"W_{n}", g[f"W_{n}"], np.einsum("pd,phe->hde", ax, both(hook)), N,
+                 np.einsum("pd,phe->hde", ax, diffs[n]))
+        sums.add(a_ + f"b_{n}", g[f"b_{n}"], both(hook).sum(0), N, diffs[n].sum(0))
+    return ln_out
+
+
+def log_prob_bounds(rows):
+    """§11, for logits ``rows`` [n, d_vocab]: −log softmax [n, d_vocab] and, for every entry, the
+    bound on |path − plain| where the path computes it as log_softmax (loss.py, activations.py:
+    log Σ exp(ℓ − max) − (ℓ − max)) and plain as −log(softmax) (plain.cross_entropy)."""
+    probs = plain.softmax(rows)  # [n, d_vocab]
+    shifted = rows - rows.max(-1, keepdims=True)  # [n, d_vocab] ≤ 0
+    eta_mean = (probs * (U * np.abs(shifted) + LIBM)).sum(-1, keepdims=True)  # [n, 1]
+    nll = -np.log(probs)  # [n, d_vocab]
+    common = eta_mean + gamma(rows.shape[-1])  # log's input Σ exp: its relative error
+    path = common + LIBM * (nll + np.abs(shifted)) + U * np.abs(shifted) + U * nll
+    mine = common + U * np.abs(shifted) + LIBM + LIBM * nll
+    return nll, path + mine
+
+
+def cross_entropy_bounds(logits, tokens):
+    """§11, for one row: (the bound on ∂loss/∂logits of both computations [pos, d_vocab], each
+    position's loss ℓ [pos − 1] and the bound on it of both computations [pos − 1])."""
+    n = len(tokens) - 1
+    rows = logits[:-1]  # [pos − 1, d_vocab]
+    probs = plain.softmax(rows)  # [pos − 1, d_vocab]
+    onehot = np.zeros_like(rows)
+    onehot[np.arange(n), tokens[1:]] = 1
+    grad_bound = np.zeros_like(logits)  # [pos, d_vocab]; the last position has no target: 0 on both sides
+    grad_bound[:-1] = 2 * (softmax_error(probs, rows) + gamma(2) * np.abs(probs - onehot)) / n
+    nll, bound = log_prob_bounds(rows)
+    return grad_bound, nll[np.arange(n), tokens[1:]], bound[np.arange(n), tokens[1:]]
+
+
+def check_backward(ledger, params, cfg, rows, ln_out=None, dlogits=None):
+    """plain.backward, op by op, on each sequence of a batch: ``rows`` = [(tokens [pos], acts,
+    logits, g_acts)], the path's forward activations and logits and its gradients ∂loss/∂ each
+    activation (no batch axis). ``ln_out``: per row, ∂loss/∂ each LayerNorm's output
+    (``Gradients.ln_out``); ``dlogits``: per row, ∂loss/∂logits. Returns (ParamGrads, plain's mean
+    loss and its bound): the caller compares those with the path's parameter gradients and loss
+    (``ParamGrads.check``). Without ``ln_out``/``dlogits`` (plain's own backward, which returns
+    neither) plain's values stand in for them."""
+    p, sums = params, ParamGrads()
+    B = len(rows)
+    losses, loss_bounds = [], []
+    for r, (tokens, acts, logits, g_acts) in enumerate(rows):
+        loss_r, dl_p = plain.cross_entropy(logits, tokens)
+        grad_bound, per_position, bound = cross_entropy_bounds(logits, tokens)
+        losses.append(loss_r)
+        loss_bounds.append(bound)
+        dl = dl_p if dlogits is None else dlogits[r]
+        # The path's mean is over B rows: it divides by B·n once, plain by n, here by B (exact for B = 2ᵏ).
+        ledger.compare("cross entropy", "logits grad", dl, dl_p / B, grad_bound / B + U * np.abs(dl_p / B))
+        lo = {} if ln_out is None else ln_out[r]
+        final = acts["ln_final.hook_normalized"] * p["ln_final.w"] + p["ln_final.b"]  # [pos, d_model]
+        N, V = len(tokens), cfg.d_vocab
+        sums.add("unembed.W_U", final.T @ dl, 2 * np.abs(final).T @ np.abs(dl), N)  # plain.backward's line
+        if "unembed.b_U" in p:
+            sums.add("unembed.b_U", dl.sum(0), 2 * np.abs(dl).sum(0), N)
+        g_final = dl @ p["unembed.W_U"].T  # [pos, d_model], plain.backward's line
+        if ln_out is not None:
+            ledger.compare("unembed backward", "ln_final.out grad", lo["ln_final.out"], g_final,
+                           2 * gamma(V) * np.abs(dl) @ np.abs(p["unembed.W_U"]).T)
+            g_final = lo["ln_final.out"]
+        last = f"blocks.{cfg.n_layers - 1}.hook_resid_post"
+        dx = check_layer_norm_backward(ledger, sums, "ln_final.", g_final, acts, p["ln_final.w"], last + " grad",
+                                       g_acts[last], None)
+        for L in reversed(range(cfg.n_layers)):
+            b = f"blocks.{L}."
+            ledger.exact("residual backward", b + "hook_resid_post grad", g_acts[b + "hook_resid_post"], dx)
+            ledger.exact("residual backward", b + "hook_mlp_out grad", g_acts[b + "hook_mlp_out"], dx)
+            h = acts[b + "ln2.hook_normalized"] * p[b + "ln2.w"] + p[b + "ln2.b"]  # [pos, d_model], what the MLP read
+            dh = check_mlp_backward(ledger, sums, b, dx, h, acts, g_acts, lo.get(b + "ln2.out"), p[b + "mlp.W_in"],
+                                    p[b + "mlp.W_out"], cfg.act_fn)
+            dx = check_layer_norm_backward(ledger, sums, b + "ln2.", dh, acts, p[b + "ln2.w"],
+                                           b + "hook_resid_mid grad", g_acts[b + "hook_resid_mid"], dx)
+            ledger.exact("residual backward", b + "hook_attn_out grad", g_acts[b + "hook_attn_out"], dx)
+            h = acts[b + "ln1.hook_normalized"] * p[b + "ln1.w"] + p[b + "ln1.b"]  # [pos, d_model], what attention read
+            dh = check_attention_backward(ledger, sums, b, dx, h, acts, g_acts, lo.get(b + "ln1.out"), p,
+                                          cfg.score_scale(L))
+            dx = check_layer_norm_backward(ledger, sums, b + "ln1.", dh, acts, p[b + "ln1.w"],
+                                           b + "hook_resid_pre grad", g_acts[b + "hook_resid_pre"], dx)
+        for name in ("hook_embed", "hook_pos_embed"):
+            ledger.exact("residual backward", name + " grad", g_acts[name], dx)
+        W_E = np.zeros_like(p["embed.W_E"])  # [d_vocab, d_model]
+        np.add.at(W_E, tokens, dx)  # plain.backward's lines
+        magnitude = np.zeros_like(W_E)
+        np.add.at(magnitude, tokens, 2 * np.abs(dx))
+        sums.add("embed.W_E", W_E, magnitude, N)
+        W_pos = np.zeros_like(p["pos_embed.W_pos"])  # [n_ctx, d_model]
+        W_pos[:N] = dx
+        sums.add("pos_embed.W_pos", W_pos, 2 * np.abs(W_pos), 1)
+    n_terms = sum(len(t) - 1 for t, *_ in rows)
+    all_losses = np.concatenate([cross_entropy_bounds(lg, t)[1] for t, _, lg, _ in rows])
+    loss = sum(losses) / B  # equal lengths: the mean over every position
+    bound = np.concatenate(loss_bounds).mean() + 2 * gamma(n_terms + B) * all_losses.mean()
+    return sums, loss, bound
+
+
+def backward_op(name):
+    """The op a parameter's gradient is reported under."""
+    if ".ln" in name or name.startswith("ln_final"):
+        return "ln backward (w, b)"
+    if ".attn." in name:
+        return "attn backward (weights)"
+    if ".mlp." in name:
+        return "mlp backward (weights)"
+    return "embed, unembed backward"
+
+
+# ---- reading a path's values row by row ----------------------------------------------------------
+
+
+def row(arrays, i, real=slice(None)):
+    """Row i of every [batch, pos, …] activation, its positions ``real`` (a slice); the attention
+    scores and pattern [batch, head, query, key] keep queries and keys ``real``."""
+    out = {}
+    for name, a in arrays.items():
+        a = np.asarray(a)
+        if name.endswith(("hook_attn_scores", "hook_pattern")):
+            out[name] = a[i][:, real, real]
+        elif a.ndim >= 2:
+            out[name] = a[i, real]
+    return out
