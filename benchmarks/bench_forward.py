@@ -123,9 +123,10 @@ def make_checkpoint(directory):
     return model
 
 
-def run(lengths=LENGTHS, dtypes=DTYPES, plain_forward=True, extras=True) -> dict:
+def run(lengths=LENGTHS, dtypes=DTYPES, plain_forward=True, extras=True, batched=True) -> dict:
     """The forward table (refgpt and torch alternating, medians), batched throughput, and with
-    ``extras`` the cache / decoding / load measurements; ``plain_forward``: time plain.forward too."""
+    ``extras`` the cache / decoding / load measurements; ``plain_forward``: time plain.forward too;
+    ``batched``: the batched-throughput table."""
     import torch
 
     from machine import blas_kernel
@@ -160,7 +161,8 @@ def run(lengths=LENGTHS, dtypes=DTYPES, plain_forward=True, extras=True) -> dict
                        "plain_ratio_to_torch": plain_s / theirs, "gflops": gflops, "share_of_peak": gflops / peak}
                 results["forward"].append(row)
                 print(_row(row), flush=True)
-            results["batched"] += batched_throughput(model, torch_model, dtype)
+            if batched:
+                results["batched"] += batched_throughput(model, torch_model, dtype)
             if dtype == "float64" and extras:
                 results["extras"].update(_cache_and_decode(model, tmp))
             del model, torch_model

@@ -12,8 +12,10 @@ backward pass written plainly, the specification every fast path here is tested 
 The package is a small top level and rooms named by idea, in layers; imports point down only
 (tests/core/test_layers.py checks it):
 
-- the top level: ``errors``, ``version``, ``dtypes``, ``strict_json`` (what everything needs) and
-  ``model``, ``backward``, ``non_finite`` (the Model: its forward pass, its backward, its guard);
+- the top level: ``errors``, ``version``, ``dtypes``, ``strict_json``, ``threads``, ``memory`` (what
+  everything needs: ``threads`` runs the ops' elementwise work on the BLAS's threads, ``memory``
+  holds their big arrays, docs/performance.md) and ``model``, ``backward``, ``non_finite`` (the
+  Model: its forward pass, its backward, its guard);
 - ``refgpt.gpt2``: GPT-2's math: the fast ops the Model runs
   (layernorm and its two views, attention, mlp, activations, loss, kv_cache, padding), its config
   and its tokenizer;

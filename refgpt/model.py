@@ -13,7 +13,10 @@ the second means every block sees the stream's direction, not its size. refgpt's
 
 This is the fast, hookable copy; GPT-2 written plainly, the specification it is tested against, is
 refgpt/gpt2/plain.py. Computation is in float64 by default, or float32 on request, end to end: no
-intermediate is ever promoted or demoted. Every hook point is named as in TransformerLens.
+intermediate is ever promoted or demoted. Every hook point is named as in TransformerLens. The
+elementwise work runs by blocks of rows on the BLAS's threads (refgpt/threads.py), what no hook or
+cache watches is written into scratch buffers reused from block to block and pass to pass, and
+what a pass hands out lives on recycled memory (refgpt/memory.py; docs/performance.md).
 
 Read top-down: the Model and GPT-2 itself (``run_gpt2``: embed, blocks, unembed); then
 TransformerLens's way in and out (``__call__``/``forward``, ``run_with_cache``, …); then the
@@ -33,7 +36,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import non_finite
+from . import memory, non_finite, threads
 from .backward import loss_and_grads
 from .dtypes import compute_dtype
 from .errors import RefGPTError, RefGPTTypeError
@@ -45,6 +48,7 @@ from .gpt2.layernorm import layer_norm
 from .gpt2.loss import lm_cross_entropy_loss
 from .gpt2.mlp import mlp
 from .gpt2.params import block_layout, bytes_held, checked_params
+from .memory import Scratch, buffer
 from .tl import hook_points, inputs
 from .tl.cache import ActivationCache
 from .tl.circuits import CircuitMethods
@@ -87,6 +91,7 @@ class Model(TextMethods, HookRegistry, CircuitMethods):
         self._blocks = [block_layout(self.params, cfg, L) for L in range(cfg.n_layers)]
         self.hook_dict = {name: HookPoint(name) for name in hook_points.hook_names(cfg.n_layers, switches="all")}
         self._act = ACTIVATIONS[cfg.act_fn]
+        self._scratch = [Scratch()]  # the passes' scratch buffers, taken by one pass at a time (refgpt/memory.py)
 
     # ---- GPT-2 itself, on checked tokens -------------------------------------------------------
 
@@ -105,7 +110,7 @@ class Model(TextMethods, HookRegistry, CircuitMethods):
         if past is not None:
             past.advance(pos)
         if stop_at_layer is not None:
-            return resid
+            return run_hooks.handed_out(resid) if hasattr(run_hooks, "handed_out") else resid  # never a scratch buffer
         return self.unembed(resid, run_hooks, last_only)  # [batch, pos, d_vocab]
 
     def embed(self, tokens, run_hooks, start=0, padding=None):
@@ -114,12 +119,16 @@ class Model(TextMethods, HookRegistry, CircuitMethods):
         and a pad's position embedding is 0 (refgpt/gpt2/padding.py)."""
         p = self.params
         tokens = run_hooks("hook_tokens", tokens) if self.cfg.use_hook_tokens else tokens  # [batch, pos]
-        embed = run_hooks("hook_embed", p["embed.W_E"][tokens])  # [batch, pos, d_model]
+        shape = (*np.shape(tokens), self.cfg.d_model)
+        embed = np.take(p["embed.W_E"], tokens, axis=0, out=buffer(run_hooks, "embed", shape, self.dtype, "hook_embed"))
+        embed = run_hooks("hook_embed", embed)  # [batch, pos, d_model] W_E[tokens]
         if padding is None:
-            pos_embed = np.broadcast_to(p["pos_embed.W_pos"][start:start + tokens.shape[1]], embed.shape).copy()  # [batch, pos, d_model]
+            pos_embed = buffer(run_hooks, "pos_embed", shape, self.dtype, "hook_pos_embed")  # [batch, pos, d_model]
+            pos_embed[...] = p["pos_embed.W_pos"][start:start + tokens.shape[1]]
         else:
             pos_embed = p["pos_embed.W_pos"][padding.positions] * padding.real[..., None]  # [batch, pos, d_model]
-        return embed + run_hooks("hook_pos_embed", pos_embed)  # [batch, pos, d_model]
+        pos_embed = run_hooks("hook_pos_embed", pos_embed)  # [batch, pos, d_model]
+        return threads.add(embed, pos_embed, out=buffer(run_hooks, "resid", shape, self.dtype, "blocks.0.hook_resid_pre"))
 
     def block(self, L, resid, run_hooks, past=None, score_mask=None):
         """Block L: resid_pre → + attn(ln1(resid)) → resid_mid → + mlp(ln2(resid)) → resid_post."""
@@ -129,19 +138,28 @@ class Model(TextMethods, HookRegistry, CircuitMethods):
         past_kv = None if past is None else functools.partial(past.extend, L)
 
         resid_pre = run_hooks(b + "hook_resid_pre", resid)  # [batch, pos, d_model]
+        shape, dtype = resid_pre.shape, resid_pre.dtype
         if cfg.use_attn_in or cfg.use_split_qkv_input:
             x = self.per_head_inputs(b, resid_pre, ln, run_hooks)  # (x_q, x_k, x_v) [batch, pos, head, d_model] each
         else:
-            x = layer_norm(resid_pre, ln["ln1.w"], ln["ln1.b"], cfg.eps, run_hooks.scope(b + "ln1."))  # [batch, pos, d_model]
+            x = layer_norm(resid_pre, ln["ln1.w"], ln["ln1.b"], cfg.eps, run_hooks.scope(b + "ln1."),
+                           out=buffer(run_hooks, "ln_out", shape, dtype))  # [batch, pos, d_model]
         attn_out = attention(x, attn_w, cfg.n_heads, cfg.score_scale(L), run_hooks.scope(b + "attn."), past_kv,
-                             score_mask, cfg.use_attn_result)  # [batch, pos, d_model]
+                             score_mask, cfg.use_attn_result,
+                             out=buffer(run_hooks, "attn_out", shape, dtype, b + "hook_attn_out"))  # [batch, pos, d_model]
         attn_out = run_hooks(b + "hook_attn_out", attn_out)  # [batch, pos, d_model]
-        resid_mid = run_hooks(b + "hook_resid_mid", resid_pre + attn_out)  # [batch, pos, d_model]
+        resid_mid = threads.add(resid_pre, attn_out, out=buffer(run_hooks, "resid_mid", shape, dtype, b + "hook_resid_mid"))
+        resid_mid = run_hooks(b + "hook_resid_mid", resid_mid)  # [batch, pos, d_model]
 
         mlp_in = run_hooks(b + "hook_mlp_in", resid_mid.copy()) if cfg.use_hook_mlp_in else resid_mid  # [batch, pos, d_model], what ln2 reads
-        x = layer_norm(mlp_in, ln["ln2.w"], ln["ln2.b"], cfg.eps, run_hooks.scope(b + "ln2."))  # [batch, pos, d_model]
-        mlp_out = run_hooks(b + "hook_mlp_out", mlp(x, mlp_w, self._act, run_hooks.scope(b + "mlp.")))  # [batch, pos, d_model]
-        return run_hooks(b + "hook_resid_post", resid_mid + mlp_out)  # [batch, pos, d_model]
+        x = layer_norm(mlp_in, ln["ln2.w"], ln["ln2.b"], cfg.eps, run_hooks.scope(b + "ln2."),
+                       out=buffer(run_hooks, "ln_out", shape, dtype))  # [batch, pos, d_model]
+        mlp_out = mlp(x, mlp_w, self._act, run_hooks.scope(b + "mlp."),
+                      out=buffer(run_hooks, "mlp_out", shape, dtype, b + "hook_mlp_out"))  # [batch, pos, d_model]
+        mlp_out = run_hooks(b + "hook_mlp_out", mlp_out)  # [batch, pos, d_model]
+        resid_post = threads.add(resid_mid, mlp_out, out=buffer(run_hooks, "resid", shape, dtype, b + "hook_resid_post",
+                                                                f"blocks.{L + 1}.hook_resid_pre"))
+        return run_hooks(b + "hook_resid_post", resid_post)  # [batch, pos, d_model]
 
     def per_head_inputs(self, b, resid_pre, ln, run_hooks):
         """TransformerLens's use_attn_in / use_split_qkv_input: each head reads its own copy of the
@@ -158,10 +176,11 @@ class Model(TextMethods, HookRegistry, CircuitMethods):
     def unembed(self, resid, run_hooks, last_only=False):
         """Logits from the final stream: ln_final(resid)·W_U (+ b_U if the model has one)."""
         p = self.params
-        final = layer_norm(resid, p["ln_final.w"], p["ln_final.b"], self.cfg.eps, run_hooks.scope("ln_final."))  # [batch, pos, d_model]
+        final = layer_norm(resid, p["ln_final.w"], p["ln_final.b"], self.cfg.eps, run_hooks.scope("ln_final."),
+                           out=buffer(run_hooks, "ln_out", resid.shape, resid.dtype))  # [batch, pos, d_model]
         if last_only:
             final = final[:, -1:]  # [batch, 1, d_model]
-        logits = final @ p["unembed.W_U"]  # [batch, pos, d_vocab]
+        logits = np.matmul(final, p["unembed.W_U"], out=memory.empty((*final.shape[:-1], self.cfg.d_vocab), final.dtype))  # [batch, pos, d_vocab], on recycled memory
         if "unembed.b_U" in p:
             logits += p["unembed.b_U"]  # [batch, pos, d_vocab]
         return logits
@@ -210,8 +229,14 @@ class Model(TextMethods, HookRegistry, CircuitMethods):
             resid, batched, tokens, padding = inputs.residual_input(self, input, tokens, attention_mask, past)
         start = past.length if past is not None else 0
         positions = None if padding is None else padding.hook_positions()
-        run = HookRun(self.hook_dict, cache_names, start=start, positions=positions)
-        logits = self.run_gpt2(tokens, run, past, last_only, padding, start_at_layer, stop_at_layer, resid)
+        scratch = self._take_scratch()
+        try:
+            with memory.passing():
+                run = HookRun(self.hook_dict, cache_names, start=start, positions=positions, scratch=scratch)
+                logits = self.run_gpt2(tokens, run, past, last_only, padding, start_at_layer, stop_at_layer, resid)
+        finally:
+            if scratch is not None:
+                self._scratch.append(scratch)
         if not non_finite.output_is_finite(logits):  # one pass over the output (benchmarks/bench_guards.py)
             non_finite.raise_at_first_non_finite(self, tokens, past, start, last_only, padding, start_at_layer,
                                                  stop_at_layer, resid, positions)
@@ -275,6 +300,24 @@ class Model(TextMethods, HookRegistry, CircuitMethods):
         Backward hooks on the model (``add_hook(…, dir="bwd")``) see and may replace each
         ∂loss/∂activation as it flows."""
         return loss_and_grads(self, tokens, targets)
+
+    def _take_scratch(self) -> Scratch | None:
+        """The model's Scratch for one pass, or None while another pass holds it (another thread, or
+        a hook running a pass inside this one): that pass then makes new arrays. list.pop is atomic."""
+        try:
+            return self._scratch.pop()
+        except IndexError:
+            return None
+
+    def release_scratch(self) -> int:
+        """Let go of the scratch buffers the last passes kept for the next (refgpt/memory.py);
+        returns the bytes they held. The next pass makes new ones."""
+        scratch = self._take_scratch()
+        if scratch is None:
+            return 0
+        held = scratch.nbytes
+        self._scratch.append(Scratch())
+        return held
 
     def kv_cache(self, batch: int = 1) -> KVCache:
         """An empty KVCache for incremental decoding of ``batch`` sequences (refgpt/gpt2/kv_cache.py)."""

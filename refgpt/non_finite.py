@@ -1,26 +1,41 @@
 """The non-finite guard: a forward pass never returns NaN or ±∞ from finite input without saying where.
 
-After every pass the Model sums its output once (a NaN or ∞ anywhere makes the sum non-finite;
-benchmarks/bench_guards.py measures the cost: ≤ 0.5 % of a forward). Only when that sum is not
-finite does ``raise_at_first_non_finite`` run the same pass again with every hook point checked
-after its hooks, and raise a RefGPTError naming the first hook point, index and value that is not
-finite (the −∞ of the causal mask in the attention scores is expected). A finite sum whose terms
-are finite but overflowed is told apart by that second pass too: it then names the output itself.
-A second pass that finds nothing (a hook returning something else each time) is an error too.
+After every pass the Model sums its output once, block of rows by block of rows on the BLAS's
+threads (a NaN or ∞ anywhere makes its block's sum non-finite; benchmarks/bench_guards.py measures
+the cost: ≤ 0.5 % of a forward); a block whose sum is not finite is looked at element by element,
+since finite terms may overflow their sum. Only when an element is not finite does
+``raise_at_first_non_finite`` run the same pass again with every hook point checked after its
+hooks, and raise a RefGPTError naming the first hook point, index and value that is not finite
+(the −∞ of the causal mask in the attention scores is expected); every hook point finite, it names
+the output itself. A second pass that finds nothing (a hook returning something else each time)
+is an error too.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from . import threads
 from .errors import RefGPTError
 from .tl.hooks import HookRun
 
 
 def output_is_finite(output) -> bool:
-    """One pass over the output: is every element finite? (A sum that overflows says no too.)"""
-    with np.errstate(over="ignore", invalid="ignore"):
-        return bool(np.isfinite(np.add.reduce(output, axis=None)))
+    """One pass over the output: is every element finite? Each block of rows is summed (on the
+    threads, refgpt/threads.py): a NaN or ∞ anywhere makes its block's sum non-finite; a block whose
+    sum is not finite is then checked element by element (its sum may have overflowed from finite
+    terms), so the answer is exact."""
+    rows = threads.rows(np.asarray(output))  # [batch·pos, d_vocab] (a copy if not C-contiguous)
+
+    def block_is_finite(a, b):
+        with np.errstate(over="ignore", invalid="ignore"):
+            total = np.add.reduce(rows[a:b], axis=None)
+        # A sum that overflowed from finite terms: the block is looked at element by element, so a
+        # finite output is never sent to the locating pass (which would find nothing and raise).
+        return bool(np.isfinite(total)) or bool(np.isfinite(rows[a:b]).all())
+
+    blocks = threads.row_blocks(len(rows), rows.shape[-1] * rows.itemsize)
+    return all(threads.map_blocks(block_is_finite, blocks, rows.nbytes))
 
 
 def raise_at_first_non_finite(model, tokens, past, start, last_only, padding, start_at_layer=None,

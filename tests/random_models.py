@@ -87,6 +87,11 @@ def save_checkpoint(model: Model, directory: Path, dtype=np.float32, tensors: di
     return directory
 
 
+def random_tokens(cfg: Config, pos: int, batch: int = 2, seed: int = 0) -> np.ndarray:
+    """Token ids [batch, pos] drawn uniformly from the vocabulary."""
+    return np.random.default_rng(seed).integers(0, cfg.d_vocab, (batch, pos))
+
+
 def rel_err(actual, reference) -> float:
     """max |actual − reference| / max(1, max |reference|): the project's relative error."""
     actual, reference = np.asarray(actual, np.float64), np.asarray(reference, np.float64)

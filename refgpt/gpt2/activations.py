@@ -10,6 +10,10 @@ Every function keeps its input's dtype: Python float constants do not promote fl
 
 Each function ``f`` has its backward beside it, ``f_backward(x, grad) = grad ⊙ f′(x)``: given the
 input x and ∂loss/∂f(x), it returns ∂loss/∂x (derivations in docs/backward.md §4).
+
+Each function reads each element (softmax: each row) alone, so each runs a block of rows at a time,
+the blocks spread over the BLAS's threads (``threads.by_rows``, refgpt/threads.py): bit for bit what one
+thread computes. The exact ``gelu`` runs on one: its erf is a Python-level loop, which holds the GIL.
 """
 
 from __future__ import annotations
@@ -17,6 +21,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
+
+from .. import threads
+from ..threads import by_rows
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 _SQRT_HALF = math.sqrt(0.5)
@@ -28,18 +35,16 @@ _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 _erf = np.frompyfunc(math.erf, 1, 1)
 
 
-def gelu_new(x):
+def gelu_new(x, out=None):
     """GELU, tanh approximation, as OpenAI's GPT-2 code writes it:
     ½·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))).
 
     It runs on the largest activation of the model ([pos, d_mlp]) and takes nine elementwise
     steps, so it goes a block of rows at a time, each block staying in cache through all nine.
+    ``out``: the C-order array of x's shape and dtype to write it into (default: a new one).
     """
-    out = np.empty(x.shape, dtype=x.dtype)  # C order, whatever x's layout: rows_out must be a view of it
-    rows_in, rows_out = x.reshape(-1, x.shape[-1]), out.reshape(-1, x.shape[-1])  # [rows, d_mlp] (rows_in may copy)
-    for i in range(0, len(rows_in), 64):
-        _gelu_new_into(rows_in[i:i + 64], rows_out[i:i + 64])
-    return out
+    out = np.empty(x.shape, dtype=x.dtype) if out is None else out  # C order, whatever x's layout
+    return threads.into_by_rows(_gelu_new_into, x, out)  # [batch, pos, d_mlp]
 
 
 def _gelu_new_into(x, t):
@@ -58,7 +63,7 @@ def _gelu_new_into(x, t):
 def gelu_new_backward(x, grad):
     """∂loss/∂x of gelu_new. With u = √(2/π)·(x + 0.044715·x³) and t = tanh(u):
     f = ½·x·(1 + t), so f′ = ½·(1 + t) + ½·x·(1 − t²)·√(2/π)·(1 + 3·0.044715·x²)."""
-    return _tanh_gelu_backward(x, grad, _SQRT_2_OVER_PI)
+    return by_rows(lambda x, g: _tanh_gelu_backward(x, g, _SQRT_2_OVER_PI), x, grad)
 
 
 def _tanh_gelu_backward(x, grad, c):
@@ -70,12 +75,12 @@ def _tanh_gelu_backward(x, grad, c):
 
 def gelu_fast(x):
     """The same approximation with √(2/π) truncated to 0.7978845608, as HF's FastGELU has it."""
-    return 0.5 * x * (1.0 + np.tanh(x * 0.7978845608 * (1.0 + 0.044715 * x * x)))
+    return by_rows(lambda x: 0.5 * x * (1.0 + np.tanh(x * 0.7978845608 * (1.0 + 0.044715 * x * x))), x)
 
 
 def gelu_fast_backward(x, grad):
     """As gelu_new_backward, with √(2/π) truncated to 0.7978845608."""
-    return _tanh_gelu_backward(x, grad, 0.7978845608)
+    return by_rows(lambda x, g: _tanh_gelu_backward(x, g, 0.7978845608), x, grad)
 
 
 def gelu(x):
@@ -94,41 +99,53 @@ def gelu_backward(x, grad):
 
 def quick_gelu(x):
     """x·σ(1.702·x)."""
-    return x * sigmoid(1.702 * x)
+    return by_rows(lambda x: x * sigmoid(1.702 * x), x)
 
 
 def quick_gelu_backward(x, grad):
     """f = x·σ(kx), k = 1.702: f′ = σ(kx) + k·x·σ(kx)·(1 − σ(kx))."""
+    return by_rows(_quick_gelu_backward, x, grad)
+
+
+def _quick_gelu_backward(x, grad):
     s = sigmoid(1.702 * x)  # [...]
     return grad * (s + 1.702 * x * s * (1.0 - s))  # [...]
 
 
 def relu(x):
-    return np.maximum(x, 0.0)
+    return by_rows(lambda x: np.maximum(x, 0.0), x)
 
 
 def relu_backward(x, grad):
     """f′ = 1 where x > 0, else 0 (at x = 0 too, as torch's ReLU has it)."""
-    return np.where(x > 0, grad, 0.0).astype(grad.dtype, copy=False)  # [...]
+    return by_rows(lambda x, g: np.where(x > 0, g, 0.0), x, grad)  # [...] in grad's dtype
 
 
 def silu(x):
     """x·σ(x), also called swish."""
-    return x * sigmoid(x)
+    return by_rows(lambda x: x * sigmoid(x), x)
 
 
 def silu_backward(x, grad):
     """f = x·σ(x): f′ = σ(x)·(1 + x·(1 − σ(x)))."""
+    return by_rows(_silu_backward, x, grad)
+
+
+def _silu_backward(x, grad):
     s = sigmoid(x)  # [...]
     return grad * (s * (1.0 + x * (1.0 - s)))  # [...]
 
 
 def tanh(x):
-    return np.tanh(x)
+    return by_rows(np.tanh, x)
 
 
 def tanh_backward(x, grad):
     """f′ = 1 − tanh²(x)."""
+    return by_rows(_tanh_backward, x, grad)
+
+
+def _tanh_backward(x, grad):
     t = np.tanh(x)  # [...]
     return grad * (1.0 - t * t)  # [...]
 
@@ -147,19 +164,34 @@ def softmax(x, in_place=False):
     """exp(x − max x) / Σ exp(x − max x) over the last axis; exp(−∞) = 0 exactly.
 
     ``in_place``: overwrite ``x`` (when nobody else holds it) instead of allocating the result.
+    A block of rows at a time, on the threads, when ``x`` is C-contiguous (each row's max and sum
+    are its own: the same numbers whole).
     """
-    out = x if in_place else np.empty_like(x)  # [..., n]
+    x = np.asarray(x)
+    out = x if in_place else np.empty(x.shape, x.dtype)  # [..., n]
+    if not (x.flags.c_contiguous and out.flags.c_contiguous):  # in place on a strided array: whole
+        _softmax_into(x, out)
+        return out
+    return threads.into_by_rows(_softmax_into, x, out)  # [..., n]
+
+
+def _softmax_into(x, out):
+    """out = softmax(x) over the last axis (``out`` may be ``x``)."""
     np.subtract(x, x.max(axis=-1, keepdims=True), out=out)  # [..., n] ≤ 0
     np.exp(out, out=out)  # [..., n]
     out /= out.sum(axis=-1, keepdims=True)  # [..., n]
-    return out
 
 
 def log_softmax(x):
-    """log softmax over the last axis, in x's dtype, stable: x − max − log Σ exp(x − max)."""
-    shifted = x - x.max(axis=-1, keepdims=True)  # [..., n] ≤ 0
-    shifted -= np.log(np.exp(shifted).sum(axis=-1, keepdims=True))  # [..., n], in place: one array fewer at the peak
-    return shifted
+    """log softmax over the last axis, in x's dtype, stable: x − max − log Σ exp(x − max).
+    A block of rows at a time, on the threads (each row's max and sum are its own)."""
+    x = np.asarray(x)
+    return threads.into_by_rows(_log_softmax_into, x, np.empty(x.shape, x.dtype))  # [..., n]
+
+
+def _log_softmax_into(x, out):
+    np.subtract(x, x.max(axis=-1, keepdims=True), out=out)  # [..., n] ≤ 0
+    out -= np.log(np.exp(out).sum(axis=-1, keepdims=True))  # [..., n]
 
 
 ACTIVATIONS = {

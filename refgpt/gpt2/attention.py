@@ -26,9 +26,11 @@ import numpy as np
 
 from .activations import softmax
 from .linear import affine
+from .. import memory
+from ..memory import buffer
 
 
-def attention(x, w, n_heads, score_scale, run_hooks, past=None, score_mask=None, per_head_result=False):
+def attention(x, w, n_heads, score_scale, run_hooks, past=None, score_mask=None, per_head_result=False, out=None):
     """One block's attention. ``w``: W_QKV = W_Q | W_K | W_V [d_model, 3·head·d_head] and b_QKV
     (or only W_Q, W_K, W_V [d_model, head·d_head] and b_Q, b_K, b_V [head·d_head], joined here),
     W_O [head·d_head, d_model], b_O [d_model]. ``run_hooks(name, a)`` runs the hooks at a hook point (a
@@ -40,7 +42,10 @@ def attention(x, w, n_heads, score_scale, run_hooks, past=None, score_mask=None,
     ``per_head_result`` (TransformerLens's use_attn_result): make each head's z[h]·W_O[h]
     [batch, pos, head, d_model] at ``hook_result`` and sum those (a different rounding).
     ``x`` may also be three per-head inputs (x_q, x_k, x_v), each [batch, pos, head, d_model]:
-    TransformerLens's use_attn_in / use_split_qkv_input, head h's q read from x_q[:, :, h]."""
+    TransformerLens's use_attn_in / use_split_qkv_input, head h's q read from x_q[:, :, h].
+    ``out``: the [batch, pos, d_model] array to write the result into (default: a new one). What no
+    hook point shows (the heads' copies; q|k|v and z when unwatched) goes into the pass's scratch
+    buffers (``run_hooks.buffer``, refgpt/memory.py)."""
     if isinstance(x, tuple):
         x_q, x_k, x_v = x  # [batch, pos, head, d_model] each
         batch, pos = x_q.shape[:2]
@@ -50,7 +55,10 @@ def attention(x, w, n_heads, score_scale, run_hooks, past=None, score_mask=None,
     else:
         batch, pos, _ = x.shape
         # q = x·W_Q + b_Q, k = x·W_K + b_K, v = x·W_V + b_V, as one product with W_Q | W_K | W_V:
-        qkv = affine(x, *fused_qkv(w)).reshape(batch, pos, 3, n_heads, -1)  # [batch, pos, q|k|v, head, d_head]
+        W_QKV, b_QKV = fused_qkv(w)
+        qkv = affine(x, W_QKV, b_QKV, out=buffer(run_hooks, "qkv", (batch, pos, W_QKV.shape[-1]), x.dtype,
+                                                 "hook_q", "hook_k", "hook_v"))
+        qkv = qkv.reshape(batch, pos, 3, n_heads, -1)  # [batch, pos, q|k|v, head, d_head]
         q = run_hooks("hook_q", qkv[:, :, 0])  # [batch, pos, head, d_head]
         k = run_hooks("hook_k", qkv[:, :, 1])  # [batch, pos, head, d_head]
         v = run_hooks("hook_v", qkv[:, :, 2])  # [batch, pos, head, d_head]
@@ -59,19 +67,32 @@ def attention(x, w, n_heads, score_scale, run_hooks, past=None, score_mask=None,
         k, v = past(k, v)  # [batch, key, head, d_head]: the earlier positions' keys, then these
 
     per_head = (0, 2, 1, 3)  # [batch, pos, head, d_head] → [batch, head, pos, d_head]
-    qh = (q * score_scale).transpose(per_head)  # [batch, head, query, d_head], the scale applied once here
-    kh = np.ascontiguousarray(k.transpose(per_head))  # [batch, head, key, d_head]
-    vh = np.ascontiguousarray(v.transpose(per_head))  # [batch, head, key, d_head]
+    qh = np.multiply(q, score_scale, out=buffer(run_hooks, "q_scaled", q.shape, q.dtype))  # [batch, pos, head, d_head]
+    qh = qh.transpose(per_head)  # [batch, head, query, d_head], the scale applied once here
+    kh = _copy(k.transpose(per_head), buffer(run_hooks, "k_heads", _swapped(k.shape), k.dtype))  # [batch, head, key, d_head]
+    vh = _copy(v.transpose(per_head), buffer(run_hooks, "v_heads", _swapped(v.shape), v.dtype))  # [batch, head, key, d_head]
+    z = buffer(run_hooks, "z", q.shape, q.dtype, "hook_z")  # [batch, pos, head, d_head], written head by head below
     if run_hooks.watched("hook_attn_scores") or run_hooks.watched("hook_pattern"):
-        zh = attend(qh, kh, vh, run_hooks, score_mask)  # [batch, head, query, d_head], the full arrays made for the hooks
+        attend(qh, kh, vh, run_hooks, score_mask, out=z.transpose(per_head))  # the full arrays made for the hooks
     else:
-        zh = attend_in_blocks(qh, kh, vh, score_mask)  # [batch, head, query, d_head], the same numbers
-    z = run_hooks("hook_z", zh.transpose(per_head))  # [batch, pos, head, d_head]
+        attend_in_blocks(qh, kh, vh, score_mask, out=z.transpose(per_head))  # the same numbers
+    z = run_hooks("hook_z", z)  # [batch, pos, head, d_head]
     if per_head_result:
         W_O = w["W_O"].reshape(n_heads, -1, w["W_O"].shape[-1])  # [head, d_head, d_model]
         result = run_hooks("hook_result", np.einsum("bphd,hdm->bphm", z, W_O))  # [batch, pos, head, d_model]
-        return result.sum(axis=2) + w["b_O"]  # [batch, pos, d_model]
-    return affine(z.reshape(batch, pos, -1), w["W_O"], w["b_O"])  # [batch, pos, d_model]
+        return np.add(result.sum(axis=2), w["b_O"], out=out)  # [batch, pos, d_model]
+    return affine(z.reshape(batch, pos, -1), w["W_O"], w["b_O"], out=out)  # [batch, pos, d_model]
+
+
+def _swapped(shape):
+    """[batch, pos, head, d_head] → [batch, head, pos, d_head]."""
+    return (shape[0], shape[2], shape[1], shape[3])
+
+
+def _copy(source, dest):
+    """``source`` copied into ``dest`` (C order), which is returned: np.ascontiguousarray's numbers."""
+    np.copyto(dest, source)
+    return dest
 
 
 def fused_qkv(w):
@@ -89,14 +110,15 @@ def per_head_affine(x, W, b, n_heads):
     return np.einsum("bphd,dhe->bphe", x, W.reshape(d_model, n_heads, -1)) + b.reshape(n_heads, -1)  # [batch, pos, head, d_head]
 
 
-def attend_in_blocks(qh, kh, vh, score_mask=None, rows=64):
+def attend_in_blocks(qh, kh, vh, score_mask=None, rows=64, out=None):
     """pattern·v when nobody looks at scores or pattern: a block of ``rows`` queries at a time.
     The scores then never exist in full (a block stays in cache through softmax), and a block never
     touches the keys after its last query, which halves the work of a full sequence.
-    ``score_mask``: None (causal) or padding's [batch, 1, query, key] mask."""
+    ``score_mask``: None (causal) or padding's [batch, 1, query, key] mask. ``out``: the array
+    [batch, head, query, d_head] to write into (any layout; default: a new one)."""
     pos, keys = qh.shape[2], kh.shape[2]
     start = keys - pos  # keys held in a KV cache before the first query
-    zh = np.empty_like(qh)  # [batch, head, query, d_head]
+    zh = np.empty_like(qh) if out is None else out  # [batch, head, query, d_head]
     for i in range(0, pos, rows):
         seen = start + min(i + rows, pos)  # this block's queries see keys 0 … seen − 1
         pattern = block_probabilities(block_scores(qh, kh, score_mask, i, rows, seen), score_mask is not None)  # [batch, head, rows, seen]
@@ -124,7 +146,7 @@ def block_probabilities(scores, padded):
     return (padded_softmax if padded else softmax)(scores, in_place=True)  # [..., key]
 
 
-def attend(qh, kh, vh, run_hooks, score_mask=None, rows=64):
+def attend(qh, kh, vh, run_hooks, score_mask=None, rows=64, out=None):
     """pattern·v with the full scores and/or pattern [batch, head, query, key] made for the hook
     points that are watched (hooked or cached), and only those.
 
@@ -142,15 +164,16 @@ def attend(qh, kh, vh, run_hooks, score_mask=None, rows=64):
     padded = score_mask is not None
     blocks = [(i, start + min(i + rows, pos)) for i in range(0, pos, rows)]  # queries i … i + rows − 1 see keys < seen
     square = (batch, heads, pos, keys)
-    scores = np.empty(square, qh.dtype) if run_hooks.watched("hook_attn_scores") else None  # [batch, head, query, key]
-    pattern = np.zeros(square, qh.dtype) if run_hooks.watched("hook_pattern") else None  # [batch, head, query, key]
+    scores = memory.empty(square, qh.dtype) if run_hooks.watched("hook_attn_scores") else None  # [batch, head, query, key]
+    pattern = memory.empty(square, qh.dtype) if run_hooks.watched("hook_pattern") else None  # [batch, head, query, key]
     edited_scores, edited_pattern = run_hooks.hooked("hook_attn_scores"), run_hooks.hooked("hook_pattern")
-    zh = np.empty_like(qh)  # [batch, head, query, d_head]
+    zh = np.empty_like(qh) if out is None else out  # [batch, head, query, d_head]
 
     def through_pattern(i, seen, probabilities):
         """The block's pattern [batch, head, rows, seen or key] into the full pattern, and ·v."""
         if pattern is not None:
             pattern[:, :, i:i + rows, :probabilities.shape[-1]] = probabilities  # [batch, head, rows, ·]
+            pattern[:, :, i:i + rows, probabilities.shape[-1]:] = 0.0  # the masked keys
         if not edited_pattern:
             zh[:, :, i:i + rows] = probabilities @ vh[:, :, :probabilities.shape[-1]]  # [batch, head, rows, d_head]
 

@@ -26,24 +26,83 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import memory, threads
+
 
 def _identity(name, array):
     return array
 
 
-def layer_norm(x, w, b, eps, run_hooks=_identity):
+#: LayerNorm's hook points, in the order the forward reaches them.
+HOOK_POINTS = ("hook_mean", "hook_scale", "hook_normalized")
+
+
+def layer_norm(x, w, b, eps, run_hooks=_identity, out=None):
     """LN(x) = w ⊙ (x − mean)/scale + b over the last axis; ``run_hooks(name, a)`` runs the hooks at a hook point.
 
     ``run_hooks`` (the hooks at each hook point) sees (and may replace) ``hook_mean``, ``hook_scale`` and ``hook_normalized``; a
-    replaced mean or scale flows into what follows.
+    replaced mean or scale flows into what follows. ``out``: an array of x's shape and dtype to
+    write LN(x) into (default: a new one).
+
+    When no hook is on those points (``run_hooks.hooked``; the cache may still record them), the
+    steps run a block of rows at a time on the threads (``_rows_into``), each block in cache through
+    all of them: the same operations on each row, so the same bits.
     """
+    if _by_blocks(x, w, b, run_hooks):
+        return _blocked(x, w, b, eps, run_hooks, out)
     mean = run_hooks("hook_mean", x.mean(-1, keepdims=True))  # [batch, pos, 1]
     centered = x - mean  # [batch, pos, d_model]
     scale = run_hooks("hook_scale", centered_scale(centered, eps))  # [batch, pos, 1]
     normalized = run_hooks("hook_normalized", centered / scale)  # [batch, pos, d_model]
-    out = normalized * w  # [batch, pos, d_model]
+    out = normalized * w if out is None else np.multiply(normalized, w, out=out)  # [batch, pos, d_model]
     out += b  # [batch, pos, d_model]
     return out
+
+
+def _by_blocks(x, w, b, run_hooks) -> bool:
+    """May layer_norm run by blocks of rows? Floats whose w and b are [d_model] of x's dtype, and
+    no hook that could replace the mean, scale or x̂ half-way (a plain function may: it is called)."""
+    if not (isinstance(x, np.ndarray) and x.dtype.kind == "f" and x.ndim >= 1 and x.size):
+        return False
+    if not all(isinstance(p, np.ndarray) and p.dtype == x.dtype and p.shape == x.shape[-1:] for p in (w, b)):
+        return False
+    hooked = getattr(run_hooks, "hooked", None)
+    return run_hooks is _identity or (hooked is not None and not any(map(hooked, HOOK_POINTS)))
+
+
+def _blocked(x, w, b, eps, run_hooks, out):
+    """layer_norm by blocks of rows on the threads; the mean, scale and (if watched) x̂ are then given
+    to ``run_hooks`` for the cache, in the forward's order."""
+    watched = getattr(run_hooks, "watched", lambda name: False)
+    n = x.shape[-1]
+    out = np.empty(x.shape, x.dtype) if out is None else out  # [batch, pos, d_model]
+    x_rows, o_rows = x.reshape(-1, n), out.reshape(-1, n)  # [rows, d_model] (x_rows a copy if x is not C-contiguous)
+    mean = np.empty((*x.shape[:-1], 1), x.dtype)  # [batch, pos, 1]
+    scale = np.empty((*x.shape[:-1], 1), x.dtype)  # [batch, pos, 1]
+    normalized = memory.empty(x.shape, x.dtype) if watched("hook_normalized") else None  # [batch, pos, d_model], for the cache
+    m_rows, s_rows = mean.reshape(-1, 1), scale.reshape(-1, 1)  # [rows, 1]
+    n_rows = None if normalized is None else normalized.reshape(-1, n)  # [rows, d_model]
+
+    def block(a, z):
+        _rows_into(x_rows[a:z], w, b, eps, m_rows[a:z], s_rows[a:z], None if n_rows is None else n_rows[a:z], o_rows[a:z])
+
+    threads.for_rows(block, len(x_rows), n * x.itemsize)
+    run_hooks("hook_mean", mean)
+    run_hooks("hook_scale", scale)
+    if normalized is not None:
+        run_hooks("hook_normalized", normalized)
+    return out
+
+
+def _rows_into(x, w, b, eps, mean, scale, normalized, out):
+    """LayerNorm of a block of rows x [rows, n], step by step as ``layer_norm`` writes it: the mean
+    and scale [rows, 1] and, if given, x̂ [rows, n] written into the arrays given, LN(x) into ``out``."""
+    np.mean(x, axis=-1, keepdims=True, out=mean)  # [rows, 1]
+    centered = x - mean  # [rows, n]
+    scale[...] = centered_scale(centered, eps)  # [rows, 1]
+    normalized = np.divide(centered, scale, out=centered if normalized is None else normalized)  # [rows, n]
+    np.multiply(normalized, w, out=out)  # [rows, n]
+    out += b  # [rows, n]
 
 
 def layer_norm_backward(grad, normalized, scale, w, run_hooks=None):

@@ -16,13 +16,16 @@ as torch and HF) where a position has none. ``next_token_targets(tokens)`` is HF
 target at position i is token i + 1, and the last position has none.
 
 Numerics: logsumexp is computed as max + log Σ exp(ℓ − max), so exp never overflows, in the
-logits' own dtype.
+logits' own dtype. Each position's loss reads only its own row of logits: both functions go a block
+of positions at a time, on the BLAS's threads (refgpt/threads.py), and never hold more than a block
+of exp(ℓ − max) beside the logits.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from .. import threads
 from ..errors import RefGPTError
 
 IGNORE_INDEX = -100
@@ -60,25 +63,34 @@ def softmax_cross_entropy(logits, targets):
     """(mean loss, ∂loss/∂logits) for logits [batch, pos, d_vocab] and checked targets [batch, pos].
 
     The loss is a Python float (the logits' dtype, rounded once); the gradient is in the logits'
-    dtype, zero at ignored positions.
+    dtype, zero at ignored positions. Position by position (each row's max and sum are its own),
+    a block of rows at a time on the threads (refgpt/threads.py).
     """
     keep = targets != IGNORE_INDEX  # [batch, pos]
     count = int(keep.sum())
-    shifted = logits - logits.max(axis=-1, keepdims=True)  # [batch, pos, d_vocab] ≤ 0
-    exp = np.exp(shifted)  # [batch, pos, d_vocab]
-    total = exp.sum(axis=-1, keepdims=True)  # [batch, pos, 1]
-    safe = np.where(keep, targets, 0)  # [batch, pos]
-    target_shifted = np.take_along_axis(shifted, safe[..., None], axis=-1)  # [batch, pos, 1]
-    losses = (np.log(total) - target_shifted)[..., 0]  # [batch, pos]
-    loss = losses[keep].sum() / count
+    vocab = logits.shape[-1]
+    rows, keep_rows = threads.rows(logits), keep.reshape(-1)  # [batch·pos, d_vocab] (a copy if not C-contiguous), [batch·pos]
+    target_rows = np.where(keep, targets, 0).reshape(-1)  # [batch·pos]
+    losses = np.empty(len(rows), logits.dtype)  # [batch·pos]
+    out = np.empty(logits.shape, logits.dtype)  # [batch, pos, d_vocab]: softmax − onehot, over count
+    out_rows = out.reshape(-1, vocab)  # [batch·pos, d_vocab]
 
-    grad = exp  # [batch, pos, d_vocab], reused in place: softmax − onehot, over count
-    grad /= total  # [batch, pos, d_vocab] softmax
-    b, t = np.nonzero(keep)  # [count] each
-    grad[b, t, targets[b, t]] -= 1.0
-    grad[~keep] = 0.0
-    grad /= count  # [batch, pos, d_vocab]
-    return float(loss), grad
+    def block(a, b):
+        grad, here = out_rows[a:b], np.arange(b - a)  # [block, d_vocab], [block]
+        np.subtract(rows[a:b], rows[a:b].max(axis=-1, keepdims=True), out=grad)  # [block, d_vocab] ≤ 0, shifted
+        target_shifted = grad[here, target_rows[a:b]]  # [block]
+        np.exp(grad, out=grad)  # [block, d_vocab]
+        total = grad.sum(axis=-1, keepdims=True)  # [block, 1]
+        losses[a:b] = np.log(total)[:, 0] - target_shifted  # [block]
+        grad /= total  # [block, d_vocab] softmax
+        kept = keep_rows[a:b]  # [block]
+        grad[here[kept], target_rows[a:b][kept]] -= 1.0
+        grad[~kept] = 0.0
+        grad /= count  # [block, d_vocab]
+
+    threads.for_rows(block, len(rows), vocab * logits.itemsize)
+    loss = losses.reshape(keep.shape)[keep].sum() / count
+    return float(loss), out
 
 
 def lm_cross_entropy_loss(logits, tokens, attention_mask=None, per_token: bool = False):
@@ -89,10 +101,18 @@ def lm_cross_entropy_loss(logits, tokens, attention_mask=None, per_token: bool =
     otherwise their mean, a float. With an ``attention_mask`` a prediction counts only where both
     the position and the next one are real tokens, and the mean is over those.
     """
-    shifted = logits[:, :-1] - logits[:, :-1].max(axis=-1, keepdims=True)  # [batch, pos − 1, d_vocab] ≤ 0
-    log_total = np.log(np.exp(shifted).sum(axis=-1))  # [batch, pos − 1]
-    target_shifted = np.take_along_axis(shifted, np.asarray(tokens)[:, 1:, None], axis=-1)[..., 0]  # [batch, pos − 1]
-    losses = log_total - target_shifted  # [batch, pos − 1]
+    tokens = np.asarray(tokens)
+    batch, pos, vocab = logits.shape
+    losses = np.empty((batch, max(0, pos - 1)), logits.dtype)  # [batch, pos − 1]
+
+    def block(row, a, b):  # predictions a … b − 1 of batch row ``row``
+        x = logits[row, a:b]  # [block, d_vocab]
+        shifted = x - x.max(axis=-1, keepdims=True)  # [block, d_vocab] ≤ 0
+        log_total = np.log(np.exp(shifted).sum(axis=-1))  # [block]
+        losses[row, a:b] = log_total - shifted[np.arange(b - a), tokens[row, a + 1:b + 1]]  # [block]
+
+    blocks = [(row, a, b) for row in range(batch) for a, b in threads.row_blocks(pos - 1, vocab * logits.itemsize)]
+    threads.map_blocks(block, blocks, batch * (pos - 1) * vocab * logits.itemsize)  # position by position, on the threads
     count = losses.size
     if attention_mask is not None:
         counted = np.logical_and(attention_mask[:, :-1], attention_mask[:, 1:])  # [batch, pos − 1]

@@ -13,14 +13,33 @@ Backward (``mlp_backward``), line by line in reverse, with ∂ meaning ∂loss/�
 
 from __future__ import annotations
 
+import functools
+import inspect
+
 from .linear import affine
+from ..memory import buffer
 
 
-def mlp(x, w, act, run_hooks):
-    """One block's MLP. ``w``: W_in, b_in, W_out, b_out; ``run_hooks(name, a)`` runs the hooks at a hook point."""
-    pre = run_hooks("hook_pre", affine(x, w["W_in"], w["b_in"]))  # [batch, pos, d_mlp]
-    post = run_hooks("hook_post", act(pre))  # [batch, pos, d_mlp]
-    return affine(post, w["W_out"], w["b_out"])  # [batch, pos, d_model]
+def mlp(x, w, act, run_hooks, out=None):
+    """One block's MLP. ``w``: W_in, b_in, W_out, b_out; ``run_hooks(name, a)`` runs the hooks at a hook point.
+    ``out``: the [batch, pos, d_model] array to write the result into (default: a new one). pre and
+    post go into the pass's scratch buffers when unwatched (refgpt/memory.py); ``act`` writes
+    into one if it takes ``out=`` (activations.gelu_new)."""
+    shape = (*x.shape[:-1], w["W_in"].shape[-1])  # [batch, pos, d_mlp]
+    pre = affine(x, w["W_in"], w["b_in"], out=buffer(run_hooks, "pre", shape, x.dtype, "hook_pre"))
+    pre = run_hooks("hook_pre", pre)  # [batch, pos, d_mlp]
+    post = act(pre, out=buffer(run_hooks, "post", shape, x.dtype, "hook_post")) if _writes_into(act) else act(pre)
+    post = run_hooks("hook_post", post)  # [batch, pos, d_mlp]
+    return affine(post, w["W_out"], w["b_out"], out=out)  # [batch, pos, d_model]
+
+
+@functools.lru_cache(maxsize=64)
+def _writes_into(act) -> bool:
+    """Does the nonlinearity take ``out=``?"""
+    try:
+        return "out" in inspect.signature(act).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def mlp_backward(grad, x, pre, post, w, act_backward, run_hooks=None):

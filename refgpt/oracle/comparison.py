@@ -44,7 +44,7 @@ from pathlib import Path
 import numpy as np
 
 from ..gpt2.activations import log_softmax
-from .. import strict_json
+from .. import strict_json, threads
 from ..errors import RefGPTError, RefGPTTypeError, real_number
 from ..files.atomic_write import refuse_temporary
 from . import golden as golden_file
@@ -746,17 +746,31 @@ class _RootMeanSquare:
         self.n, self.plain, self.top, self.scaled = 0, [], 0.0, 0.0
 
     def add(self, x):
-        self.n += x.size
+        self.add_block(self.block(x))
+
+    @staticmethod
+    def block(x) -> tuple[int, float, float, float]:
+        """One block's own part, which a thread can compute alone: (size, Σx², max|x|, Σ(x/max|x|)²)."""
         if not x.size:
-            return
+            return 0, 0.0, 0.0, 0.0
         with np.errstate(over="ignore"):
-            self.plain.append(float(np.sum(np.square(x))))
+            plain = float(np.sum(np.square(x)))
         top = float(np.max(np.abs(x)))
+        scaled = float(np.sum(np.square(x / top))) if 0.0 < top < np.inf else 0.0
+        return x.size, plain, top, scaled
+
+    def add_block(self, part):
+        """Fold in one block's ``block(x)``, in block order."""
+        size, plain, top, scaled = part
+        self.n += size
+        if not size:
+            return
+        self.plain.append(plain)
         if top > self.top:
             self.scaled *= (self.top / top) ** 2
             self.top = top
         if 0.0 < self.top < np.inf:
-            self.scaled += float(np.sum(np.square(x / self.top)))
+            self.scaled += scaled * (top / self.top) ** 2
 
     def value(self) -> float:
         plain = math.sqrt(_sum(self.plain) / self.n)
@@ -857,10 +871,14 @@ def _compare_tensor(name, r, c, tol, conditioning, ref, error_rms=None, row_free
                 return compared, r64, c64, jc, np.where(unfree, np.nan, free), free
         return compared, r64, c64, jc, free, free
 
-    top_judged = 0.0  # max|X_ref| over the compared part
-    for a, b in blocks:
+    def tops(a, b):  # the block's max|X_ref| over the compared part
         compared, r64, _, _, _, _ = block(a, b)
-        top_judged = float(np.max([top_judged, np.max(np.abs(r64[compared]), initial=0.0)]))
+        return np.max(np.abs(r64[compared]), initial=0.0)
+
+    work = rows * last * 8  # bytes of float64 the judgement reads: the blocks go to the threads (refgpt/threads.py)
+    top_judged = 0.0
+    for judged in threads.map_blocks(tops, blocks, work):  # folded in block order
+        top_judged = float(np.max([top_judged, judged]))
     scale = tensor_scale(name, np.array([top_judged]), ref)
     if tol["profile"]:
         u = tol["unit_roundoff"]
@@ -872,10 +890,6 @@ def _compare_tensor(name, r, c, tol, conditioning, ref, error_rms=None, row_free
     if probs and tol["profile"]:
         res.notes.append("probabilities judged relative to p: |Δp| ≤ p·(atol + rtol) + float32's smallest normal "
                          "(a port may flush smaller ones to 0)")
-    n = n_bad = 0
-    max_abs = max_over_tol = 0.0
-    worst_ratio = None
-    signed, err_rms, ref_rms, all_finite = [], _RootMeanSquare(), _RootMeanSquare(), True
 
     def element(a, k, local, r64, c64, limit, free):
         local = tuple(int(i) for i in local)
@@ -886,7 +900,7 @@ def _compare_tensor(name, r, c, tol, conditioning, ref, error_rms=None, row_free
                 free[local[0]] + (1.0 if freedom[0] == "factor" else 0.0)))
         return e
 
-    for a, b in blocks:
+    def judge(a, b):  # one block's verdicts and sums, on its own (a thread's work)
         compared, r64, c64, jc, free, row_free = block(a, b)
         with np.errstate(invalid="ignore"):  # −∞ − −∞ in the masked part, which is not compared
             jdiff = np.where(compared, np.abs(jc - r64), 0.0)  # [block, last] judged error
@@ -896,30 +910,51 @@ def _compare_tensor(name, r, c, tol, conditioning, ref, error_rms=None, row_free
         else:
             limit = res.atol + res.rtol * np.abs(np.where(compared, r64, 0.0))  # [block, last]
         bad = jdiff > limit  # [block, last]
+        part = {"max_abs": float(jdiff.max(initial=0.0)),
+                "max_over_tol": np.max(np.where(compared, jdiff / np.maximum(limit, _F32_TINY * _F32_TINY), 0.0),
+                                       initial=0.0),
+                "n": int(compared.sum()), "n_bad": int(bad.sum()), "worst": None, "first_bad": None, "rows": None}
         if res.row is not None and free is not None:  # rows with nothing judged (a pad's) have no factor to judge
-            _judge_rows(res.row, np.where(compared.any(-1), row_free, 0.0), a, row_index, r64, c64)
-        max_abs = max(max_abs, float(jdiff.max(initial=0.0)))
-        max_over_tol = float(np.max([max_over_tol, np.max(np.where(
-            compared, jdiff / np.maximum(limit, _F32_TINY * _F32_TINY), 0.0), initial=0.0)]))
-        n += int(compared.sum())
-        n_bad += int(bad.sum())
+            part["rows"] = _rows_part(res.row, np.where(compared.any(-1), row_free, 0.0), a, row_index, r64, c64)
         ratio = np.where(bad, jdiff / np.maximum(limit, _F32_TINY), -1.0)  # [block, last]
-        k = int(np.argmax(ratio)) if ratio.size else None  # argmax: first of the largest (or first NaN)
-        if k is not None and (worst_ratio is None or (not np.isnan(worst_ratio) and
-                                                      (np.isnan(ratio.flat[k]) or ratio.flat[k] > worst_ratio))):
-            worst_ratio = ratio.flat[k]
-            res.worst = element(a, k, np.unravel_index(k, bad.shape), r64, c64, limit, free)
-        if bad.any() and res.first_bad is None:
+        if ratio.size:
+            k = int(np.argmax(ratio))  # argmax: first of the largest (or first NaN)
+            part["worst"] = (ratio.flat[k], element(a, k, np.unravel_index(k, bad.shape), r64, c64, limit, free))
+        if bad.any():
             k = int(np.argmax(bad))
-            res.first_bad = element(a, k, np.unravel_index(k, bad.shape), r64, c64, limit, free)
+            part["first_bad"] = element(a, k, np.unravel_index(k, bad.shape), r64, c64, limit, free)
         if tol["profile"]:
             jc_in, jr_in = jc[compared], r64[compared]  # [compared in block]
-            all_finite = all_finite and bool(np.isfinite(jc_in).all())
-            if all_finite:
+            part["finite"] = bool(np.isfinite(jc_in).all())
+            if part["finite"]:
                 with np.errstate(over="ignore", invalid="ignore"):
-                    signed.append(float(np.sum(jc_in - jr_in)))
-                err_rms.add(jdiff[compared])
-                ref_rms.add(jr_in)
+                    part["signed"] = float(np.sum(jc_in - jr_in))
+                part["err_rms"], part["ref_rms"] = _RootMeanSquare.block(jdiff[compared]), _RootMeanSquare.block(jr_in)
+        return part
+
+    n = n_bad = 0
+    max_abs = max_over_tol = 0.0
+    worst_ratio = None
+    signed, err_rms, ref_rms, all_finite = [], _RootMeanSquare(), _RootMeanSquare(), True
+    for part in threads.map_blocks(judge, blocks, work):  # folded in block order: the numbers of one thread
+        if part["rows"] is not None:
+            _fold_rows(res.row, part["rows"])
+        max_abs = max(max_abs, part["max_abs"])
+        max_over_tol = float(np.max([max_over_tol, part["max_over_tol"]]))
+        n += part["n"]
+        n_bad += part["n_bad"]
+        if part["worst"] is not None:
+            ratio, worst = part["worst"]
+            if worst_ratio is None or (not np.isnan(worst_ratio) and (np.isnan(ratio) or ratio > worst_ratio)):
+                worst_ratio, res.worst = ratio, worst
+        if part["first_bad"] is not None and res.first_bad is None:
+            res.first_bad = part["first_bad"]
+        if tol["profile"]:
+            all_finite = all_finite and part["finite"]
+            if all_finite:
+                signed.append(part["signed"])
+                err_rms.add_block(part["err_rms"])
+                ref_rms.add_block(part["ref_rms"])
     res.max_abs = max_abs
     res.max_rel = res.max_abs / scale
     res.max_over_tol = max_over_tol
@@ -945,24 +980,39 @@ def _compare_tensor(name, r, c, tol, conditioning, ref, error_rms=None, row_free
 MAX_ROW_FREEDOM = {"factor": 0.5, "shift": math.log(2.0)}
 
 
-def _judge_rows(row: RowFreedom, free, a, row_index, r64, c64) -> None:
-    """Record the rows' factors − 1 or shifts ``free`` [block] of the block starting at row ``a``."""
+def _rows_part(row: RowFreedom, free, a, row_index, r64, c64) -> dict | None:
+    """The rows' factors − 1 or shifts ``free`` [block] of the block starting at row ``a``, summed up
+    on their own (a thread's work; ``row`` is only read): the largest and where, how many rows are
+    beyond the bound, and the first of them. None for an empty block."""
     size = np.abs(np.where(np.isfinite(free), free, np.inf))  # [block] a NaN factor is infinitely far
     if not size.size:
-        return
+        return None
     k = int(np.argmax(size))
-    if row.largest_at is None or size[k] > row.largest:
-        row.largest, row.largest_at = float(size[k]), row_index(a, k)
+    part = {"largest": float(size[k]), "largest_at": row_index(a, k), "rows_out": 0, "first_out": None}
     if row.bound is None:
-        return
+        return part
     out = np.flatnonzero(size > row.bound)
-    row.rows_out += len(out)
-    if len(out) and row.first_out is None:
+    part["rows_out"] = len(out)
+    if len(out):
         k = int(out[0])
-        row.first_out = row_index(a, k)
-        row.first_out_value = float(free[k] + (1.0 if row.kind == "factor" else 0.0))
+        sums = None
         if row.kind == "factor":
-            row.first_out_sums = (float(np.sum(c64[k])), float(np.sum(np.where(np.isfinite(r64[k]), r64[k], 0.0))))
+            sums = (float(np.sum(c64[k])), float(np.sum(np.where(np.isfinite(r64[k]), r64[k], 0.0))))
+        part["first_out"] = (row_index(a, k), float(free[k] + (1.0 if row.kind == "factor" else 0.0)), sums)
+    return part
+
+
+def _fold_rows(row: RowFreedom, part: dict | None) -> None:
+    """Record one block's ``_rows_part`` in ``row``, in block order."""
+    if part is None:
+        return
+    if row.largest_at is None or part["largest"] > row.largest:
+        row.largest, row.largest_at = part["largest"], part["largest_at"]
+    row.rows_out += part["rows_out"]
+    if part["first_out"] is not None and row.first_out is None:
+        row.first_out, row.first_out_value, sums = part["first_out"]
+        if sums is not None:
+            row.first_out_sums = sums
 
 
 def _row_note(row: RowFreedom) -> str:
@@ -1115,17 +1165,26 @@ def _logits_summary(ref, cand) -> LogitsSummary:
 
     n_rows, d_vocab = r2.shape
     k = min(5, d_vocab)
-    same_top, overlap, kl, shift = 0, [], -np.inf, 0.0
-    for a, b in _row_blocks(n_rows, d_vocab):
+
+    def summary(a, b):  # one block's top-1 count, top-5 overlap, largest KL and shift (a thread's work)
         lr, lc = logp(ref, r2[a:b]), logp(cand, c2[a:b])  # [block, d_vocab]
         top_r, top_c = _top_k(lr, k), _top_k(lc, k)  # [block, k]
-        same_top += int((top_r[:, 0] == top_c[:, 0]).sum())
-        overlap.append(float((top_r[:, :, None] == top_c[:, None, :]).any(-1).mean(-1).sum()))
         with np.errstate(invalid="ignore"):
-            kl = float(np.max([kl, np.nan_to_num(np.sum(np.exp(lr) * (lr - lc), axis=-1), nan=np.inf).max()]))
+            kl = np.nan_to_num(np.sum(np.exp(lr) * (lr - lc), axis=-1), nan=np.inf).max()
+        shift = 0.0
         if "logits" in ref and "logits" in cand:
             d = c2[a:b].astype(np.float64) - r2[a:b].astype(np.float64)  # [block, d_vocab]
-            shift = float(np.max([shift, np.max(np.abs(d.mean(-1)))]))  # NaN propagates, as whole
+            shift = np.max(np.abs(d.mean(-1)))  # NaN propagates, as whole
+        return (int((top_r[:, 0] == top_c[:, 0]).sum()),
+                float((top_r[:, :, None] == top_c[:, None, :]).any(-1).mean(-1).sum()), kl, shift)
+
+    same_top, overlap, kl, shift = 0, [], -np.inf, 0.0
+    for top1, top5, block_kl, block_shift in threads.map_blocks(summary, _row_blocks(n_rows, d_vocab),
+                                                                n_rows * d_vocab * 8):  # folded in block order
+        same_top += top1
+        overlap.append(top5)
+        kl = float(np.max([kl, block_kl]))
+        shift = float(np.max([shift, block_shift]))
     return LogitsSummary(same_top / n_rows, _sum(overlap) / n_rows, kl, shift)
 
 

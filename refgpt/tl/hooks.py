@@ -47,6 +47,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import hook_points
+from .. import memory
+from ..memory import Scratch
 from ..errors import RefGPTError, RefGPTTypeError
 
 Hook = Callable[[np.ndarray, "HookPoint"], "np.ndarray | None"]
@@ -158,15 +160,21 @@ def hook_entries(entries, what="fwd_hooks"):
 class HookRun:
     """The ``run_hooks`` of one forward pass: the hooks on each hook point, then caching."""
 
-    def __init__(self, hook_dict: dict[str, HookPoint], cache_names=(), start: int = 0, positions=None):
+    def __init__(self, hook_dict: dict[str, HookPoint], cache_names=(), start: int = 0, positions=None,
+                 scratch: Scratch | None = None):
         self.start = start  # the absolute position of the activations' first row (> 0 after a KV cache)
         self.positions = positions  # [batch, new] each row's token positions, −1 at pads; None: unpadded
         self.points = {name: hp for name, hp in hook_dict.items() if hp.fwd_hooks}
         self.hooks: dict[str, list[Hook]] = {name: [h.hook for h in hp.fwd_hooks] for name, hp in self.points.items()}
         self.cache_names = set(cache_names)
         self.cache: dict[str, np.ndarray] = {}
+        self.scratch = scratch  # buffers for what nobody watches (refgpt/memory.py); None: new arrays
 
     def __call__(self, name: str, activation: np.ndarray) -> np.ndarray:
+        if self.scratch is not None and self.watched(name) and self.scratch.holds(activation):
+            kept = memory.empty(activation.shape, activation.dtype)  # a hook or the cache may keep it: never a
+            np.copyto(kept, activation)  # buffer the pass reuses
+            activation = kept
         for fn in self.hooks.get(name, ()):
             hook = self.points[name]
             hook.start, hook.positions = self.start, self.positions  # set before each hook: a hook may run a pass of its own
@@ -184,6 +192,22 @@ class HookRun:
     def hooked(self, name: str) -> bool:
         """Will a hook see this activation (and perhaps edit it, in place or by replacing it)?"""
         return name in self.hooks
+
+    def buffer(self, key: str, shape, dtype, *names) -> np.ndarray:
+        """An array to write a value into: the pass's scratch buffer ``key``, reused between layers
+        and passes, when no hook and no cache watches any of the hook points ``names`` (a value that
+        is no hook point: none given); else a new one (refgpt/memory.py)."""
+        if self.scratch is None or any(map(self.watched, names)):
+            return memory.empty(shape, dtype)  # a hook or the cache may keep it: recycled memory
+        return self.scratch.take(key, shape, dtype)
+
+    def handed_out(self, array: np.ndarray) -> np.ndarray:
+        """``array``, or a copy of it if it is scratch: what the pass returns to its caller."""
+        if self.scratch is None or not self.scratch.holds(array):
+            return array
+        kept = memory.empty(array.shape, array.dtype)
+        np.copyto(kept, array)
+        return kept
 
     def scope(self, prefix: str) -> "Scope":
         return Scope(self, prefix)
@@ -322,6 +346,9 @@ class Scope:
 
     def hooked(self, name: str) -> bool:
         return self.run.hooked(self.prefix + name)
+
+    def buffer(self, key: str, shape, dtype, *names) -> np.ndarray:
+        return self.run.buffer(key, shape, dtype, *(self.prefix + name for name in names))
 
 
 def _checked_replacement(name, old, new):

@@ -3,7 +3,8 @@ imports in a circle.
 
 refgpt/ holds a small top level and rooms named by idea, in layers from the bottom up:
 
-    base      refgpt/errors.py, version.py, dtypes.py, strict_json.py: what everything needs
+    base      refgpt/errors.py, version.py, dtypes.py, strict_json.py, threads.py, memory.py: what everything needs
+              (threads.py: the row-parallel work of every room's ops; memory.py: where their big arrays live)
     gpt2      refgpt/gpt2/: GPT-2's math (the plain reading copy, the fast ops, config, tokenizer)
     tl        refgpt/tl/: TransformerLens compatibility (hooks, cache, decomposition, text, …)
     model     refgpt/model.py, backward.py, non_finite.py: the Model, forward and backward
@@ -39,7 +40,7 @@ import pytest
 import refgpt
 
 PACKAGE = Path(refgpt.__file__).parent
-BASE = {"refgpt.errors", "refgpt.version", "refgpt.dtypes", "refgpt.strict_json"}
+BASE = {"refgpt.errors", "refgpt.version", "refgpt.dtypes", "refgpt.strict_json", "refgpt.threads", "refgpt.memory"}
 MODEL = {"refgpt.model", "refgpt.backward", "refgpt.non_finite"}
 #: Layer of each room, bottom first; rooms of one rank never import each other.
 RANK = {"base": 0, "gpt2": 1, "tl": 2, "model": 3, "files": 4, "analysis": 5, "oracle": 5, "train": 5, "sweep": 6,

@@ -201,3 +201,16 @@ def test_python_api_misuse_is_a_refgpt_error(model):
         with pytest.raises(RefGPTError) as info:
             misuse()
         assert "\n" not in str(info.value), name
+
+
+def test_finite_logits_whose_sum_overflows_are_returned():
+    """Finite float32 logits of 3e38 overflow any sum of two: the guard looks at the block's
+    elements, so the pass returns them (no locating pass, which would find nothing and raise)."""
+    from refgpt import non_finite
+
+    big = np.full((2, 5, 7), 3e38, np.float32)  # [batch, pos, d_vocab]
+    assert non_finite.output_is_finite(big)
+    big[1, 4, 6] = np.inf
+    assert not non_finite.output_is_finite(big)
+    big[1, 4, 6] = np.nan
+    assert not non_finite.output_is_finite(big)

@@ -560,7 +560,7 @@ def test_the_score_scale_off_by_1e_9_fails_the_bound(monkeypatch):
 
     fast = model_module.attention
     monkeypatch.setattr(model_module, "attention",
-                        lambda x, w, n_heads, score_scale, *args: fast(x, w, n_heads, score_scale * (1 + 1e-9), *args))
+                        lambda x, w, n_heads, score_scale, *args, **kw: fast(x, w, n_heads, score_scale * (1 + 1e-9), *args, **kw))
     cached_pass_fails(model_of("gelu_new"), r"\(scores\)")
 
 
@@ -577,7 +577,7 @@ def test_layernorms_eps_off_by_1e_6_relative_fails_the_bound(monkeypatch):
     from refgpt import model as model_module
 
     fast = model_module.layer_norm
-    monkeypatch.setattr(model_module, "layer_norm", lambda x, w, b, eps, *args: fast(x, w, b, eps * (1 + 1e-6), *args))
+    monkeypatch.setattr(model_module, "layer_norm", lambda x, w, b, eps, *args, **kw: fast(x, w, b, eps * (1 + 1e-6), *args, **kw))
     cached_pass_fails(model_of("gelu_new"), r"\(ln scale\)")
 
 
