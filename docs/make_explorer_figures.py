@@ -2,7 +2,7 @@
 
     python docs/make_explorer_figures.py          # needs chromium, chromium-driver and selenium
 
-The page is the one ``refgpt explore`` writes for the embedded model, with a tuned lens and an
+The page is the one ``refgpt explore`` writes for the embedded model, with its shipped tuned lens and an
 ActAdd steering vector; it is opened from file:// in headless Chromium (tests/browser.py) and each
 section is photographed after the clicks and hovers a reader would make.
 """
@@ -26,19 +26,6 @@ TEXT = "I hate you because you never listen to me, my lord."
 STEERING = {"plus": "Love", "minus": "Hate", "layer": 2, "coeffs": [1.0, 5.0, 50.0, 1e6]}
 
 
-def tuned_lens(model):
-    """The shipped tuned lens when there is one, else the least-squares baseline fitted on the
-    training text's start (refgpt.analysis.lens)."""
-    from refgpt.analysis import lens
-
-    shipped = getattr(lens, "default_tuned_lens", None)
-    if shipped is not None:
-        return shipped(model)
-    tokens = model.to_tokens((REPO / "weights" / "default" / "TRAINING.md").read_text(encoding="utf-8"))[0]
-    caches = [model.run_with_cache(tokens[i:i + 100])[1] for i in range(0, len(tokens) - 100, 100)]
-    return lens.fit_least_squares_translators(caches)
-
-
 def shoot(browser, css, name):
     element = browser.driver.find_element("css selector", css)
     browser.js("arguments[0].scrollIntoView()", element)
@@ -59,7 +46,7 @@ def hover(browser, css, row, col):
 
 def main():
     model = refgpt.load_default()
-    page = explorer.explore(model, TEXT, target=" lord", tuned=tuned_lens(model), steering=STEERING, prepend_bos=True)
+    page = explorer.explore(model, TEXT, target=" lord", steering=STEERING, prepend_bos=True)  # the shipped tuned lens
     FIGURES.mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         path = page.save(Path(tmp) / "page.html")

@@ -12,7 +12,8 @@ this script again and copy the rows into the page: tests/analysis/test_steering_
 Rows, as in docs/make_decomposition_numbers.py: *exact* (text the page quotes followed by its name,
 "0.018–0.042 (S9)"), *bound* (a measured float error: the page states a power of ten above it) or
 *line* (a table row the page holds as a whole line). Writes docs/figures/steering_resid_norms.png,
-steering_lens.png, steering_convergence.png and actadd_coefficient.png.
+steering_lens.png, steering_convergence.png, actadd_coefficient.png and actadd_tuned_lens.png.
+The tuned lens is the one shipped for the embedded model (weights/default_lens/).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import numpy as np
 
 import refgpt
 from refgpt.analysis.interventions import add_vector, injection_limit, steering_vector
-from refgpt.analysis.lens import logit_lens
+from refgpt.analysis.lens import TunedLens, evaluate_lenses, logit_lens
 from refgpt.analysis.measurements import kl_divergence
 from refgpt.analysis.plots import printable
 
@@ -47,6 +48,10 @@ ACTADD_TEXT, ACTADD_PLUS, ACTADD_MINUS, ACTADD_LAYER = "I think that", "Love", "
 ACTADD_CS = (1.0, 3.0, 10.0, 1e2, 1e3, 1e6, 1e9, 1e12)  # the text table
 ACTADD_CURVE = np.logspace(0, 12, 25)  # the figure
 ACTADD_NEW = 15  # greedy tokens per continuation
+TUNED_CS = (1.0, 10.0, 1e2, 1e3, 1e6)  # the tuned-lens table (and c = 0, the limit)
+TUNED_CURVE = np.logspace(2, 6, 9)  # c for the fitted 1/c² slope of KL to the limit, per stream
+HELD_OUT = HERE.parent / "tests" / "data" / "macbeth_act1.txt"  # held out from the model and its lens
+HELD_OUT_WINDOWS = 16  # its first 16 windows of 128 tokens, as tests/analysis/test_default_lens.py
 
 SOURCE = "embedded model, trained on Shakespeare"
 SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
@@ -261,6 +266,77 @@ def actadd_numbers(figures: bool) -> dict:
     return rows
 
 
+# ---- Lenses: the ActAdd vector under the tuned lens -----------------------------------------------
+
+
+def tuned_lens_numbers(figures: bool) -> dict:
+    """The next token after ACTADD_TEXT read by the shipped tuned lens at every stream, for c from
+    0 to 10⁶ and in the c → ∞ limit model, with KL(lens at c ‖ lens in the limit) per stream."""
+    from refgpt.train.tuned_lens import text_windows
+
+    model = refgpt.load_default()
+    lens = TunedLens.load(model)
+    tokens = model.to_tokens(ACTADD_TEXT, prepend_bos=True)[0]  # [pos]
+    unit = steering_vector(model, ACTADD_PLUS, ACTADD_MINUS, ACTADD_LAYER, 1.0)
+    steered_rows = np.flatnonzero(np.linalg.norm(unit.vector, axis=-1))
+    limit = None
+    for j in steered_rows:
+        one = injection_limit(model, unit.vector[j], ACTADD_LAYER, int(j))
+        limit = one if limit is None else limit + one
+
+    def read(hooks=None):
+        """The tuned lens's logits at the last position, per stream: [stream, d_vocab]."""
+        if hooks is None:
+            return lens.run(tokens).logits[:, 0, -1]
+        with hooks:
+            return lens.run(tokens).logits[:, 0, -1]
+
+    at_limit = read(limit)  # [stream, d_vocab]
+    quote = lambda i: f"`{model.to_string([int(i)])!r}`"  # noqa: E731
+
+    def row(name, logits):
+        probs = np.exp(logits - logits.max(-1, keepdims=True))
+        probs /= probs.sum(-1, keepdims=True)
+        kl = kl_divergence(logits, at_limit)  # [stream]
+        cells = [f"{quote(np.argmax(p))} {p.max():.3f}" + (f" ({sci(k)})" if k >= 1e-15 else " (< 10⁻¹⁵)" if k > 0 else "")
+                 for p, k in zip(probs, kl)]
+        return ("line", f"| {name} | " + " | ".join(cells) + " |")
+
+    rows = {"table tuned c=0": row("0 (unsteered)", read())}
+    settled = None
+    for c in TUNED_CS:
+        logits = read(steering_vector(model, ACTADD_PLUS, ACTADD_MINUS, ACTADD_LAYER, c))
+        rows[f"table tuned c={c:g}"] = row(power(c) if c >= 100 else f"{c:g}", logits)
+        same = np.array_equal(logits.argmax(-1), at_limit.argmax(-1))
+        settled = c if same and settled is None else (settled if same else None)
+    rows["table tuned limit"] = row("∞ (limit model)", at_limit)
+    first_moved = ACTADD_LAYER + 1  # the last position sees the steered rows through attention from block L on
+    curves = np.array([kl_divergence(read(steering_vector(model, ACTADD_PLUS, ACTADD_MINUS, ACTADD_LAYER, c)), at_limit)
+                       for c in TUNED_CURVE])  # [c, stream]
+    slopes = [np.polyfit(np.log(TUNED_CURVE), np.log(curves[:, M]), 1)[0] for M in range(first_moved, curves.shape[1])]
+    windows, _ = text_windows(model.tokenizer, HELD_OUT.read_text(encoding="utf-8"), model.cfg.n_ctx)
+    windows = windows[:HELD_OUT_WINDOWS]
+    held = evaluate_lenses(model, windows, lens)
+    logit_kl, tuned_kl = held.metrics["logit"]["kl"], held.metrics["tuned"]["kl"]
+    rows.update({
+        "S29": ("exact", power(settled)),
+        "S30": ("exact", minus(f"{min(slopes):.3f} to {max(slopes):.3f}")),
+        "S31": ("exact", ", ".join(f"{a:.2f} → {b:.2f}" for a, b in zip(logit_kl, tuned_kl))),
+        "S32": ("exact", f"{len(windows) * model.cfg.n_ctx:,}"),
+    })
+    if figures:
+        from refgpt.analysis.plots import lens_figure
+
+        eot = model.tokenizer.eot_token
+        decode = lambda i: printable("<eot>" if i == eot else model.to_string([i]), 6)  # noqa: E731
+        with steering_vector(model, ACTADD_PLUS, ACTADD_MINUS, ACTADD_LAYER, 1e2):
+            result = lens.run(tokens)
+        lens_figure(result, labels=[decode(int(t)) for t in tokens], decode=decode, path=OUT / "actadd_tuned_lens.png",
+                    title=f"Tuned lens, c = 100, {ACTADD_PLUS!r} − {ACTADD_MINUS!r} at layer {ACTADD_LAYER}\n"
+                          "(embedded model and its shipped lens)")
+    return rows
+
+
 # ---- §7: how large k can be -------------------------------------------------------------------------
 
 
@@ -324,7 +400,7 @@ def numbers(figures: bool = False) -> dict:
         OUT.mkdir(exist_ok=True)
     S = Setting()
     rows = {**stream_numbers(S, figures), **convergence_numbers(S, figures), **propagated_numbers(S),
-            **actadd_numbers(figures), **threshold_numbers(S, Setting("float32"))}
+            **actadd_numbers(figures), **tuned_lens_numbers(figures), **threshold_numbers(S, Setting("float32"))}
     return rows
 
 

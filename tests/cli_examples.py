@@ -65,9 +65,10 @@ def needs_matplotlib(line: str) -> None:
 def user_files(directory: Path) -> None:
     """The files examples read that a user brings, made from the embedded model in ``directory``:
     ``ids.txt`` (token ids), llm.c's ``gpt2_124M.bin`` and ``gpt2_124M_debug_state.bin``,
-    tuned-lens translators ``lens.safetensors``, and a corpus ``prompts.txt`` (one prompt per line)."""
+    tuned-lens translators ``lens.safetensors`` and a lens directory ``lens-dir`` (config.json +
+    params.pt, as the tuned-lens package writes one), and a corpus ``prompts.txt`` (one prompt per line)."""
     import refgpt
-    from refgpt.analysis.lens import save_translators
+    from refgpt.analysis.lens import TunedLens, save_translators
     from refgpt.oracle import llmc
 
     model = refgpt.load_default()
@@ -77,5 +78,6 @@ def user_files(directory: Path) -> None:
     llmc.write_debug_state(directory / "gpt2_124M_debug_state.bin", model, model.to_tokens("To be, or not to be")[:, :6])
     d = model.cfg.d_model
     rng = np.random.default_rng(0)
-    save_translators(directory / "lens.safetensors",
-                     {L: (0.01 * rng.standard_normal((d, d)), np.zeros(d)) for L in range(model.cfg.n_layers)})
+    translators = {L: (0.01 * rng.standard_normal((d, d)), np.zeros(d)) for L in range(model.cfg.n_layers)}
+    save_translators(directory / "lens.safetensors", translators)
+    TunedLens(model, translators).save(directory / "lens-dir")

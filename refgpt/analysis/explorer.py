@@ -30,6 +30,7 @@ import numpy as np
 
 from ..errors import RefGPTError
 from ..files.atomic_write import write_atomically
+from ..files.default_model import is_default_model
 from ..gpt2 import ln_views
 from ..gpt2.activations import log_softmax
 from ..tl.decomposition import token_id
@@ -68,15 +69,20 @@ class Explorer:
         return f"Explorer({len(d['tokens'])} tokens, layers {d['layers']}, heads {d['heads']})"
 
 
-def explore(model, text, *, target=None, prepend_bos=None, layers=None, heads=None, tuned=None,
-            steering=None) -> Explorer:
+def explore(model, text, *, target=None, prepend_bos=None, layers=None, heads=None, lens=None, tuned=None,
+            steering=None, check_unembed_hash: bool = True) -> Explorer:
     """Run ``model`` on ``text`` (a string, or token ids [pos]) and gather what the page shows.
 
     ``target``: the token whose logit is attributed and whose rank the lenses show (text that is one
     token, or an id); default the model's top next token at the last position. ``layers`` /
     ``heads``: which attention heads the page holds (default all; a long input or a big model may
-    choose fewer, docs/explorer.md). ``tuned``: translators for the tuned lens ({layer: (A, b)} or
-    a translators file, refgpt.analysis.lens), or None for none. ``steering``: None, or a dict
+    choose fewer, docs/explorer.md). ``lens``: the tuned lens of the tuned-lens view, as
+    ``refgpt lens --kind tuned`` takes it — None: on the embedded model the lens shipped for it
+    (weights/default_lens/), on any other model none; a TunedLens; a lens directory (config.json +
+    params.pt, as the tuned-lens package writes it) or translator file; {layer: (W, b)}; False:
+    none. ``tuned`` is its old name (translators or a file). A lens read at resid_mid is refused:
+    the page's rows are the streams entering each block. ``check_unembed_hash=False`` uses a lens
+    directory whose config.json names another unembedding. ``steering``: None, or a dict
     ``plus``, ``minus``, ``layer``, ``coeffs`` (a list, precomputed for the slider) and optionally
     ``prepend_bos``: ActAdd as ``refgpt steer`` does it.
     """
@@ -87,7 +93,7 @@ def explore(model, text, *, target=None, prepend_bos=None, layers=None, heads=No
     logits, cache = model.run_with_cache(tokens[None])  # [1, pos, d_vocab]
     logits = logits[0]  # [pos, d_vocab]
     target_id = int(np.argmax(logits[-1])) if target is None else token_id(model, target, "target")
-    translators = _translators(model, tuned)
+    tuned_lens = _tuned_lens(model, lens, tuned, check_unembed_hash)
     data = {
         "schema": SCHEMA,
         "model": {"n_layers": cfg.n_layers, "n_heads": cfg.n_heads, "d_model": cfg.d_model, "d_vocab": cfg.d_vocab,
@@ -106,8 +112,9 @@ def explore(model, text, *, target=None, prepend_bos=None, layers=None, heads=No
         "resid_norm": _resid_norms(cache, cfg.n_layers),
         "lens": {"streams": stream_labels(cfg.n_layers),
                  "logit": _lens(model, streams(cache)[:, 0], logits, target_id),
-                 "tuned": None if translators is None else
-                 _lens(model, _translated(streams(cache)[:, 0], translators), logits, target_id)},
+                 "tuned": None if tuned_lens is None else
+                 _lens(model, _translated(streams(cache)[:, 0], tuned_lens), logits, target_id),
+                 "tuned_source": None if tuned_lens is None else _lens_source(tuned_lens)},
         "attribution": _attribution(cache, logits, target_id),
         "steering": None if steering is None else _steering(model, tokens, steering, target_id),
     }
@@ -185,20 +192,47 @@ def _lens(model, x, logits, target_id):
     return out
 
 
-def _translators(model, tuned):
-    if tuned is None:
+def _tuned_lens(model, lens, tuned, check_unembed_hash):
+    """The TunedLens the page shows, or None (see ``explore``)."""
+    from .lens import TunedLens
+
+    if tuned is not None:
+        if lens is not None:
+            raise RefGPTError("explore: give the tuned lens as lens= (tuned= is its old name), not both")
+        lens = tuned
+    if lens is False:
         return None
-    from .lens import _checked_translators, load_translators
+    if lens is None:
+        if not is_default_model(model.source):
+            return None  # no lens is shipped for this model: the page has the logit lens only
+        lens = TunedLens.load(model)
+    elif isinstance(lens, (str, Path)):
+        lens = TunedLens.load(model, lens, check_unembed_hash=check_unembed_hash)
+    elif isinstance(lens, dict):
+        lens = TunedLens(model, lens)
+    elif not isinstance(lens, TunedLens):
+        raise RefGPTError(f"explore: lens must be a TunedLens, a lens directory or file, {{layer: (W, b)}}, None "
+                          f"or False, found {type(lens).__name__}")
+    if lens.model is not model and lens.model.cfg != model.cfg:
+        raise RefGPTError(f"explore: the tuned lens was made for another model ({lens.model.cfg}, not {model.cfg})")
+    if lens.stream != "resid_pre":
+        raise RefGPTError(f"explore: the lens {lens.source or ''} reads {lens.stream}; the page's rows are the streams "
+                          "entering each block (resid_pre): use refgpt lens --stream resid_mid for it")
+    return lens
 
-    if isinstance(tuned, (str, Path)):
-        return load_translators(tuned, model)
-    return _checked_translators(tuned, model, "tuned")
+
+def _lens_source(lens) -> str:
+    """Where the page's tuned lens came from: "shipped" (the embedded model's own), a path, or "arrays"."""
+    from ..files.default_model import default_lens_path
+
+    if lens.source is None:
+        return "arrays"
+    return "shipped" if Path(lens.source).resolve() == Path(default_lens_path()).resolve() else str(lens.source)
 
 
-def _translated(x, translators):
-    """Each stream but the last moved by its translator: h + h·Aᵀ + b; [stream, pos, d_model]."""
-    moved = [x[L] + x[L] @ A.T + b for L, (A, b) in sorted(translators.items())]
-    return np.stack(moved + [x[-1]])
+def _translated(x, lens):
+    """Each stream but the last moved by its translator (TunedLens.translate: h + h·Wᵀ + b); [stream, pos, d_model]."""
+    return np.stack([lens.translate(x[M], M) for M in range(len(x) - 1)] + [x[-1]])
 
 
 def _attribution(cache, logits, target_id):

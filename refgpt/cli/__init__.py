@@ -79,7 +79,11 @@ def _fail(line: str, status: int) -> int:
 
 
 def _main(argv) -> int:
-    args = build_parser().parse_args(argv)
+    words = sys.argv[1:] if argv is None else list(argv)
+    if words[:1] == ["lens"] and words[1:2] and words[1] in lens.ACTIONS:  # refgpt lens train|eval …
+        args = lens.build_action_parser(words[1], _Parser).parse_args(words[1:])
+    else:
+        args = build_parser().parse_args(argv)
     if getattr(args, "json", False):
         _output.set_json()
     return args.run(args)

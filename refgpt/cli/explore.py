@@ -1,6 +1,7 @@
 """``refgpt explore TEXT -o page.html``: one offline page that shows the forward pass.
 
-Attention (every head, click to enlarge), the logit and tuned lenses, LayerNorm's σ and mean and
+Attention (every head, click to enlarge), the logit and tuned lenses (``--lens DIR``; by default on
+the embedded model the tuned lens shipped for it), LayerNorm's σ and mean and
 the stream's norm per layer and position, the exact attribution of a target logit, and — with
 ``--plus/--minus/--layer`` — a steering vector side by side with the clean run, over coefficients
 computed ahead for a slider. One self-contained HTML file: it makes no network request and opens
@@ -20,6 +21,8 @@ Write one self-contained web page (-o FILE) that shows what the model does with 
 attention head, the logit and tuned lenses, each LayerNorm's scale and mean and the residual
 stream's norm per position, the exact attribution of a target logit and, with --plus/--minus/--layer,
 ActAdd steering over a slider of coefficients. The page opens offline, from file://.
+The tuned lens is --lens DIR (a lens directory of the tuned-lens package, config.json + params.pt,
+or a translator file); by default on the embedded model the lens trained for it.
 """
 
 USES = ("--model", "--dtype", "--json", "--bos")
@@ -28,7 +31,7 @@ EXAMPLES = (
     'refgpt explore "To be, or not to" -o page.html',
     'refgpt explore "To be, or not to" --target " be" --bos -o page.html',
     'refgpt explore "I hate you because" --plus "Love" --minus "Hate" --layer 2 --coeff 1 --coeff 5 --coeff 50 --bos -o steer.html',
-    'refgpt explore "My lord, I" --layers 0,3 --heads 0-1 -o some_heads.html',
+    'refgpt explore "My lord, I" --layers 0,3 --heads 0-1 --lens lens-dir -o some_heads.html     # a tuned-lens package directory',
 )
 
 
@@ -53,7 +56,13 @@ def add_parser(subparsers):
                        "(default: the model's top next token after TEXT)")
     p.add_argument("--layers", type=index_list, metavar="LIST", help="attention heads of these layers only, e.g. 0,5-7")
     p.add_argument("--heads", type=index_list, metavar="LIST", help="these heads of each layer only, e.g. 0-3")
-    p.add_argument("--translators", metavar="FILE", help="a tuned lens's translators (safetensors) for the tuned-lens view")
+    p.add_argument("--lens", "--translators", dest="lens", metavar="PATH",
+                   help="the tuned lens of the tuned-lens view: a lens directory (config.json + params.pt, as the "
+                        "tuned-lens package and the hub have them) or a .safetensors/.pt translator file; default on "
+                        "the embedded model: the lens shipped for it (other models: no tuned-lens view)")
+    p.add_argument("--no-tuned", action="store_true", help="no tuned-lens view (the logit lens only)")
+    p.add_argument("--ignore-unembed-hash", action="store_true",
+                   help="use a lens whose config.json unembed_hash is another model's")
     p.add_argument("--plus", metavar="TEXT", help="steer towards this prompt (with --minus and --layer)")
     p.add_argument("--minus", metavar="TEXT", help="steer away from this prompt")
     p.add_argument("--layer", type=int, metavar="L", help="the block whose input stream is steered")
@@ -68,21 +77,25 @@ def run(args) -> int:
         args.usage_error("steering needs all of --plus, --minus and --layer")
     if args.coeff and not all(given):
         args.usage_error("--coeff goes with --plus, --minus and --layer")
+    if args.no_tuned and (args.lens is not None or args.ignore_unembed_hash):
+        args.usage_error("--no-tuned shows no tuned lens: it goes without --lens and --ignore-unembed-hash")
     model = load_chosen(args)
     tokens = tokens_of(model, args)  # [pos]
     if all(given):
         steering = {"plus": args.plus, "minus": args.minus, "layer": args.layer, "coeffs": args.coeff or [1.0],
                     "prepend_bos": args.bos}
     target = token_argument(model, args, "target")
-    page = explore(model, tokens, target=target, layers=args.layers, heads=args.heads, tuned=args.translators,
-                   steering=steering)
+    lens = False if args.no_tuned else args.lens
+    page = explore(model, tokens, target=target, layers=args.layers, heads=args.heads, lens=lens,
+                   steering=steering, check_unembed_hash=not args.ignore_unembed_hash)
     path = page.save(args.output)
     size = path.stat().st_size
     d = page.data
     if args.json:
         return print_json(model, {"output": str(path), "bytes": size, "tokens": [token_json(model, t) for t in tokens],
                                   "target": token_json(model, d["target"]["id"]), "layers": d["layers"],
-                                  "heads": d["heads"], "schema": d["schema"]})
+                                  "heads": d["heads"], "tuned_lens": d["lens"]["tuned_source"], "schema": d["schema"]})
+    tuned = d["lens"]["tuned_source"]
     print(f"wrote {path}: {len(tokens)} tokens, {len(d['layers'])} layers × {len(d['heads'])} heads, "
-          f"{model.dtype.name}, {size / 2**20:.1f} MiB")
+          f"{model.dtype.name}, tuned lens: {'none' if tuned is None else tuned}, {size / 2**20:.1f} MiB")
     return 0

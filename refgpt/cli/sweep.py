@@ -95,8 +95,9 @@ def add_parser(subparsers):
     g.add_argument("--rtol", type=non_negative_float, help="compare: relative tolerance")
     lens = p.add_argument_group("lens")
     lens.add_argument("--translators", metavar="FILE", action="append",
-                      help="also the lens of these translators (tuned-lens safetensors keys: a trained tuned lens "
-                           "or the least-squares baseline; repeatable)")
+                      help="also the lens of these translators: a lens directory (config.json + params.pt, as the "
+                           "tuned-lens package and refgpt lens train write it) or a .safetensors/.pt translator file "
+                           "(repeatable)")
     lens.add_argument("--lens", metavar="MODULE:FUNCTION[=PATH]", action="append",
                       help="also a plug-in lens: FUNCTION(PATH, model) returns it (refgpt/sweep/task_lens.py; repeatable)")
     a = p.add_argument_group("attribute")

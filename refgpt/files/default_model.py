@@ -13,6 +13,10 @@ sha256. Any model directory holding a file named ``UNTRAINED`` is marked as a ra
 initialisation, and the ``refgpt`` command warns about it in everything it prints.
 
     model = refgpt.load_default()              # the same as refgpt.load(refgpt.default_model_path())
+
+Beside it ships a tuned lens trained for it (``weights/default_lens/``: config.json + params.pt in
+the tuned-lens package's format, made by ``weights/train_default_lens.py``); ``default_lens_path``
+finds it the same way.
 """
 
 from __future__ import annotations
@@ -36,12 +40,21 @@ def default_model_path() -> Path:
 SOURCE_CHECKOUT_WEIGHTS = Path(__file__).resolve().parents[2] / "weights" / "default"
 
 
-def installed_weights():
-    """``refgpt.weights/default`` as installed (a Path), or None when there is no such package."""
+def installed_weights(folder: str = "default"):
+    """``refgpt.weights/FOLDER`` as installed (a Path), or None when there is no such package."""
     try:
-        return resources.files("refgpt.weights") / "default"
+        return resources.files("refgpt.weights") / folder
     except ModuleNotFoundError:  # refgpt imported from the source tree: its weights/ is not a subpackage
         return None
+
+
+def default_lens_path() -> Path:
+    """The directory of the tuned lens trained for the embedded model (config.json + params.pt)."""
+    for place in (installed_weights("default_lens"), SOURCE_CHECKOUT_WEIGHTS.parent / "default_lens"):
+        if isinstance(place, Path) and (place / "config.json").is_file():
+            return place
+    raise RefGPTError("the embedded model's tuned lens is not installed (looked for refgpt.weights/default_lens "
+                      f"and {SOURCE_CHECKOUT_WEIGHTS.parent / 'default_lens'}); pass a lens directory instead")
 
 
 def find_default_model(candidates) -> Path:
@@ -58,6 +71,16 @@ def find_default_model(candidates) -> Path:
 def load_default(dtype="float64"):
     """The embedded default model, in float64 or float32, with its tokenizer."""
     return load(default_model_path(), dtype=dtype)
+
+
+def is_default_model(directory) -> bool:
+    """Is ``directory`` (a model's ``source``) the embedded default model's?"""
+    if directory is None:
+        return False
+    try:
+        return Path(directory).resolve() == default_model_path().resolve()
+    except (OSError, RefGPTError):
+        return False
 
 
 def is_untrained(directory) -> bool:

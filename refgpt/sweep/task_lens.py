@@ -13,9 +13,11 @@ stream). Built in:
 
 - ``logit`` — the logit lens (always computed): ln_final recomputed from the stream, then W_U
   (refgpt.analysis.lens.read_out);
-- ``{"translators": PATH}`` — affine translators in tuned-lens's safetensors keys
-  (``layer_translators.{M}.weight``/``.bias``; refgpt.analysis.lens.load_translators): a trained
-  tuned lens saved in that format, or the least-squares baseline (fit_least_squares_translators);
+- ``{"translators": PATH}`` — affine translators (refgpt.analysis.lens.load_translators): a lens
+  directory as the tuned-lens package writes it (config.json + params.pt, e.g. the hub's or
+  ``refgpt lens train``'s), or a .safetensors/.pt file in either key spelling (``{M}.weight`` or
+  ``layer_translators.{M}.weight``), a trained tuned lens or the least-squares baseline
+  (fit_least_squares_translators);
   h + h·Aᵀ + b, then the logit lens's read-out; the final stream is not translated;
 - ``{"factory": "MODULE:FUNCTION", "path": PATH}`` — a plug-in: the worker imports MODULE, calls
   FUNCTION(PATH, model) and uses the lens it returns. That is how a lens refgpt does not know yet
@@ -78,7 +80,7 @@ def check_lens_spec(spec):
                           f"'path': PATH}}, found {spec!r:.80}")
     if set(spec) == {"translators"}:
         path = Path(spec["translators"]).absolute()
-        if not path.is_file():
+        if not path.exists():  # a translator file, or a lens directory (config.json + params.pt)
             raise RefGPTError(f"--translators {path}: file not found")
         return {"translators": str(path)}
     if set(spec) <= {"factory", "path"} and "factory" in spec:

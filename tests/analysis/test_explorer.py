@@ -20,7 +20,7 @@ from refgpt import Config, RefGPTError
 from refgpt.analysis import explorer
 from refgpt.analysis.attribution import attribute
 from refgpt.analysis.interventions import steering_vector
-from refgpt.analysis.lens import fit_least_squares_translators, logit_lens, tuned_lens
+from refgpt.analysis.lens import TunedLens, fit_least_squares_translators, logit_lens, tuned_lens
 from refgpt.analysis.measurements import norm
 
 TEXT = "My lord, I am glad to see you well."
@@ -33,9 +33,9 @@ def model():
 
 @pytest.fixture(scope="module")
 def page(model):
-    translators = fit_least_squares_translators(model.run_with_cache(TEXT + " And so farewell.")[1])
+    """The embedded model's page with its defaults: the tuned-lens view is the shipped lens's."""
     steering = {"plus": "Love", "minus": "Hate", "layer": 2, "coeffs": [1.0, 10.0, 1e6]}
-    return explorer.explore(model, TEXT, target=" lord", tuned=translators, steering=steering), translators
+    return explorer.explore(model, TEXT, target=" lord", steering=steering), TunedLens.load(model)
 
 
 def document_of(page_html: str) -> dict:
@@ -107,6 +107,43 @@ def test_the_lens_views_are_the_lens_modules_numbers(model, page, kind):
     np.testing.assert_allclose(lens["entropy"], -(p_all * log_p).sum(-1), rtol=1e-12)
 
 
+def test_the_tuned_view_is_the_lens_it_is_given_as_refgpt_lens_takes_it(model, page, tmp_path):
+    """Default: the shipped lens (named "shipped"); a lens directory, a translator file, a TunedLens
+    or {layer: (W, b)} (lens=, or tuned= by its old name) give that lens's numbers; False: none."""
+    p, shipped = page
+    assert p.data["lens"]["tuned_source"] == "shipped"
+    least_squares = fit_least_squares_translators(model.run_with_cache(TEXT + " And so farewell.")[1])
+    TunedLens(model, least_squares).save(tmp_path / "lens-dir")
+    _, cache = model.run_with_cache(TEXT)
+    expected = tuned_lens(cache, least_squares).top(1)[0][:, 0, :, 0].tolist()
+    assert expected != p.data["lens"]["tuned"]["top_id"]  # another lens: the test can tell them apart
+    for given, source in ((least_squares, "arrays"), (tmp_path / "lens-dir", str(tmp_path / "lens-dir")),
+                          (TunedLens.load(model, tmp_path / "lens-dir"), str(tmp_path / "lens-dir"))):
+        d = explorer.explore(model, TEXT, lens=given).data["lens"]
+        assert d["tuned"]["top_id"] == expected and d["tuned_source"] == source
+    assert explorer.explore(model, TEXT, tuned=least_squares).data["lens"]["tuned"]["top_id"] == expected
+    off = explorer.explore(model, TEXT, lens=False).data["lens"]
+    assert off["tuned"] is None and off["tuned_source"] is None
+
+
+def test_a_lens_that_does_not_fit_the_page_is_refused_by_name(model, tmp_path):
+    d = model.cfg.d_model
+    zero = {M: (np.zeros((d, d)), np.zeros(d)) for M in range(model.cfg.n_layers)}
+    with pytest.raises(RefGPTError, match="not both"):
+        explorer.explore(model, TEXT, lens=zero, tuned=zero)
+    TunedLens(model, zero, stream="resid_mid").save(tmp_path / "mid")
+    with pytest.raises(RefGPTError, match="reads resid_mid"):
+        explorer.explore(model, TEXT, lens=tmp_path / "mid")
+    with pytest.raises(RefGPTError, match="no translator for layer 3"):
+        explorer.explore(model, TEXT, lens={M: zero[M] for M in range(3)})
+    other = random_model(Config(d_model=8, n_layers=2, n_heads=2, d_mlp=8, d_vocab=30, n_ctx=20), seed=3)
+    TunedLens(other, {M: (np.zeros((8, 8)), np.zeros(8)) for M in range(2)}).save(tmp_path / "other")
+    with pytest.raises(RefGPTError, match="a lens for d_model 8, 2 layers"):
+        explorer.explore(model, TEXT, lens=tmp_path / "other")
+    with pytest.raises(RefGPTError, match="lens must be"):
+        explorer.explore(model, TEXT, lens=3)
+
+
 def test_the_attribution_sums_to_the_logit_it_names(model, page):
     p, _ = page
     a = p.data["attribution"]
@@ -166,7 +203,7 @@ def test_layers_and_heads_choose_what_the_page_holds(model):
 def test_a_model_without_a_tokenizer_shows_ids():
     cfg = Config(d_model=8, n_layers=2, n_heads=2, d_mlp=8, d_vocab=30, n_ctx=20)
     p = explorer.explore(random_model(cfg, seed=3), [3, 1, 4, 1, 5])
-    assert p.data["tokens"] == ["#3", "#1", "#4", "#1", "#5"] and p.data["lens"]["tuned"] is None
+    assert p.data["tokens"] == ["#3", "#1", "#4", "#1", "#5"] and p.data["lens"]["tuned"] is None  # no lens shipped
     assert p.data["steering"] is None and p.data["text"] is None
     with pytest.raises(RefGPTError, match="one sequence"):
         explorer.explore(random_model(cfg, seed=3), [[1, 2], [3, 4]])
@@ -199,10 +236,39 @@ def test_the_command_writes_the_page(refgpt_cli, tmp_path, model):
     assert [r["coeff"] for r in document_of(out.read_text(encoding="utf-8"))["steering"]["runs"]] == [2.0, 20.0]
 
 
+def test_the_command_takes_the_tuned_lens_as_refgpt_lens_does(refgpt_cli, tmp_path, model):
+    """The shipped lens by default on the embedded model, --lens DIR (or --translators) otherwise,
+    --no-tuned for none; on another model without --lens the page has no tuned view."""
+    tokens = model.to_tokens(TEXT, prepend_bos=False)[0]
+    out = tmp_path / "page.html"
+    done = refgpt_cli.in_process("explore", TEXT, "-o", out)
+    assert done.returncode == 0 and "tuned lens: shipped" in done.stdout, done.stderr
+    assert document_of(out.read_text(encoding="utf-8"))["lens"] == explorer.explore(model, tokens).data["lens"]
+    least_squares = fit_least_squares_translators(model.run_with_cache(TEXT)[1])
+    TunedLens(model, least_squares).save(tmp_path / "lens-dir")
+    for option in ("--lens", "--translators"):
+        done = refgpt_cli.in_process("explore", TEXT, option, tmp_path / "lens-dir", "-o", out, "--json")
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["tuned_lens"] == str(tmp_path / "lens-dir")
+        assert (document_of(out.read_text(encoding="utf-8"))["lens"]["tuned"]
+                == explorer.explore(model, tokens, lens=least_squares).data["lens"]["tuned"])
+    done = refgpt_cli.in_process("explore", TEXT, "--no-tuned", "-o", out)
+    assert done.returncode == 0 and "tuned lens: none" in done.stdout
+    assert document_of(out.read_text(encoding="utf-8"))["lens"]["tuned"] is None
+    other = tmp_path / "other-model"
+    params = random_model(model.cfg, seed=3).params  # the embedded model's shape and tokenizer, other weights
+    retrained = refgpt.Model(model.cfg, {**params, "unembed.W_U": params["embed.W_E"].T})
+    retrained.tokenizer = model.tokenizer
+    refgpt.save(retrained, other)
+    done = refgpt_cli.in_process("explore", TEXT, "--model", other, "-o", out)
+    assert done.returncode == 0 and "tuned lens: none" in done.stdout, done.stderr
+
+
 @pytest.mark.parametrize("args, message", [
     (["--plus", "Love", "--layer", "1"], "steering needs all of --plus, --minus and --layer"),
     (["--coeff", "3"], "--coeff goes with --plus, --minus and --layer"),
     (["--layers", "1,x"], "is not a list like 0,3,5-7"),
+    (["--no-tuned", "--lens", "x"], "--no-tuned shows no tuned lens"),
 ])
 def test_the_command_refuses_incomplete_options(refgpt_cli, tmp_path, args, message):
     done = refgpt_cli.in_process("explore", TEXT, "-o", tmp_path / "p.html", *args)

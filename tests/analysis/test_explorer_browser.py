@@ -14,7 +14,6 @@ import refgpt
 from browser import Browser, need_browser
 from refgpt.analysis import explorer
 from refgpt.analysis.interventions import steering_vector
-from refgpt.analysis.lens import fit_least_squares_translators
 from refgpt.analysis.measurements import norm
 
 TEXT = "My lord, I am glad to see you well."
@@ -36,8 +35,7 @@ def model():
 
 @pytest.fixture(scope="module")
 def page(model, tmp_path_factory, browser):
-    translators = fit_least_squares_translators(model.run_with_cache(TEXT + " And so farewell.")[1])
-    built = explorer.explore(model, TEXT, target=" lord", tuned=translators,
+    built = explorer.explore(model, TEXT, target=" lord",  # the tuned view: the shipped lens (the default)
                              steering={"plus": "Love", "minus": "Hate", "layer": 2, "coeffs": COEFFS})
     path = built.save(tmp_path_factory.mktemp("explorer") / "page.html")
     console, requests = browser.open(path)

@@ -131,7 +131,7 @@ def test_the_issue_s_command_line_is_refused(refgpt_cli, work):
     (["compare", GOLDEN, GOLDEN, "--json", "--failing"], "--json gives every tensor"),
     (["golden", "To be", "-o", "x.safetensors", "--padding-side", "left"], "one row has nothing to pad"),
     (["golden", "--tokens", "ids.txt", "-o", "x.safetensors", "--greedy"], "--greedy goes with --tokens FILE --generate N"),
-    (["lens", "To be", "--translators", GOLDEN], "--translators FILE goes with --kind tuned"),
+    (["lens", "To be", "--translators", GOLDEN], "--lens PATH and --ignore-unembed-hash go with --kind tuned"),
 ])
 def test_an_own_option_that_would_be_ignored_is_refused(refgpt_cli, work, argv, message):
     (work / "ids.txt").write_text("1 2 3\n")

@@ -107,14 +107,31 @@ def test_lens_tuned_with_zero_translators_equals_the_logit_lens_and_plots(refgpt
     (["steer", "Hi", "--plus", "a long prompt", "--minus", "x", "--layer", "0"], 1, "needs at least 3 positions"),
     (["steer", "Hi", "--plus", "a", "--minus", "b", "--layer", "9"], 1, "layer 9 is not a block"),
     (["steer", "Hi", "--plus", "a"], 2, "--minus"),
-    (["lens", "Hi", "--kind", "tuned"], 2, "--translators"),
+    (["lens", "Hi", "--lens", "x.pt"], 2, "--lens PATH and --ignore-unembed-hash go with --kind tuned"),
+    (["lens", "Hi", "--kind", "final-scale", "--stream", "resid_mid"], 2, "reads resid_pre only"),
+    (["lens", "train", "--text", "x.txt"], 2, "-o/--output"),
+    (["lens", "eval", "--text", "x.txt", "--no-tuned", "--lens", "y"], 2, "it takes no --lens"),
+    (["lens", "eval", "--text", "x.txt"], 1, "--text x.txt: not found"),
     (["lens", "Hi", "--target", "abc"], 1, "'abc' is 2 tokens"),  # ab, c
     (["lens", "Hi", "--target-id", "8192"], 1, "outside the vocabulary"),
     (["lens", "Hi", "--target", "#8192"], 1, "outside the vocabulary"),
     (["lens", "Hi", "--target", "e", "--target-id", "101"], 2, "not both"),
-    (["lens", "Hi", "--kind", "tuned", "--translators", "nowhere.safetensors"], 1, "not found"),
+    (["lens", "Hi", "--kind", "tuned", "--translators", "nowhere.safetensors"], 1, "nowhere.safetensors: lens not found"),
+    (["lens", "Hi", "--kind", "tuned", "--lens", "nowhere"], 1, "nowhere: lens not found"),
 ])
 def test_errors_are_one_line_with_the_right_exit_status(argv, status, message, refgpt_cli):
     code, _, err = refgpt_cli.in_process(*argv)
     assert code == status
     assert err.startswith("refgpt: error: ") and err.count("\n") == 1 and message in err, err
+
+
+def test_lens_at_resid_mid_reads_the_streams_between_attention_and_mlp(refgpt_cli, model):
+    out = refgpt_cli.in_process("lens", "The cat sat", "--bos", "--stream", "resid_mid", "--json")
+    assert out.returncode == 0, out.stderr
+    answer = json.loads(out.stdout)
+    assert answer["streams"] == ["0_mid", "1_mid", "2_mid", "3_mid", "final_post"]
+    _, cache = model.run_with_cache(model.to_tokens("The cat sat", prepend_bos=True)[0])
+    ids, _ = logit_lens(cache, "resid_mid").top(1)
+    assert [[c["top"]["id"] for c in row] for row in answer["cells"]] == ids[:, 0, :, 0].T.tolist()
+    tuned = refgpt_cli.in_process("lens", "The cat sat", "--kind", "tuned", "--stream", "resid_mid")
+    assert tuned.returncode == 1 and "reads resid_pre, not resid_mid" in tuned.stderr  # the shipped lens's stream

@@ -18,7 +18,7 @@ from writers import NEW, OLD, WRITERS
 
 SIZE = "4m"
 SINGLE = ["golden.write_streamed", "golden.write", "refgpt.save", "save_tokenizer", "llmc.write_model",
-          "llmc.write_debug_state", "lens.save_translators", "plots (png)"]
+          "llmc.write_debug_state", "lens.save_translators", "lens_directory.write_lens", "plots (png)"]
 
 
 @pytest.fixture

@@ -40,7 +40,7 @@ def together(*actions) -> list[int]:
 
 
 @pytest.mark.parametrize("name", ["golden.write_streamed", "refgpt.save", "save_tokenizer", "llmc.write_model",
-                                  "lens.save_translators"])
+                                  "lens.save_translators", "lens_directory.write_lens"])
 def test_two_writers_leave_one_whole_result(tmp_path, name):
     w = next(w for w in WRITERS if w.name == name).prepare(tmp_path / "ref")
     for round_ in range(ROUNDS):

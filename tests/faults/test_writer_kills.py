@@ -70,7 +70,7 @@ def check_after(w: Writer, root: Path, out: Path, why: str, clean: bool) -> None
     assert found in allowed, f"{w.name} {why}: the output is neither the old nor the new result"
     if out.is_dir() and found is not None:
         expected = {"config.json", "model.safetensors", "vocab.json", "merges.txt", "refgpt-manifest.json",
-                    "runs/", "runs/log.txt", "README.md"}
+                    "runs/", "runs/log.txt", "README.md", "params.pt", "training_log.json"}
         assert set(listing(out)) <= expected, (w.name, why, listing(out))
         for name in w.extra:  # carried over, whichever model the directory holds
             assert (out / name).exists(), (w.name, why, name)

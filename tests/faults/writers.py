@@ -17,7 +17,7 @@ from random_models import random_params
 from refgpt import Config, Model, RefGPTError
 from refgpt.analysis import lens
 from refgpt.analysis.explorer import explore
-from refgpt.files import safetensors_file, saving
+from refgpt.files import lens_directory, safetensors_file, saving
 from refgpt.files.atomic_write import refuse_temporary
 from refgpt.gpt2.tokenizer import Tokenizer, bytes_to_unicode
 from refgpt.oracle import golden, llmc, llmc_dump
@@ -93,6 +93,27 @@ def read_png(path: Path):
     return hashlib.sha256(data).hexdigest()
 
 
+def write_lens_of(model, out):
+    """A tuned-lens directory (config.json, params.pt, training_log.json) for ``model``."""
+    n, d = model.cfg.n_layers, model.cfg.d_model
+    config = lens_directory.lens_config(d, n, f"faults-{n}", lens_directory.unembed_hash(model.params["unembed.W_U"]))
+    lens_directory.write_lens(out, {L: (np.eye(d) * (L + 1), np.full(d, 0.5 * n)) for L in range(n)}, config,
+                              training_log=f'{{"layers": {n}}}\n')
+
+
+def read_lens_dir(path: Path):
+    """A lens directory is whole when it reads (config and params agree) and its log is the same lens's."""
+    files = lens_directory.read_lens(path)
+    n = len(files.translators)
+    try:
+        log = json.loads((Path(path) / "training_log.json").read_text(encoding="utf-8"))
+    except ValueError:
+        raise RefGPTError(f"{path}: training_log.json is not whole") from None
+    if log != {"layers": n}:
+        raise RefGPTError(f"{path}: training_log.json is another lens's")
+    return (n, digest(Path(path) / "params.pt"), digest(Path(path) / "config.json"))
+
+
 def golden_of(model):
     return golden.make(model, TOKENS[:, :3], command=["faults"])
 
@@ -140,6 +161,8 @@ WRITERS = [
            lambda m, out: lens.save_translators(out, {L: (np.eye(8) * (L + 1), np.zeros(8))
                                                                        for L in range(m.cfg.n_layers)}),
            lambda out: (safetensors_file.SafetensorsFile(out), digest(out))[1]),
+    Writer("lens_directory.write_lens", "lens", lambda m, out: write_lens_of(m, out), lambda out: read_lens_dir(out),
+           extra=["README.md"]),
     Writer("plots (png)", "fig.png", plot, read_png),
     Writer("explorer page", "page.html", lambda m, out: explore(m, TOKENS[0]).save(out), lambda out: read_page(out)),
 ]

@@ -15,7 +15,8 @@ import pytest
 import refgpt
 from conftest import FAILING, TEXTS, TOKENS, records, write_corpus
 from refgpt.analysis.attribution import attribute, required_hooks
-from refgpt.analysis.lens import fit_least_squares_translators, logit_lens, save_translators, tuned_lens
+from refgpt.analysis.lens import (TunedLens, fit_least_squares_translators, load_translators, logit_lens,
+                                  save_translators, tuned_lens)
 from refgpt.errors import RefGPTError
 from refgpt.gpt2.activations import log_softmax
 from refgpt.oracle import golden
@@ -124,7 +125,9 @@ def test_the_translator_lens_and_a_plug_in_lens_are_the_tuned_lens_of_refgpt_ana
     path = save_translators(tmp_path / "lens.safetensors", fit_least_squares_translators(cache))
     corpus = tmp_path / "p.jsonl"
     corpus.write_text(json.dumps({"id": "9", "text": TEXTS["9"]}) + "\n")
+    TunedLens(model, load_translators(path, model)).save(tmp_path / "lens-dir")  # the package's directory
     specs = {"translators": [{"translators": str(path)}],
+             "directory": [{"translators": str(tmp_path / "lens-dir")}],
              "plug-in": [{"factory": "refgpt.sweep.task_lens:translator_lens", "path": str(path)}]}
     for kind, lenses in specs.items():
         out = tmp_path / kind
@@ -133,11 +136,12 @@ def test_the_translator_lens_and_a_plug_in_lens_are_the_tuned_lens_of_refgpt_ana
         tokens = tokens_of(model, r)
         logits, cache = model.run_with_cache(tokens[None])
         tuned = tuned_lens(cache, path).logits[:, 0]
-        got = r["result"]["lenses"]["translators lens.safetensors"]
+        name = "translators lens-dir" if kind == "directory" else "translators lens.safetensors"
+        got = r["result"]["lenses"][name]
         for M in range(len(tuned)):
             kl, ce, entropy = lens_metrics(log_softmax(logits[0]), tuned[M], tokens[1:])
             assert got["kl_sum"][M] == math.fsum(kl.tolist()) and got["entropy_sum"][M] == math.fsum(entropy.tolist())
-        assert list(r["result"]["lenses"]) == ["logit lens", "translators lens.safetensors"]
+        assert list(r["result"]["lenses"]) == ["logit lens", name]
 
 
 def test_attribute_records_are_refgpt_attribute_of_each_next_token(serial, model):
