@@ -8,14 +8,14 @@ from __future__ import annotations
 import numpy as np
 
 from refgpt.gpt2.activations import log_softmax
-from refgpt.oracle.comparison import (BIAS_FULL_ELEMENTS, BIAS_GROWTH, BIAS_MIN_ELEMENTS, GROWTH, Element,
-                                      LogitsSummary, TensorResult, _F32_TINY, _top_k, _where,
+from refgpt.oracle import comparison, golden
+from refgpt.oracle.comparison import (BIAS_FULL_ELEMENTS, BIAS_GROWTH, BIAS_MIN_ELEMENTS, GROWTH, UNIT_ROUNDOFF,
+                                      Element, LogitsSummary, RowFreedom, TensorResult, _F32_TINY, _top_k, _where,
                                       is_zero_in_exact_arithmetic, tensor_scale)
 from refgpt.oracle.name_maps import is_gradient, layer_of
 
 
-
-def whole_compare_tensor(name, r, c, tol, conditioning, ref, error_rms=None) -> TensorResult:
+def whole_compare_tensor(name, r, c, tol, conditioning, ref, error_rms=None, row_freedom=None, layout=None) -> TensorResult:
     res = TensorResult(name, layer_of(name), "ok", list(r.shape), list(c.shape))
     if c.shape != r.shape and r.ndim >= 1 and r.shape[0] == 1 and c.shape == r.shape[1:]:
         c = c[None]  # a candidate without the batch axis, for a batch of one
@@ -25,6 +25,7 @@ def whole_compare_tensor(name, r, c, tol, conditioning, ref, error_rms=None) -> 
         return res
     if r.dtype.kind in "iub" or c.dtype.kind in "iub":
         differ = np.argwhere(r != c)  # [n_differ, ndim]
+        res.n_out, res.n_compared = len(differ), r.size
         if len(differ):
             i = tuple(int(k) for k in differ[0])
             res.status = "values differ"
@@ -37,45 +38,72 @@ def whole_compare_tensor(name, r, c, tol, conditioning, ref, error_rms=None) -> 
         compared &= np.tril(np.ones(r.shape[-2:], dtype=bool))  # [pos, key_pos]
         res.notes.append("∂pattern compared on the causal part (above the diagonal no loss depends on it through "
                          "the softmax; llm.c never computes it)")
-    judged_name, jr, jc = name, r64, c64
-    if name == "logits":  # shift-invariant: judge log-softmax against log-softmax
-        jc = log_softmax(c64)
-        jr = np.asarray(ref["log_probs"], np.float64) if "log_probs" in ref else log_softmax(r64)  # [batch, pos, d_vocab]
-        judged_name = "log_probs" if "log_probs" in conditioning else "logits"
-        res.notes.append("judged shift-invariantly: log-softmax of the logits")
-    scale = tensor_scale(name, jr[compared], ref)
+    freedom = golden.row_freedom_of(name)
+    if freedom is not None and freedom[1] and not (tol["profile"] and row_freedom and name in row_freedom):
+        freedom = None
+    jc, free = c64, None
+    if freedom is not None:
+        with np.errstate(invalid="ignore", over="ignore"):
+            jc, free = golden.row_adjusted(name, r64, c64)  # [...], [rows...]
+        bound = GROWTH * tol["unit_roundoff"] * (row_freedom[name] + 1.0) if freedom[1] else None
+        raw_free = free
+        res.row = RowFreedom(freedom[0], bound)
+        free = np.where(compared.any(-1), free, 0.0)  # a row with nothing judged has no factor to judge
+        raw_free = free
+        size = np.abs(np.where(np.isfinite(free), free, np.inf)).reshape(-1)  # [rows]
+        if size.size:
+            k = int(np.argmax(size))
+            res.row.largest = float(size[k])
+            res.row.largest_at = [int(i) for i in np.unravel_index(k, r.shape[:-1])]
+        if bound is not None:  # a row beyond the bound, or no mere rescaling, gets no freedom: judged as it is
+            beyond = ~(np.abs(free) <= bound) & compared.any(-1)  # [rows...]
+            beyond |= ~(np.abs(free) <= comparison.MAX_ROW_FREEDOM[freedom[0]])
+            jc = np.where(beyond[..., None], c64, jc)
+            free = np.where(beyond, np.nan, free)
+        if bound is not None and (size > bound).any():
+            k = int(np.flatnonzero(size > bound)[0])
+            res.row.rows_out = int((size > bound).sum())
+            res.row.first_out = [int(i) for i in np.unravel_index(k, r.shape[:-1])]
+            res.row.first_out_value = float(raw_free.reshape(-1)[k] + (1.0 if freedom[0] == "factor" else 0.0))
+            if freedom[0] == "factor":
+                rr, cc = r64.reshape(-1, r.shape[-1])[k], c64.reshape(-1, r.shape[-1])[k]
+                res.row.first_out_sums = (float(np.sum(cc)), float(np.sum(np.where(np.isfinite(rr), rr, 0.0))))
+    scale = tensor_scale(name, r64[compared], ref)
     if tol["profile"]:
         u = tol["unit_roundoff"]
         res.rtol = GROWTH * u
-        res.atol = GROWTH * u * (conditioning.get(judged_name, 0.0) + scale)
+        res.atol = GROWTH * u * (conditioning.get(name, 0.0) + scale)
     else:
         res.rtol, res.atol = tol["rtol"], tol["atol"]
     with np.errstate(invalid="ignore"):  # −∞ − −∞ in the masked part, which is not compared
-        diff = np.where(compared, np.abs(c64 - r64), 0.0)  # [...] raw error, reported
-        jdiff = np.where(compared, np.abs(jc - jr), 0.0)  # [...] judged error
-    diff = np.where(np.isnan(diff), np.inf, diff)  # [...] a NaN candidate is infinitely wrong
+        jdiff = np.where(compared, np.abs(jc - r64), 0.0)  # [...] judged error
     jdiff = np.where(np.isnan(jdiff), np.inf, jdiff)  # [...]
-    if name == "probs" and tol["profile"]:  # |Δp| = p·|Δlog p|: log_probs' tolerance, relative to p
-        limit = (res.atol + res.rtol) * np.abs(np.where(compared, jr, 0.0)) + GROWTH * tol["unit_roundoff"] * _F32_TINY
-        res.notes.append("probabilities judged relative to p: |Δp| ≤ p·(log_probs' tolerance)")
+    if name == "probs" and tol["profile"]:
+        limit = (res.atol + res.rtol) * np.abs(np.where(compared, r64, 0.0)) + _F32_TINY
+        res.notes.append("probabilities judged relative to p: |Δp| ≤ p·(atol + rtol) + float32's smallest normal "
+                         "(a port may flush smaller ones to 0)")
     else:
-        limit = res.atol + res.rtol * np.abs(np.where(compared, jr, 0.0))  # [...]
+        limit = res.atol + res.rtol * np.abs(np.where(compared, r64, 0.0))  # [...]
     bad = jdiff > limit  # [...]
-    res.max_abs = float(diff.max(initial=0.0))
-    res.max_rel = res.max_abs / tensor_scale(name, r64[compared], ref)
+    res.max_abs = float(jdiff.max(initial=0.0))
+    res.max_rel = res.max_abs / scale
     res.max_over_tol = float(np.max(np.where(compared, jdiff / np.maximum(limit, _F32_TINY * _F32_TINY), 0.0),
                                     initial=0.0))
     n = int(compared.sum())
     res.frac_out = float(bad.sum() / n) if n else 0.0
-    if bad.any():
+    res.n_out, res.n_compared = int(bad.sum()), n
+    if bad.any() or (res.row is not None and res.row.rows_out):
         res.status = "out of tolerance"
+    if bad.any():
         first = np.unravel_index(int(np.argmax(bad)), bad.shape)
         worst = np.unravel_index(int(np.argmax(np.where(bad, jdiff / np.maximum(limit, _F32_TINY), -1.0))), bad.shape)
-        res.first_bad = _element(name, first, jr, jc, limit)
-        res.worst = _element(name, worst, jr, jc, limit)
+        res.first_bad = _element(name, first, r64, c64, limit, freedom, free)
+        res.worst = _element(name, worst, r64, c64, limit, freedom, free)
+    if res.row is not None:
+        res.notes.append(comparison._row_note(res.row))
     if tol["profile"] and n and error_rms is not None:
-        _check_systematic(res, jr[compared], jc[compared], jdiff[compared], tol["unit_roundoff"],
-                          error_rms.get(judged_name, 0.0))
+        _check_systematic(res, r64[compared], jc[compared], jdiff[compared], tol["unit_roundoff"],
+                          error_rms.get(name, 0.0))
     return res
 
 
@@ -113,9 +141,13 @@ def _check_systematic(res, r, c, err, u, r_X) -> None:
                          f"({res.bias_tolerance:.3g}); RMS error {res.rms:.3g}")
 
 
-def _element(name, index, r, c, limit):
+def _element(name, index, r, c, limit, freedom=None, free=None):
     i = tuple(int(k) for k in index)
-    return Element(i, _where(name, i), float(r[i]), float(c[i]), float(limit[i]))
+    e = Element(i, _where(name, i), float(r[i]), float(c[i]), float(limit[i]))
+    if freedom is not None and np.isfinite(free[i[:-1]]):
+        value = float(free[i[:-1]]) + (1.0 if freedom[0] == "factor" else 0.0)
+        e.row_factor, e.row_shift = (value, None) if freedom[0] == "factor" else (None, value)
+    return e
 
 
 def whole_logits_summary(ref, cand) -> LogitsSummary:

@@ -43,10 +43,14 @@ def _add_json(p):
     p.add_argument("--json", action="store_true", help="print JSON instead of a table, for scripts")
 
 
-def add_text_arguments(p, optional: bool | None = False):
+def add_text_arguments(p, optional: bool | str | None = False):
     """TEXT and --bos, as every text-reading subcommand takes them (``optional`` None: --bos alone,
-    for a subcommand whose texts come from a file, ``refgpt sweep``)."""
-    if optional is not None:
+    for a subcommand whose texts come from a file, ``refgpt sweep``; ``"many"``: any number of TEXTs,
+    ``refgpt golden``'s padded batch)."""
+    if optional == "many":  # refgpt golden: several TEXTs make a padded batch
+        p.add_argument("text", metavar="TEXT", nargs="*",
+                       help="the text to run; several make a padded batch (put -- before TEXT if it starts with -)")
+    elif optional is not None:
         p.add_argument("text", metavar="TEXT", nargs="?" if optional else None,
                        help="the text to run (put -- before TEXT if it starts with -)")
     p.add_argument("--bos", action="store_true", help="put <|endoftext|> before the text, as GPT-2 saw "

@@ -4,12 +4,16 @@
     refgpt compare golden.safetensors hf.safetensors --map hf --profile float32
     refgpt compare golden.safetensors acts.bin --map llmc --json
 
-Prints a table of every tensor in forward order, then every gradient in backward order (max abs
+Prints a table of every tensor in forward order (a decode golden's step by step), then every
+gradient in backward order (max abs
 and relative error, the largest error over its tolerance, the mean signed error over the bias
 bound, the share of elements out of tolerance; the golden's own error when it is certified) and
 names the first tensor out of tolerance. A ``.bin`` candidate with ``--map llmc`` is llm.c's: a raw
-acts_memory dump, refgpt's llm.c dump (tokens, activations and gradients), or a debug state. Exit
-status 0 when everything is within tolerance, 1 otherwise.
+acts_memory dump, refgpt's llm.c dump (tokens, activations and gradients), or a debug state; a
+directory with ``--map llmc`` holds llm.c-style per-step dumps of a decode (step0.bin, …). ``--names
+GLOB`` and ``--failing`` filter the table (not the verdict); ``--judge-pads`` judges a padded
+golden's pads; ``--forward-only`` lets a golden without gradients judge a candidate with them.
+Exit status 0 when everything is within tolerance, 1 otherwise.
 """
 
 from __future__ import annotations
@@ -44,13 +48,25 @@ def add_parser(subparsers):
                    help="tolerances from a format's unit roundoff (default: the candidate's precision)")
     p.add_argument("--map", dest="name_map", choices=MAPS, default="refgpt",
                    help="how the candidate names its tensors (default: refgpt/TransformerLens hook names)")
+    p.add_argument("--forward-only", action="store_true",
+                   help="judge the forward pass alone: a candidate's gradients against a golden made without "
+                        "--backward are otherwise a failure")
+    p.add_argument("--judge-pads", action="store_true",
+                   help="judge a padded golden's pad positions too (by default only real positions must agree)")
+    p.add_argument("--names", metavar="GLOB", action="append",
+                   help="show only tensors matching this glob (repeatable), e.g. 'step.3.*' or 'grad.blocks.0.*'; "
+                        "the verdict is still the whole comparison's")
+    p.add_argument("--failing", action="store_true", help="show only tensors out of tolerance")
     return p
 
 
 def run(args) -> int:
     if args.profile is not None and (args.atol is not None or args.rtol is not None):
         args.usage_error("give either --profile or --atol/--rtol, not both")
+    if args.json and (args.names or args.failing):  # refused, not ignored: the JSON holds every tensor
+        args.usage_error("--names and --failing filter the table; --json gives every tensor (filter it there)")
     report = oracle.compare(args.reference, args.candidate, atol=args.atol, rtol=args.rtol,
-                            profile=args.profile, name_map=args.name_map)
-    print(report.to_json() if args.json else report.table())
+                            profile=args.profile, name_map=args.name_map, forward_only=args.forward_only,
+                            judge_pads=args.judge_pads)
+    print(report.to_json() if args.json else report.table(names=args.names, failing=args.failing))
     return 0 if report.ok else 1

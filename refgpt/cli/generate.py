@@ -4,10 +4,12 @@ Each step runs only the newest token through the model, with the keys and values
 positions kept in a KV cache (refgpt/gpt2/kv_cache.py); the result equals recomputing the whole text
 every step. Temperature 0 is greedy decoding; otherwise tokens are sampled from the softmax of
 logits / temperature, restricted to the top K with --top-k, reproducibly for a given --seed.
+Progress (tokens so far) goes to stderr when it is a terminal (``--progress``, ``--quiet``).
 """
 
 from __future__ import annotations
 
+from . import _progress
 from ._arguments import count, non_negative_float, positive_int
 from ._chosen_model import add_subcommand, load_chosen, print_json, token_json, tokens_of, untrained_note
 from ._output import escaped
@@ -32,6 +34,7 @@ def add_parser(subparsers):
     p.add_argument("--top-k", type=positive_int, default=None, metavar="K",
                    help="sample only from the K most likely (not with --temperature 0)")
     p.add_argument("--seed", type=count, default=None, help="seed of the sampler (default 0; not with --temperature 0)")
+    _progress.add_arguments(p)
 
 
 def run(args) -> int:
@@ -42,8 +45,19 @@ def run(args) -> int:
     seed = None if greedy else args.seed if args.seed is not None else 0
     model = load_chosen(args)
     prompt = tokens_of(model, args)  # [pos]
-    out = model.generate(prompt, args.max_new_tokens, temperature=args.temperature,
-                         top_k=args.top_k, seed=seed, stop_at_eos=False)  # [pos + n], exactly n new
+    progress = _progress.Progress.of(args, "generate")
+    steps = [0]
+
+    def tick(activation, hook):  # one forward pass per generated token
+        steps[0] += 1
+        progress(steps[0], args.max_new_tokens)
+
+    try:
+        with model.hooks([("ln_final.hook_scale", tick)]):
+            out = model.generate(prompt, args.max_new_tokens, temperature=args.temperature,
+                                 top_k=args.top_k, seed=seed, stop_at_eos=False)  # [pos + n], exactly n new
+    finally:
+        progress.close()
     new = out[len(prompt):]  # [n]
     if args.json:
         return print_json(model, {"text": args.text, "tokens": [token_json(model, t) for t in prompt],

@@ -1,9 +1,11 @@
 """``refgpt golden``: write every activation of one forward pass (and with --backward every
-gradient) to a golden file.
+gradient) to a golden file; with --generate, of a decoding loop, step by step.
 
     refgpt golden "The quick brown fox" -o golden.safetensors --model DIR
     refgpt golden --tokens ids.txt -o golden.safetensors --names 'blocks.*.hook_resid_post'
     refgpt golden --model gpt2_124M.bin --tokens gpt2_124M_debug_state.bin --backward -o golden.safetensors
+    refgpt golden "The cat" "A dog barked at" --padding-side left -o padded.safetensors
+    refgpt golden "The quick brown fox" --generate 32 -o decode.safetensors
 
 ``--model`` is an HF directory or an llm.c checkpoint (``.bin``, refgpt/oracle/llmc.py). TEXT is
 tokenized with the model's tokenizer (``--tokenizer DIR`` with vocab.json and merges.txt gives
@@ -12,10 +14,19 @@ in the output but cannot encode TEXT). ``--tokens FILE`` reads ids instead: a ``
 array [pos] or [batch, pos]; text with whitespace-separated ids, one sequence per line; an llm.c
 debug state or refgpt llm.c dump (x and its targets y); an llm.c data shard (the first
 ``--tokens-shape B,T`` batch, as llm.c's dataloader reads it); or raw ids with ``--tokens-dtype``.
+
+Several TEXTs, or a text ids file whose lines differ in length, make a padded batch: padded with
+``<|endoftext|>`` on ``--padding-side`` (right, or left; decoding always pads left), written with
+its ``attention_mask`` and ``position_ids`` (refgpt/oracle/golden.py, ``padding_metadata``).
+``--generate N`` writes a decode golden (refgpt/oracle/decode.py): the prompt pass and N − 1
+KV-cached steps, N chosen tokens — greedy after TEXT; with ``--tokens`` the last N tokens of each
+row are the continuation, forced (``--greedy`` continues the whole file greedily instead).
+Progress goes to stderr when it is a terminal (``--progress``, ``--quiet``).
 """
 
 from __future__ import annotations
 
+import argparse
 import re
 import sys
 from pathlib import Path
@@ -24,6 +35,8 @@ import numpy as np
 
 from ..errors import RefGPTError
 from ..oracle import golden
+from . import _progress
+from ._arguments import positive_int
 from ._chosen_model import add_subcommand, load_chosen, print_json, tokens_of, untrained_note
 from ._output import shown
 
@@ -31,20 +44,29 @@ from ._output import shown
 USES = ("--model", "--dtype", "--json", "--bos")
 
 EXAMPLES = (
-    'refgpt golden "To be, or not to" -o golden.safetensors',
     'refgpt golden "To be, or not to" --bos -o golden.safetensors --backward --certify',
-    "refgpt golden --tokens ids.txt -o resid.safetensors --names 'blocks.*.hook_resid_post'     # ids.txt: 1 2 3",
     'refgpt golden --model gpt2_124M.bin --tokens gpt2_124M_debug_state.bin --backward -o golden.safetensors     # llm.c\'s',
+    'refgpt golden "To be, or not to" "The king" --padding-side left -o padded.safetensors',
+    'refgpt golden "To be, or not to" --generate 8 -o decode.safetensors',
 )
 
 
 def add_parser(subparsers):
-    p = add_subcommand(subparsers, "golden", run, uses=USES, optional_text=True, examples=EXAMPLES,
+    p = add_subcommand(subparsers, "golden", run, uses=USES, optional_text="many", examples=EXAMPLES,
                        help="write a golden file (every activation) for a port to check against",
                        description="Run the model once and write the tokens, every cached activation, each "
                        "LayerNorm's output, the logits, log-probabilities and per-position loss to one "
                        "safetensors file, with metadata (version, config, weight hashes, dtype, numpy/BLAS). "
-                       "TEXT needs the model's tokenizer; --tokens FILE gives the ids instead.")
+                       "TEXT needs the model's tokenizer (several TEXTs make a padded batch); --tokens FILE gives "
+                       "the ids instead. --generate N writes a decode golden: the prompt pass and each KV-cached "
+                       "step.")
+    p.add_argument("--padding-side", choices=("left", "right"),
+                   help="pad a batch of rows of different lengths on this side (default right; --generate: left)")
+    p.add_argument("--generate", type=positive_int, metavar="N",
+                   help="a decode golden: the prompt pass and each KV-cached step of N generated tokens (greedy; "
+                        "with --tokens, the last N tokens of each row, forced)")
+    p.add_argument("--greedy", action="store_true",
+                   help="with --tokens and --generate: continue the file's tokens greedily instead of forcing its last N")
     p.add_argument("--tokens", metavar="FILE", help="token ids: .npy, or whitespace-separated integers, one sequence per line")
     p.add_argument("-o", "--output", metavar="FILE", required=True, help="the golden file to write (.safetensors)")
     p.add_argument("--names", metavar="PATTERN", action="append",
@@ -63,40 +85,78 @@ def add_parser(subparsers):
                    help="recompute everything in extended precision and store each tensor's measured error")
     p.add_argument("--debug-state", metavar="FILE",
                    help="also write llm.c's gpt2_124M_debug_state.bin for the same tokens (x, y, logits, loss, grads)")
+    _progress.add_arguments(p)
     return p
 
 
 def run(args) -> int:
-    if (args.text is None) == (args.tokens is None):
+    if bool(args.text) == (args.tokens is not None):
         args.usage_error("give either TEXT or --tokens FILE")
     if args.tokens is not None and args.bos:
         args.usage_error("--bos goes with TEXT: --tokens FILE gives the ids as they are (put the <|endoftext|> id in FILE)")
     for option, value in (("--tokens-dtype", args.tokens_dtype), ("--tokens-shape", args.tokens_shape)):
         if value is not None and args.tokens is None:
             args.usage_error(f"{option} describes --tokens FILE, and there is none")
+    if args.greedy and not (args.generate and args.tokens):
+        args.usage_error("--greedy goes with --tokens FILE --generate N")
+    if args.generate and (args.backward or args.certify or args.names or args.debug_state):
+        args.usage_error("--generate writes a decode golden: without --backward, --certify, --names or --debug-state")
+    if args.generate and args.padding_side == "right":
+        args.usage_error("--generate pads a batch on the left (a decoding step follows each row's last real token)")
     model, llmc_tokenizer = load_model(args)
     targets, source = None, "TEXT"
     if args.tokens:
-        tokens, targets, source = read_tokens(args.tokens, args.tokens_dtype, _shape(args), model.cfg)
+        tokens, targets, source = read_tokens(args.tokens, args.tokens_dtype, _shape(args), model.cfg,
+                                              ragged=args.padding_side is not None or args.generate is not None)
     else:
-        tokens = tokens_of(model, args)
+        tokens = [tokens_of(model, argparse.Namespace(**{**vars(args), "text": t})) for t in args.text]
+        tokens = tokens[0] if len(tokens) == 1 else tokens
+    if args.padding_side is not None and (len(tokens) if isinstance(tokens, list) else np.atleast_2d(tokens).shape[0]) == 1:
+        args.usage_error("--padding-side pads a batch of several rows of different lengths; one row has nothing to pad")
+    progress = _progress.Progress.of(args, "golden")
+    try:
+        if args.generate:
+            return _decode(args, model, tokens, source, progress)
+        return _forward(args, model, llmc_tokenizer, tokens, targets, source, progress)
+    finally:
+        progress.close()
+
+
+def _pad_id(model) -> int:
+    t = model.tokenizer
+    return int(t.pad_token_id) if t is not None and t.pad_token_id is not None else 0
+
+
+def _forward(args, model, llmc_tokenizer, tokens, targets, source, progress) -> int:
+    tokens, mask = padded(tokens, args.padding_side or "right", _pad_id(model))
+    if mask is not None and (args.backward or args.certify or targets is not None):
+        raise RefGPTError("a padded batch's golden is forward only: no --backward or --certify, no llm.c targets; "
+                          "give rows of one length for those")
     names = golden.select(model, args.names) if args.names else None
     command = ["refgpt", *sys.argv[1:]]
-    if args.backward or args.certify:  # gradients and certificates are made whole, then written
-        g = golden.make(model, tokens, names, command=command, targets=targets, backward=args.backward)
+    if args.backward or args.certify or mask is not None:  # gradients, certificates and padding: made whole, then written
+        g = golden.make(model, tokens, names, command=command, targets=targets, backward=args.backward,
+                        attention_mask=mask, padding_side=args.padding_side or "right", pad_token_id=_pad_id(model),
+                        progress=progress)
         if args.certify:
             from ..oracle import certify
 
-            certify.add_certificate(g, model, tokens, targets)
+            progress.stage("golden --certify")
+            certify.add_certificate(g, model, tokens, targets, progress)
         path = golden.write(args.output, g)
     else:  # streamed: each tensor goes to the file as the forward pass makes it (GPT-2 XL's golden
         # at full context is larger than the machine's memory); read back mapped, for the summary
-        path = golden.write_streamed(args.output, model, tokens, names, command=command, targets=targets)
+        path = golden.write_streamed(args.output, model, tokens, names, command=command, targets=targets,
+                                     progress=progress)
         g = golden.read(path)
+    progress.close()
     size = path.stat().st_size
     shape = list(np.asarray(g.tensors["tokens"]).shape)
     lines = [f"wrote {path}: {len(g.tensors)} tensors, {size / 2**20:.1f} MiB, tokens {shape}, {g.metadata['dtype']}",
              f"tokens: {source}"]
+    if mask is not None:
+        lines.append(f"padded on the {args.padding_side or 'right'} with id {_pad_id(model)}: real tokens per row "
+                     f"{[int(n) for n in mask.sum(1)]}; attention_mask and position_ids written (pads at position 0)")
     if args.backward:
         lines.append(f"backward: mean loss {float(g.tensors['loss_mean']):.9g} over "
                      f"{np.asarray(g.tensors['loss']).size} targets; "
@@ -120,6 +180,61 @@ def run(args) -> int:
         print(note)
     print("\n".join(lines))
     return 0
+
+
+def _decode(args, model, tokens, source, progress) -> int:
+    from ..oracle import decode
+
+    N = args.generate
+    continuation = None
+    if args.tokens and not args.greedy:  # each row: its prompt, then the N tokens to force
+        rows = [np.asarray(r) for r in (tokens if isinstance(tokens, list) else np.atleast_2d(tokens))]
+        if min(len(r) for r in rows) <= N:
+            raise RefGPTError(f"--generate {N} with --tokens: each row holds its prompt and then the {N} tokens to "
+                              f"force, so it needs more than {N} tokens (the shortest has {min(len(r) for r in rows)}); "
+                              f"--greedy continues the whole file instead")
+        continuation = np.stack([r[-N:] for r in rows])  # [batch, N]
+        tokens = [r[:-N] for r in rows] if len(rows) > 1 else rows[0][:-N]
+    prompt, mask = padded(tokens, "left", _pad_id(model))
+    prompt = np.atleast_2d(prompt)
+    g = decode.make(model, prompt, N, continuation, mask, command=["refgpt", *sys.argv[1:]], progress=progress)
+    path = golden.write(args.output, g)
+    progress.close()
+    chosen = np.asarray(g.tensors["tokens"])[:, prompt.shape[1]:]  # [batch, N]
+    kind = "greedy" if continuation is None else "forced"
+    if args.json:
+        return print_json(model, {"path": str(path), "tensors": len(g.tensors), "bytes": path.stat().st_size,
+                                  "prompt_shape": list(prompt.shape), "steps": N, "continuation": kind,
+                                  "chosen": chosen.tolist(), "tokens_source": source})
+    lines = [f"wrote {path}: decode golden, {len(g.tensors)} tensors, {path.stat().st_size / 2**20:.1f} MiB, prompt "
+             f"{list(prompt.shape)}, {N} steps ({kind}), {g.metadata['dtype']}", f"tokens: {source}"]
+    if mask is not None:
+        lines.append(f"prompts padded on the left with id {_pad_id(model)}: real tokens per row "
+                     f"{[int(n) for n in mask.sum(1)]}")
+    for b, row in enumerate(chosen):
+        text = f" {shown(model.to_string(row))}" if model.tokenizer is not None else ""
+        lines.append(f"row {b} chose {row.tolist()}{text}")
+    if note := untrained_note(model):
+        print(note)
+    print("\n".join(lines))
+    return 0
+
+
+def padded(tokens, side, pad_id):
+    """(tokens [batch, pos], attention mask or None) from one sequence, an array, or a list of rows of
+    any lengths, padded with ``pad_id`` on ``side``: a mask only where some row is shorter."""
+    if not isinstance(tokens, list):
+        return tokens, None
+    rows = [np.asarray(r, np.int64).reshape(-1) for r in tokens]
+    T = max(len(r) for r in rows)
+    if all(len(r) == T for r in rows):
+        return np.stack(rows), None
+    out = np.full((len(rows), T), pad_id, np.int64)
+    mask = np.zeros((len(rows), T), np.int64)
+    for b, r in enumerate(rows):
+        at = slice(T - len(r), T) if side == "left" else slice(0, len(r))
+        out[b, at], mask[b, at] = r, 1
+    return out, mask
 
 
 def load_model(args):
@@ -146,7 +261,7 @@ def load_model(args):
                                   f"{model.cfg.d_vocab}")
         else:
             raise RefGPTError(f"{t}: tokenizer not found")
-    if args.text is not None and model.tokenizer is None:
+    if args.text and model.tokenizer is None:
         what = "an llm.c tokenizer holds each token's bytes, not the BPE merges: it decodes, it cannot encode TEXT"
         raise RefGPTError(f"{path if path else 'the model'} has no tokenizer to encode TEXT"
                           f"{': ' + what if args.tokenizer else ''}; give --tokens FILE (e.g. llm.c's debug state), "
@@ -177,8 +292,9 @@ def _shape(args):
 RAW_TOKEN_DTYPES = {"int32": "<i4", "uint16": "<u2", "int64": "<i8", "uint32": "<u4"}
 
 
-def read_tokens(path, dtype=None, shape=None, cfg=None):
-    """(tokens, targets or None, where they came from) from a token file (module docstring)."""
+def read_tokens(path, dtype=None, shape=None, cfg=None, ragged=False):
+    """(tokens, targets or None, where they came from) from a token file (module docstring); with
+    ``ragged``, a text file's lines of different lengths come back as a list of rows."""
     from ..oracle import llmc, llmc_dump
 
     path = Path(path)
@@ -203,7 +319,7 @@ def read_tokens(path, dtype=None, shape=None, cfg=None):
     if magic in (llmc.MODEL_MAGIC, llmc.TOKENIZER_MAGIC):
         raise RefGPTError(f"{path}: {llmc._WHAT[magic]}, not tokens"
                           f"{': pass it as --model' if magic == llmc.MODEL_MAGIC else ': pass it as --tokenizer'}")
-    return _text_or_npy_tokens(path), None, f"{path}"
+    return _text_or_npy_tokens(path, ragged), None, f"{path}"
 
 
 def _raw_tokens(path, dtype, shape):
@@ -220,7 +336,7 @@ def _raw_tokens(path, dtype, shape):
     return ids.reshape(shape)
 
 
-def _text_or_npy_tokens(path) -> np.ndarray:
+def _text_or_npy_tokens(path, ragged=False):
     """Token ids from a .npy file or from text: whitespace-separated whole numbers in ASCII digits
     (not "١", "²" or "1_000", which Python's int() would take), one sequence per line."""
     if path.suffix == ".npy":
@@ -250,6 +366,8 @@ def _text_or_npy_tokens(path) -> np.ndarray:
     if not rows:
         raise RefGPTError(f"{path}: no token ids")
     if len({len(r) for r in rows}) != 1:
+        if ragged:
+            return [np.array(r, dtype=np.int64) for r in rows]
         raise RefGPTError(f"{path}: sequences have different lengths {sorted({len(r) for r in rows})}; "
-                          "a batch needs one length")
+                          "a batch needs one length, or --padding-side left|right to pad them")
     return np.array(rows if len(rows) > 1 else rows[0], dtype=np.int64)

@@ -40,8 +40,12 @@ EXAMPLES = (
 
 
 def add_parser(subparsers):
-    add_subcommand(subparsers, "inspect", run, uses=USES, description=DESCRIPTION, examples=EXAMPLES,
-                   help="LayerNorm statistics per layer and position, and the cached-scale decomposition checked live")
+    p = add_subcommand(subparsers, "inspect", run, uses=USES, description=DESCRIPTION, examples=EXAMPLES,
+                       help="LayerNorm statistics per layer and position, and the cached-scale decomposition checked live")
+    p.add_argument("--layers", metavar="LIST", help="show only these layers, e.g. 0,2-3 (default: all)")
+    p.add_argument("--positions", metavar="LIST", help="show only these positions, e.g. 0-4,-1 (negative: from "
+                   "the end; default: all)")
+    return p
 
 
 def decomposition_errors(model, logits, cache) -> dict:
@@ -89,11 +93,43 @@ def layer_norm_rows(model, cache, tokens):
     return blocks, rows(FINAL_COLUMNS, n_layers - 1)
 
 
+def chosen(text, n, what, args):
+    """The indices 0 … n − 1 a LIST names ("0,2-3", "-1": from the end), in order, or a usage error."""
+    if text is None:
+        return list(range(n))
+    picked = []
+    for part in text.split(","):
+        part = part.strip()
+        try:
+            if "-" in part[1:]:
+                a, b = part[0] + part[1:].split("-", 1)[0], part[1:].split("-", 1)[1]
+                lo, hi = int(a), int(b)
+                lo, hi = lo + n if lo < 0 else lo, hi + n if hi < 0 else hi
+                values = range(lo, hi + 1)
+            else:
+                v = int(part)
+                values = [v + n if v < 0 else v]
+        except ValueError:
+            args.usage_error(f"argument --{what}: expected whole numbers and ranges like 0,2-3, found {text!r}")
+        for v in values:
+            if not 0 <= v < n:
+                args.usage_error(f"argument --{what}: {v} is outside 0 … {n - 1}")
+            if v not in picked:
+                picked.append(v)
+    if not picked:
+        args.usage_error(f"argument --{what}: names no {what[:-1]}")
+    return sorted(picked)
+
+
 def run(args) -> int:
     model = load_chosen(args)
     tokens = tokens_of(model, args)  # [pos]
+    layers = chosen(args.layers, model.cfg.n_layers, "layers", args)
+    positions = chosen(args.positions, len(tokens), "positions", args)
     logits, cache = model.run_with_cache(tokens[None])  # [1, pos, d_vocab]
     blocks, final = layer_norm_rows(model, cache, tokens)
+    blocks = [r for r in blocks if r["layer"] in layers and r["pos"] in positions]
+    final = [r for r in final if r["pos"] in positions]
     errors = decomposition_errors(model, logits, cache)
     if args.json:
         return print_json(model, {"text": args.text, "tokens": [token_json(model, t) for t in tokens],

@@ -1,6 +1,8 @@
 """The oracle: golden files, comparisons that name the first divergence, and foreign formats.
 
-- ``golden`` — every activation of one forward pass, written to a safetensors file any language reads.
+- ``golden`` — every activation of one forward pass (a padded batch too), written to a safetensors file any language reads.
+- ``sequential`` — GPT-2 as a port written in loops adds (every sum in index order): the golden's second float32 pass.
+- ``decode`` — decode goldens: the prompt pass and every KV-cached decoding step.
 - ``gradients`` — with ``--backward``, the loss and ∂loss/∂ every parameter, activation and the logits.
 - ``certify`` — with ``--certify``, the golden's own error, measured against extended precision.
 - ``comparison`` — a candidate's tensors against a golden: the first tensor out of tolerance.

@@ -47,7 +47,7 @@ def extended_precision() -> str:
     return f"np.longdouble ({np.finfo(EXTENDED_DTYPE).nmant + 1}-bit significand, u = 2^-{np.finfo(EXTENDED_DTYPE).nmant + 1})"
 
 
-def measure(golden_tensors: dict, model: Model, tokens, targets=None) -> tuple[dict, dict]:
+def measure(golden_tensors: dict, model: Model, tokens, targets=None, progress=None) -> tuple[dict, dict]:
     """(relative, absolute) distance of every float tensor of ``golden_tensors`` from the same
     computation in extended precision (module docstring)."""
     from .comparison import tensor_scale
@@ -56,7 +56,15 @@ def measure(golden_tensors: dict, model: Model, tokens, targets=None) -> tuple[d
     extended = Model(model.cfg, dict(model.params), dtype=EXTENDED_DTYPE)
     backward = any(is_gradient(n) for n in golden_tensors)
     forward = [n for n in golden_tensors if not is_gradient(n) and n != "loss_mean"]
-    exact = compute(extended, tokens, forward, targets=targets, backward=backward)
+    total = model.cfg.n_layers * (2 if backward else 1)
+    done = [0]
+
+    def tick():
+        done[0] += 1
+        if progress is not None:
+            progress(min(done[0], total), total)
+
+    exact = compute(extended, tokens, forward, targets=targets, backward=backward, progress=tick)
     relative, absolute = {}, {}
     for name, a in golden_tensors.items():
         a = np.asarray(a)
@@ -89,9 +97,10 @@ def summary(g: Golden) -> str:
     return text
 
 
-def add_certificate(g: Golden, model: Model, tokens, targets=None) -> Golden:
-    """Measure ``g`` (made from ``model`` on ``tokens``) and store the result in its metadata."""
-    relative, absolute = measure(g.tensors, model, tokens, targets)
+def add_certificate(g: Golden, model: Model, tokens, targets=None, progress=None) -> Golden:
+    """Measure ``g`` (made from ``model`` on ``tokens``) and store the result in its metadata.
+    ``progress(done, total)``: called once per block of the extended-precision passes."""
+    relative, absolute = measure(g.tensors, model, tokens, targets, progress)
     g.metadata["golden_error"] = json.dumps(relative)
     g.metadata["golden_error_abs"] = json.dumps(absolute)
     g.metadata["golden_error_precision"] = extended_precision()

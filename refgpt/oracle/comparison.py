@@ -49,7 +49,8 @@ from ..errors import RefGPTError, RefGPTTypeError, real_number
 from ..files.atomic_write import refuse_temporary
 from . import golden as golden_file
 from . import llmc, llmc_dump
-from .name_maps import GRAD, ModelShape, axes, backward_op, forward_key, forward_order, is_gradient, layer_of, to_refgpt
+from .name_maps import (GRAD, ModelShape, axes, backward_op, decode_to_refgpt, forward_key, forward_order, inner_name,
+                        is_gradient, layer_of, split_step, to_refgpt)
 
 #: Unit roundoff of each format: half the distance from 1 to the next representable number.
 UNIT_ROUNDOFF = {"float64": 2.0**-53, "float32": 2.0**-24, "float16": 2.0**-11, "bfloat16": 2.0**-8}
@@ -62,13 +63,97 @@ _F32_TINY = float(np.finfo(np.float32).tiny)
 
 @dataclass
 class Element:
-    """One element of a tensor: where it is, and the two values."""
+    """One element of a tensor: where it is, and the two files' values there."""
 
     index: tuple[int, ...]
     where: dict[str, int]  # axis label → index, e.g. {"batch": 0, "pos": 3, "d_model": 17}
-    reference: float
-    candidate: float
-    tolerance: float
+    reference: float  # the reference file's value at ``index``
+    candidate: float  # the candidate file's value at ``index``
+    tolerance: float  # the most |judged difference| may be here
+    row_shift: float | None = None  # the row's shift taken out before judging (logits, log_probs)
+    row_factor: float | None = None  # the row's factor divided out before judging (probs, attention patterns)
+
+    @property
+    def judged_difference(self) -> float:
+        """|candidate − shift − reference|, |candidate/factor − reference| or |candidate − reference|."""
+        c = self.candidate
+        if self.row_shift is not None:
+            c = c - self.row_shift
+        if self.row_factor is not None and self.row_factor != 0:
+            c = c / self.row_factor
+        return abs(c - self.reference)
+
+
+@dataclass
+class RowFreedom:
+    """How a tensor judged up to one factor or shift per row (golden.row_freedom_of) used it."""
+
+    kind: str  # "factor" (softmax rows: Σ candidate / Σ reference) or "shift" (median of candidate − reference)
+    bound: float | None  # the most |factor − 1| or |shift| may be (None: any shift is right, the logits)
+    largest: float = 0.0  # the largest |factor − 1| or |shift| over the rows
+    largest_at: list[int] | None = None  # the row's index (every axis but the last)
+    rows_out: int = 0  # rows whose factor or shift is beyond the bound
+    first_out: list[int] | None = None  # the first such row
+    first_out_value: float | None = None  # its factor (or shift)
+    first_out_sums: tuple[float, float] | None = None  # its Σ candidate and Σ reference (factor rows)
+
+
+@dataclass
+class Layout:
+    """Where a golden's elements sit in its sequences: which positions are pads (not judged unless
+    ``judge_pads``) and, in a decode golden, the absolute position each step's first new row is at.
+
+    ``mask`` [batch, positions] (1 real, 0 pad; None: no padding) covers every position of the golden,
+    a decode golden's generated ones too; ``starts`` maps a decode step to its first position."""
+
+    mask: np.ndarray | None = None
+    starts: dict[int, int] = field(default_factory=dict)
+    judge_pads: bool = False
+
+    @classmethod
+    def of(cls, ref, judge_pads=False) -> "Layout":
+        mask = np.asarray(ref["attention_mask"]) if "attention_mask" in ref else None
+        news = {}
+        for name in ref:
+            step, inner = split_step(name)
+            if step is not None and inner == "tokens":
+                news[step] = np.shape(ref[name])[1]
+        starts, total = {}, 0
+        for step in sorted(news):
+            starts[step], total = total, total + news[step]
+        return cls(mask if mask is not None and not mask.all() else None, starts, judge_pads)
+
+    def offset(self, name) -> int:
+        """The absolute position of index 0 of ``name``'s position axis (a KV cache's is 0)."""
+        step, inner = split_step(name)
+        if step is None or inner.endswith(("attn.cache_k", "attn.cache_v")):
+            return 0
+        return self.starts.get(step, 0)
+
+    def judged(self, name, shape):
+        """None (every element is judged), or fn(a, b) → bool [b − a, last] (or [b − a, 1]): which
+        elements of rows a … b − 1 (every axis but the last) sit at real positions."""
+        if self.mask is None or self.judge_pads or len(shape) < 2:
+            return None
+        labels = axes(name, len(shape))
+        if "batch" not in labels or "pos" not in labels:
+            return None
+        batch, pos, offset, mask = labels.index("batch"), labels.index("pos"), self.offset(name), self.mask
+        pairs = inner_name(name) in ("loss", "targets") and shape[-1] == mask.shape[1] - 1  # next-token: t and t + 1
+
+        def real(b, p):
+            ok = mask[b, offset + p] == 1
+            return ok & (mask[b, offset + p + 1] == 1) if pairs else ok
+
+        if pos == len(shape) - 1:  # [batch, pos]: positions along the rows
+            def judged(a, b):
+                rows = np.unravel_index(np.arange(a, b), shape[:-1])[batch]  # [block]
+                return real(rows[:, None], np.arange(shape[-1])[None, :])  # [block, pos]
+        else:
+            def judged(a, b):
+                rows = np.unravel_index(np.arange(a, b), shape[:-1])  # per axis [block]
+                return real(rows[batch], rows[pos])[:, None]  # [block, 1]
+        return judged
 
 
 @dataclass
@@ -89,10 +174,16 @@ class TensorResult:
     golden_error: float | None = None  # the reference's own measured error, relative like max_rel (--certify)
     n_layers: int | None = None  # the reference model's, to say which op's backward computes a gradient
     frac_out: float = 0.0  # share of elements outside atol + rtol·|ref|
+    n_out: int = 0  # elements outside it (beyond their row's shift or factor, where one is allowed)
+    n_compared: int = 0  # elements judged (attention scores: the causal part)
     atol: float = 0.0
     rtol: float = 0.0
     first_bad: Element | None = None  # the first element out of tolerance, in C order
     worst: Element | None = None  # the element furthest outside its tolerance
+    row: RowFreedom | None = None  # judged up to a factor or shift per row: how much of it was used
+    step: int | None = None  # a decode golden's step (refgpt/oracle/decode.py)
+    offset: int = 0  # the absolute position of index 0 of its position axis (a decode step's first new one)
+    sequences: bool = False  # a decode or padded golden's: name rows and positions as such
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -146,8 +237,8 @@ class Report:
     def to_json(self) -> str:
         return strict_json.dumps(self.to_dict(), indent=1, default=_json_default)
 
-    def table(self, after_first: int | None = None) -> str:
-        return format_report(self, after_first)
+    def table(self, after_first: int | None = None, names=None, failing: bool = False) -> str:
+        return format_report(self, after_first, names, failing)
 
     __str__ = table
 
@@ -250,12 +341,20 @@ def default_profile(tensors, dtypes) -> str:
 
 
 def compare(reference, candidate, *, atol=None, rtol=None, profile=None, name_map="refgpt",
-            conditioning=None) -> Report:
+            conditioning=None, forward_only=False, judge_pads=False) -> Report:
     """Compare ``candidate`` with ``reference`` (each a path, a Golden, or a mapping name → array).
 
     Either ``profile`` ("float32", "bfloat16", "float16", "float64") or ``atol``/``rtol``; with
     neither, the profile of the candidate's precision. ``name_map`` ("refgpt", "hf", "tl", "llmc")
     says how the candidate names its tensors. ``conditioning`` overrides the reference's c_X.
+
+    A candidate with gradients against a reference without them (made without ``--backward``)
+    cannot be vouched for: the report fails, naming them, unless ``forward_only``, which judges
+    the forward pass alone (the candidate's gradients, and the reference's, are left out).
+
+    A padded golden's pad positions (its ``attention_mask``'s 0s) are not judged unless
+    ``judge_pads``: only what a real position computes must agree. A decode golden's steps are
+    walked in order, and each element is named at its absolute position (``Layout``).
     """
     _check_not_swapped(reference, candidate)
     ref, _, ref_golden = load(reference)
@@ -263,6 +362,13 @@ def compare(reference, candidate, *, atol=None, rtol=None, profile=None, name_ma
         raise RefGPTError("the reference holds no tensors")
     check_reference_finite(ref, ref_golden)
     shape = _model_shape(ref, ref_golden)
+    steps = sorted({split_step(n)[0] for n in ref} - {None})  # a decode golden's steps (refgpt/oracle/decode.py)
+    if isinstance(candidate, (str, Path)) and Path(candidate).is_dir():
+        if not steps or name_map != "llmc":
+            raise RefGPTError(f"{candidate} is a directory: a candidate directory holds llm.c's per-step dumps "
+                              f"(step0.bin, step1.bin, …) of a decode, compared with --map llmc against a decode golden")
+        candidate = llmc_dump.read_steps(candidate, ref, ref_golden)
+        name_map = "refgpt"
     cand, cand_dtypes, cand_golden = load(candidate, name_map, shape)
     if cand_golden is not None and ref_golden is not None and _is_golden(cand_golden) and not _is_golden(ref_golden):
         raise RefGPTError(f"{candidate} is a refgpt golden file and {reference} is not: arguments swapped? The "
@@ -278,32 +384,57 @@ def compare(reference, candidate, *, atol=None, rtol=None, profile=None, name_ma
         cand, notes = llmc_dump.to_refgpt_gradients(cand, ref_golden.config)
     elif name_map != "llmc":
         _hint_llmc_names(candidate, cand)
-    cand, map_notes = to_refgpt(cand, name_map, shape)
+    cand, map_notes = (decode_to_refgpt(cand, name_map, shape, steps[-1]) if steps else to_refgpt(cand, name_map, shape))
     notes += map_notes
     cand, target_notes = _reconcile_targets(ref, cand)
     notes += target_notes
+    if steps:
+        ref, cand, step_notes = _decode_tokens(ref, cand, steps)
+        notes += step_notes
     if conditioning is None:
         conditioning = ref_golden.conditioning if ref_golden is not None else {}
     conditioning = golden_file.checked_conditioning(dict(conditioning), "conditioning")
+    old_format = ref_golden is not None and ref_golden.format_version < 2
+    if old_format and "log_probs" in conditioning:  # format 1 measured the logits raw: take log_probs' (as it judged)
+        conditioning["logits"] = conditioning["log_probs"]
     tol = _tolerance(atol, rtol, profile, cand, cand_dtypes)
     if tol["profile"] and not conditioning:
         notes.append("the reference has no measured conditioning (c_X = 0): ill-conditioned tensors may be "
                      "flagged though correct; make the reference with `refgpt golden`")
     ref = _with_derived(ref, cand, conditioning)
+    if forward_only:
+        backward = [n for n in cand if is_gradient(n) or n == "loss_mean"]
+        if backward:
+            notes.append(f"--forward-only: the candidate's {len(backward)} backward tensors are not judged")
+        cand = {n: v for n, v in cand.items() if n not in backward}
+        ref = {n: v for n, v in ref.items() if not is_gradient(n) and n != "loss_mean"}
     common = [n for n in forward_order(ref) if n in cand]
     if not common:
         raise RefGPTError(f"no tensor names in common: the reference has e.g. {list(ref)[:3]}, the candidate "
                           f"{list(cand)[:3]}; is --map right (refgpt, hf, tl, llmc)?")
-    error_rms = ref_golden.error_rms if ref_golden is not None else {}
+    error_rms = dict(ref_golden.error_rms) if ref_golden is not None else {}
+    if old_format and "log_probs" in error_rms:
+        error_rms["logits"] = error_rms["log_probs"]
     if tol["profile"] and conditioning and not error_rms:  # a golden file written before r_X was recorded
         error_rms = None
         notes.append("the reference records c_X but not r_X (an older golden file): the bias of each tensor is "
                      "not judged; remake it with `refgpt golden`")
+    row_freedom = dict(ref_golden.row_freedom) if ref_golden is not None else {}
+    for alias, source in _ALIASES(ref).items():  # derived tensors are judged with their source's measured errors
+        for measured in (conditioning, error_rms or {}, row_freedom):
+            if source in measured:
+                measured.setdefault(alias, measured[source])
+    if tol["profile"] and conditioning and not row_freedom:
+        notes.append("the reference records no row freedom f_X (a golden file older than format 2): softmax rows "
+                     "are judged element by element, without their one shared factor; remake it with `refgpt golden`")
+    layout = Layout.of(ref, judge_pads)
     results = []
     for n in common:  # files are mapped: each tensor's pages are let go once compared (Golden.release)
         _check_unchanged(ref_golden, cand_golden)  # a mapped file that shrank would end the process (SIGBUS)
-        results.append(_compare_tensor(n, np.asarray(ref[n]), np.asarray(cand[n]), tol, conditioning, ref, error_rms))
+        results.append(_compare_tensor(n, np.asarray(ref[n]), np.asarray(cand[n]), tol, conditioning, ref, error_rms,
+                                       row_freedom, layout))
         _release(n, ref_golden, cand_golden)
+    results, off_path = _off_the_path(results, ref, cand)
     certified = ref_golden.golden_error if ref_golden is not None else {}
     for t in results:
         t.golden_error = certified.get(t.name)
@@ -315,9 +446,71 @@ def compare(reference, candidate, *, atol=None, rtol=None, profile=None, name_ma
     summary = _logits_summary(ref, cand) if "logits" in common or "log_probs" in common else None
     _release("logits", ref_golden, cand_golden)
     _release("log_probs", ref_golden, cand_golden)
-    missing = [n for n in forward_order(ref) if n not in cand and n not in _DERIVED]
-    unexpected = sorted(n for n in cand if n not in ref)
-    return Report(results, tol, summary, missing, unexpected, notes, too_little(common, ref))
+    missing = [n for n in forward_order(ref) if n not in cand and inner_name(n) not in _DERIVED]
+    unexpected = forward_order(n for n in cand if n not in ref)
+    reasons = too_little(common, ref) + off_path
+    no_backward = [n for n in unexpected if is_gradient(n) or n == "loss_mean"]
+    if no_backward:
+        reasons.append(f"the candidate has {len(no_backward)} backward tensors ({_few(no_backward, 3)}) the reference "
+                       f"lacks: it was made without --backward. Remake it with `refgpt golden … --backward`, or pass "
+                       f"--forward-only to judge the forward pass alone")
+    return Report(results, tol, summary, missing, unexpected, notes, reasons)
+
+
+def _decode_tokens(ref, cand, steps):
+    """A decode golden's ``tokens`` (the prompt and every chosen token) judged on the prompt: each
+    chosen token is judged at its own step (``step.S.chosen``), where a wrong one is named. A
+    candidate with only the whole sequence (HF's ``sequences``) gets its steps' tokens from it."""
+    if "tokens" not in ref or "step.0.tokens" not in ref:
+        return ref, cand, []
+    P = np.shape(ref["step.0.tokens"])[1]
+    ref, cand, notes = dict(ref), dict(cand), []
+    if "tokens" in cand:
+        full = np.asarray(cand["tokens"])
+        if full.ndim == 2 and full.shape[1] >= P:
+            for S in steps:
+                if P + S < full.shape[1] and f"step.{S}.chosen" not in cand:
+                    cand[f"step.{S}.chosen"] = full[:, P + S]  # [batch]
+                if S > 0 and P + S - 1 < full.shape[1] and f"step.{S}.tokens" not in cand:
+                    cand[f"step.{S}.tokens"] = full[:, P + S - 1:P + S]  # [batch, 1]
+            cand["tokens"] = full[:, :P]
+            notes.append("tokens judged on the prompt; each generated token at its step (step.S.chosen)")
+    ref["tokens"] = np.asarray(ref["tokens"])[:, :P]
+    if "attention_mask" in ref and "attention_mask" in cand:
+        cand["attention_mask"] = np.asarray(cand["attention_mask"])[:, :np.shape(ref["attention_mask"])[1]]
+    return ref, cand, notes
+
+
+def _off_the_path(results, ref, cand):
+    """(results, reasons): a greedy decode candidate that chose another token than the golden at a
+    step where the golden's two logits are within the logits' tolerance of each other took a
+    near-tie the other way — no bug, but every later step ran on other tokens: those steps are
+    left out and the report says so (a forced continuation judges every step)."""
+    for i, t in enumerate(results):
+        step, inner = split_step(t.name)
+        if step is None or inner != "chosen" or t.status != "values differ":
+            continue
+        logits = next((x for x in results if x.name in (f"step.{step}.logits", f"step.{step}.next_logits")), None)
+        if logits is None or not logits.ok:
+            return results, []
+        row = t.first_bad.index[0]
+        r = np.asarray(ref[f"step.{step}.logits"], np.float64)[row, -1]  # [d_vocab]
+        mine, theirs = int(t.first_bad.candidate), int(t.first_bad.reference)
+        gap = float(r[theirs] - r[mine])
+        limit = 2 * (logits.atol + logits.rtol * float(np.max(np.abs(r[[mine, theirs]]))))
+        if gap > limit:
+            return results, []
+        t.status = "near tie"
+        t.notes.append(f"row {row}: the candidate chose token {mine}, the golden {theirs}; the golden's logits of "
+                       f"the two differ by {gap:.3g}, within twice the logits' tolerance ({limit:.3g}): a near-tie")
+        later = [x.name for x in results[i + 1:] if x.step is not None and x.step > step]
+        kept = [x for x in results if x.step is None or x.step <= step]
+        return kept, [f"the decode left the golden's path at step {step} by a near-tie (row {row}: token {mine} "
+                      f"against the golden's {theirs}, whose logits differ by {gap:.3g}, within tolerance): no bug, "
+                      f"but every later step ran on other tokens and {len(later)} tensors are not judged; make the "
+                      f"golden with a forced continuation (refgpt golden --tokens PROMPT_AND_CONTINUATION "
+                      f"--generate N) to judge every step"]
+    return results, []
 
 
 # ---- failing closed -------------------------------------------------------------------------------
@@ -483,11 +676,26 @@ def _tolerance(atol, rtol, profile, cand, dtypes) -> dict:
 
 
 # Reference tensors the oracle derives when a candidate has them and the reference does not.
-_DERIVED = ("probs", "loss_mean", "log_probs")
+_DERIVED = ("probs", "loss_mean", "log_probs", "next_logits")
+
+
+def _ALIASES(ref) -> dict[str, str]:
+    """Derived reference tensors → the tensor whose measured errors judge them."""
+    out = {"probs": "log_probs", "loss_mean": "loss"}
+    for step in sorted({split_step(n)[0] for n in ref} - {None}):
+        out[f"step.{step}.next_logits"] = f"step.{step}.logits"
+        out[f"step.{step}.probs"] = f"step.{step}.log_probs"
+    return out
 
 
 def _with_derived(ref, cand, conditioning):
     ref = dict(ref)
+    for step in sorted({split_step(n)[0] for n in cand} - {None}):
+        p = f"step.{step}."
+        if p + "next_logits" in cand and p + "next_logits" not in ref and p + "logits" in ref:
+            ref[p + "next_logits"] = np.asarray(ref[p + "logits"])[:, -1]  # [batch, d_vocab]: the logits that choose
+        if p + "probs" in cand and p + "probs" not in ref and p + "log_probs" in ref:
+            ref[p + "probs"] = np.exp(np.asarray(ref[p + "log_probs"], np.float64))  # [batch, new, d_vocab]
     if "log_probs" not in ref and "logits" in ref and ("log_probs" in cand or "probs" in cand):
         ref["log_probs"] = log_softmax(np.asarray(ref["logits"], np.float64))
     if "probs" in cand and "probs" not in ref and "log_probs" in ref:
@@ -573,20 +781,28 @@ class _RootMeanSquare:
         return self.top * math.sqrt(self.scaled / self.n)
 
 
-def _compare_tensor(name, r, c, tol, conditioning, ref, error_rms=None) -> TensorResult:
+def _compare_tensor(name, r, c, tol, conditioning, ref, error_rms=None, row_freedom=None,
+                    layout: Layout | None = None) -> TensorResult:
     """Judge candidate ``c`` against reference ``r`` block of rows by block of rows (BLOCK_BYTES).
 
-    Whole-tensor, the judgement is (X = r, or log-softmax of both for the logits; masked: not compared)
+    Whole-tensor, the judgement is (masked: not compared)
 
-        err = |c − r|,  limit = atol + rtol·|r|,  bad = err > limit,  first/worst = first bad, largest err/limit
+        c′ = c up to its row's freedom (golden.row_adjusted): logits − the row's shift (free),
+             log_probs − its shift, probs and attention patterns / the row's factor (each bounded:
+             |shift| or |factor − 1| ≤ G·u·(f_X + 1), f_X from ``row_freedom``; without it, c′ = c)
+        err = |c′ − r|,  limit = atol + rtol·|r|,  bad = err > limit,  first/worst = first bad, largest err/limit
         max_abs = max err,  max_over_tol = max err/limit,  frac_out = #bad / #compared
-        mean_error = Σ(c − r)/n,  rms = √(Σ err²/n),  RMS(X_ref) = √(Σ r²/n)    (the bias bound)
+        mean_error = Σ(c′ − r)/n,  rms = √(Σ err²/n),  RMS(X_ref) = √(Σ r²/n)    (the bias bound)
 
-    Maxima, counts and the first element are the same numbers blocked; the three sums are summed per
-    block and then exactly (math.fsum), so they differ from numpy's pairwise whole-tensor sum by
-    rounding only: relative ≤ (⌈log₂ n⌉ + ⌈log₂ b⌉ + 1)·2⁻⁵³ of Σ|terms| (b: elements in a block).
-    atol needs S_X = max|X_ref| before any block is judged: a first pass finds it."""
+    Maxima, counts and the first element are the same numbers blocked (a row's freedom is the row's
+    alone); the three sums are summed per block and then exactly (math.fsum), so they differ from
+    numpy's pairwise whole-tensor sum by rounding only: relative ≤ (⌈log₂ n⌉ + ⌈log₂ b⌉ + 1)·2⁻⁵³ of
+    Σ|terms| (b: elements in a block). atol needs S_X = max|X_ref| before any block is judged: a
+    first pass finds it."""
     res = TensorResult(name, layer_of(name), "ok", list(r.shape), list(c.shape))
+    layout = layout or Layout()
+    res.step = split_step(name)[0]
+    res.sequences = res.step is not None or layout.mask is not None
     if c.shape != r.shape and r.ndim >= 1 and r.shape[0] == 1 and c.shape == r.shape[1:]:
         c = c[None]  # a candidate without the batch axis, for a batch of one
         res.notes.append("candidate has no batch axis: compared as batch 1")
@@ -600,85 +816,115 @@ def _compare_tensor(name, r, c, tol, conditioning, ref, error_rms=None) -> Tenso
     def index(a, k):  # flat index k in the block starting at row a → index into r
         return tuple(int(i) for i in np.unravel_index(a * last + int(k), r.shape))
 
+    def row_index(a, k):  # row k of the block starting at row a → the row's index (every axis but the last)
+        return [int(i) for i in np.unravel_index(a + int(k), r.shape[:-1])] if r.ndim > 1 else []
+
+    at_real = layout.judged(name, r.shape)  # None, or which elements sit at real (not pad) positions
+    offset = res.offset = layout.offset(name)
+    if at_real is not None:
+        res.notes.append("pad positions not judged (--judge-pads judges them)")
+
     if r.dtype.kind in "iub" or c.dtype.kind in "iub":
-        n_differ, first = 0, None
+        n_differ, n_judged, first = 0, 0, None
         for a, b in blocks:
-            differ = np.flatnonzero(r2[a:b] != c2[a:b])  # [n_differ in block]
+            differ = r2[a:b] != c2[a:b]  # [block, last]
+            judged = np.ones_like(differ) if at_real is None else np.broadcast_to(at_real(a, b), differ.shape)
+            differ = np.flatnonzero(differ & judged)  # [n_differ in block]
             if first is None and len(differ):
                 first = index(a, differ[0])
             n_differ += len(differ)
+            n_judged += int(judged.sum())
+        res.n_out, res.n_compared = n_differ, n_judged
         if n_differ:
             res.status = "values differ"
-            res.frac_out = float(n_differ / r.size)
-            res.first_bad = res.worst = Element(first, _where(name, first), float(r[first]), float(c[first]), 0.0)
+            res.frac_out = float(n_differ / n_judged)
+            res.first_bad = res.worst = Element(first, _where(name, first, offset), float(r[first]), float(c[first]), 0.0)
         return res
     causal = is_gradient(name) and name.endswith("attn.hook_pattern")
     if causal:
         res.notes.append("∂pattern compared on the causal part (above the diagonal no loss depends on it through "
                          "the softmax; llm.c never computes it)")
-    judged_name = name
-    ref_log_probs = None
-    if name == "logits":  # shift-invariant: judge log-softmax against log-softmax
-        if "log_probs" in ref:
-            ref_log_probs = _as_rows(np.asarray(ref["log_probs"]))  # [rows, d_vocab]
-        judged_name = "log_probs" if "log_probs" in conditioning else "logits"
-        res.notes.append("judged shift-invariantly: log-softmax of the logits")
+    freedom = golden_file.row_freedom_of(name)
+    if freedom is not None and freedom[1] and not (tol["profile"] and row_freedom and name in row_freedom):
+        freedom = None  # a bounded freedom needs its measured f_X (a golden of format 2) and a profile
+    if freedom is not None:
+        kind, bounded = freedom
+        bound = (GROWTH * tol["unit_roundoff"] * (row_freedom[name] + 1.0)) if bounded else None
+        res.row = RowFreedom(kind, bound)
 
-    def block(a, b):  # the block's compared mask, raw and judged values
+    def block(a, b):  # the block's compared mask, raw values, judged values and its rows' freedom
         r64, c64 = r2[a:b].astype(np.float64), c2[a:b].astype(np.float64)  # [block, last]
         compared = np.isfinite(r64)  # attention scores: the causal part
+        if at_real is not None:
+            compared &= at_real(a, b)  # pads are not judged
         if causal:
             pos = (np.arange(a, b) % r.shape[-2])[:, None]  # [block, 1] query position of each row
             compared &= np.arange(last)[None, :] <= pos  # [block, last] key_pos ≤ pos
-        jr, jc = r64, c64
-        if name == "logits":
-            jc = log_softmax(c64)
-            jr = ref_log_probs[a:b].astype(np.float64) if ref_log_probs is not None else log_softmax(r64)
-        return compared, r64, c64, jr, jc
+        jc, free = c64, None
+        if freedom is not None:
+            with np.errstate(invalid="ignore", over="ignore"):
+                jc, free = golden_file.row_adjusted(name, r64, c64)  # [block, last], [block]
+            if res.row.bound is not None:  # a row beyond the bound, or no mere rescaling, gets no freedom
+                beyond = ~(np.abs(free) <= res.row.bound) & compared.any(-1)  # [block] (NaN: beyond)
+                unfree = beyond | ~(np.abs(free) <= MAX_ROW_FREEDOM[res.row.kind])  # judged as it is
+                jc = np.where(unfree[:, None], c64, jc)
+                return compared, r64, c64, jc, np.where(unfree, np.nan, free), free
+        return compared, r64, c64, jc, free, free
 
-    def tops(a, b):  # the block's max|X_ref| over the compared part: judged (for atol) and raw (max_rel)
-        compared, r64, _, jr, _ = block(a, b)
-        return np.max(np.abs(jr[compared]), initial=0.0), np.max(np.abs(r64[compared]), initial=0.0)
+    def tops(a, b):  # the block's max|X_ref| over the compared part
+        compared, r64, _, _, _, _ = block(a, b)
+        return np.max(np.abs(r64[compared]), initial=0.0)
 
     work = rows * last * 8  # bytes of float64 the judgement reads: the blocks go to the threads (refgpt/threads.py)
-    top_judged = top_raw = 0.0
-    for judged, raw in threads.map_blocks(tops, blocks, work):  # folded in block order
+    top_judged = 0.0
+    for judged in threads.map_blocks(tops, blocks, work):  # folded in block order
         top_judged = float(np.max([top_judged, judged]))
-        top_raw = float(np.max([top_raw, raw]))
     scale = tensor_scale(name, np.array([top_judged]), ref)
     if tol["profile"]:
         u = tol["unit_roundoff"]
         res.rtol = GROWTH * u
-        res.atol = GROWTH * u * (conditioning.get(judged_name, 0.0) + scale)
+        res.atol = GROWTH * u * (conditioning.get(name, 0.0) + scale)
     else:
         res.rtol, res.atol = tol["rtol"], tol["atol"]
-    if name == "probs" and tol["profile"]:
-        res.notes.append("probabilities judged relative to p: |Δp| ≤ p·(log_probs' tolerance)")
+    probs = inner_name(name) == "probs"
+    if probs and tol["profile"]:
+        res.notes.append("probabilities judged relative to p: |Δp| ≤ p·(atol + rtol) + float32's smallest normal "
+                         "(a port may flush smaller ones to 0)")
+
+    def element(a, k, local, r64, c64, limit, free):
+        local = tuple(int(i) for i in local)
+        e = Element(index(a, k), {}, float(r64[local]), float(c64[local]), float(limit[local]))
+        e.where = _where(name, e.index, offset)
+        if freedom is not None and free is not None and np.isfinite(free[local[0]]):  # NaN: a row judged as it is
+            setattr(e, "row_factor" if freedom[0] == "factor" else "row_shift", float(
+                free[local[0]] + (1.0 if freedom[0] == "factor" else 0.0)))
+        return e
+
     def judge(a, b):  # one block's verdicts and sums, on its own (a thread's work)
-        compared, r64, c64, jr, jc = block(a, b)
+        compared, r64, c64, jc, free, row_free = block(a, b)
         with np.errstate(invalid="ignore"):  # −∞ − −∞ in the masked part, which is not compared
-            diff = np.where(compared, np.abs(c64 - r64), 0.0)  # [block, last] raw error, reported
-            jdiff = np.where(compared, np.abs(jc - jr), 0.0)  # [block, last] judged error
-        diff = np.where(np.isnan(diff), np.inf, diff)  # a NaN candidate is infinitely wrong
-        jdiff = np.where(np.isnan(jdiff), np.inf, jdiff)
-        if name == "probs" and tol["profile"]:  # |Δp| = p·|Δlog p|: log_probs' tolerance, relative to p
-            limit = (res.atol + res.rtol) * np.abs(np.where(compared, jr, 0.0)) + GROWTH * tol["unit_roundoff"] * _F32_TINY
+            jdiff = np.where(compared, np.abs(jc - r64), 0.0)  # [block, last] judged error
+        jdiff = np.where(np.isnan(jdiff), np.inf, jdiff)  # a NaN candidate is infinitely wrong
+        if probs and tol["profile"]:  # |Δp| ≤ p·(atol + rtol), and a flushed subnormal passes
+            limit = (res.atol + res.rtol) * np.abs(np.where(compared, r64, 0.0)) + _F32_TINY
         else:
-            limit = res.atol + res.rtol * np.abs(np.where(compared, jr, 0.0))  # [block, last]
+            limit = res.atol + res.rtol * np.abs(np.where(compared, r64, 0.0))  # [block, last]
         bad = jdiff > limit  # [block, last]
-        part = {"max_abs": float(diff.max(initial=0.0)),
+        part = {"max_abs": float(jdiff.max(initial=0.0)),
                 "max_over_tol": np.max(np.where(compared, jdiff / np.maximum(limit, _F32_TINY * _F32_TINY), 0.0),
                                        initial=0.0),
-                "n": int(compared.sum()), "n_bad": int(bad.sum()), "worst": None, "first_bad": None}
+                "n": int(compared.sum()), "n_bad": int(bad.sum()), "worst": None, "first_bad": None, "rows": None}
+        if res.row is not None and free is not None:  # rows with nothing judged (a pad's) have no factor to judge
+            part["rows"] = _rows_part(res.row, np.where(compared.any(-1), row_free, 0.0), a, row_index, r64, c64)
         ratio = np.where(bad, jdiff / np.maximum(limit, _F32_TINY), -1.0)  # [block, last]
         if ratio.size:
             k = int(np.argmax(ratio))  # argmax: first of the largest (or first NaN)
-            part["worst"] = (ratio.flat[k], _element(name, index(a, k), np.unravel_index(k, bad.shape), jr, jc, limit))
+            part["worst"] = (ratio.flat[k], element(a, k, np.unravel_index(k, bad.shape), r64, c64, limit, free))
         if bad.any():
             k = int(np.argmax(bad))
-            part["first_bad"] = _element(name, index(a, k), np.unravel_index(k, bad.shape), jr, jc, limit)
+            part["first_bad"] = element(a, k, np.unravel_index(k, bad.shape), r64, c64, limit, free)
         if tol["profile"]:
-            jc_in, jr_in = jc[compared], jr[compared]  # [compared in block]
+            jc_in, jr_in = jc[compared], r64[compared]  # [compared in block]
             part["finite"] = bool(np.isfinite(jc_in).all())
             if part["finite"]:
                 with np.errstate(over="ignore", invalid="ignore"):
@@ -691,14 +937,16 @@ def _compare_tensor(name, r, c, tol, conditioning, ref, error_rms=None) -> Tenso
     worst_ratio = None
     signed, err_rms, ref_rms, all_finite = [], _RootMeanSquare(), _RootMeanSquare(), True
     for part in threads.map_blocks(judge, blocks, work):  # folded in block order: the numbers of one thread
+        if part["rows"] is not None:
+            _fold_rows(res.row, part["rows"])
         max_abs = max(max_abs, part["max_abs"])
         max_over_tol = float(np.max([max_over_tol, part["max_over_tol"]]))
         n += part["n"]
         n_bad += part["n_bad"]
         if part["worst"] is not None:
-            ratio, element = part["worst"]
+            ratio, worst = part["worst"]
             if worst_ratio is None or (not np.isnan(worst_ratio) and (np.isnan(ratio) or ratio > worst_ratio)):
-                worst_ratio, res.worst = ratio, element
+                worst_ratio, res.worst = ratio, worst
         if part["first_bad"] is not None and res.first_bad is None:
             res.first_bad = part["first_bad"]
         if tol["profile"]:
@@ -708,18 +956,75 @@ def _compare_tensor(name, r, c, tol, conditioning, ref, error_rms=None) -> Tenso
                 err_rms.add_block(part["err_rms"])
                 ref_rms.add_block(part["ref_rms"])
     res.max_abs = max_abs
-    res.max_rel = res.max_abs / tensor_scale(name, np.array([top_raw]), ref)
+    res.max_rel = res.max_abs / scale
     res.max_over_tol = max_over_tol
     res.frac_out = float(n_bad / n) if n else 0.0
-    if n_bad:
+    res.n_out, res.n_compared = n_bad, n
+    if n_bad or (res.row is not None and res.row.rows_out):
         res.status = "out of tolerance"
-    else:
+    if not n_bad:
         res.worst = None
+    if res.row is not None:
+        res.notes.append(_row_note(res.row))
     if tol["profile"] and n and error_rms is not None:
         _check_systematic(res, n, all_finite, _sum(signed) / n if all_finite else math.nan,
                           err_rms.value() if all_finite else math.inf, ref_rms.value() if all_finite else 0.0,
-                          tol["unit_roundoff"], error_rms.get(judged_name, 0.0))
+                          tol["unit_roundoff"], error_rms.get(name, 0.0))
     return res
+
+
+#: The most a row's factor − 1 or shift may be and still be taken out: a factor within [1/2, 2]
+#: (a shift within ±ln 2) rescales a row; beyond, the row has another shape — a 16-bit port's
+#: attention that picked another key at a near-tie of huge scores — and is judged as it is
+#: (it fails only if its factor is also beyond the bound, or its elements beyond their tolerance).
+MAX_ROW_FREEDOM = {"factor": 0.5, "shift": math.log(2.0)}
+
+
+def _rows_part(row: RowFreedom, free, a, row_index, r64, c64) -> dict | None:
+    """The rows' factors − 1 or shifts ``free`` [block] of the block starting at row ``a``, summed up
+    on their own (a thread's work; ``row`` is only read): the largest and where, how many rows are
+    beyond the bound, and the first of them. None for an empty block."""
+    size = np.abs(np.where(np.isfinite(free), free, np.inf))  # [block] a NaN factor is infinitely far
+    if not size.size:
+        return None
+    k = int(np.argmax(size))
+    part = {"largest": float(size[k]), "largest_at": row_index(a, k), "rows_out": 0, "first_out": None}
+    if row.bound is None:
+        return part
+    out = np.flatnonzero(size > row.bound)
+    part["rows_out"] = len(out)
+    if len(out):
+        k = int(out[0])
+        sums = None
+        if row.kind == "factor":
+            sums = (float(np.sum(c64[k])), float(np.sum(np.where(np.isfinite(r64[k]), r64[k], 0.0))))
+        part["first_out"] = (row_index(a, k), float(free[k] + (1.0 if row.kind == "factor" else 0.0)), sums)
+    return part
+
+
+def _fold_rows(row: RowFreedom, part: dict | None) -> None:
+    """Record one block's ``_rows_part`` in ``row``, in block order."""
+    if part is None:
+        return
+    if row.largest_at is None or part["largest"] > row.largest:
+        row.largest, row.largest_at = part["largest"], part["largest_at"]
+    row.rows_out += part["rows_out"]
+    if part["first_out"] is not None and row.first_out is None:
+        row.first_out, row.first_out_value, sums = part["first_out"]
+        if sums is not None:
+            row.first_out_sums = sums
+
+
+def _row_note(row: RowFreedom) -> str:
+    what = ("up to a factor per row (each softmax row is divided by one sum; the factor: the median of "
+            "candidate/reference over the row's largest entries, weighted by the reference)"
+            if row.kind == "factor" else "up to a shift per row (the median over the row of candidate − reference)")
+    at = f" at row {row.largest_at}" if row.largest_at else ""
+    size = "|factor − 1|" if row.kind == "factor" else "|shift|"
+    bound = (f", bound {row.bound:.3g} = {GROWTH}·u·(f_X + 1)" if row.bound is not None
+             else " (any shift is right: logits are defined up to a constant per position)")
+    out = f"; {row.rows_out} rows beyond it" if row.rows_out else ""
+    return f"judged {what}: largest {size} {row.largest:.3g}{at}{bound}{out}"
 
 
 def tensor_scale(name, values, reference=None) -> float:
@@ -814,14 +1119,12 @@ def _check_systematic(res, n, finite, mean_error, rms, ref_rms, u, r_X) -> None:
                          f"({res.bias_tolerance:.3g}); RMS error {res.rms:.3g}")
 
 
-def _where(name, index):
-    return dict(zip(axes(name, len(index)), (int(i) for i in index)))
-
-
-def _element(name, index, local, r, c, limit):
-    """The element at ``index`` of the tensor, which is at ``local`` in the block ``r``, ``c``, ``limit``."""
-    local = tuple(int(k) for k in local)
-    return Element(index, _where(name, index), float(r[local]), float(c[local]), float(limit[local]))
+def _where(name, index, offset=0):
+    """axis label → index of an element; ``pos`` as an absolute position (a decode step's ``offset`` added)."""
+    where = dict(zip(axes(name, len(index)), (int(i) for i in index)))
+    if "pos" in where:
+        where["pos"] += offset
+    return where
 
 
 def _top_k(x, k):
@@ -888,11 +1191,15 @@ def _logits_summary(ref, cand) -> LogitsSummary:
 # ---- the report as text ---------------------------------------------------------------------------
 
 
-def format_report(report: Report, after_first: int | None = None) -> str:
+def format_report(report: Report, after_first: int | None = None, names=None, failing: bool = False) -> str:
     """The readable table: one row per tensor in forward order, then the verdict.
 
     ``after_first``: show only this many rows after the first divergence (None: every row).
+    ``names`` (glob patterns) and ``failing`` (only tensors out of tolerance) filter the rows shown;
+    the verdict below is always the whole report's.
     """
+    import fnmatch
+
     first = report.first_divergence
     certified = any(t.golden_error is not None for t in report.tensors)
     rows = [("tensor", "shape", "max abs", "max rel", *(("golden err",) if certified else ()), "max/tol", "bias/tol",
@@ -900,6 +1207,11 @@ def format_report(report: Report, after_first: int | None = None) -> str:
     shown = report.tensors
     if after_first is not None and first is not None:
         shown = shown[: report.tensors.index(first) + 1 + after_first]
+    filtered = bool(names) or failing
+    if names:
+        shown = [t for t in shown if any(fnmatch.fnmatchcase(t.name, p) for p in names)]
+    if failing:
+        shown = [t for t in shown if not t.ok]
     for t in shown:
         mark = "FIRST DIVERGENCE" if t is first else ("" if t.ok else t.status)
         if t.status in ("shape mismatch",):
@@ -915,7 +1227,11 @@ def format_report(report: Report, after_first: int | None = None) -> str:
     lines = ["  ".join(c.ljust(w) if i == 0 or i == 1 else c.rjust(w) for i, (c, w) in enumerate(zip(r[:k], widths)))
              + ("  " + r[k] if r[k] else "") for r in rows]
     lines.insert(1, "-" * len(lines[0]))
-    if len(shown) < len(report.tensors):
+    if filtered:
+        what = " and ".join(x for x in ((f"--names {' '.join(names)}" if names else ""), ("--failing" if failing else ""))
+                            if x)
+        lines.append(f"({len(shown)} of {len(report.tensors)} tensors shown: {what})")
+    elif len(shown) < len(report.tensors):
         lines.append(f"… {len(report.tensors) - len(shown)} more tensors")
     lines.append("")
     tol = report.tolerance
@@ -923,8 +1239,9 @@ def format_report(report: Report, after_first: int | None = None) -> str:
         lines.append(f"tolerance: profile {tol['profile']}: |cand − ref| ≤ atol_X + rtol·|ref|, rtol = {GROWTH}·u = "
                      f"{tol['rtol']:.2e}, atol_X = {GROWTH}·u·(c_X + S_X)  (u = {tol['unit_roundoff']:.3g}); "
                      f"bias: |mean(cand − ref)| ≤ {BIAS_GROWTH}·u·(r_X + RMS(ref))·max(1, √({BIAS_FULL_ELEMENTS}/n)) "
-                     f"on n ≥ {BIAS_MIN_ELEMENTS} elements. "
-                     f"max/tol and bias/tol: 1 is the limit")
+                     f"on n ≥ {BIAS_MIN_ELEMENTS} elements; softmax rows judged up to one factor per row, log_probs "
+                     f"up to one shift (|factor − 1|, |shift| ≤ {GROWTH}·u·(f_X + 1)), logits up to any shift per "
+                     f"position. max abs/max rel: after that factor or shift; max/tol and bias/tol: 1 is the limit")
     else:
         lines.append(f"tolerance: |cand − ref| ≤ {tol['atol']:.3g} + {tol['rtol']:.3g}·|ref|")
     if report.logits is not None:
@@ -951,30 +1268,113 @@ def format_report(report: Report, after_first: int | None = None) -> str:
 
 
 def describe_divergence(t: TensorResult) -> str:
-    """One paragraph: which tensor, where, and by how much."""
+    """One paragraph: which tensor, where, and by how much. Every value it prints is a file's own
+    value at the index it prints (the reference's ``probs`` are exp of the golden's log_probs)."""
     where = f"layer {t.layer}" if t.layer is not None else "outside the blocks"
+    named = f"step {t.step}, {inner_name(t.name)}" if t.step is not None else t.name
     if t.status == "shape mismatch":
-        return (f"first divergence: {t.name} ({where}): shape {_shape(t.candidate_shape)}, "
-                f"expected {_shape(t.shape)}")
+        return (f"first divergence: {named} ({where}): shape {_shape(t.candidate_shape)}, "
+                f"expected {_shape(t.shape)}{_shape_hint(t)}")
     kind = "gradient" if is_gradient(t.name) else "tensor"
+    tail = f" Every {kind} after it inherits the error: look here first." + _backward_hint(t) + _certified(t)
     if t.status == "systematic error":
-        return (f"first divergence: {t.name} ({where}): a systematic error: every element is within its "
+        return (f"first divergence: {named} ({where}): a systematic error: every element is within its "
                 f"tolerance, but the mean signed error {t.mean_error:.3g} is {abs(t.mean_error) / t.bias_tolerance:.3g}× "
                 f"the most rounding gives ({t.bias_tolerance:.3g}; RMS error {t.rms:.3g}): a wrong constant or "
-                f"formula in the op that computes this {kind}, not noise. Every {kind} after it inherits the "
-                f"error: look here first." + _backward_hint(t) + _certified(t))
+                f"formula in the op that computes this {kind}, not noise." + tail)
     e = t.first_bad
-    at = ", ".join(f"{k} {v}" for k, v in e.where.items() if k != "1")
-    text = (f"first divergence: {t.name} ({where}), first at {at} (index {list(e.index)}): candidate "
-            f"{e.candidate:.9g}, reference {e.reference:.9g}, |diff| {abs(e.candidate - e.reference):.3g}")
+    if t.status == "near tie":
+        return f"first divergence: {named}: {t.notes[-1]}: not a bug; the steps after it ran on other tokens."
     if t.status == "values differ":
-        return text + "; everything after it ran on different input"
-    text += f" > tolerance {e.tolerance:.3g}; {100 * t.frac_out:.1f}% of its elements are out"
-    if t.worst is not None and t.worst.index != e.index:
+        return (f"first divergence: {named} ({where}), first at {_at(e, t)} (index {list(e.index)}): candidate "
+                f"{e.candidate:.9g}, reference {e.reference:.9g}; everything after it ran on different input")
+    parts = []
+    row = t.row
+    if row is not None and row.rows_out:
+        parts.append(_row_failure(t, row))
+    if e is not None:
+        text = (f"first at {_at(e, t)} (index {list(e.index)}): candidate {e.candidate:.9g}, reference "
+                f"{e.reference:.9g}{_reference_is(t.name)}, {_judged(e)} {e.judged_difference:.3g} > tolerance "
+                f"{e.tolerance:.3g}; {_fraction(t)} are out{_beyond(row)}")
         w = t.worst
-        text += (f"; worst at index {list(w.index)}: |diff| {abs(w.candidate - w.reference):.3g} "
-                 f"(tolerance {w.tolerance:.3g})")
-    return text + f". Every {kind} after it inherits the error: look here first." + _backward_hint(t) + _certified(t)
+        if w is not None and w.index != e.index:
+            text += (f"; furthest beyond its tolerance at index {list(w.index)}: candidate {w.candidate:.9g}, "
+                     f"reference {w.reference:.9g}, {_judged(w)} {w.judged_difference:.3g}, "
+                     f"{w.judged_difference / w.tolerance if w.tolerance else math.inf:.3g}× its tolerance "
+                     f"{w.tolerance:.3g}")
+        parts.append(text)
+    joiner = ": " if row is not None and row.rows_out else ", "
+    return f"first divergence: {named} ({where}){joiner}" + "; ".join(parts) + "." + tail
+
+
+def _at(e: Element, t: TensorResult) -> str:
+    """Where an element is: "batch 0, pos 3, d_model 17"; in a decode or padded golden "row 0, position 7, …"
+    (the absolute position in the row: a decode step's new rows continue after the earlier ones)."""
+    words = {"batch": "row", "pos": "position", "key_pos": "key position"} if t.sequences else {}
+    return ", ".join(f"{words.get(k, k)} {v}" for k, v in e.where.items() if k != "1")
+
+
+def _shape_hint(t: TensorResult) -> str:
+    """What a decode step's wrong shape usually means."""
+    if t.step is None or len(t.shape) < 2 or len(t.candidate_shape) != len(t.shape):
+        return ""
+    inner = inner_name(t.name)
+    keys = 1 if inner.endswith(("attn.cache_k", "attn.cache_v")) else (
+        len(t.shape) - 1 if inner.endswith(("hook_attn_scores", "hook_pattern")) else None)
+    if keys is None:
+        return ""
+    got, want = t.candidate_shape[keys], t.shape[keys]
+    what = "keys" if inner.endswith(("hook_attn_scores", "hook_pattern")) else "cached positions"
+    if got == want:
+        return ""
+    more = "more" if got > want else "fewer"
+    return (f": {abs(got - want)} {more} {what} than the {want} the reference has after step {t.step} (a cache "
+            f"{'appended twice' if got > want else 'not appended, or the newest key missing'}?)")
+
+
+def _reference_is(name) -> str:
+    return " (exp of the golden's log_probs)" if inner_name(name) == "probs" else ""
+
+
+def _judged(e: Element) -> str:
+    """How the element's difference is judged: plain, after its row's shift, or after its row's factor."""
+    if e.row_shift is not None:
+        return f"judged after the row's shift {e.row_shift:.6g}: |candidate − shift − reference|"
+    if e.row_factor is not None:
+        return f"judged after the row's factor {e.row_factor:.9g}: |candidate/factor − reference|"
+    return "|diff|"
+
+
+def _fraction(t: TensorResult) -> str:
+    """How many elements are out, counted and as a share, never rounded to 0 % (or 100 %) unless it is."""
+    k, n = t.n_out, t.n_compared
+    share = 100 * k / n if n else 0.0
+    return f"{k} of {n} elements ({share:.2g}%)" if (0 < share < 0.1 or 99.9 < share < 100) else \
+        f"{k} of {n} elements ({share:.1f}%)"
+
+
+def _beyond(row: RowFreedom | None) -> str:
+    if row is None:
+        return ""
+    return " beyond their row's shift" if row.kind == "shift" else " beyond their row's factor"
+
+
+def _row_failure(t: TensorResult, row: RowFreedom) -> str:
+    """The first row whose factor or shift is beyond its bound, with the files' sums for a factor."""
+    name = t.name
+    labels = axes(name, len(t.shape))[:-1]
+    where = _where(name, tuple(row.first_out) + (0,), t.offset)
+    words = {"batch": "row", "pos": "position"} if t.sequences else {}
+    at = f"{row.first_out} ({', '.join(f'{words.get(k, k)} {where[k]}' for k in labels if k != '1')})"
+    if row.kind == "factor":
+        c, r = row.first_out_sums
+        return (f"the row at {at} sums to {c:.9g} in the candidate and {r:.9g} in the reference"
+                f"{_reference_is(name)}: a factor {row.first_out_value:.9g}, |factor − 1| "
+                f"{abs(row.first_out_value - 1):.3g} > {row.bound:.3g}, more than rounding of the row's one sum "
+                f"gives ({row.rows_out} rows are beyond it)")
+    return (f"the row at {at} is shifted by {row.first_out_value:.6g} (the median over the row of "
+            f"candidate − reference), |shift| > {row.bound:.3g}, more than rounding of the row's one log-sum gives "
+            f"({row.rows_out} rows are beyond it)")
 
 
 def _certified(t: TensorResult) -> str:

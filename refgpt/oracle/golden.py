@@ -30,6 +30,23 @@ the unit roundoff, so c_X·u_bf16 is the error a bfloat16 pass makes where c_X·
 pass's (docs/oracle.md measures how well this holds). c_X bounds each element's error, r_X the
 bias of a whole tensor (comparison.py, the bias bound).
 
+Two float32 passes, two accumulation orders. The error of a correct port depends on how it adds:
+refgpt's own float32 pass sums pairwise (NumPy) and in BLAS's blocks, a port written as loops one
+term at a time, with errors that grow with the length of the sum and are shared by a whole row
+(one softmax denominator, one LayerNorm σ). So c_X and r_X are the larger of the two passes':
+refgpt's, and refgpt/oracle/sequential.py's, which sums in index order as loops do.
+
+Normalised rows. A softmax row is divided by one sum, so a port's rounding of that sum scales
+the whole row by one factor; a log-softmax row is shifted by one log-sum; logits are defined only
+up to a constant per position (a centred unembedding adds one). The oracle judges these tensors
+up to that per-row factor or shift (``ROW_FREEDOM``), and the golden measures the same way: c_X of
+``probs`` and ``hook_pattern`` after each pass's own row factor (the r-weighted median of pass/reference
+over the row's largest entries) is divided out, of ``logits`` and ``log_probs`` after each row's own
+shift (the median over the row of pass − reference) is taken away, and f_X (``row_freedom``) = the largest |factor − 1| or |shift| over the rows, in units of
+2⁻²⁴, which bounds how far a port's row factor or shift may stray (none for ``logits``: any
+shift is right). ``probs`` (what llm.c keeps of the softmax) is not in the file but measured,
+relative to p, for llm.c candidates.
+
 Streaming. ``write_streamed`` (what ``refgpt golden`` runs for a forward golden) never holds the
 file: the header goes first (every shape follows from the config, ``layout``), then each tensor as
 the forward pass, driven a stage at a time by ``stream``, makes it; the float32 pass for c_X and r_X
@@ -59,14 +76,15 @@ from .. import strict_json
 from ..errors import RefGPTError, RefGPTTypeError
 from ..tl.hooks import HookRun
 from ..gpt2.ln_views import cached_output
+from ..gpt2.padding import position_ids
 from ..model import Model
 from .gradients import compute_gradients
 from ..files.safetensors_file import SafetensorsFile, SafetensorsWriter, header_bytes
 from ..version import __version__
-from .name_maps import forward_order
+from .name_maps import forward_order, inner_name
 
 FORMAT = "refgpt-golden"
-FORMAT_VERSION = "1"
+FORMAT_VERSION = "2"  # 2: c_X of the logits shift-invariant, row_freedom (issue 25)
 F32_ROUNDOFF = 2.0**-24
 
 @dataclass
@@ -107,9 +125,21 @@ class Golden:
 
     @property
     def error_rms(self) -> dict[str, float]:
-        """r_X per tensor: the RMS error of refgpt's float32 pass, in units of 2⁻²⁴; empty if none."""
+        """r_X per tensor: the RMS error of the float32 passes, in units of 2⁻²⁴; empty if none."""
         return checked_conditioning(strict_json.loads(self.metadata.get("error_rms", "{}"),
                                                       "golden metadata 'error_rms'"), "golden metadata 'error_rms'")
+
+    @property
+    def row_freedom(self) -> dict[str, float]:
+        """f_X per normalised-row tensor (module docstring): the largest per-row factor − 1 or
+        shift of the float32 passes, in units of 2⁻²⁴; empty in a file older than format 2."""
+        return checked_conditioning(strict_json.loads(self.metadata.get("row_freedom", "{}"),
+                                                      "golden metadata 'row_freedom'"), "golden metadata 'row_freedom'")
+
+    @property
+    def format_version(self) -> int:
+        text = self.metadata.get("format_version", "1")
+        return int(text) if text.isdigit() else 1
 
 
 def checked_conditioning(values, where="golden metadata 'conditioning'") -> dict[str, float]:
@@ -152,15 +182,22 @@ def select(model: Model, patterns) -> list[str]:
     return chosen
 
 
-def compute(model: Model, tokens, names=None, fwd_hooks=(), targets=None, backward=False) -> dict[str, np.ndarray]:
+def compute(model: Model, tokens, names=None, fwd_hooks=(), targets=None, backward=False,
+            attention_mask=None, progress=None) -> dict[str, np.ndarray]:
     """The golden tensors (``names`` from :func:`golden_names`; None: all) of one forward pass,
     and with ``backward`` the loss and every gradient (refgpt/oracle/gradients.py).
 
     ``fwd_hooks`` run as in ``model.run_with_hooks``: the golden values are what flowed, which is
     how tests build a candidate with an error injected at a known place (the backward pass ignores
     them). ``targets`` [batch, pos]: one target per input position, as llm.c's y (default: the
-    next token inside ``tokens``, [batch, pos − 1]).
+    next token inside ``tokens``, [batch, pos − 1]). ``attention_mask`` [batch, pos] (1 real, 0
+    pad): a padded batch (refgpt/gpt2/padding.py), adding ``attention_mask`` and ``position_ids``;
+    its loss is 0 where a target is not a real token after a real one (forward only).
+    ``progress()`` is called once per block of the forward pass and of the backward pass.
     """
+    if attention_mask is not None and backward:
+        raise RefGPTError("golden: the backward pass of a padded batch is not implemented; give rows of one "
+                          "length for --backward")
     tokens, _ = model.check_tokens(tokens)  # [batch, pos]
     if names is not None and (isinstance(names, str) or not isinstance(names, (list, tuple))
                               or not all(isinstance(n, str) for n in names)):
@@ -170,10 +207,15 @@ def compute(model: Model, tokens, names=None, fwd_hooks=(), targets=None, backwa
     hooks = set(model.hook_names)
     need = {n for n in wanted if n in hooks}
     need |= {n[: -len("out")] + "hook_normalized" for n in wanted if n.endswith(".out")}
-    logits, cache = model.run_with_cache(tokens, names=sorted(need), fwd_hooks=fwd_hooks)  # [batch, pos, d_vocab]
+    ticks = block_ticks(model, progress)
+    logits, cache = model.run_with_cache(tokens, names=sorted(need), fwd_hooks=[*fwd_hooks, *ticks[0]],
+                                         attention_mask=attention_mask)  # [batch, pos, d_vocab]
     log_probs = log_softmax(logits)  # [batch, pos, d_vocab]
     b_idx, t_idx = np.indices(targets.shape)  # [batch, pos − 1] (or [batch, pos]) each
     out = {}
+    if attention_mask is not None:
+        mask = np.asarray(attention_mask, np.int64)  # [batch, pos]
+        out["attention_mask"], out["position_ids"] = mask, np.where(mask == 1, position_ids(mask), 0)  # pads: 0
     for name in forward_order(wanted):
         if name == "tokens":
             out[name] = tokens
@@ -185,6 +227,9 @@ def compute(model: Model, tokens, names=None, fwd_hooks=(), targets=None, backwa
             out[name] = log_probs
         elif name == "loss":
             out[name] = -log_probs[b_idx, t_idx, targets]  # [batch, pos − 1] (or [batch, pos])
+            if attention_mask is not None:  # a real target after a real position only
+                counted = mask[:, :-1] * mask[:, 1:] if targets.shape[1] < tokens.shape[1] else mask
+                out[name] = np.where(counted == 1, out[name], 0.0).astype(logits.dtype)
         elif name.endswith(".out"):
             out[name] = cached_output(cache, name[: -len("out")])  # "blocks.3.ln1." or "ln_final."
         elif name in hooks:
@@ -192,8 +237,21 @@ def compute(model: Model, tokens, names=None, fwd_hooks=(), targets=None, backwa
         else:
             raise RefGPTError(f"golden: {name!r} is not a tensor of this model's golden file")
     if backward:
-        out.update(compute_gradients(model, tokens, targets))
+        with model.hooks(bwd_hooks=ticks[1]):
+            out.update(compute_gradients(model, tokens, targets))
     return out
+
+
+def block_ticks(model: Model, progress):
+    """(forward hooks, backward hooks) that call ``progress()`` once per block, changing nothing."""
+    if progress is None:
+        return [], []
+
+    def tick(activation, hook):
+        progress()
+
+    names = [f"blocks.{L}.hook_resid_post" for L in range(model.cfg.n_layers)]
+    return [(n, tick) for n in names], [(n, tick) for n in names]
 
 
 def stream(model: Model, tokens, names=None, fwd_hooks=(), targets=None):
@@ -279,20 +337,35 @@ def layout(model: Model, tokens_shape, names=None, targets_given=False) -> dict[
     return out
 
 
-def _three_passes(model: Model, tokens, names, targets=None):
-    """Yield (name, the golden tensor, its float64 value, its float32 value): the model's pass, a
-    float64 pass and a float32 pass of the same weights, run a stage at a time side by side
-    (``stream``), so only a stage's activations of each are held. A pass that would repeat another
-    (the model's own pass is the float64 one when it is float64 and unhooked) is run once."""
+def _passes(model: Model, tokens, names, targets=None):
+    """Yield (name, the golden tensor, its float64 value, its float32 values): the model's pass, a
+    float64 pass, a float32 pass of the same weights and the sequential port's float32 pass
+    (refgpt/oracle/sequential.py, None for a tensor it does not make), run a stage at a time side
+    by side (``stream``), so only a stage's activations of each are held. A pass that would repeat
+    another (the model's own pass is the float64 one when it is float64 and unhooked) is run once.
+    Last, ``probs``, which no file holds: (name, None, p, (refgpt's, the sequential port's))."""
+    from . import sequential
+
     hooked = bool(HookRun(model.hook_dict).hooks)  # hooks on the model's hook points
     exact = model if model.dtype == np.float64 and not hooked else Model(model.cfg, dict(model.params), dtype="float64")
     rounded = model if model.dtype == np.float32 and not hooked else float32_twin(model)  # weights rounded as a float32 port rounds them
     passes = list(dict.fromkeys([model, exact, rounded]))  # the distinct models
+    checked, _ = model.check_tokens(tokens)
+    twin = sequential.stages(model.cfg, rounded.params, checked,
+                             None if targets is None else check_golden_targets(model, checked, targets))
+    twin_names, stage, probs = set(sequential.golden_names(model.cfg)), {}, None
     for tensors in zip(*(stream(m, tokens, names, targets=targets) for m in passes), strict=True):
         made = dict(zip(passes, tensors))
         name = tensors[0][0]
         assert all(t[0] == name for t in tensors), tensors  # every pass makes the same tensors in the same order
-        yield name, made[model][1], made[exact][1], made[rounded][1]
+        while name in twin_names and name not in stage:
+            stage = next(twin)  # the sequential port's next stage, the last one let go
+        r, x = made[exact][1], made[rounded][1]
+        yield name, made[model][1], r, (x, stage.get(name))
+        if name == "log_probs":
+            probs = (np.exp(np.asarray(r, np.float64)), (np.exp(x.astype(np.float64)), stage.get("probs")))
+    if probs is not None:
+        yield "probs", None, *probs
 
 
 def float32_twin(model: Model) -> Model:
@@ -343,44 +416,224 @@ def conditioning(model: Model, tokens, names=None, targets=None, backward=False)
     return float32_errors(model, tokens, names, targets, backward)[0]
 
 
-def float32_errors(model: Model, tokens, names=None, targets=None, backward=False, reference=None):
-    """(c_X, r_X) per float golden tensor X: the largest and the root-mean-square error of
-    refgpt's own float32 pass against float64, both in units of 2⁻²⁴ (refgpt/oracle/comparison.py
-    bounds a candidate's error elementwise by the first and its bias by the second).
-    ``reference``: the float64 tensors, when already computed."""
+#: Tensors judged up to a per-row freedom (module docstring): name → "factor" or "shift", and
+#: whether that freedom is bounded (by f_X) or free.
+def row_freedom_of(name: str):
+    """("factor" | "shift", bounded) for a normalised-row tensor (also a decode step's), None for any other."""
+    name = inner_name(name)
+    if name in ("logits", "next_logits"):
+        return "shift", False
+    if name == "log_probs":
+        return "shift", True
+    if name == "probs" or (name.endswith("attn.hook_pattern") and not name.startswith("grad.")):
+        return "factor", True
+    return None
+
+
+_F32_TINY = float(np.finfo(np.float32).tiny)
+
+
+#: A softmax row's factor is estimated from its FACTOR_ENTRIES largest reference entries.
+FACTOR_ENTRIES = 64
+
+
+def row_adjusted(name, r, x):
+    """(x with its per-row factor or shift relative to r taken out, the factor − 1 or shift per row)
+    for a normalised-row tensor ``name`` (``row_freedom_of``); (x, None) for any other.
+
+    Both are robust, so that an error in a few entries stays in those entries instead of moving the
+    whole row. The factor α is the median of x/r over the row's 64 largest reference entries,
+    weighted by r (``weighted_median_ratio``): what the row's large entries agree on, as the row's sum is
+    theirs; a tiny probability's own relative error, however large, moves nothing. The shift s is
+    the median of x − r over the entries where r is finite. A row with no positive reference entry
+    has factor 1, a NaN candidate entry among those used makes the factor NaN."""
+    freedom = row_freedom_of(name)
+    if freedom is None:
+        return x, None
+    kind, _ = freedom
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        if kind == "factor":
+            free = weighted_median_ratio(r, x)  # [..., 1]
+            return np.where(free != 0, x / np.where(free != 0, free, 1.0), x), (free - 1.0)[..., 0]
+        used = np.isfinite(r)
+        d = np.where(used, x - r, np.nan)  # [..., n]
+        if used.all():
+            free = np.median(d, axis=-1, keepdims=True)  # [..., 1]
+        else:
+            import warnings
+
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # a row with nothing used: NaN, made 0 below
+                free = np.where(np.isnan(d) & used, np.nan, np.nanmedian(d, axis=-1, keepdims=True))
+            free = np.where(used.any(-1, keepdims=True), free, 0.0)
+        return x - free, free[..., 0]
+
+
+def weighted_median_ratio(r, x, k=FACTOR_ENTRIES):
+    """Per row (last axis): the median of x/r over the k largest entries of r with r > 0, each
+    weighted by r (the smallest ratio at which the weight of the ratios up to it reaches half);
+    1 for a row with no positive r; NaN if x is NaN at any of those entries. [..., n] → [..., 1]."""
+    rows_r = r.reshape(-1, r.shape[-1]) if r.ndim else r.reshape(1, 1)  # [rows, n]
+    rows_x = x.reshape(rows_r.shape)
+    n = rows_r.shape[-1]
+    clean = np.where(np.isfinite(rows_r) & (rows_r > 0), rows_r, 0.0)  # [rows, n]
+    if n > k:
+        top = np.argpartition(-clean, k - 1, axis=-1)[:, :k]  # [rows, k] the k largest
+    else:
+        top = np.broadcast_to(np.arange(n), clean.shape)  # [rows, n]
+    w = np.take_along_axis(clean, top, -1)  # [rows, k]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratio = np.where(w > 0, np.take_along_axis(rows_x, top, -1) / np.where(w > 0, w, 1.0), np.inf)  # [rows, k]
+    nan = (np.isnan(ratio) & (w > 0)).any(-1)  # [rows]
+    ratio = np.where(np.isnan(ratio), np.inf, ratio)
+    order = np.argsort(ratio, axis=-1, kind="stable")  # [rows, k]
+    w_sorted = np.take_along_axis(w, order, -1)  # [rows, k]
+    half = w_sorted.sum(-1, keepdims=True) / 2  # [rows, 1]
+    at = np.argmax(np.cumsum(w_sorted, -1) >= half, axis=-1)[:, None]  # [rows, 1]
+    median = np.take_along_axis(np.take_along_axis(ratio, order, -1), at, -1)  # [rows, 1]
+    median = np.where(half > 0, median, 1.0)
+    median = np.where(nan[:, None], np.nan, median)
+    return median.reshape(*r.shape[:-1], 1) if r.ndim else median.reshape(())
+
+
+def float32_errors(model: Model, tokens, names=None, targets=None, backward=False, reference=None,
+                   attention_mask=None, progress=None):
+    """(c_X, r_X, f_X) per float golden tensor X: the largest and the root-mean-square error of
+    the float32 passes against float64 — refgpt's own and the sequential port's
+    (refgpt/oracle/sequential.py), the larger of the two — and for normalised-row tensors the
+    largest row factor − 1 or shift (module docstring), all in units of 2⁻²⁴
+    (refgpt/oracle/comparison.py bounds a candidate's error elementwise by c_X, its bias by r_X,
+    its row factors by f_X). ``reference``: the float64 tensors, when already computed."""
+    from . import sequential
+
     params = dict(model.params)
     rounded = float32_twin(model)  # the same weights, rounded as a float32 port rounds them
     if reference is None or model.dtype != np.float64:
         exact = Model(model.cfg, params, dtype="float64")
-        reference = compute(exact, tokens, names, targets=targets, backward=backward)
+        reference = compute(exact, tokens, names, targets=targets, backward=backward, attention_mask=attention_mask,
+                            progress=progress)
     ref = reference
-    f32 = compute(rounded, tokens, names, targets=targets, backward=backward)
-    c, rms = {}, {}
+    f32 = compute(rounded, tokens, names, targets=targets, backward=backward, attention_mask=attention_mask,
+                  progress=progress)
+    tokens_checked, _ = model.check_tokens(tokens)
+    seq = sequential.compute(model.cfg, rounded.params, tokens_checked, check_golden_targets(model, tokens_checked, targets)
+                             if targets is not None else None, backward, attention_mask)
+    if progress is not None:
+        for _ in range(model.cfg.n_layers * (2 if backward else 1)):
+            progress()
+    errors = ErrorModel()
     for name, r in ref.items():
         if r.dtype.kind == "f":
-            c[name], rms[name] = float32_error(r, f32[name])
-    return c, rms
+            errors.add(name, r, f32[name], seq.get(name))
+    if "log_probs" in ref and "log_probs" in f32:
+        errors.add("probs", np.exp(np.asarray(ref["log_probs"], np.float64)), np.exp(f32["log_probs"].astype(np.float64)),
+                   seq.get("probs"))
+    return tuple({n: d[n] for n in forward_order(d)} for d in (errors.c, errors.rms, errors.freedom))
 
 
-def float32_error(r, x) -> tuple[float, float]:
-    """(c_X, r_X) of one tensor: the largest and the RMS |x − r| over the finite entries of the
-    float64 ``r`` (attention scores: the causal part), in units of 2⁻²⁴."""
+class ErrorModel:
+    """c_X, r_X and f_X (``float32_errors``) gathered tensor by tensor: the largest over the passes."""
+
+    def __init__(self):
+        self.c, self.rms, self.freedom = {}, {}, {}
+
+    def add(self, name, r, *passes):
+        """Add tensor ``name`` with float64 value ``r`` and its value in each float32 pass (None, a
+        wrong shape or a non-finite value where the reference is finite: that pass is not counted;
+        the first pass, refgpt's own, always is)."""
+        for i, x in enumerate(passes):
+            if x is None or np.shape(x) != np.shape(r):
+                continue
+            x = np.asarray(x)
+            if i and not np.isfinite(x[np.isfinite(r)]).all():
+                continue
+            c, rms, f = float32_error(name, r, x)
+            self.c[name], self.rms[name] = max(self.c.get(name, 0.0), c), max(self.rms.get(name, 0.0), rms)
+            if f is not None:
+                self.freedom[name] = max(self.freedom.get(name, 0.0), f)
+
+    def metadata(self) -> dict[str, str]:
+        """The three as a golden file's metadata strings, each in forward order."""
+        return {key: json.dumps({n: values[n] for n in forward_order(values)})
+                for key, values in (("conditioning", self.c), ("error_rms", self.rms), ("row_freedom", self.freedom))}
+
+
+def float32_error(name, r, x) -> tuple[float, float, float | None]:
+    """(c_X, r_X, f_X) of one tensor: the largest and the RMS |x − r| over the finite entries of the
+    float64 ``r`` (attention scores: the causal part), in units of 2⁻²⁴, after a normalised row's
+    factor or shift is taken out (``row_adjusted``; f_X: its largest size, None for other tensors and
+    for the logits, whose shift is free); ``probs`` relative to p, where p ≥ float32's smallest normal."""
     x = x.astype(np.float64)  # [...]
+    r = np.asarray(r, np.float64)
+    x, freedom = row_adjusted(name, r, x)
+    f = None
+    if freedom is not None and row_freedom_of(name)[1]:
+        f = float(np.max(np.abs(freedom), initial=0.0) / F32_ROUNDOFF)
     finite = np.isfinite(r)  # attention scores: compare the causal part only
-    err = np.abs(x[finite] - r[finite])  # [n_compared]
+    if inner_name(name) == "probs":  # a decode step's too
+        finite &= r >= _F32_TINY
+        err = np.abs(x[finite] - r[finite]) / r[finite]  # [n_compared] relative to p
+    else:
+        err = np.abs(x[finite] - r[finite])  # [n_compared]
     if not err.size:
-        return 0.0, 0.0
-    return float(err.max() / F32_ROUNDOFF), float(np.sqrt(np.mean(err**2)) / F32_ROUNDOFF)
+        return 0.0, 0.0, f
+    return float(err.max() / F32_ROUNDOFF), float(np.sqrt(np.mean(err**2)) / F32_ROUNDOFF), f
 
 
-def make(model: Model, tokens, names=None, command=None, targets=None, backward=False) -> Golden:
+def make(model: Model, tokens, names=None, command=None, targets=None, backward=False, attention_mask=None,
+         padding_side=None, pad_token_id=None, progress=None) -> Golden:
     """The golden file's contents for ``model`` on ``tokens``, with its metadata; with ``backward``
-    also the mean loss and every gradient (refgpt/oracle/gradients.py)."""
-    tensors = compute(model, tokens, names, targets=targets, backward=backward)
-    cond, rms = float32_errors(model, tokens, names, targets, backward, reference=tensors)
+    also the mean loss and every gradient (refgpt/oracle/gradients.py). ``attention_mask`` [batch,
+    pos]: a padded batch, padded on ``padding_side`` with ``pad_token_id`` (the metadata's ``padding``
+    says which convention its mask and position ids follow). ``progress(done, total)``: called as
+    the passes run, in blocks (``make_steps`` gives the total)."""
+    tick = _counter(progress, make_steps(model, backward))
+    tensors = compute(model, tokens, names, targets=targets, backward=backward, attention_mask=attention_mask,
+                      progress=tick)
+    cond, rms, freedom = float32_errors(model, tokens, names, targets, backward, reference=tensors,
+                                        attention_mask=attention_mask, progress=tick)
     metadata = {**provenance(model, command), "conditioning": json.dumps(cond), "error_rms": json.dumps(rms),
+                "row_freedom": json.dumps(freedom), "error_model": ERROR_MODEL,
                 "targets": "given" if targets is not None else "next token"}
+    if attention_mask is not None:
+        metadata["padding"] = json.dumps(padding_metadata(padding_side, pad_token_id))
     return Golden(tensors, metadata)
+
+
+def make_steps(model: Model, backward=False) -> int:
+    """How many blocks ``make`` runs: three passes (float64, float32, the sequential port's), forward
+    and with ``backward`` backward, one block at a time."""
+    return 3 * model.cfg.n_layers * (2 if backward else 1)
+
+
+def _counter(progress, total):
+    """A no-argument tick calling ``progress(done, total)``, or None."""
+    if progress is None:
+        return None
+    done = [0]
+
+    def tick():
+        done[0] += 1
+        progress(min(done[0], total), total)
+
+    return tick
+
+
+def padding_metadata(side, pad_token_id) -> dict:
+    """What a padded golden's ``attention_mask`` and ``position_ids`` mean (refgpt/gpt2/padding.py)."""
+    return {"side": side, "pad_token_id": pad_token_id,
+            "attention_mask": "1 for a real token, 0 for a pad; a pad is never attended to",
+            "position_ids": "each real token's position is the number of real tokens before it in its row "
+                            "(cumsum(attention_mask) - 1); a pad has position 0 and a zero position embedding "
+                            "(TransformerLens's convention; HF fills pad positions with 1)",
+            "judged": "real positions only: what a pad position computes is not compared (compare --judge-pads "
+                      "compares it too)",
+            "loss": "a target counts where it and its position are real tokens; 0 elsewhere"}
+
+
+#: What the metadata's c_X, r_X and f_X were measured from (module docstring).
+ERROR_MODEL = ("float32 passes against float64: refgpt's own (pairwise sums, BLAS) and a sequential port's "
+               "(refgpt/oracle/sequential.py: every sum in index order); the larger of the two")
 
 
 def provenance(model: Model, command=None) -> dict[str, str]:
@@ -451,7 +704,7 @@ def write(path, golden: Golden) -> Path:
     return out.path
 
 
-def write_streamed(path, model: Model, tokens, names=None, command=None, targets=None) -> Path:
+def write_streamed(path, model: Model, tokens, names=None, command=None, targets=None, progress=None) -> Path:
     """Make and write a golden file without ever holding it, in one pass.
 
     The header (every tensor's name, dtype and shape, known from the config) goes first, with room
@@ -462,18 +715,19 @@ def write_streamed(path, model: Model, tokens, names=None, command=None, targets
     tokens, _ = model.check_tokens(tokens)  # [batch, pos]
     names = _checked_names(model, names)
     shapes = layout(model, tokens.shape, names, targets_given=targets is not None)
-    meta = {**provenance(model, command), "conditioning": "{}", "error_rms": "{}",
-            "targets": "given" if targets is not None else "next token"}
+    meta = {**provenance(model, command), "conditioning": "{}", "error_rms": "{}", "row_freedom": "{}",
+            "error_model": ERROR_MODEL, "targets": "given" if targets is not None else "next token"}
 
-    c, rms = {}, {}
+    errors = ErrorModel()
     with SafetensorsWriter(path, shapes, meta, _header_length(shapes, meta)) as out:
-        for name, tensor, r, x in _three_passes(model, tokens, names, targets):
-            out.write(name, tensor)
+        for i, (name, tensor, r, x) in enumerate(_passes(model, tokens, names, targets)):
+            if tensor is not None:
+                out.write(name, tensor)
+            if progress is not None:
+                progress(min(i + 1, len(shapes)), len(shapes))
             if r.dtype.kind == "f":
-                c[name], rms[name] = float32_error(r, x)
-        order = forward_order(c)
-        out.metadata = {**meta, "conditioning": json.dumps({n: c[n] for n in order}),
-                        "error_rms": json.dumps({n: rms[n] for n in order})}
+                errors.add(name, r, *x)
+        out.metadata = {**meta, **errors.metadata()}
     return out.path
 
 
@@ -481,12 +735,18 @@ def _header_length(shapes, meta) -> int:
     """The header's length in a golden file: as long as the longest conditioning could make it
     (every c_X and r_X written in 24 characters, the longest a float's repr takes), so that the streamed
     writer can leave room for the conditioning before it is measured, and both writers agree."""
-    measured = [key for key in ("conditioning", "error_rms") if key in meta]
+    measured = [key for key in ("conditioning", "error_rms", "row_freedom") if key in meta]
     if not measured:
         return 0
     floats = [name for name, (dtype, _) in shapes.items() if np.dtype(dtype).kind == "f"]
-    longest = "{" + ", ".join(f"{json.dumps(name)}: {'9' * 24}" for name in floats) + "}"
-    return len(header_bytes(shapes, {**meta, **{key: longest for key in measured}}))
+    floats += ["probs"] if "log_probs" in shapes else []
+    rows = [name for name in floats if (row_freedom_of(name) or (None, False))[1]]
+
+    def longest(names):
+        return "{" + ", ".join(f"{json.dumps(name)}: {'9' * 24}" for name in names) + "}"
+
+    return len(header_bytes(shapes, {**meta, **{key: longest(rows if key == "row_freedom" else floats)
+                                                for key in measured}}))
 
 
 def read(path) -> Golden:

@@ -219,6 +219,69 @@ def _parameter_gradients(grads, cfg) -> dict[str, np.ndarray]:
     return out
 
 
+def read_steps(directory, ref, ref_golden) -> dict[str, np.ndarray]:
+    """llm.c-style per-step dumps of a decode → a decode golden's step tensors (refgpt/oracle/decode.py).
+
+    llm.c's generation loop runs the whole forward pass over a fixed T positions at every step and
+    reads the logits of the newest position; one raw ``acts_memory`` dump per step,
+    ``DIRECTORY/step{S}.bin`` (``fwrite(model.acts_memory, sizeof(float), model.num_activations, f)``
+    after step S's ``gpt2_forward``), holds that pass. Step S's tensors are its rows at the step's new
+    positions (the prompt's at step 0), its attention rows against the keys so far, and the keys and
+    values of every position so far as the KV cache after the step (``decode.step_rows``). T is
+    found from the file's size."""
+    from . import decode
+    from .name_maps import ModelShape, split_step, to_refgpt
+
+    directory = Path(directory)
+    if ref_golden is None or ref_golden.config is None:
+        raise RefGPTError("llm.c per-step dumps need a refgpt decode golden as the reference (its config gives "
+                          "the model's shape)")
+    cfg = ref_golden.config
+    news = {}
+    for name in ref:
+        step, inner = split_step(name)
+        if step is not None and inner == "tokens":
+            news[step] = np.shape(ref[name])
+    B = next(iter(news.values()))[0]
+    shape = ModelShape(cfg.n_layers, cfg.n_heads, cfg.d_vocab, cfg)
+    out, start = {}, 0
+    for step in sorted(news):
+        end = start + news[step][1]
+        path = directory / f"step{step}.bin"
+        if not path.is_file():
+            raise RefGPTError(f"{path}: not found; a decode of {len(news)} steps needs step0.bin … step{len(news) - 1}.bin")
+        acts, _ = to_refgpt(_read_acts_of_any_T(path, cfg, B, end), "llmc", shape)
+        for name in [n for n in ref if split_step(n)[0] == step]:
+            inner = split_step(name)[1]
+            value = decode.step_rows(acts, inner, start, end)
+            if value is not None:
+                out[name] = value
+        probs = acts.get("probs")
+        if probs is not None:
+            out[f"step.{step}.probs"] = np.asarray(probs)[:, start:end]
+        start = end
+    return out
+
+
+def _read_acts_of_any_T(path, cfg, B, at_least):
+    """``llmc.read_activations`` of a dump whose T (≥ ``at_least``) is found from the file's size."""
+    import math
+
+    n_floats, rem = divmod(path.stat().st_size, 4)
+    fixed = {T: sum(math.prod(s) for s in llmc.activation_shapes(cfg, B, T, 0).values())
+             for T in range(at_least, cfg.n_ctx + 1)}
+    Vp = llmc.padded_vocab(cfg.d_vocab)  # llm.c's: the vocabulary padded to a multiple of 128
+    for T in fixed if not rem else ():
+        if n_floats == fixed[T] + 2 * B * T * Vp:
+            return llmc.read_activations(path, cfg, B, T)
+    for T in fixed if not rem else ():  # another padding of the vocabulary
+        other, odd = divmod(n_floats - fixed[T], 2 * B * T)
+        if not odd and other >= cfg.d_vocab:
+            return llmc.read_activations(path, cfg, B, T)
+    raise RefGPTError(f"{path}: {path.stat().st_size} bytes is no llm.c acts_memory of B = {B} and any T from "
+                      f"{at_least} to {cfg.n_ctx} for this model")
+
+
 def read_debug_state_candidate(path, cfg: Config) -> dict[str, np.ndarray]:
     """An llm.c debug state (e.g. written by llm.c's train_gpt2.py from PyTorch) as a candidate:
     tokens x, targets y, logits, loss_mean and, when present, every parameter's gradient."""

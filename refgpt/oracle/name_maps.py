@@ -59,10 +59,31 @@ def _with_ln_outputs(names):
                  ((name, name.replace("hook_normalized", "out")) if name.endswith("hook_normalized") else (name,)))
 
 
+def _with_cache(names):
+    """A block's names with the KV cache after the step (``attn.cache_k``, ``attn.cache_v``, decode
+    goldens) right after the values: what a cached step stores before it attends."""
+    return tuple(x for name in names for x in ((name, "attn.cache_k", "attn.cache_v") if name == "attn.hook_v" else (name,)))
+
+
 #: A block's tensors in the order its forward pass computes them.
-BLOCK_ORDER = _with_ln_outputs(hook_points.BLOCK)
-_BEFORE = ("tokens", *hook_points.EMBED)
-_AFTER = _with_ln_outputs(hook_points.FINAL) + ("logits", "log_probs", "probs", "targets", "loss", "loss_mean")
+BLOCK_ORDER = _with_cache(_with_ln_outputs(hook_points.BLOCK))
+_BEFORE = ("tokens", "attention_mask", "position_ids", *hook_points.EMBED)
+_AFTER = _with_ln_outputs(hook_points.FINAL) + ("logits", "log_probs", "probs", "next_logits", "chosen", "targets",
+                                                "loss", "loss_mean")
+
+#: A decode golden's tensors of step S (refgpt/oracle/decode.py): ``step.S.`` + a golden name.
+STEP = re.compile(r"step\.(\d+)\.(.+)")
+
+
+def split_step(name: str) -> tuple[int | None, str]:
+    """``step.3.blocks.0.hook_pos_embed`` → (3, ``blocks.0.hook_pos_embed``); any other name → (None, name)."""
+    m = STEP.fullmatch(name)
+    return (int(m.group(1)), m.group(2)) if m else (None, name)
+
+
+def inner_name(name: str) -> str:
+    """The golden name inside a decode step's name (the name itself outside decode goldens)."""
+    return split_step(name)[1]
 
 #: Gradients in a golden file: ``grad.`` + the name of what was differentiated (a hook point,
 #: a LayerNorm's ``….out``, ``logits``, or a parameter's TransformerLens name), ∂(mean loss)/∂ it.
@@ -149,6 +170,9 @@ def backward_op(name: str, n_layers: int | None = None) -> str | None:
 def forward_key(name: str) -> tuple:
     """Sort key: the order in which the forward pass computes ``name``, then every gradient in the
     order the backward pass computes it (``backward_key``); unknown names last within each."""
+    step, inner = split_step(name)
+    if step is not None:
+        return (4, step, *forward_key(inner))
     if name.startswith(GRAD):
         return (5, *backward_key(name[len(GRAD):]))
     if name in _BEFORE:
@@ -166,11 +190,16 @@ def forward_order(names) -> list[str]:
 
 
 def layer_of(name: str) -> int | None:
+    name = inner_name(name)
     return hook_points.split(name[len(GRAD):] if name.startswith(GRAD) else name)[0]
 
 
 def axes(name: str, ndim: int) -> tuple[str, ...]:
     """What each axis of a tensor means, for naming the place an error was found."""
+    name = inner_name(name)
+    if name.endswith(("attn.cache_k", "attn.cache_v")):
+        labels = hook_points.HEADS  # [batch, pos, head, d_head]: pos is the key's position
+        return labels if len(labels) == ndim else tuple(f"axis{i}" for i in range(ndim))
     if name.startswith(GRAD):
         name = name[len(GRAD):]
         last = name.rsplit(".", 1)[-1]
@@ -181,8 +210,12 @@ def axes(name: str, ndim: int) -> tuple[str, ...]:
     if labels is None:
         if name in ("logits", "log_probs", "probs"):
             labels = ("batch", "pos", "d_vocab")
-        elif name in ("tokens", "targets", "loss"):
+        elif name in ("tokens", "targets", "loss", "attention_mask", "position_ids"):
             labels = ("batch", "pos")
+        elif name == "next_logits":
+            labels = ("batch", "d_vocab")
+        elif name == "chosen":
+            labels = ("batch",)
         else:
             labels = ("batch", "pos", "d_model")  # hidden states, LayerNorm outputs
     return labels if len(labels) == ndim else tuple(f"axis{i}" for i in range(ndim))
@@ -214,21 +247,90 @@ def to_refgpt(tensors: dict, name_map: str, shape: ModelShape) -> tuple[dict, li
     return {"refgpt": lambda t, s: (dict(t), []), "tl": _from_tl, "hf": _from_hf, "llmc": _from_llmc}[name_map](tensors, shape)
 
 
+# ---- decode goldens (refgpt/oracle/decode.py) -------------------------------------------------------
+
+_HF_STEP = re.compile(r"(hidden_states|attentions)\.(\d+)\.(\d+)")
+_HF_STEP_LOGITS = re.compile(r"(?:logits|scores)\.(\d+)")
+_HF_CACHE = re.compile(r"past_key_values\.(?:(\d+)\.)?(\d+)\.(key|value)")
+
+
+def decode_to_refgpt(tensors: dict, name_map: str, shape: ModelShape, last_step: int) -> tuple[dict, list[str]]:
+    """A decode candidate's tensors under a decode golden's names (``step.S.…``): (tensors, notes).
+
+    ``refgpt``: the golden's names. ``tl``: ``step.S.`` + TransformerLens names (a run_with_cache per step).
+    ``hf``: what ``generate(…, output_hidden_states=True, output_attentions=True, output_logits=True,
+    return_dict_in_generate=True)`` returns, flattened — ``sequences`` [batch, prompt + N] (the tokens),
+    ``hidden_states.S.i`` (step S's hidden_states[i]: block i's resid_pre, i = n_layers: after ln_f),
+    ``attentions.S.i`` (block i's pattern), ``logits.S`` (or ``scores.S``: [batch, d_vocab], the logits
+    that choose step S's token), and ``past_key_values.L.key`` / ``.value`` ([batch, head, pos, d_head],
+    the cache after the last step) or ``past_key_values.S.L.key`` (after step S, for a loop that keeps
+    each step's)."""
+    if name_map not in MAPS:
+        raise RefGPTError(f"unknown name map {name_map!r}; choose one of {', '.join(MAPS)}")
+    if name_map == "refgpt":
+        return dict(tensors), []
+    if name_map == "tl":
+        out, notes = {}, []
+        by_step: dict = {}
+        for k, v in tensors.items():
+            step, inner = split_step(k)
+            by_step.setdefault(step, {})[inner] = v
+        for step, t in by_step.items():
+            mapped, more = _from_tl(t, shape)
+            notes += [n for n in more if n not in notes]
+            out.update({(f"step.{step}.{k}" if step is not None else k): a for k, a in mapped.items()})
+        return out, notes
+    if name_map == "llmc":
+        raise RefGPTError("llm.c per-step dumps are a directory of raw acts_memory dumps (step0.bin, step1.bin, …): "
+                          "give the directory as the candidate")
+    out, notes = {}, []
+    for key, value in tensors.items():
+        m, logits, cache = _HF_STEP.fullmatch(key), _HF_STEP_LOGITS.fullmatch(key), _HF_CACHE.fullmatch(key)
+        if key == "sequences":
+            out["tokens"] = value
+        elif m and m.group(1) == "hidden_states":
+            out[f"step.{m.group(2)}.{hf_hidden_state_name(int(m.group(3)), shape.n_layers)}"] = value
+        elif m:
+            out[f"step.{m.group(2)}.blocks.{int(m.group(3))}.attn.hook_pattern"] = value  # [batch, head, new, keys]
+        elif logits:
+            out[f"step.{logits.group(1)}.next_logits"] = value  # [batch, d_vocab]
+        elif cache:
+            step = int(cache.group(1)) if cache.group(1) is not None else last_step
+            which = "cache_k" if cache.group(3) == "key" else "cache_v"
+            out[f"step.{step}.blocks.{int(cache.group(2))}.attn.{which}"] = np.swapaxes(np.asarray(value), 1, 2)
+        else:
+            out[key] = value
+    if any(_HF_CACHE.fullmatch(k) for k in tensors):
+        notes.append("HF's past_key_values [batch, head, pos, d_head] compared as [batch, pos, head, d_head]")
+    return out, notes
+
+
 # ---- TransformerLens -------------------------------------------------------------------------
 
 _TL_EXTRA = {"unembed.hook_in": "ln_final.out", "unembed.hook_out": "logits"}
 
 
+#: TransformerLens runs ln1 once per query, key and value input (docs/transformerlens.md §2.21); the
+#: cache keeps the last call's backward gradient, the value path's alone, not the LayerNorm's.
+_TL_LN1_GRAD = re.compile(r"blocks\.\d+\.ln1\.hook_(normalized|scale|mean)_grad")
+
+
 def _from_tl(tensors, shape):
-    out = {}
+    out, notes = {}, []
+    dropped = sorted(k for k in tensors if _TL_LN1_GRAD.fullmatch(k))
+    if dropped:
+        notes.append(f"TransformerLens's ln1 gradients ({dropped[0]}, …) are the value input's ln1 call's alone "
+                     f"(ln1 runs once per query, key and value input): not compared")
     for k, v in tensors.items():
+        if k in dropped:
+            continue
         if k.endswith("_grad"):  # TL's run_with_cache(incl_bwd=True): "blocks.0.hook_resid_pre_grad"
             out[GRAD + _TL_EXTRA.get(k[: -len("_grad")], k[: -len("_grad")])] = v
         elif k.endswith(".grad"):  # a parameter's .grad under its TL name: "blocks.0.attn.W_Q.grad"
             out[GRAD + k[: -len(".grad")]] = v
         else:
             out[_TL_EXTRA.get(k, k)] = v
-    return out, []
+    return out, notes
 
 
 # ---- Hugging Face ------------------------------------------------------------------------------
@@ -373,4 +475,5 @@ def _llmc_stat(prefix, which, a):
     a = np.asarray(a)[..., None]  # [B, T, 1]
     if which == "mean":
         return {prefix + "hook_mean": a}
-    return {prefix + "hook_scale": 1.0 / a.astype(np.float64)}  # rstd = 1/scale
+    with np.errstate(divide="ignore"):  # a port's rstd of 0 is an infinite scale: infinitely wrong, and said so
+        return {prefix + "hook_scale": 1.0 / a.astype(np.float64)}  # rstd = 1/scale

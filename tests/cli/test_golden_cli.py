@@ -50,7 +50,7 @@ def test_golden_file_holds_every_activation_and_its_metadata(files):
     assert json.loads(meta["weights_sha256"]) == {"model.safetensors": sha}
     assert meta["numpy_version"] == np.__version__ and "blas" in json.loads(meta["blas"])
     assert json.loads(meta["command"])[:2] == ["refgpt", "golden"]
-    assert set(g.conditioning) == {n for n, a in g.tensors.items() if a.dtype.kind == "f"}
+    assert set(g.conditioning) == {n for n, a in g.tensors.items() if a.dtype.kind == "f"} | {"probs"}
 
 
 def test_compare_float32_golden_with_float64_golden_exits_0(refgpt_cli, files):

@@ -128,6 +128,9 @@ def test_the_issue_s_command_line_is_refused(refgpt_cli, work):
     (["generate", "To be", "-n", "2", "--temperature", "0", "--seed", "3"], "--seed is for sampling"),
     (["generate", "To be", "-n", "2", "--temperature", "0", "--top-k", "5"], "--top-k is for sampling"),
     (["compare", GOLDEN, GOLDEN, "--profile", "float32", "--atol", "1"], "either --profile or --atol"),
+    (["compare", GOLDEN, GOLDEN, "--json", "--failing"], "--json gives every tensor"),
+    (["golden", "To be", "-o", "x.safetensors", "--padding-side", "left"], "one row has nothing to pad"),
+    (["golden", "--tokens", "ids.txt", "-o", "x.safetensors", "--greedy"], "--greedy goes with --tokens FILE --generate N"),
     (["lens", "To be", "--translators", GOLDEN], "--lens PATH and --ignore-unembed-hash go with --kind tuned"),
 ])
 def test_an_own_option_that_would_be_ignored_is_refused(refgpt_cli, work, argv, message):

@@ -17,13 +17,13 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from refgpt.gpt2.activations import log_softmax
-from refgpt.oracle import comparison
+from refgpt.oracle import comparison, golden
 from refgpt.oracle.comparison import GROWTH, UNIT_ROUNDOFF, TensorResult
 from whole_compare import _rms, whole_compare_tensor, whole_logits_summary
 
 # ---- random goldens and candidates with planted errors -------------------------------------------
 
-PLANTS = ("none", "noise", "one large", "several large", "tied large", "bias", "nan", "inf", "huge values")
+PLANTS = ("none", "noise", "one large", "several large", "tied large", "bias", "nan", "inf", "huge values", "row factor")
 
 
 def _reference(kind, rows, last, rng, scale):
@@ -43,6 +43,13 @@ def _reference(kind, rows, last, rng, scale):
         return "logits", rng.normal(size=(1, rows, last)) * scale  # [batch, pos, d_vocab]
     if kind == "probs":
         return "probs", np.exp(log_softmax(rng.normal(size=(1, rows, last)) * 3))  # [batch, pos, d_vocab]
+    if kind == "pattern":
+        heads = max(1, rows // last)
+        x = rng.normal(size=(1, heads, last, last)) * 3  # [batch, head, pos, key_pos]
+        x[..., ~np.tril(np.ones((last, last), dtype=bool))] = -np.inf
+        return "blocks.0.attn.hook_pattern", np.exp(log_softmax(x))
+    if kind == "log_probs":
+        return "log_probs", log_softmax(rng.normal(size=(1, rows, last)) * 3)  # [batch, pos, d_vocab]
     if kind == "grad b_K":
         return "grad.blocks.0.attn.b_K", rng.normal(size=(rows, last)) * scale * 1e-12  # [head, d_head]
     return "blocks.0.hook_resid_pre", rng.normal(size=(rows, last) if rows % 2 else (1, rows, last)) * scale
@@ -64,6 +71,8 @@ def _candidate(r, plant, u, rng):
     if plant == "tied large" and finite.any():  # equal errors at equal values: the worst is the first of them
         where = rng.choice(np.flatnonzero(finite), size=1 + int(rng.integers(4)))
         r.flat[where], c.flat[where] = 0.5, 0.75
+    if plant == "row factor" and c.ndim:  # a row's one sum off: the row scaled, some rows far beyond rounding
+        c *= 1 + rng.normal(size=(*c.shape[:-1], 1)) * rng.choice([1e-6, 1e-3])
     if plant == "bias":
         c[finite] += rng.uniform(0.5, 40) * u * np.sqrt(np.mean(np.square(r[finite]))) if finite.any() else 0
     return c
@@ -93,8 +102,8 @@ def tiny_blocks(monkeypatch):
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(kind=st.sampled_from(["activation", "scores", "grad pattern", "logits", "probs", "tokens", "grad b_K",
-                             "scalar"]),
+@given(kind=st.sampled_from(["activation", "scores", "grad pattern", "logits", "probs", "pattern", "log_probs",
+                             "tokens", "grad b_K", "scalar"]),
        block_rows=st.integers(1, 3), blocks=st.integers(0, 3), extra=st.sampled_from([-1, 0, 1]),
        last=st.integers(1, 7), plant=st.sampled_from(PLANTS), profile=st.sampled_from(["float32", "bfloat16", None]),
        with_log_probs=st.booleans(), with_r_X=st.sampled_from([None, 0.0, 3.0]), seed=st.integers(0, 2**32 - 1))
@@ -105,7 +114,7 @@ def test_blocked_judgement_is_the_whole_tensor_one(tiny_blocks, kind, block_rows
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(kind=st.sampled_from(["activation", "scores", "grad pattern", "probs"]), block_rows=st.integers(1, 4),
+@given(kind=st.sampled_from(["activation", "scores", "grad pattern", "probs", "pattern"]), block_rows=st.integers(1, 4),
        blocks=st.integers(2, 6), extra=st.sampled_from([-1, 0, 1]), last=st.integers(3, 9),
        profile=st.sampled_from(["float32", "bfloat16"]), with_r_X=st.sampled_from([0.0, 3.0]),
        seed=st.integers(0, 2**32 - 1))
@@ -136,7 +145,8 @@ def _check_blocked_against_whole(tiny_blocks, kind, block_rows, blocks, extra, l
         tol = {"profile": None, "atol": float(rng.uniform(0, 1e-6)), "rtol": float(rng.uniform(0, 1e-5))}
     conditioning = {name: float(rng.uniform(0, 100)), "log_probs": float(rng.uniform(0, 100))}
     error_rms = None if with_r_X is None else {name: with_r_X, "log_probs": with_r_X}
-    args = (name, r, c, tol, dict(conditioning), ref, error_rms)
+    row_freedom = {name: float(rng.choice([0.0, 1.0, 100.0]))} if rng.integers(2) else None  # f_X of a format-2 golden
+    args = (name, r, c, tol, dict(conditioning), ref, error_rms, row_freedom)
     whole = whole_compare_tensor(*args)
     event(f"{kind}: {whole.status}")
     _assert_same(comparison._compare_tensor(*args), whole)

@@ -160,13 +160,15 @@ def test_logits_are_compared_shift_invariantly(setup):
     shifted = dict(cand, logits=cand["logits"] + shift)
     report = oracle.compare(ref, shifted)
     assert report.ok, report.table()
-    assert report["logits"].max_abs > 10  # raw logits differ...
-    assert report.logits.max_shift == pytest.approx(32.5, rel=1e-5)  # ...by the shift, which is ignored
+    assert report["logits"].row.largest == pytest.approx(32.5, rel=1e-5)  # raw logits differ by the shift...
+    assert report["logits"].row.largest_at == [1, 7] and report["logits"].max_abs < 1e-4  # ...which is taken out
+    assert report.logits.max_shift == pytest.approx(32.5, rel=1e-5)
     assert report.logits.top1_agreement == 1.0 and report.logits.top5_agreement == 1.0
     bumped = cand["logits"].copy()
     bumped[1, 3, 4] += 0.01
     report = oracle.compare(ref, dict(cand, logits=bumped))
-    assert report.first_divergence.name == "logits" and report.first_divergence.first_bad.index[:2] == (1, 3)
+    first = report.first_divergence
+    assert first.name == "logits" and first.first_bad.index == (1, 3, 4) and first.frac_out == 1 / bumped.size
     assert report.logits.max_kl > 0
 
 

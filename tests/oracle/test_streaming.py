@@ -52,7 +52,9 @@ def test_the_reference_safetensors_package_reads_a_streamed_golden(tmp_path):
     with safe_open(str(path), "np") as f:
         meta = f.metadata()
     assert meta["format"] == "refgpt-golden" and json.loads(meta["command"]) == ["t"]
-    assert set(json.loads(meta["conditioning"])) == {n for n, a in expected.items() if a.dtype.kind == "f"}
+    floats = {n for n, a in expected.items() if a.dtype.kind == "f"}
+    assert set(json.loads(meta["conditioning"])) == floats | {"probs"}  # probs: measured for llm.c candidates
+    assert set(json.loads(meta["row_freedom"])) == {"log_probs", "probs", *(n for n in floats if n.endswith("hook_pattern"))}
     assert list(golden.read(path).tensors) == list(expected)  # stored in forward order
 
 

@@ -1,0 +1,84 @@
+"""Build and run tests/oracle/c_port/gpt2_port.c, a float32 GPT-2 in sequential C loops.
+
+``build(flags, defines)`` compiles it once per (compiler flags, defines) into a cache directory
+and returns the executable (None without a C compiler); ``write_inputs(d, model, tokens,
+targets)`` writes the model as an llm.c checkpoint and the batch as an llm.c debug state, and
+``run_port(exe, inputs, d)`` runs the port on them and returns the path of its dump
+(refgpt/oracle/llmc_dump.py), which ``refgpt compare --map llmc`` reads. The builds the tests and benchmarks/oracle_tolerance.py use are ``BUILDS``:
+the three accumulation orders of the source at -O3, and -Ofast (reassociated, vectorised sums,
+fast exp/tanh, denormals flushed) and -O3 -march=native (fused multiply-adds) in index order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+SOURCE = Path(__file__).resolve().parent / "oracle" / "c_port" / "gpt2_port.c"
+
+#: name → (compiler flags, defines): the accumulation orders a correct float32 port may use.
+BUILDS = {
+    "O3": (("-O3",), ()),
+    "O3-reversed": (("-O3",), ("ORDER=1",)),
+    "O3-8-lanes": (("-O3",), ("ORDER=2",)),
+    "Ofast": (("-Ofast",), ()),
+    "O3-fma": (("-O3", "-march=native"), ()),
+}
+
+
+def compiler() -> str | None:
+    return shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+
+
+def build(flags=("-O3",), defines=()) -> Path | None:
+    """The port compiled with ``flags`` and ``-D`` ``defines`` (cached by their hash and the
+    source's); None when there is no C compiler."""
+    cc = compiler()
+    if cc is None:
+        return None
+    key = hashlib.sha256(repr((cc, tuple(flags), tuple(defines), SOURCE.read_bytes())).encode()).hexdigest()[:16]
+    cache = Path(os.environ.get("REFGPT_C_PORT_CACHE", Path(tempfile.gettempdir()) / "refgpt-c-port"))
+    exe = cache / f"gpt2_port-{key}"
+    if not exe.exists():
+        cache.mkdir(parents=True, exist_ok=True)
+        tmp = cache / f".{exe.name}.{os.getpid()}"
+        subprocess.run([cc, *flags, *(f"-D{d}" for d in defines), "-o", str(tmp), str(SOURCE), "-lm"], check=True)
+        os.replace(tmp, exe)
+    return exe
+
+
+def write_inputs(d, model, tokens, targets, name="port") -> tuple[Path, Path]:
+    """The port's inputs in ``d``: the model as an llm.c checkpoint, and x, y as the head of an llm.c
+    debug state (all the port reads of it). Returns (checkpoint, state)."""
+    from refgpt.oracle import llmc
+
+    d = Path(d)
+    weights, state = d / f"{name}-model.bin", d / f"{name}-state.bin"
+    llmc.write_model(weights, model)
+    x, y = np.asarray(tokens), np.asarray(targets)
+    header = np.zeros(256, "<i4")
+    header[:4] = (llmc.STATE_MAGIC, 2, *x.shape)
+    state.write_bytes(header.tobytes() + x.astype("<i4").tobytes() + y.astype("<i4").tobytes())
+    return weights, state
+
+
+def run_port(exe, inputs, d, name="port") -> Path:
+    """Run the port ``exe`` on ``inputs`` (``write_inputs``); returns its dump ``d/NAME.bin``."""
+    out = Path(d) / f"{name}.bin"
+    subprocess.run([str(exe), *map(str, inputs), str(out)], check=True, capture_output=True)
+    return out
+
+
+def run_generate(exe, inputs, d, steps, name="generate") -> Path:
+    """The port's greedy generation of ``steps`` tokens after the state's x (``write_inputs``, targets
+    unused): a directory of llm.c-style per-step acts_memory dumps, step0.bin … (llmc_dump.read_steps)."""
+    out = Path(d) / name
+    out.mkdir(exist_ok=True)
+    subprocess.run([str(exe), *map(str, inputs), str(out), "--generate", str(steps)], check=True, capture_output=True)
+    return out
