@@ -3,7 +3,7 @@
 On random GPT-2-shaped weights (benchmarks/bench_scale.py's checkpoint: float32 on disk, no
 download), ``--prompts`` prompts of ``--tokens`` random tokens each, one ``--task`` (default lens:
 a forward pass and 13 read-outs of [T, 50257]), in float64. Each configuration runs in its own
-process, started with README's malloc settings (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_) —
+process, started with CONTRIBUTING.md's malloc settings (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_) —
 what the sweep gives its own workers — unless the row says otherwise:
 
     serial, 1 BLAS thread          refgpt.sweep.run_sweep(workers=0), OPENBLAS_NUM_THREADS=1
@@ -122,7 +122,7 @@ def measure(name, model, prompts, task) -> dict:
            "MKL_NUM_THREADS": str(threads), "PYTHONPATH": str(REPO)}
     for key in README_MALLOC:
         if key not in extra:
-            env.pop(key, None)  # a row without README's setting runs with the default
+            env.pop(key, None)  # a row without CONTRIBUTING.md's setting runs with the default
     command = [sys.executable, __file__, "--child", "--model", str(model), "--prompts-file", str(prompts),
                "--task", task, "--workers", str(workers), "--threads", str(threads),
                *(["--dask-malloc"] if "Dask's malloc" in name else [])]
@@ -138,7 +138,7 @@ def markdown(r) -> str:
              "",
              f"`python benchmarks/bench_sweep.py --shape {r['shape']} --prompts {r['prompts']} --tokens {r['tokens']} "
              f"--task {r['task']}` on {describe(r['machine'])}. Float64 on a float32 checkpoint; each row its own "
-             "process(es), README's malloc settings unless said; BLAS threads as the records' provenance says; "
+             "process(es), CONTRIBUTING.md's malloc settings unless said; BLAS threads as the records' provenance says; "
              "steady-state throughput (after each process's first prompt); memory per process: peak RSS, and "
              "RssAnon / RssFile at the end (MiB).",
              "",

@@ -74,7 +74,7 @@ from ..errors import RefGPTError, one_line
 from .prompts import Prompt
 from .worker import Sweeper, SweepSpec, blas_info, record
 
-#: README's setting for a process that calls run_with_cache again and again: glibc keeps freed memory.
+#: CONTRIBUTING.md's setting for a process that calls run_with_cache again and again: glibc keeps freed memory.
 MEMORY_SETTINGS = {"MALLOC_MMAP_THRESHOLD_": str(32 * 2**30), "MALLOC_TRIM_THRESHOLD_": str(64 * 2**30)}
 BLAS_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 MAX_BATCH = 16
@@ -192,7 +192,7 @@ class SweepCluster(LocalCluster):
 
 def local_cluster(n_workers: int, blas_threads: int, malloc: dict | None = None) -> LocalCluster:
     """A LocalCluster of ``n_workers`` processes for sweeps (module docstring): one task at a time
-    each, ``blas_threads`` BLAS threads, README's malloc settings (``malloc={}``: Dask's), no
+    each, ``blas_threads`` BLAS threads, CONTRIBUTING.md's malloc settings (``malloc={}``: Dask's), no
     pausing or spilling, on 127.0.0.1 with no dashboard; this process's environment as it was, now
     and after ``close``."""
     env = {**(MEMORY_SETTINGS if malloc is None else malloc), **{v: str(blas_threads) for v in BLAS_VARIABLES}}
