@@ -15,6 +15,13 @@ boundary (the ``torch`` extra: ``pip install refgpt[torch]``). The NumPy core ne
 The name is ``tl_torch`` (not ``torch``) so that ``import torch`` inside it is torch.
 """
 
+try:
+    import torch  # noqa: F401  (the torch extra: the one dependency of this room)
+except ImportError:
+    from ..errors import RefGPTError
+    raise RefGPTError("refgpt.tl_torch needs torch, an optional dependency: pip install torch "
+                      "(on CPU-only machines the CPU wheel, e.g. pip install torch==2.13.0)") from None
+
 from .cache import ActivationCache
 from .circuits import FactoredMatrix
 from .config import TLConfig
