@@ -77,6 +77,13 @@ def resolve_key(key, n_layers: int) -> str:
     return act_name(name, layer, *rest)
 
 
+def missing_activation(key, name: str, store) -> MissingActivation:
+    """The error for a key (resolved to ``name``) that is not in a cache holding ``store``'s names."""
+    where = "" if name == key else f" (= {name!r})"
+    return MissingActivation(f"{key!r}{where} is not in this cache; it holds {len(store)} "
+                             f"activations, e.g. {list(store)[:4]}")
+
+
 class ActivationCache(Mapping):
     """A read-only mapping hook name → activation, from one forward pass of ``model``."""
 
@@ -175,9 +182,7 @@ class ActivationCache(Mapping):
         try:
             return self._store[name]
         except KeyError:
-            where = "" if name == key else f" (= {name!r})"
-            raise MissingActivation(f"{key!r}{where} is not in this cache; it holds {len(self._store)} "
-                                    f"activations, e.g. {list(self._store)[:4]}") from None
+            raise missing_activation(key, name, self._store) from None
 
     def _resolve(self, key) -> str:
         return resolve_key(key, self.model.cfg.n_layers)

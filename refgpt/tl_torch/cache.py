@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import MissingActivation, RefGPTError
-from ..tl.cache import ActivationCache as NumpyCache, resolve_key
+from ..errors import RefGPTError
+from ..tl.cache import ActivationCache as NumpyCache, missing_activation, resolve_key
 from .tensors import array, arrays, tensor, tensors
 from .tl_errors import tl_semantics
 
@@ -52,9 +52,7 @@ class ActivationCache:
         try:
             return self.cache_dict[name]
         except KeyError:
-            where = "" if name == key else f" (= {name!r})"
-            raise MissingActivation(f"{key!r}{where} is not in this cache; it holds {len(self.cache_dict)} "
-                                    f"activations, e.g. {list(self.cache_dict)[:4]}") from None
+            raise missing_activation(key, name, self.cache_dict) from None
 
     def __iter__(self):
         return iter(self.cache_dict)
