@@ -102,8 +102,12 @@ def whole_compare_tensor(name, r, c, tol, conditioning, ref, error_rms=None, row
     if res.row is not None:
         res.notes.append(comparison._row_note(res.row))
     if tol["profile"] and n and error_rms is not None:
+        with np.errstate(invalid="ignore", over="ignore"):
+            diff = np.where(compared, jc - r64, 0.0).reshape(-1, r.shape[-1] if r.ndim else 1)  # [rows, last]
+        count = compared.reshape(diff.shape).sum(axis=-1)  # [rows]
+        row_means = diff.sum(axis=-1)[count > 0] / count[count > 0]  # [rows with anything compared]
         _check_systematic(res, r64[compared], jc[compared], jdiff[compared], tol["unit_roundoff"],
-                          error_rms.get(name, 0.0))
+                          error_rms.get(name, 0.0), row_means)
     return res
 
 
@@ -129,16 +133,39 @@ def _rms(x) -> float:
     return top * float(np.sqrt(np.mean(np.square(x / top))))
 
 
-def _check_systematic(res, r, c, err, u, r_X) -> None:
+def _check_systematic(res, r, c, err, u, r_X, row_means) -> None:
     finite = np.isfinite(c).all()
     res.rms = _rms(err) if finite else float("inf")
     res.mean_error = float(np.mean(c - r)) if finite else float("nan")
     res.bias_tolerance = bias_bound(u, r_X, r) if finite and not is_zero_in_exact_arithmetic(res.name) else 0.0
+    res.row_t = row_t = _row_t(row_means) if finite else None
     if res.bias_tolerance and abs(res.mean_error) > res.bias_tolerance and res.ok:
+        rows = "" if row_t is None else f"; the rows' mean errors lie {abs(row_t):.3g} standard errors from 0"
+        if row_t is not None and abs(row_t) < comparison.ROW_T:
+            res.notes.append(f"the mean signed error {res.mean_error:.3g} is {abs(res.mean_error) / res.bias_tolerance:.3g}× "
+                             f"the bias bound ({res.bias_tolerance:.3g}), but the rows do not agree about it{rows} "
+                             f"(< {comparison.ROW_T:g}): rounding shared within rows, not a systematic error")
+            return
         res.status = "systematic error"
         res.notes.append(f"every element is within tolerance, but the mean signed error {res.mean_error:.3g} is "
                          f"{abs(res.mean_error) / res.bias_tolerance:.3g}× what rounding gives "
-                         f"({res.bias_tolerance:.3g}); RMS error {res.rms:.3g}")
+                         f"({res.bias_tolerance:.3g}){rows}; RMS error {res.rms:.3g}")
+
+
+def _row_t(m):
+    """The rows' mean errors m [R]: mean(m)/(sd(m)/√R), ±∞ if all equal; None below ROW_T_MIN_ROWS rows."""
+    R = len(m)
+    if R < comparison.ROW_T_MIN_ROWS or not np.isfinite(m).all():
+        return None
+    top = float(np.max(np.abs(m)))
+    if top == 0.0:
+        return 0.0
+    m = m / top
+    mean = float(np.mean(m))
+    var = float(np.var(m, ddof=1))
+    if var <= 0.0:
+        return float(np.copysign(np.inf, mean)) if mean else 0.0
+    return mean / np.sqrt(var / R)
 
 
 def _element(name, index, r, c, limit, freedom=None, free=None):

@@ -26,7 +26,8 @@ the chosen tokens are real), and positions are each row's real tokens before it 
 The metadata's ``decode`` says how many steps, the prompt length, greedy or forced, and the cache
 layout (HF's ``past_key_values`` are [batch, head, pos, d_head]: the name maps transpose). c_X, r_X
 and f_X (refgpt/oracle/golden.py) are measured per step tensor from refgpt's float32 decode, forced
-along the float64 one's tokens, and from the sequential port's full pass over the whole sequence,
+along the float64 one's tokens, from the same decode with one more random rounding at every hook
+point (refgpt/oracle/perturbed.py), and from the sequential port's full pass over the whole sequence,
 whose rows at a step's positions are, in exact arithmetic, that step's numbers.
 
 ``refgpt compare`` walks the steps in order (refgpt/oracle/name_maps.py, ``forward_key``) and names
@@ -44,7 +45,7 @@ from ..gpt2.activations import log_softmax
 from ..gpt2.ln_views import cached_output
 from ..gpt2.padding import position_ids
 from ..model import Model
-from . import golden, sequential
+from . import golden, perturbed, sequential
 from .name_maps import forward_order, split_step
 
 CACHE = ("attn.cache_k", "attn.cache_v")
@@ -132,6 +133,8 @@ def make(model: Model, prompt, steps: int, continuation=None, attention_mask=Non
     tensors, chosen = run(exact, prompt, steps, continuation, attention_mask, tick)
     rounded = golden.float32_twin(model)
     f32, _ = run(rounded, prompt, steps, chosen, attention_mask, tick)  # along the float64 decode's tokens
+    with rounded.hooks(perturbed.hooks()):  # the perturbed pass (refgpt/oracle/perturbed.py), along them too
+        mc, _ = run(rounded, prompt, steps, chosen, attention_mask)
     sequence = np.concatenate([prompt, chosen], axis=1)  # [batch, P + steps]
     full_mask = None if attention_mask is None else np.concatenate(
         [attention_mask, np.ones((batch, steps), np.int64)], axis=1)  # [batch, P + steps]
@@ -143,11 +146,11 @@ def make(model: Model, prompt, steps: int, continuation=None, attention_mask=Non
     errors = golden.ErrorModel()
     for name, r in tensors.items():
         if r.dtype.kind == "f":
-            errors.add(name, r, f32[name], _twin_rows(twin, name, tensors))
+            errors.add(name, r, f32[name], _twin_rows(twin, name, tensors), mc[name])
         step, inner = split_step(name)
         if inner == "log_probs":  # each step's softmax, as llm.c keeps it (its per-step dumps' probs)
             errors.add(step_name(step, "probs"), np.exp(r), np.exp(f32[name].astype(np.float64)),
-                       _twin_rows(twin, step_name(step, "probs"), tensors))
+                       _twin_rows(twin, step_name(step, "probs"), tensors), np.exp(mc[name].astype(np.float64)))
     out = {"tokens": sequence, **({"attention_mask": full_mask} if full_mask is not None else {}), **tensors}
     out = {n: out[n] for n in forward_order(out)}
     info = {"steps": int(steps), "prompt_length": int(P), "continuation": "greedy" if continuation is None else "forced",

@@ -79,6 +79,7 @@ from ..gpt2.ln_views import cached_output
 from ..gpt2.padding import position_ids
 from ..model import Model
 from .gradients import compute_gradients
+from . import perturbed
 from ..files.safetensors_file import SafetensorsFile, SafetensorsWriter, header_bytes
 from ..version import __version__
 from .name_maps import forward_order, inner_name
@@ -339,11 +340,12 @@ def layout(model: Model, tokens_shape, names=None, targets_given=False) -> dict[
 
 def _passes(model: Model, tokens, names, targets=None):
     """Yield (name, the golden tensor, its float64 value, its float32 values): the model's pass, a
-    float64 pass, a float32 pass of the same weights and the sequential port's float32 pass
-    (refgpt/oracle/sequential.py, None for a tensor it does not make), run a stage at a time side
+    float64 pass, a float32 pass of the same weights, the sequential port's float32 pass
+    (refgpt/oracle/sequential.py, None for a tensor it does not make) and the perturbed float32
+    pass (refgpt/oracle/perturbed.py), run a stage at a time side
     by side (``stream``), so only a stage's activations of each are held. A pass that would repeat
     another (the model's own pass is the float64 one when it is float64 and unhooked) is run once.
-    Last, ``probs``, which no file holds: (name, None, p, (refgpt's, the sequential port's))."""
+    Last, ``probs``, which no file holds: (name, None, p, (refgpt's, the sequential port's, the perturbed one's))."""
     from . import sequential
 
     hooked = bool(HookRun(model.hook_dict).hooks)  # hooks on the model's hook points
@@ -354,16 +356,18 @@ def _passes(model: Model, tokens, names, targets=None):
     twin = sequential.stages(model.cfg, rounded.params, checked,
                              None if targets is None else check_golden_targets(model, checked, targets))
     twin_names, stage, probs = set(sequential.golden_names(model.cfg)), {}, None
-    for tensors in zip(*(stream(m, tokens, names, targets=targets) for m in passes), strict=True):
+    mc = stream(rounded, tokens, names, fwd_hooks=perturbed.hooks(), targets=targets)  # the perturbed pass
+    for *tensors, (_, y) in zip(*(stream(m, tokens, names, targets=targets) for m in passes), mc, strict=True):
         made = dict(zip(passes, tensors))
         name = tensors[0][0]
         assert all(t[0] == name for t in tensors), tensors  # every pass makes the same tensors in the same order
         while name in twin_names and name not in stage:
             stage = next(twin)  # the sequential port's next stage, the last one let go
         r, x = made[exact][1], made[rounded][1]
-        yield name, made[model][1], r, (x, stage.get(name))
+        yield name, made[model][1], r, (x, stage.get(name), y)
         if name == "log_probs":
-            probs = (np.exp(np.asarray(r, np.float64)), (np.exp(x.astype(np.float64)), stage.get("probs")))
+            probs = (np.exp(np.asarray(r, np.float64)),
+                     (np.exp(x.astype(np.float64)), stage.get("probs"), np.exp(y.astype(np.float64))))
     if probs is not None:
         yield "probs", None, *probs
 
@@ -499,8 +503,9 @@ def weighted_median_ratio(r, x, k=FACTOR_ENTRIES):
 def float32_errors(model: Model, tokens, names=None, targets=None, backward=False, reference=None,
                    attention_mask=None, progress=None):
     """(c_X, r_X, f_X) per float golden tensor X: the largest and the root-mean-square error of
-    the float32 passes against float64 — refgpt's own and the sequential port's
-    (refgpt/oracle/sequential.py), the larger of the two — and for normalised-row tensors the
+    the float32 passes against float64 — refgpt's own, the sequential port's
+    (refgpt/oracle/sequential.py) and the perturbed one's (refgpt/oracle/perturbed.py), the
+    largest of the three — and for normalised-row tensors the
     largest row factor − 1 or shift (module docstring), all in units of 2⁻²⁴
     (refgpt/oracle/comparison.py bounds a candidate's error elementwise by c_X, its bias by r_X,
     its row factors by f_X). ``reference``: the float64 tensors, when already computed."""
@@ -518,16 +523,19 @@ def float32_errors(model: Model, tokens, names=None, targets=None, backward=Fals
     tokens_checked, _ = model.check_tokens(tokens)
     seq = sequential.compute(model.cfg, rounded.params, tokens_checked, check_golden_targets(model, tokens_checked, targets)
                              if targets is not None else None, backward, attention_mask)
+    mc = compute(rounded, tokens, names, fwd_hooks=perturbed.hooks(), targets=targets, attention_mask=attention_mask)
+    if backward:
+        mc.update(perturbed.gradients(rounded, tokens_checked, check_golden_targets(model, tokens_checked, targets)))
     if progress is not None:
         for _ in range(model.cfg.n_layers * (2 if backward else 1)):
             progress()
     errors = ErrorModel()
     for name, r in ref.items():
         if r.dtype.kind == "f":
-            errors.add(name, r, f32[name], seq.get(name))
+            errors.add(name, r, f32[name], seq.get(name), mc.get(name))
     if "log_probs" in ref and "log_probs" in f32:
         errors.add("probs", np.exp(np.asarray(ref["log_probs"], np.float64)), np.exp(f32["log_probs"].astype(np.float64)),
-                   seq.get("probs"))
+                   seq.get("probs"), np.exp(mc["log_probs"].astype(np.float64)))
     return tuple({n: d[n] for n in forward_order(d)} for d in (errors.c, errors.rms, errors.freedom))
 
 
@@ -632,8 +640,9 @@ def padding_metadata(side, pad_token_id) -> dict:
 
 
 #: What the metadata's c_X, r_X and f_X were measured from (module docstring).
-ERROR_MODEL = ("float32 passes against float64: refgpt's own (pairwise sums, BLAS) and a sequential port's "
-               "(refgpt/oracle/sequential.py: every sum in index order); the larger of the two")
+ERROR_MODEL = ("float32 passes against float64: refgpt's own (pairwise sums, BLAS), a sequential port's "
+               "(refgpt/oracle/sequential.py: every sum in index order) and refgpt's with one more random rounding "
+               "at every hook point (refgpt/oracle/perturbed.py); the largest of the three")
 
 
 def provenance(model: Model, command=None) -> dict[str, str]:

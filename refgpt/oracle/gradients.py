@@ -47,7 +47,12 @@ def full_targets(tokens, targets=None) -> np.ndarray:
 def compute_gradients(model: Model, tokens, targets=None) -> dict[str, np.ndarray]:
     """``loss_mean`` and every ``grad.*`` tensor (module docstring), in backward order."""
     tokens, _ = model.check_tokens(tokens)  # [batch, pos]
-    g = loss_and_grads(model, tokens, full_targets(tokens, targets))
+    return gradient_tensors(model, loss_and_grads(model, tokens, full_targets(tokens, targets)))
+
+
+def gradient_tensors(model: Model, g) -> dict[str, np.ndarray]:
+    """``loss_mean`` and every ``grad.*`` tensor of one backward pass ``g`` (refgpt/backward.py's
+    Gradients), in backward order."""
     out = {"loss_mean": np.asarray(g.loss, dtype=model.dtype), GRAD + "logits": g.logits}
     for name, a in {**g.params, **g.activations, **g.ln_out}.items():
         out[GRAD + name] = a
@@ -62,4 +67,4 @@ def tied(model: Model) -> bool:
     return bool(model.cfg.tie_word_embeddings and np.array_equal(p["unembed.W_U"], p["embed.W_E"].T))
 
 
-__all__ = ["compute_gradients", "full_targets", "tied"]
+__all__ = ["compute_gradients", "full_targets", "gradient_tensors", "tied"]

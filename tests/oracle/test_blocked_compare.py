@@ -80,7 +80,8 @@ def _candidate(r, plant, u, rng):
 
 def _assert_same(blocked: TensorResult, whole: TensorResult):
     """Everything equal, except the three sums (mean error, RMS error, RMS(X_ref) in the bias bound),
-    which may differ by their rounding: relative γ = (2⌈log₂ n⌉ + 4)·2⁻⁵³ of Σ|terms|."""
+    which may differ by their rounding: relative γ = (2⌈log₂ n⌉ + 4)·2⁻⁵³ of Σ|terms|, and the rows'
+    t (exact sums against NumPy's), within 10⁻⁹ of it."""
     b, w = dataclasses.asdict(blocked), dataclasses.asdict(whole)
     n = max(2, math.prod(whole.shape))
     gamma = (2 * math.ceil(math.log2(n)) + 4) * 2.0**-53
@@ -88,6 +89,10 @@ def _assert_same(blocked: TensorResult, whole: TensorResult):
         if math.isfinite(w[key]) and w[key] != 0:
             assert abs(b[key] - w[key]) <= gamma * abs(w[key]), (key, b[key], w[key])
             b[key] = w[key]
+    if w["row_t"] is not None and math.isfinite(w["row_t"]):  # exact sums (blocked) against NumPy's: rounding apart
+        assert b["row_t"] is not None and abs(b["row_t"] - w["row_t"]) <= 1e-9 * max(1.0, abs(w["row_t"])), (
+            b["row_t"], w["row_t"])
+        b["row_t"] = w["row_t"]
     if math.isfinite(w["mean_error"]) and math.isfinite(w["rms"]):
         assert abs(b["mean_error"] - w["mean_error"]) <= gamma * w["rms"], (b["mean_error"], w["mean_error"])
         b["mean_error"] = w["mean_error"]
