@@ -8,9 +8,10 @@ Each op class is timed in isolation on the shapes and weights of GPT-2 small's f
 T = 1024 (batch 1), refgpt calling its own functions (``layer_norm``, ``affine``, ``softmax``,
 ``gelu_new``, the attention helpers) exactly as its forward does, torch the kernels HF's GPT2 runs
 (``F.layer_norm``, ``addmm`` of the fused Conv1D weights, ``scaled_dot_product_attention``, the
-``gelu_new`` formula, ``F.linear`` for the tied unembedding). refgpt and torch alternate within
-each round and the median of the rounds is kept, so a machine shared with other work still gives
-fair ratios. Per-forward times are the per-call time × calls per forward; "rest" is the measured
+``gelu_new`` formula, ``F.linear`` for the tied unembedding). Each op runs its rounds for refgpt,
+then for torch (``op_medians``: alternating every ~50 ms call lets the other library's spinning
+threads take a core), median kept; the whole forwards alternate (``paired_medians``), as
+benchmarks/bench_forward.py times them. Run it on a quiet machine. Per-forward times are the per-call time × calls per forward; "rest" is the measured
 forward minus the sum (hooks, Python, residual adds, what the isolated timings miss).
 
 Writes the "profile-wall" (or "profile-cpu") section of RESULTS.md and results_profile_*.json,
@@ -54,6 +55,25 @@ def paired_medians(ours, theirs, rounds):
     return bench_forward.paired_medians(ours, theirs, rounds, clock=_now)
 
 
+def op_medians(ours, theirs, rounds, settle=0.2):
+    """Median seconds of ``ours``, then of ``theirs``, each run ``rounds`` times in a row after a
+    warm-up and a pause of ``settle`` seconds. Not alternated call by call as whole forwards are:
+    after a call OpenBLAS's threads, and after torch's its OpenMP threads, spin for a while, and on
+    a 2-core machine that spinning takes a core from the other library's next op of ~50 ms (measured:
+    alternated, torch's isolated products read 2× slower than inside its own forward)."""
+    out = []
+    for fn in (ours, theirs):
+        fn()
+        time.sleep(settle)
+        times = []
+        for _ in range(rounds):
+            t = _now()
+            fn()
+            times.append(_now() - t)
+        out.append(sorted(times)[len(times) // 2])
+    return tuple(out)
+
+
 def op_table(model, hf, dtype, T=1024, rounds=7):
     """[(op class, calls per forward, refgpt s per call, torch s per call)] plus the whole forward."""
     import torch
@@ -91,7 +111,7 @@ def op_table(model, hf, dtype, T=1024, rounds=7):
 
     def refgpt_scores_full():
         scores = qh @ qh.transpose(0, 1, 3, 2)  # [batch, head, query, key]
-        scores += attn_mod.causal_bias(T, 0, scores.dtype)
+        scores += attn_mod.causal_score_mask(T, 0, scores.dtype)
         return scores
 
     scores = refgpt_scores_full()
@@ -127,7 +147,7 @@ def op_table(model, hf, dtype, T=1024, rounds=7):
     rows = []
     with torch.no_grad():
         for name, calls, ours, theirs in ops:
-            a, b = paired_medians(ours, theirs, rounds)
+            a, b = op_medians(ours, theirs, rounds)
             rows.append({"op": name, "calls": calls, "refgpt_ms": 1e3 * a * calls, "torch_ms": 1e3 * b * calls})
             print(f"{dtype} {name:>55}: refgpt {rows[-1]['refgpt_ms']:8.1f} ms  torch {rows[-1]['torch_ms']:8.1f} ms", flush=True)
         tokens = rng.integers(0, V, (1, T))
@@ -168,7 +188,7 @@ def markdown(r) -> str:
              f"{r['numpy']}, {r['threads']} thread(s) for both, clock: "
              f"{'process CPU time (one thread each: the work done, whatever else the machine runs)' if r.get('clock') == 'cpu' else 'wall time'}. "
              "Each op timed alone on the forward's shapes, "
-             "refgpt and torch alternating, median of rounds; ms per forward = per call × calls. "
+             "each op refgpt's rounds then torch's (whole forwards alternating), median of rounds; ms per forward = per call × calls. "
              "Indented rows split the attention row (over the full square: the products and softmax it is made of, sized as for the whole sequence) "
              "and are not added to the total.", "",
              "| op class | calls | f32 refgpt ms | f32 torch ms | f32 ratio | f64 refgpt ms | f64 torch ms | f64 ratio |",
