@@ -33,6 +33,7 @@ from ..tl.processing import process as process_weights
 from .atomic_write import old_directory_left, refuse_temporary
 from .manifest import check as check_manifest
 from .safetensors_file import SafetensorsFile
+from .whole_file import read_bytes
 from ..gpt2.tokenizer import Tokenizer
 
 # HF's non-parameter buffers: the causal mask and the masked fill value. Never weights.
@@ -75,11 +76,7 @@ def _weight_map(directory: Path) -> dict[str, Path]:
     """The shard index's tensor name → shard file, checked: a non-empty object of file names
     that exist beside the index."""
     index = directory / "model.safetensors.index.json"
-    try:
-        text = index.read_bytes()
-    except OSError as error:
-        raise RefGPTError(f"{index}: cannot read ({error.strerror})") from None
-    document = strict_json.loads(text, f"{index}: not a valid shard index")
+    document = strict_json.loads(read_bytes(index, "shard index"), f"{index}: not a valid shard index")
     weight_map = document.get("weight_map") if isinstance(document, dict) else None
     if not isinstance(weight_map, dict) or not weight_map:
         raise RefGPTError(f"{index}: not a valid shard index: 'weight_map' must be a non-empty object "

@@ -48,6 +48,7 @@ from .. import strict_json
 from ..errors import RefGPTError, as_path
 from .atomic_write import refuse_temporary, write_directory_atomically
 from .torch_zip import read_state_dict, state_dict_bytes
+from .whole_file import read_bytes
 
 #: config.json's fields, in the order TunedLensConfig declares them (and the package writes them).
 CONFIG_FIELDS = ("base_model_name_or_path", "d_model", "num_hidden_layers", "bias", "base_model_revision",
@@ -114,11 +115,7 @@ def read_lens(path) -> LensFiles:
 
 def read_config(path: Path) -> tuple[dict, str, list]:
     """config.json → (its fields, with the misspelled hash read as unembed_hash; the stream; notes)."""
-    try:
-        text = path.read_bytes()
-    except OSError as error:
-        raise RefGPTError(f"{path}: cannot read ({error.strerror or error})") from None
-    raw = strict_json.loads(text, str(path))
+    raw = strict_json.loads(read_bytes(path, "lens config"), str(path))
     if not isinstance(raw, dict):
         raise RefGPTError(f"{path}: must hold a JSON object, found {type(raw).__name__}")
     notes, config = [], {}

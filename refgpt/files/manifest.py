@@ -35,6 +35,7 @@ from pathlib import Path
 
 from .. import strict_json
 from ..errors import RefGPTError
+from .whole_file import read_bytes
 
 MANIFEST = "refgpt-manifest.json"
 FORMAT = "refgpt-checkpoint"
@@ -88,11 +89,7 @@ def check(directory: Path) -> None:
 
 
 def _read(path: Path) -> tuple[str, dict[str, dict]]:
-    try:
-        text = path.read_bytes()
-    except OSError as error:
-        raise RefGPTError(f"{path}: cannot read ({error.strerror})") from None
-    doc = strict_json.loads(text, f"{path}: not a valid {MANIFEST}")
+    doc = strict_json.loads(read_bytes(path, MANIFEST), f"{path}: not a valid {MANIFEST}")
     bad = f"{path}: not a valid {MANIFEST}"
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise RefGPTError(f"{bad}: 'format' must be {FORMAT!r}")

@@ -58,6 +58,7 @@ import numpy as np
 from ..dtypes import widen_bfloat16
 from ..errors import RefGPTError, as_path
 from .atomic_write import write_atomically
+from .whole_file import read_bytes
 
 #: torch storage type → NumPy dtype of its elements (little-endian; "big" byteorder swaps them).
 #: BFloat16 is read as uint16 words and widened to float32 exactly (refgpt/dtypes.py).
@@ -86,15 +87,7 @@ def read_state_dict(path) -> "OrderedDict[str, np.ndarray]":
     """The tensors of a ``torch.save`` zip file, by key in the file's order, as NumPy arrays
     (bfloat16 widened to float32). A RefGPTError names the file and the member at fault."""
     path = as_path(path, "torch checkpoint")
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise RefGPTError(f"{path}: not found") from None
-    except IsADirectoryError:
-        raise RefGPTError(f"{path}: is a directory, not a torch checkpoint file") from None
-    except OSError as error:
-        raise RefGPTError(f"{path}: cannot read ({error.strerror or error})") from None
-    return read_state_dict_bytes(raw, str(path))
+    return read_state_dict_bytes(read_bytes(path, "torch checkpoint file"), str(path))
 
 
 def read_state_dict_bytes(raw: bytes, where: str = "torch checkpoint") -> "OrderedDict[str, np.ndarray]":

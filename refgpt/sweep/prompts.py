@@ -35,6 +35,7 @@ from pathlib import Path
 
 from .. import strict_json
 from ..errors import RefGPTError, as_path
+from ..files.whole_file import read_bytes
 
 FORMATS = ("text", "jsonl")
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
@@ -104,15 +105,7 @@ def read_prompts(path, format: str | None = None) -> list[Prompt]:
         format = "jsonl" if path.suffix.lower() in JSONL_SUFFIXES else "text"
     if format not in FORMATS:
         raise RefGPTError(f"prompts format must be one of {list(FORMATS)}, found {format!r}")
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise RefGPTError(f"{path}: prompts file not found") from None
-    except IsADirectoryError:
-        raise RefGPTError(f"{path}: is a directory, not a prompts file") from None
-    except OSError as error:
-        raise RefGPTError(f"{path}: cannot read ({error.strerror})") from None
-    lines = _lines(path, data)
+    lines = _lines(path, read_bytes(path, "prompts file"))
     prompts = _jsonl(path, lines) if format == "jsonl" else _text(lines)
     if not prompts:
         raise RefGPTError(f"{path}: no prompts (every line is empty)")
