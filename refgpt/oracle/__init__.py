@@ -2,6 +2,7 @@
 
 - ``golden`` — every activation of one forward pass (a padded batch too), written to a safetensors file any language reads.
 - ``sequential`` — GPT-2 as a port written in loops adds (every sum in index order): the golden's second float32 pass.
+- ``perturbed`` — refgpt's float32 pass with one more random rounding at every hook point: the golden's third.
 - ``decode`` — decode goldens: the prompt pass and every KV-cached decoding step.
 - ``gradients`` — with ``--backward``, the loss and ∂loss/∂ every parameter, activation and the logits.
 - ``certify`` — with ``--certify``, the golden's own error, measured against extended precision.

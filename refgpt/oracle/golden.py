@@ -30,11 +30,13 @@ the unit roundoff, so c_X·u_bf16 is the error a bfloat16 pass makes where c_X·
 pass's (docs/oracle.md measures how well this holds). c_X bounds each element's error, r_X the
 bias of a whole tensor (comparison.py, the bias bound).
 
-Two float32 passes, two accumulation orders. The error of a correct port depends on how it adds:
+Three float32 passes, two accumulation orders and a perturbation. The error of a correct port depends on how it adds:
 refgpt's own float32 pass sums pairwise (NumPy) and in BLAS's blocks, a port written as loops one
 term at a time, with errors that grow with the length of the sum and are shared by a whole row
-(one softmax denominator, one LayerNorm σ). So c_X and r_X are the larger of the two passes':
-refgpt's, and refgpt/oracle/sequential.py's, which sums in index order as loops do.
+(one softmax denominator, one LayerNorm σ). So c_X and r_X are the largest of three passes':
+refgpt's, refgpt/oracle/sequential.py's, which sums in index order as loops do, and
+refgpt/oracle/perturbed.py's, refgpt's with one more random rounding at every hook point, which
+measures a cancellation that both orders happen to round to exactly 0.
 
 Normalised rows. A softmax row is divided by one sum, so a port's rounding of that sum scales
 the whole row by one factor; a log-softmax row is shifted by one log-sum; logits are defined only
