@@ -1292,7 +1292,7 @@ def format_report(report: Report, after_first: int | None = None, names=None, fa
         lines.append(f"tolerance: profile {tol['profile']}: |cand − ref| ≤ atol_X + rtol·|ref|, rtol = {GROWTH}·u = "
                      f"{tol['rtol']:.2e}, atol_X = {GROWTH}·u·(c_X + S_X)  (u = {tol['unit_roundoff']:.3g}); "
                      f"bias: |mean(cand − ref)| ≤ {BIAS_GROWTH}·u·(r_X + RMS(ref))·max(1, √({BIAS_FULL_ELEMENTS}/n)) "
-                     f"on n ≥ {BIAS_MIN_ELEMENTS} elements; softmax rows judged up to one factor per row, log_probs "
+                     f"on n ≥ {BIAS_MIN_ELEMENTS} elements, where the rows agree (t ≥ {ROW_T:g}); softmax rows judged up to one factor per row, log_probs "
                      f"up to one shift (|factor − 1|, |shift| ≤ {GROWTH}·u·(f_X + 1)), logits up to any shift per "
                      f"position. max abs/max rel: after that factor or shift; max/tol and bias/tol: 1 is the limit")
     else:
