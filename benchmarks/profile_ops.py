@@ -11,8 +11,9 @@ T = 1024 (batch 1), refgpt calling its own functions (``layer_norm``, ``affine``
 ``gelu_new`` formula, ``F.linear`` for the tied unembedding). Each op runs its rounds for refgpt,
 then for torch (``op_medians``: alternating every ~50 ms call lets the other library's spinning
 threads take a core), median kept; the whole forwards alternate (``paired_medians``), as
-benchmarks/bench_forward.py times them. Run it on a quiet machine. Per-forward times are the per-call time × calls per forward; "rest" is the measured
-forward minus the sum (hooks, Python, residual adds, what the isolated timings miss).
+benchmarks/bench_forward.py times them. Run it on a quiet machine. Per-forward times are the
+per-call time × calls per forward; "rest" is the measured forward minus the sum (hooks, Python,
+residual adds, what the isolated timings miss).
 
 Writes the "profile-wall" (or "profile-cpu") section of RESULTS.md and results_profile_*.json,
 with the BLAS kernel.

@@ -1162,8 +1162,8 @@ def _check_systematic(res, n, finite, mean_error, rms, ref_rms, u, r_X, row_t=No
         agreeing = row_t is None or abs(row_t) >= ROW_T
         rows = "" if row_t is None else f"; the rows' mean errors lie {abs(row_t):.3g} standard errors from 0"
         if not agreeing:
-            res.notes.append(f"the mean signed error {res.mean_error:.3g} is {abs(res.mean_error) / res.bias_tolerance:.3g}× "
-                             f"the bias bound ({res.bias_tolerance:.3g}), but the rows do not agree about it{rows} "
+            res.notes.append(f"the mean signed error {res.mean_error:.3g} is "
+                             f"{abs(res.mean_error) / res.bias_tolerance:.3g}× the bias bound ({res.bias_tolerance:.3g}), but the rows do not agree about it{rows} "
                              f"(< {ROW_T:g}): rounding shared within rows, not a systematic error")
             return
         res.status = "systematic error"
@@ -1292,8 +1292,8 @@ def format_report(report: Report, after_first: int | None = None, names=None, fa
         lines.append(f"tolerance: profile {tol['profile']}: |cand − ref| ≤ atol_X + rtol·|ref|, rtol = {GROWTH}·u = "
                      f"{tol['rtol']:.2e}, atol_X = {GROWTH}·u·(c_X + S_X)  (u = {tol['unit_roundoff']:.3g}); "
                      f"bias: |mean(cand − ref)| ≤ {BIAS_GROWTH}·u·(r_X + RMS(ref))·max(1, √({BIAS_FULL_ELEMENTS}/n)) "
-                     f"on n ≥ {BIAS_MIN_ELEMENTS} elements, where the rows agree (t ≥ {ROW_T:g}); softmax rows judged up to one factor per row, log_probs "
-                     f"up to one shift (|factor − 1|, |shift| ≤ {GROWTH}·u·(f_X + 1)), logits up to any shift per "
+                     f"on n ≥ {BIAS_MIN_ELEMENTS} elements, where the rows agree (t ≥ {ROW_T:g}); softmax rows "
+                     f"judged up to one factor per row, log_probs up to one shift (|factor − 1|, |shift| ≤ {GROWTH}·u·(f_X + 1)), logits up to any shift per "
                      f"position. max abs/max rel: after that factor or shift; max/tol and bias/tol: 1 is the limit")
     else:
         lines.append(f"tolerance: |cand − ref| ≤ {tol['atol']:.3g} + {tol['rtol']:.3g}·|ref|")

@@ -32,8 +32,9 @@ bias of a whole tensor (comparison.py, the bias bound).
 
 Three float32 passes: two accumulation orders and a perturbation. The error of a correct port
 depends on how it adds: refgpt's own float32 pass sums pairwise (NumPy) and in BLAS's blocks, a
-port written as loops one term at a time, with errors that grow with the length of the sum and are shared by a whole row
-(one softmax denominator, one LayerNorm σ). So c_X and r_X are the largest of three passes':
+port written as loops one term at a time, with errors that grow with the length of the sum and
+are shared by a whole row (one softmax denominator, one LayerNorm σ). So c_X and r_X are the
+largest of three passes':
 refgpt's, refgpt/oracle/sequential.py's, which sums in index order as loops do, and
 refgpt/oracle/perturbed.py's, refgpt's with one more random rounding at every hook point, which
 measures a cancellation that both orders happen to round to exactly 0.
