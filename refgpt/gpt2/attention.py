@@ -21,6 +21,7 @@ hands this module its weights in that flat layout (``Model.block_weights``).
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 
@@ -72,10 +73,11 @@ def attention(x, w, n_heads, score_scale, run_hooks, past=None, score_mask=None,
     kh = _copy(k.transpose(per_head), buffer(run_hooks, "k_heads", _swapped(k.shape), k.dtype))  # [batch, head, key, d_head]
     vh = _copy(v.transpose(per_head), buffer(run_hooks, "v_heads", _swapped(v.shape), v.dtype))  # [batch, head, key, d_head]
     z = buffer(run_hooks, "z", q.shape, q.dtype, "hook_z")  # [batch, pos, head, d_head], written head by head below
+    space = buffer(run_hooks, "block_scores", (block_scores_size(qh, kh),), q.dtype)  # each block's scores in turn
     if run_hooks.watched("hook_attn_scores") or run_hooks.watched("hook_pattern"):
-        attend(qh, kh, vh, run_hooks, score_mask, out=z.transpose(per_head))  # the full arrays made for the hooks
+        attend(qh, kh, vh, run_hooks, score_mask, out=z.transpose(per_head), space=space)  # the full arrays made for the hooks
     else:
-        attend_in_blocks(qh, kh, vh, score_mask, out=z.transpose(per_head))  # the same numbers
+        attend_in_blocks(qh, kh, vh, score_mask, out=z.transpose(per_head), space=space)  # the same numbers
     z = run_hooks("hook_z", z)  # [batch, pos, head, d_head]
     if per_head_result:
         W_O = w["W_O"].reshape(n_heads, -1, w["W_O"].shape[-1])  # [head, d_head, d_model]
@@ -110,26 +112,39 @@ def per_head_affine(x, W, b, n_heads):
     return np.einsum("bphd,dhe->bphe", x, W.reshape(d_model, n_heads, -1)) + b.reshape(n_heads, -1)  # [batch, pos, head, d_head]
 
 
-def attend_in_blocks(qh, kh, vh, score_mask=None, rows=64, out=None):
+def attend_in_blocks(qh, kh, vh, score_mask=None, rows=64, out=None, space=None):
     """pattern·v when nobody looks at scores or pattern: a block of ``rows`` queries at a time.
     The scores then never exist in full (a block stays in cache through softmax), and a block never
     touches the keys after its last query, which halves the work of a full sequence.
     ``score_mask``: None (causal) or padding's [batch, 1, query, key] mask. ``out``: the array
-    [batch, head, query, d_head] to write into (any layout; default: a new one)."""
+    [batch, head, query, d_head] to write into (any layout; default: a new one). ``space``: a flat
+    array of at least ``block_scores_size`` numbers that holds each block's scores in turn (the
+    pass's scratch buffer; default: a new one), so that no block faults in fresh memory."""
     pos, keys = qh.shape[2], kh.shape[2]
     start = keys - pos  # keys held in a KV cache before the first query
     zh = np.empty_like(qh) if out is None else out  # [batch, head, query, d_head]
+    space = np.empty(block_scores_size(qh, kh, rows), qh.dtype) if space is None else space  # [batch·head·rows·key]
     for i in range(0, pos, rows):
         seen = start + min(i + rows, pos)  # this block's queries see keys 0 … seen − 1
-        pattern = block_probabilities(block_scores(qh, kh, score_mask, i, rows, seen), score_mask is not None)  # [batch, head, rows, seen]
-        zh[:, :, i:i + rows] = pattern @ vh[:, :, :seen]  # [batch, head, rows, d_head]
+        scores = block_scores(qh, kh, score_mask, i, rows, seen, space)  # [batch, head, rows, seen]
+        pattern = block_probabilities(scores, score_mask is not None)  # [batch, head, rows, seen]
+        np.matmul(pattern, vh[:, :, :seen], out=zh[:, :, i:i + rows])  # [batch, head, rows, d_head]
     return zh
 
 
-def block_scores(qh, kh, score_mask, i, rows, seen):
-    """The scores of queries i … i + rows − 1 against keys 0 … seen − 1, mask added: a new array
-    [batch, head, rows, seen]. The plain formula: (qh @ khᵀ + score_mask)[:, :, i:i + rows, :seen]."""
-    scores = qh[:, :, i:i + rows] @ kh[:, :, :seen].transpose(0, 1, 3, 2)  # [batch, head, rows, seen]
+def block_scores_size(qh, kh, rows=64):
+    """How many numbers the largest block of scores holds: batch · head · rows · key."""
+    return qh.shape[0] * qh.shape[1] * min(rows, qh.shape[2]) * kh.shape[2]
+
+
+def block_scores(qh, kh, score_mask, i, rows, seen, space=None):
+    """The scores of queries i … i + rows − 1 against keys 0 … seen − 1, mask added: an array
+    [batch, head, rows, seen] (at the start of the flat array ``space`` if given, else new). The plain
+    formula: (qh @ khᵀ + score_mask)[:, :, i:i + rows, :seen]."""
+    q = qh[:, :, i:i + rows]  # [batch, head, rows, d_head]
+    shape = (*q.shape[:3], seen)
+    out = None if space is None else space[:math.prod(shape)].reshape(shape)  # C order, at the start of space
+    scores = np.matmul(q, kh[:, :, :seen].transpose(0, 1, 3, 2), out=out)  # [batch, head, rows, seen]
     if score_mask is not None:
         scores += score_mask[..., i:i + rows, :seen]  # [batch, head, rows, seen]
     else:  # the causal mask is 0 left of the block's own square: add only its last columns
@@ -146,7 +161,7 @@ def block_probabilities(scores, padded):
     return (padded_softmax if padded else softmax)(scores, in_place=True)  # [..., key]
 
 
-def attend(qh, kh, vh, run_hooks, score_mask=None, rows=64, out=None):
+def attend(qh, kh, vh, run_hooks, score_mask=None, rows=64, out=None, space=None):
     """pattern·v with the full scores and/or pattern [batch, head, query, key] made for the hook
     points that are watched (hooked or cached), and only those.
 
@@ -157,6 +172,7 @@ def attend(qh, kh, vh, run_hooks, score_mask=None, rows=64, out=None):
     softmax of its first ``seen`` keys (exp(−∞) = 0: the same function); a block where a hook
     unmasked a key takes the softmax of its whole rows. Likewise after a pattern hook, pattern·v
     reads only keys < seen while the pattern beyond is all 0, and whole rows otherwise.
+    ``space``: as for ``attend_in_blocks``.
     """
     batch, heads, pos, _ = qh.shape
     keys = kh.shape[2]
@@ -174,11 +190,12 @@ def attend(qh, kh, vh, run_hooks, score_mask=None, rows=64, out=None):
         if pattern is not None:
             pattern[:, :, i:i + rows, :probabilities.shape[-1]] = probabilities  # [batch, head, rows, ·]
             pattern[:, :, i:i + rows, probabilities.shape[-1]:] = 0.0  # the masked keys
-        if not edited_pattern:
-            zh[:, :, i:i + rows] = probabilities @ vh[:, :, :probabilities.shape[-1]]  # [batch, head, rows, d_head]
+        if not edited_pattern:  # written as attend_in_blocks writes it: the same BLAS call
+            np.matmul(probabilities, vh[:, :, :probabilities.shape[-1]], out=zh[:, :, i:i + rows])  # [batch, head, rows, d_head]
 
+    space = np.empty(block_scores_size(qh, kh, rows), qh.dtype) if space is None else space  # [batch·head·rows·key]
     for i, seen in blocks:
-        block = block_scores(qh, kh, score_mask, i, rows, seen)  # [batch, head, rows, seen]
+        block = block_scores(qh, kh, score_mask, i, rows, seen, space)  # [batch, head, rows, seen]
         if scores is not None:
             scores[:, :, i:i + rows, :seen] = block  # [batch, head, rows, seen]
             scores[:, :, i:i + rows, seen:] = -np.inf  # [batch, head, rows, key − seen], the causal mask

@@ -15,9 +15,10 @@ pushed through the final LayerNorm piece by piece and the pieces still add up to
 grows LayerNorm forgets scale and keeps only the direction of Px.
 
 Numerics. ‖Px‖² overflows long before x does (float32: ‖Px‖² > 3.4e38 once |xᵢ| ≳ 7e17 at
-n = 768). So the squares are taken of Px·2⁻ᵉ, where 2ᵉ is the power of two just above max|Pxᵢ|,
-and σ is scaled back by 2ᵉ. Multiplying by a power of two is exact, so for every x that would
-not overflow this computes bit for bit what the textbook formula computes.
+n = 768). So σ is the textbook √(mean((Px)²) + ε) wherever that mean is finite, and a row whose
+mean square overflows is done again from Px·2⁻ᵉ, where 2ᵉ is the power of two just above max|Pxᵢ|,
+σ scaled back by 2ᵉ. Multiplying by a power of two is exact, so both give the textbook's bits
+wherever it does not overflow; the rescaled one also where it does.
 
 ``layer_norm_backward`` (beside the forward) takes the gradient back through all of it.
 """
@@ -99,7 +100,7 @@ def _rows_into(x, w, b, eps, mean, scale, normalized, out):
     and scale [rows, 1] and, if given, x̂ [rows, n] written into the arrays given, LN(x) into ``out``."""
     np.mean(x, axis=-1, keepdims=True, out=mean)  # [rows, 1]
     centered = x - mean  # [rows, n]
-    scale[...] = centered_scale(centered, eps)  # [rows, 1]
+    scale[...] = centered_scale(centered, eps, squares=out)  # [rows, 1] (out: room for c², overwritten below)
     normalized = np.divide(centered, scale, out=centered if normalized is None else normalized)  # [rows, n]
     np.multiply(normalized, w, out=out)  # [rows, n]
     out += b  # [rows, n]
@@ -136,8 +137,24 @@ def layer_norm_backward(grad, normalized, scale, w, run_hooks=None):
             "hook_normalized": grad_hat, "hook_scale": grad_scale, "hook_mean": grad_mean}
 
 
-def centered_scale(centered, eps):
-    """σ = √(mean(c²) + ε) of an already centered c, over the last axis, without overflow."""
+def centered_scale(centered, eps, squares=None):
+    """σ = √(mean(c²) + ε) of an already centered c, over the last axis, without overflow: the
+    textbook formula, and for a row whose mean square overflowed (or is NaN) ``_rescaled_scale``.
+    ``squares``: an array of c's shape to hold c² (default: a new one)."""
+    with np.errstate(over="ignore"):  # an overflowed row is done again below
+        squares = np.multiply(centered, centered, out=squares)  # [..., n]
+        var = np.mean(squares, axis=-1, keepdims=True)  # [..., 1]
+    sigma = np.sqrt(var + eps)  # [..., 1]
+    redo = ~np.isfinite(var[..., 0])  # [...] rows whose c² overflowed (or held a NaN)
+    if redo.any():
+        sigma[redo] = _rescaled_scale(centered[redo], eps)  # [rows, 1]
+    return sigma
+
+
+def _rescaled_scale(centered, eps):
+    """σ of centered rows c [..., n] from the squares of c·2⁻ᵉ, 2ᵉ the power of two just above
+    max|c|, scaled back by 2ᵉ: finite for every finite c (|c·2⁻ᵉ| < 1), and the textbook's bits
+    where the textbook is finite (powers of two scale exactly)."""
     dtype = centered.dtype
     peak = np.maximum(centered.max(axis=-1, keepdims=True), -centered.min(axis=-1, keepdims=True))  # [..., 1] max |c|
     _, e = np.frexp(peak)  # peak = f·2ᵉ with ½ ≤ f < 1

@@ -543,8 +543,8 @@ def test_a_key_dropped_past_a_block_fails_the_bound(monkeypatch):
     """The blocked scores of every block after the first lose key 0: attend_in_blocks' z is off."""
     blocked = attention.block_scores
 
-    def drop_key_0(qh, kh, score_mask, i, rows, seen):
-        scores = blocked(qh, kh, score_mask, i, rows, seen)
+    def drop_key_0(qh, kh, score_mask, i, rows, seen, space=None):
+        scores = blocked(qh, kh, score_mask, i, rows, seen, space)
         if i >= rows:
             scores[..., 0] = -np.inf
         return scores
