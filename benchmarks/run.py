@@ -75,7 +75,8 @@ def markdown(results) -> str:
              "(only ratios measured side by side mean anything on a shared machine). GEMM peak: "
              f"{fw.get('gemm_peak_gflops_float32', float('nan')):.0f} GFLOP/s float32, "
              f"{fw.get('gemm_peak_gflops_float64', float('nan')):.0f} float64 "
-             "(one [1024,768]×[768,3072] product, same run).", "",
+             "(one [1024,768]×[768,3072] product: the fastest of 9 runs before the dtype's rows and 9 after, "
+             "same run).", "",
              "| dtype | T | refgpt ms | torch ms | plain NumPy ms | refgpt / torch | plain / torch | GFLOP/s | share of GEMM peak |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in fw["forward"]:
