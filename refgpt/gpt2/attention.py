@@ -30,6 +30,10 @@ from .linear import affine
 from .. import memory
 from ..memory import buffer
 
+#: Queries per block of the blocked attention (``attend_in_blocks``, ``attend``), and so the size of
+#: the scratch buffer that holds one block's scores (``block_scores_size``).
+ROWS = 64
+
 
 def attention(x, w, n_heads, score_scale, run_hooks, past=None, score_mask=None, per_head_result=False, out=None):
     """One block's attention. ``w``: W_QKV = W_Q | W_K | W_V [d_model, 3·head·d_head] and b_QKV
@@ -112,7 +116,7 @@ def per_head_affine(x, W, b, n_heads):
     return np.einsum("bphd,dhe->bphe", x, W.reshape(d_model, n_heads, -1)) + b.reshape(n_heads, -1)  # [batch, pos, head, d_head]
 
 
-def attend_in_blocks(qh, kh, vh, score_mask=None, rows=64, out=None, space=None):
+def attend_in_blocks(qh, kh, vh, score_mask=None, rows=ROWS, out=None, space=None):
     """pattern·v when nobody looks at scores or pattern: a block of ``rows`` queries at a time.
     The scores then never exist in full (a block stays in cache through softmax), and a block never
     touches the keys after its last query, which halves the work of a full sequence.
@@ -132,7 +136,7 @@ def attend_in_blocks(qh, kh, vh, score_mask=None, rows=64, out=None, space=None)
     return zh
 
 
-def block_scores_size(qh, kh, rows=64):
+def block_scores_size(qh, kh, rows=ROWS):
     """How many numbers the largest block of scores holds: batch · head · rows · key."""
     return qh.shape[0] * qh.shape[1] * min(rows, qh.shape[2]) * kh.shape[2]
 
@@ -161,7 +165,7 @@ def block_probabilities(scores, padded):
     return (padded_softmax if padded else softmax)(scores, in_place=True)  # [..., key]
 
 
-def attend(qh, kh, vh, run_hooks, score_mask=None, rows=64, out=None, space=None):
+def attend(qh, kh, vh, run_hooks, score_mask=None, rows=ROWS, out=None, space=None):
     """pattern·v with the full scores and/or pattern [batch, head, query, key] made for the hook
     points that are watched (hooked or cached), and only those.
 
