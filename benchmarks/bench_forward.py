@@ -52,14 +52,19 @@ CLOCK = os.environ.get("REFGPT_BENCH_CLOCK", "wall")
 _now = time.process_time if CLOCK == "cpu" else time.perf_counter
 
 
-def median_seconds(fn, repeats):
-    fn()  # warm up: page in weights, fill caches
+def run_times(fn, repeats):
+    """Seconds of each of ``repeats`` calls of ``fn``, after one to warm up (page in weights, fill caches)."""
+    fn()
     times = []
     for _ in range(repeats):
         t = _now()
         fn()
         times.append(_now() - t)
-    return statistics.median(times)
+    return times
+
+
+def median_seconds(fn, repeats):
+    return statistics.median(run_times(fn, repeats))
 
 
 def paired_medians(ours, theirs, repeats, clock=None):
@@ -110,13 +115,8 @@ def gemm_peak(dtype, repeats=9):
     rng = np.random.default_rng(0)
     a = rng.standard_normal((1024, 768)).astype(dtype)
     b = rng.standard_normal((768, 3072)).astype(dtype)
-    out = a @ b  # warm up: pages, caches, the BLAS's threads
-    times = []
-    for _ in range(repeats):
-        t = _now()
-        np.matmul(a, b, out=out)
-        times.append(_now() - t)
-    return 2 * 1024 * 768 * 3072 / min(times) / 1e9
+    out = np.empty((1024, 3072), dtype)
+    return 2 * 1024 * 768 * 3072 / min(run_times(lambda: np.matmul(a, b, out=out), repeats)) / 1e9
 
 
 def make_checkpoint(directory):
