@@ -13,7 +13,9 @@ then for torch (``op_medians``: alternating every ~50 ms call lets the other lib
 threads take a core), median kept; the whole forwards alternate (``paired_medians``), as
 benchmarks/bench_forward.py times them. Run it on a quiet machine. Per-forward times are the
 per-call time × calls per forward; "rest" is the measured forward minus the sum (hooks, Python,
-residual adds, what the isolated timings miss).
+residual adds, what the isolated timings miss). The last row times every matrix product of
+refgpt's forward alone, in its order (``products_alone``), beside torch's whole forward: the
+ratio refgpt would reach if LayerNorm, softmax, GELU, the adds and Python cost nothing.
 
 Writes the "profile-wall" (or "profile-cpu") section of RESULTS.md and results_profile_*.json,
 with the BLAS kernel.
@@ -154,11 +156,53 @@ def op_table(model, hf, dtype, T=1024, rounds=7):
         tokens = rng.integers(0, V, (1, T))
         tt = torch.from_numpy(tokens)
         a, b = paired_medians(lambda: model(tokens), lambda: hf(tt), max(3, rounds // 2))
+        products = products_alone(model, dtype, T)
+        p, b2 = paired_medians(products, lambda: hf(tt), max(3, rounds // 2))
+        print(f"{dtype} {'products alone':>55}: refgpt {1e3 * p:8.1f} ms  torch's forward {1e3 * b2:8.1f} ms", flush=True)
     counted = [r for r in rows if not r["op"].startswith("  ")]
     rest = {"op": "rest (hooks, Python, what isolated timings miss)", "calls": 1,
             "refgpt_ms": 1e3 * a - sum(r["refgpt_ms"] for r in counted),
             "torch_ms": 1e3 * b - sum(r["torch_ms"] for r in counted)}
-    return rows + [rest], {"refgpt_ms": 1e3 * a, "torch_ms": 1e3 * b}
+    return rows + [rest], {"refgpt_ms": 1e3 * a, "torch_ms": 1e3 * b,
+                           "products_ms": 1e3 * p, "products_torch_ms": 1e3 * b2}
+
+
+def products_alone(model, dtype, T):
+    """A function that makes every matrix product refgpt's forward makes over T positions, in the
+    forward's order and into buffers of the forward's shapes, and nothing else: no bias, no
+    LayerNorm, softmax, GELU, copy or hook. Its time, beside torch's whole forward, is the
+    refgpt/torch ratio the forward would reach if all of its other work were free."""
+    cfg = model.cfg
+    d, H, dh, L = cfg.d_model, cfg.n_heads, cfg.d_head, cfg.n_layers
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((1, T, d)).astype(dtype)  # [batch, pos, d_model]
+    h = rng.standard_normal((1, T, cfg.d_mlp)).astype(dtype)  # [batch, pos, d_mlp]
+    qkv = np.empty((1, T, 3 * H * dh), dtype)  # [batch, pos, 3·head·d_head]
+    qh, kh, vh = (rng.standard_normal((1, H, T, dh)).astype(dtype) for _ in range(3))  # [batch, head, pos, d_head]
+    z = np.empty((1, T, H, dh), dtype)  # [batch, pos, head, d_head], written head-first as attention writes it
+    zh = z.transpose(0, 2, 1, 3)  # [batch, head, pos, d_head], a view
+    out = np.empty((1, T, d), dtype)  # [batch, pos, d_model]
+    logits = np.empty((1, T, cfg.d_vocab), dtype)  # [batch, pos, d_vocab]
+    space = np.empty(attn_mod.block_scores_size(qh, kh), dtype)  # one block's scores
+    rows = attn_mod.ROWS
+
+    def run():
+        for layer in range(L):
+            _, aw, mw = model._blocks[layer]
+            W_QKV = aw["W_QKV"] if "W_QKV" in aw else np.concatenate([aw["W_Q"], aw["W_K"], aw["W_V"]], axis=-1)
+            np.matmul(x, W_QKV, out=qkv)  # [batch, pos, 3·head·d_head]
+            for i in range(0, T, rows):  # attend_in_blocks's two products per block of queries
+                seen = min(i + rows, T)
+                q = qh[:, :, i:i + rows]  # [batch, head, rows, d_head]
+                scores = space[:q.shape[2] * seen * H].reshape(1, H, q.shape[2], seen)  # [batch, head, rows, seen]
+                np.matmul(q, kh[:, :, :seen].transpose(0, 1, 3, 2), out=scores)
+                np.matmul(scores, vh[:, :, :seen], out=zh[:, :, i:i + rows])  # [batch, head, rows, d_head]
+            np.matmul(z.reshape(1, T, -1), aw["W_O"], out=out)  # [batch, pos, d_model]
+            np.matmul(x, mw["W_in"], out=h)  # [batch, pos, d_mlp]
+            np.matmul(h, mw["W_out"], out=out)  # [batch, pos, d_model]
+        np.matmul(x, model.params["unembed.W_U"], out=logits)  # [batch, pos, d_vocab]
+
+    return run
 
 
 def run(T=1024, dtypes=("float32", "float64"), rounds=7):
@@ -210,6 +254,16 @@ def markdown(r) -> str:
         fw = part["forward"] if part else None
         cells += [f"{fw['refgpt_ms']:.0f}", f"{fw['torch_ms']:.0f}", f"{fw['refgpt_ms'] / fw['torch_ms']:.2f}"] if fw else ["", "", ""]
     lines.append("| **whole forward** | 1 | " + " | ".join(cells) + " |")
+    cells = []
+    for part in (f32, f64):
+        fw = part["forward"] if part else None
+        if fw and "products_ms" in fw:
+            cells += [f"{fw['products_ms']:.0f}", f"{fw['products_torch_ms']:.0f}",
+                      f"{fw['products_ms'] / fw['products_torch_ms']:.2f}"]
+        else:
+            cells += ["", "", ""]
+    lines.append("| refgpt's products alone, beside torch's whole forward (the ratio if nothing else cost) | 1 | "
+                 + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
