@@ -88,7 +88,7 @@ def op_table(model, hf, dtype, T=1024, rounds=7):
     x = rng.standard_normal((1, T, d)).astype(dtype)  # [batch, pos, d_model]
     h = rng.standard_normal((1, T, 4 * d)).astype(dtype)  # [batch, pos, d_mlp]
     tx, th = torch.from_numpy(x), torch.from_numpy(h)
-    ln, aw, mw = model._blocks[0]
+    ln, aw, mw = model.block_weights(0)
     block = hf.transformer.h[0]
     c_attn_w, c_attn_b = block.attn.c_attn.weight.detach(), block.attn.c_attn.bias.detach()
     c_proj_w, c_proj_b = block.attn.c_proj.weight.detach(), block.attn.c_proj.bias.detach()
@@ -185,12 +185,12 @@ def products_alone(model, dtype, T):
     logits = np.empty((1, T, cfg.d_vocab), dtype)  # [batch, pos, d_vocab]
     space = np.empty(attn_mod.block_scores_size(qh, kh), dtype)  # one block's scores
     rows = attn_mod.ROWS
+    blocks = [model.block_weights(layer) for layer in range(L)]  # (ln, attn, mlp) weights per block
+    W_QKV = [attn_mod.fused_qkv(aw)[0] for _, aw, _ in blocks]  # [d_model, 3·head·d_head] per block, as attention multiplies
 
     def run():
-        for layer in range(L):
-            _, aw, mw = model._blocks[layer]
-            W_QKV = aw["W_QKV"] if "W_QKV" in aw else np.concatenate([aw["W_Q"], aw["W_K"], aw["W_V"]], axis=-1)
-            np.matmul(x, W_QKV, out=qkv)  # [batch, pos, 3·head·d_head]
+        for layer, (_, aw, mw) in enumerate(blocks):
+            np.matmul(x, W_QKV[layer], out=qkv)  # [batch, pos, 3·head·d_head]
             for i in range(0, T, rows):  # attend_in_blocks's two products per block of queries
                 seen = min(i + rows, T)
                 q = qh[:, :, i:i + rows]  # [batch, head, rows, d_head]
