@@ -100,6 +100,7 @@ def op_table(model, hf, dtype, T=1024, rounds=7):
     q = rng.standard_normal((1, T, H, dh)).astype(dtype)  # [batch, pos, head, d_head]
     qh = np.ascontiguousarray(q.transpose(0, 2, 1, 3))  # [batch, head, pos, d_head]
     tq = torch.from_numpy(qh)
+    block_space = np.empty(attn_mod.block_scores_size(qh, qh), dtype)  # one block's scores, as the pass keeps it
     scale = cfg.score_scale(0)
     c = math.sqrt(2.0 / math.pi)
 
@@ -131,7 +132,7 @@ def op_table(model, hf, dtype, T=1024, rounds=7):
         ("QKV GEMM", L, refgpt_qkv, lambda: torch.addmm(c_attn_b, tx.view(T, d), c_attn_w)),
         ("head split copies", L, refgpt_heads, lambda: torch.from_numpy(q).view(1, T, H, dh).transpose(1, 2)),
         ("attention: products + mask + softmax (causal, blocked)", L,
-         lambda: attn_mod.attend_in_blocks(qh, qh, qh),
+         lambda: attn_mod.attend_in_blocks(qh, qh, qh, space=block_space),  # the scratch the forward reuses
          lambda: F.scaled_dot_product_attention(tq, tq, tq, is_causal=True)),
         ("  of which scores q·kᵀ (full square)", L, lambda: qh @ qh.transpose(0, 1, 3, 2),
          lambda: tq @ tq.transpose(-1, -2)),
