@@ -7,7 +7,8 @@ Prints one row per number, under the name the page uses (N1, N2, …). A row is 
 printed to the digits the page quotes; the page must quote exactly that, followed by its name),
 a *bound* (a measured float error, which moves with the BLAS: the page states a power of ten and
 the measurement must stay below it) or a *line* (a table row the page must hold as a whole line).
-It also draws docs/figures/attribution_bars.png (``--no-figures`` skips it; needs matplotlib).
+It also draws docs/figures/attribution_bars.png and docs/figures/naive_vs_cached_scale.png
+(``--no-figures`` skips them; needs matplotlib).
 tests/analysis/test_attribution.py checks the N rows against the page; the TransformerLens rows
 (T1, T2) need the 'peers' extra and tests/core/test_decomposition_tl.py checks them. Benchmark numbers come from benchmarks/bench_attribution.py instead.
 """
@@ -25,7 +26,7 @@ import numpy as np
 import refgpt
 from refgpt import Config, Model
 from refgpt.gpt2 import ln_views
-from refgpt.analysis.attribution import attribute
+from refgpt.analysis.attribution import attribute, naive_attribution
 from refgpt.gpt2.layernorm import layer_norm, scale as ln_scale
 from refgpt.gpt2.params import param_shapes
 from refgpt.tl.processing import STEPS, process
@@ -145,7 +146,8 @@ EMBEDDED_PROMPT = "To be, or not to"  # no <|endoftext|>: the model predicts ' b
 
 def embedded_components():
     """§1 on the embedded model: the final stream's ten pieces at the last position of
-    EMBEDDED_PROMPT, each through ln_final with its own scale and with the final one.
+    EMBEDDED_PROMPT, each through ln_final with its own scale and with the final one
+    (refgpt.analysis.attribution.naive_attribution, which ``refgpt attribute --naive`` prints).
 
     Returns (the model's top token, its logit, labels, own scales σ(c) [component], the final
     scale σ, naive [component] = (w ⊙ Pc/σ(c))·W_U[:,t], exact [component] = (w ⊙ Pc/σ)·W_U[:,t],
@@ -154,17 +156,10 @@ def embedded_components():
     tokens = model.to_tokens(EMBEDDED_PROMPT, prepend_bos=False)[0]  # [pos]
     logits, cache = model.run_with_cache(tokens)  # [pos, d_vocab]
     target = int(np.argmax(logits[-1]))
-    pieces, labels = cache.decompose_resid(return_labels=True)  # [component, batch, pos, d_model]
-    pieces = pieces[:, 0, -1]  # [component, d_model]
-    p = model.params
-    u = p["ln_final.w"] * p["unembed.W_U"][:, target]  # [d_model]
-    own = ln_scale(pieces, model.cfg.eps)[:, 0]  # [component] σ(c) of each piece alone
-    final = float(cache["ln_final.hook_scale"][0, -1, 0])  # σ of the whole stream
-    centred = pieces - pieces.mean(-1, keepdims=True)  # [component, d_model]
-    naive = centred @ u / own  # [component]
-    exact = centred @ u / final  # [component]
-    bias = float(p["ln_final.b"] @ p["unembed.W_U"][:, target])
-    return model.to_string([target]), float(logits[-1, target]), labels, own, final, naive, exact, bias
+    result = naive_attribution(cache, target, logits=logits)
+    assert result.labels[-1] == "ln_final.b"  # the embedded model has no b_U
+    return (model.to_string([target]), result.logit, result.labels[:-1], result.own_scale[:-1], result.scale,
+            result.naive[:-1], result.exact[:-1], float(result.exact[-1]))
 
 
 def embedded_numbers() -> dict[str, tuple[str, str]]:
@@ -184,10 +179,25 @@ def embedded_numbers() -> dict[str, tuple[str, str]]:
     return rows
 
 
+def naive_figure(path):
+    """docs/figures/naive_vs_cached_scale.png: §1's table as a picture, drawn by the same function
+    as ``refgpt attribute "To be, or not to" --target " be" --naive --plot FILE``."""
+    from refgpt.analysis.plots import naive_figure as draw
+
+    model = refgpt.load_default()
+    tokens = model.to_tokens(EMBEDDED_PROMPT, prepend_bos=False)[0]  # [pos]
+    logits, cache = model.run_with_cache(tokens)  # [pos, d_vocab]
+    target = int(np.argmax(logits[-1]))
+    return draw(naive_attribution(cache, target, logits=logits), path=path, token=model.to_string([target]))
+
+
 def figures():
     """docs/figures/attribution_bars.png: §6's attribution of the embedded model's top next token
-    after "The cat sat on the mat." (after <|endoftext|>), by head, the twelve largest and the rest."""
+    after "The cat sat on the mat." (after <|endoftext|>), by head, the twelve largest and the rest;
+    docs/figures/naive_vs_cached_scale.png: §1's naive and exact pieces."""
     from refgpt.analysis.plots import attribution_bars, printable
+
+    naive_figure(Path(__file__).parent / "figures" / "naive_vs_cached_scale.png")
 
     model = refgpt.load_default()
     tokens = model.to_tokens(BARS_PROMPT, prepend_bos=True)[0]  # [pos]

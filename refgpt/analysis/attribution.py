@@ -37,6 +37,7 @@ import numpy as np
 
 from ..tl.decomposition import token_id, token_ids
 from ..errors import RefGPTError, need
+from ..gpt2.layernorm import scale as ln_scale
 from ..gpt2.ln_views import cached_output
 
 _NEEDED_BY = ("attribute", "cache everything, or at least refgpt.analysis.attribution.required_hooks(model.cfg)")
@@ -225,3 +226,97 @@ def _true_logit(cache, logits, t, a, direction, b_U, shape):
     if b_U is not None:
         logit = logit + (b_U[t] if a is None else b_U[t] - b_U[a])
     return logit
+
+
+# ---- Question (1): each piece by its own scale, beside the cached one ---------------------------------
+
+
+def naive_hooks(cfg) -> list[str]:
+    """The cache entries ``naive_attribution`` reads (pass as ``run_with_cache(tokens, names=…)``)."""
+    names = ["hook_embed", "hook_pos_embed", "ln_final.hook_scale"]
+    for L in range(cfg.n_layers):
+        names += [f"blocks.{L}.hook_attn_out", f"blocks.{L}.hook_mlp_out"]
+    return names
+
+
+class NaiveAttribution:
+    """One logit at one [batch, pos], split over the final stream's pieces two ways (docs/decomposition.md §1).
+
+    ``labels`` [piece]: embed, pos_embed, each attn_out and mlp_out, then the constants
+    ("ln_final.b", and "b_U" where the model has one). ``own_scale`` [piece]: σ(c) of each piece
+    alone (NaN for a constant); ``scale``: ln_final's cached σ of the whole stream at that position.
+    ``naive`` [piece] = (w ⊙ Pc/σ(c))·d, each piece normalised by its own scale, what normalising
+    "each component" means; ``exact`` [piece] = (w ⊙ Pc/σ)·d, through the cached scale (d =
+    W_U[:,t], or W_U[:,t] − W_U[:,a]). ``exact`` sums to ``logit`` to rounding; ``naive`` does not.
+    """
+
+    def __init__(self, labels, own_scale, scale, naive, exact, logit, position, batch):
+        self.labels = list(labels)
+        self.own_scale, self.scale = own_scale, scale
+        self.naive, self.exact = naive, exact
+        self.logit, self.position, self.batch = logit, position, batch
+
+    @property
+    def naive_sum(self) -> float:
+        return float(self.naive.sum())
+
+    @property
+    def exact_sum(self) -> float:
+        return float(self.exact.sum())
+
+    def __repr__(self) -> str:
+        return (f"NaiveAttribution({len(self.labels)} pieces at position {self.position}: naive sum "
+                f"{self.naive_sum:.6g}, exact sum {self.exact_sum:.6g}, logit {self.logit:.6g}, σ {self.scale:.6g})")
+
+
+def naive_attribution(cache, target, against=None, pos: int = -1, batch: int = 0, logits=None) -> NaiveAttribution:
+    """The logit of ``target`` (minus ``against``) at one ``pos`` split over the final stream's
+    pieces, once through ln_final's cached scale (exact) and once with each piece normalised by
+    its own scale (naive): question (1) of docs/decomposition.md §1 as numbers.
+
+    ``target``/``against``: a token id or text that is one token. ``logits`` (optional): the
+    forward pass's logits [pos, d_vocab] or [batch, pos, d_vocab], else the logit is recomputed from
+    ln_final's cached output. Needs the entries ``naive_hooks`` names (and, without ``logits``,
+    ln_final.hook_normalized).
+    """
+    model = cache.model
+    p = model.params
+    sigma = need(cache, "ln_final.hook_scale", *_NEEDED_BY)[..., 0]  # [batch, pos]
+    shape = sigma.shape
+    if not -shape[0] <= batch < shape[0] or not -shape[1] <= pos < shape[1]:
+        raise RefGPTError(f"naive_attribution: [batch, pos] = [{batch}, {pos}] is outside the cache's {list(shape)}")
+    batch, pos = batch % shape[0], pos % shape[1]
+    t = token_id(model, target, "target")
+    a = None if against is None else token_id(model, against, "against")
+    W_U = p["unembed.W_U"]  # [d_model, d_vocab]
+    direction = W_U[:, t] if a is None else W_U[:, t] - W_U[:, a]  # [d_model]
+    u = p["ln_final.w"] * direction  # w ⊙ d: [d_model]
+    labels, pieces = ["embed", "pos_embed"], [need(cache, "hook_embed", *_NEEDED_BY)[batch, pos],
+                                              need(cache, "hook_pos_embed", *_NEEDED_BY)[batch, pos]]
+    for L in range(model.cfg.n_layers):
+        for kind in ("attn_out", "mlp_out"):
+            labels.append(f"{L}_{kind}")
+            pieces.append(need(cache, f"blocks.{L}.hook_{kind}", *_NEEDED_BY)[batch, pos])
+    pieces = np.stack(pieces)  # [piece, d_model]
+    own = ln_scale(pieces, model.cfg.eps)[:, 0]  # [piece] σ(c) of each piece alone
+    centred = pieces - pieces.mean(-1, keepdims=True)  # [piece, d_model] P·c
+    final = float(sigma[batch, pos])
+    constants, names = [float(p["ln_final.b"] @ direction)], ["ln_final.b"]
+    b_U = p.get("unembed.b_U")
+    if b_U is not None:
+        constants.append(float(b_U[t] if a is None else b_U[t] - b_U[a]))
+        names.append("b_U")
+    naive = np.concatenate([centred @ u / own, constants])  # [piece]
+    exact = np.concatenate([centred @ u / final, constants])  # [piece]
+    own = np.concatenate([own, np.full(len(constants), np.nan)])  # [piece]
+    if logits is not None:
+        logits = np.asarray(logits)
+        logits = logits[None] if logits.ndim == 2 else logits  # [batch, pos, d_vocab]
+        if logits.shape[:2] != shape:
+            raise RefGPTError(f"naive_attribution: logits of shape {list(logits.shape)} do not match the cache's "
+                              f"[batch, pos] = {list(shape)}")
+        row = logits[batch, pos]  # [d_vocab]
+        logit = float(row[t] if a is None else row[t] - row[a])
+    else:
+        logit = float(_true_logit(cache, None, t, a, direction, b_U, shape)[batch, pos])
+    return NaiveAttribution(labels + names, own, final, naive, exact, logit, pos, batch)

@@ -12,6 +12,8 @@ Agg renderer), returned, and written to ``path`` when one is given.
                                              the top token written in each cell
     convergence_figure(ks, errors)           error against k on log–log axes, with a 1/k guide
     attribution_bars(attribution, pos)       the largest components of one logit, as bars
+    naive_figure(naive)                      each piece of one logit by its own σ(c) beside the
+                                             cached σ: two sums against the model's logit
 """
 
 from __future__ import annotations
@@ -226,6 +228,35 @@ def attribution_bars(attribution, pos: int = -1, batch: int = 0, k: int = 12, pa
     ax.set_xlabel(f"contribution to the logit (the {len(bars)} bars sum to {sum(bars):.4g})")
     ax.grid(True, axis="x", alpha=0.3)
     ax.set_title(title or f"Top {len(order)} contributions at position {pos}", fontsize=11)
+    return _finish(fig, path)
+
+
+def naive_figure(naive, path=None, title=None, token=None):
+    """Question (1) as a picture: for each piece of the final stream (a ``NaiveAttribution``), its
+    contribution with its own scale σ(c) (naive) beside the one through ln_final's cached σ
+    (exact), then both sums, and the model's logit as a vertical line: the exact bars sum to
+    it, the naive ones do not. ``token`` (text) names the target in the axis label."""
+    labels = list(naive.labels) + ["sum"]
+    rows = np.arange(len(labels))[::-1]  # the first piece at the top, the sums at the bottom
+    naive_bars = np.append(naive.naive, naive.naive_sum)  # [piece + 1]
+    exact_bars = np.append(naive.exact, naive.exact_sum)  # [piece + 1]
+    fig = _figure(7.4, max(3.2, 0.36 * len(labels) + 1.6))
+    ax = fig.add_subplot()
+    h = 0.38
+    ax.barh(rows + h / 2, naive_bars, height=h, color="tab:orange",
+            label=f"naive: each piece by its own σ(c); sum {naive.naive_sum:+.3f}")
+    ax.barh(rows - h / 2, exact_bars, height=h, color="tab:blue",
+            label=f"exact: every piece by ln_final's σ = {naive.scale:.3f}; sum {naive.exact_sum:+.3f}")
+    ax.axvline(naive.logit, color="black", lw=1.3, ls="--", label=f"the model's logit {naive.logit:+.3f}")
+    ax.axvline(0.0, color="0.3", lw=0.8)
+    ax.axhline(rows[-1] + 0.5, color="0.5", lw=0.8)
+    ax.set_yticks(rows, labels, fontsize=8)
+    what = "logit" if token is None else f"logit of {printable(token, 12)!r}"
+    ax.set_xlabel(f"contribution to the {what} at position {naive.position}")
+    ax.grid(True, axis="x", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper right")
+    ax.set_title(title or f"ln_final σ at position {naive.position} = {naive.scale:.3f}: "
+                          "the pieces sum to the logit only through it", fontsize=10)
     return _finish(fig, path)
 
 

@@ -7,13 +7,18 @@ in absolute value, each with its contribution and the cumulative share Σ|top i|
 attribution mass; then the sum of *all* components next to the model's own logit, and their
 difference. TOKEN is text that encodes to exactly one token (" Paris"), or ``#ID`` for a token id
 (``--target-id ID`` and ``--against-id ID`` also work, as in ``refgpt lens``).
+
+``--naive`` answers docs/decomposition.md §1's question instead: the final stream's pieces
+(embeddings, each attn_out and mlp_out, ln_final's bias) each normalised by its own scale σ(c)
+beside the same pieces through ln_final's cached σ, both sums, the logit and the σ used
+(refgpt.analysis.attribution.naive_attribution); ``--plot FILE`` draws it (needs matplotlib).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..analysis.attribution import GRANULARITIES, attribute, required_hooks
+from ..analysis.attribution import GRANULARITIES, attribute, naive_attribution, naive_hooks, required_hooks
 from ..errors import RefGPTError
 from ..tl.processing import process
 from ._arguments import add_token_argument, positive_int, token_argument
@@ -31,8 +36,8 @@ USES = ("--model", "--dtype", "--json", "--bos")
 
 EXAMPLES = (
     'refgpt attribute "To be, or not to" --target " be"',
-    'refgpt attribute "To be, or not to" --target " be" --against " the" --granularity head',
-    'refgpt attribute "My lord, I" --target "#11" --granularity neuron --top 10 --json',
+    'refgpt attribute "My lord, I" --target "#11" --against " the" --granularity neuron --top 10 --json',
+    'refgpt attribute "To be, or not to" --target " be" --naive --plot naive.png',
     'refgpt attribute "The capital of France is" --target " Paris" --model gpt2',
 )
 
@@ -48,6 +53,11 @@ def add_parser(subparsers):
     p.add_argument("--pos", type=int, default=-1, help="the position of TEXT to attribute (default -1, the last)")
     p.add_argument("--process", action="store_true",
                    help="process the weights as TransformerLens's from_pretrained does first (refgpt.tl.processing)")
+    p.add_argument("--naive", action="store_true",
+                   help="instead: each piece of the final stream normalised by its own scale beside the cached "
+                        "scale's exact share, both sums and the σ used (docs/decomposition.md §1)")
+    p.add_argument("--plot", metavar="FILE", help="with --naive: save that as a figure (PNG; needs matplotlib: "
+                                                  "pip install matplotlib)")
 
 
 def run(args) -> int:
@@ -61,6 +71,10 @@ def run(args) -> int:
     if not -len(tokens) <= args.pos < len(tokens):
         raise RefGPTError(f"--pos {args.pos} is outside TEXT's {len(tokens)} positions")
     pos = args.pos % len(tokens)
+    if args.plot and not args.naive:
+        args.usage_error("--plot draws --naive's figure: it goes with --naive")
+    if args.naive:
+        return _naive(model, args, tokens, target, against, pos)
     logits, cache = model.run_with_cache(tokens[None], names=required_hooks(model.cfg, logits=False))
     result = attribute(cache, target, against, granularity=args.granularity, logits=logits)
     values = result.values[:, 0, pos]  # [component]
@@ -94,5 +108,52 @@ def run(args) -> int:
         table(["check", "value"], [[f"sum of all {len(values)} components", f"{total:+.15g}"],
                                    [f"the model's logit{' difference' if against is not None else ''}", f"{logit:+.15g}"],
                                    ["|sum − logit|", f"{error:.2e} (relative {relative:.2e})"]], align="<<"),
+    ]))
+    return 0
+
+
+def _naive(model, args, tokens, target, against, pos) -> int:
+    """--naive: question (1) of docs/decomposition.md §1, piece by piece."""
+    if args.plot:  # before the model runs: a missing matplotlib is said at once
+        from ..analysis.plots import require_matplotlib
+
+        require_matplotlib()
+    logits, cache = model.run_with_cache(tokens[None], names=naive_hooks(model.cfg))  # [1, pos, d_vocab]
+    result = naive_attribution(cache, target, against, pos=pos, logits=logits)
+    if args.plot:
+        from ..analysis.plots import naive_figure
+
+        naive_figure(result, path=args.plot, token=model.to_string([target]))
+    error = abs(result.exact_sum - result.logit)
+    if args.json:
+        return print_json(model, {
+            "text": args.text, "tokens": [token_json(model, t) for t in tokens], "position": pos,
+            "target": token_json(model, target), "against": None if against is None else token_json(model, against),
+            "processed": args.process, "ln_final_scale": result.scale,
+            "pieces": [{"piece": label, "own_scale": None if np.isnan(s) else float(s), "naive": float(a),
+                        "exact": float(b)} for label, s, a, b in zip(result.labels, result.own_scale, result.naive,
+                                                                     result.exact, strict=True)],
+            "naive_sum": result.naive_sum, "exact_sum": result.exact_sum, "logit": result.logit,
+            "abs_error": error, "plot": args.plot})
+    what = f"logit of {token_text(model, target)} (id {target})"
+    if against is not None:
+        what += f" − logit of {token_text(model, against)} (id {against})"
+    rows = [[label, "—" if np.isnan(s) else f"{s:.4g}", "—" if np.isnan(s) else f"{result.scale / s:.3g}",
+             f"{a:+.6f}", f"{b:+.6f}"]
+            for label, s, a, b in zip(result.labels, result.own_scale, result.naive, result.exact, strict=True)]
+    rows.append(["sum", "", "", f"{result.naive_sum:+.6f}", f"{result.exact_sum:+.6f}"])
+    print("\n".join([
+        *header(model, args, tokens, ", processed as TransformerLens does" if args.process else ""),
+        f"{what} at position {pos} ({token_text(model, tokens[pos])}), by piece of the final stream",
+        f"ln_final σ at position {pos} = {result.scale:.6g} (the cached scale: every exact piece is divided by it)",
+        "",
+        table(["piece c", "own σ(c)", "σ/σ(c)", "naive, own σ(c)", "exact, cached σ"], rows, align="<>>>>"),
+        "",
+        table(["check", "value"], [["naive sum (each piece by its own σ(c))", f"{result.naive_sum:+.15g}"],
+                                   ["exact sum (every piece by the cached σ)", f"{result.exact_sum:+.15g}"],
+                                   [f"the model's logit{' difference' if against is not None else ''}",
+                                    f"{result.logit:+.15g}"],
+                                   ["|exact sum − logit|", f"{error:.2e}"]], align="<<"),
+        *([f"\nfigure: {args.plot}"] if args.plot else []),
     ]))
     return 0

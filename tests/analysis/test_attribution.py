@@ -19,7 +19,9 @@ from doc_pages import numbers_script
 from random_models import model_and_tokens, random_model, rel_err
 import refgpt
 from refgpt import Config, Model, RefGPTError
-from refgpt.analysis.attribution import GRANULARITIES, attribute, required_hooks, value_bias
+from refgpt.analysis.attribution import (GRANULARITIES, attribute, naive_attribution, naive_hooks, required_hooks,
+                                         value_bias)
+from refgpt.gpt2.layernorm import layer_norm
 from refgpt.tl.processing import STEPS, process
 from refgpt.gpt2.tokenizer import Tokenizer, bytes_to_unicode
 
@@ -287,3 +289,44 @@ def test_every_number_on_the_page_comes_from_the_script():
     tags = set(re.findall(r"\((N\d+|T\d+)\b", page))
     quoted = {name for name, (kind, _) in rows.items() if kind != "line"}  # table lines carry no tag
     assert tags == quoted | {"T1", "T2"}  # the T rows: tests/core/test_decomposition_tl.py
+
+
+@pytest.mark.parametrize("seed", [3, 4])
+def test_naive_attribution_is_each_piece_by_its_own_scale_beside_the_exact_one(seed):
+    """§1 as numbers: each naive piece is LN(c) (own σ, no bias) read by W_U, the exact pieces are
+    attribute()'s layer components regrouped by the stream's pieces and sum to the logit (≤ TOL
+    relative, the module's contract), and the constants are the same on both sides."""
+    cfg = Config(d_model=16, n_layers=2, n_heads=4, d_mlp=24, d_vocab=40, n_ctx=16)
+    model = with_b_U(random_model(cfg, seed=seed, scale=0.5), seed)
+    tokens = np.random.default_rng(seed).integers(0, cfg.d_vocab, size=(2, 7))  # [batch, pos]
+    logits, cache = model.run_with_cache(tokens)
+    t, a, b, pos = 5, 9, 1, 4
+    naive = naive_attribution(cache, t, a, pos=pos, batch=b, logits=logits)
+    assert naive.labels == ["embed", "pos_embed", "0_attn_out", "0_mlp_out", "1_attn_out", "1_mlp_out",
+                            "ln_final.b", "b_U"]
+    p = model.params
+    d = p["unembed.W_U"][:, t] - p["unembed.W_U"][:, a]  # [d_model]
+    pieces, _ = cache.decompose_resid(return_labels=True)  # [piece, batch, pos, d_model]
+    zero = np.zeros(cfg.d_model)
+    alone = layer_norm(pieces[:, b, pos], p["ln_final.w"], zero, cfg.eps) @ d  # [piece]
+    assert rel_err(naive.naive[:-2], alone) <= TOL
+    exact = attribute(cache, t, a, granularity="layer", logits=logits)
+    column = {label: exact[label][b, pos] for label in exact.labels}
+    grouped = [column["embed"], column["pos_embed"]]
+    for L in range(cfg.n_layers):
+        grouped += [column[f"L{L}.attn"] + column[f"L{L}.b_V"] + column[f"L{L}.b_O"],
+                    column[f"L{L}.mlp"] + column[f"L{L}.b_out"]]
+    assert rel_err(naive.exact[:-2], np.array(grouped)) <= TOL
+    assert naive.naive[-2:].tolist() == naive.exact[-2:].tolist() == [column["ln_final.b"], column["b_U"]]
+    assert naive.logit == logits[b, pos, t] - logits[b, pos, a]
+    assert abs(naive.exact_sum - naive.logit) <= TOL * max(1.0, abs(naive.logit))
+    assert naive.scale == cache["ln_final.hook_scale"][b, pos, 0]
+    assert np.isnan(naive.own_scale[-2:]).all() and (naive.own_scale[:-2] > 0).all()
+    # the cache naive_hooks names is enough, and without the logits the logit is recomputed
+    _, small = model.run_with_cache(tokens, names=naive_hooks(cfg) + ["ln_final.hook_normalized"])
+    again = naive_attribution(small, t, a, pos=pos, batch=b)
+    assert rel_err(again.naive, naive.naive) == 0.0 and abs(again.logit - naive.logit) <= TOL * max(1.0, abs(naive.logit))
+    with pytest.raises(RefGPTError, match="outside the cache"):
+        naive_attribution(cache, t, pos=7)
+    with pytest.raises(RefGPTError, match="hook_attn_out"):
+        naive_attribution(model.run_with_cache(tokens, names=required_hooks(cfg))[1], t)

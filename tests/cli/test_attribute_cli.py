@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ import pytest
 import refgpt
 from random_models import random_model, rel_err, save_checkpoint
 from refgpt import Config
+from refgpt.analysis.attribution import naive_attribution
 from refgpt.gpt2.tokenizer import bytes_to_unicode
 
 TEXT = "Hello, world"
@@ -74,3 +76,30 @@ def test_bad_input_is_one_line(refgpt_cli, checkpoint, argv, status, message):
     done = refgpt_cli("attribute", *argv, "--model", str(checkpoint))
     assert done.returncode == status
     assert done.stderr.count("\n") == 1 and done.stderr.startswith("refgpt: error:") and message in done.stderr
+
+
+def test_naive_is_the_page_s_section_1(refgpt_cli, tmp_path):
+    """docs/decomposition.md §1's command prints the page's σ and both sums (N15, N18, N14),
+    --json gives naive_attribution's numbers, and --plot writes the figure."""
+    page = (Path(__file__).resolve().parents[2] / "docs" / "decomposition.md").read_text(encoding="utf-8")
+    command = next(line.strip() for line in page.splitlines() if line.strip().startswith("refgpt attribute"))
+    args = [a.strip('"') for a in re.findall(r'"[^"]*"|\S+', command)[1:]]
+    args[args.index("--plot") + 1] = str(tmp_path / "naive.png")
+    done = refgpt_cli(*args)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "naive.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    quoted = {name: re.search(r"([-+\d.]+) \(" + name + r"\)", page).group(1) for name in ("N14", "N15", "N18")}
+    assert f"ln_final σ at position 5 = {quoted['N15']}" in done.stdout
+    answer = json.loads(refgpt_cli(*args[:args.index("--plot")], "--json").stdout)
+    assert f"{answer['ln_final_scale']:.3f}" == quoted["N15"] and f"{answer['naive_sum']:.2f}" == quoted["N18"]
+    assert f"{answer['logit']:.4f}" == f"{answer['exact_sum']:.4f}" == quoted["N14"]
+    model = refgpt.load_default()
+    logits, cache = model.run_with_cache(model.to_tokens("To be, or not to", prepend_bos=False))
+    result = naive_attribution(cache, " be", logits=logits)
+    assert [p["naive"] for p in answer["pieces"]] == result.naive.tolist()
+    assert [p["exact"] for p in answer["pieces"]] == result.exact.tolist()
+
+
+def test_plot_goes_with_naive(refgpt_cli):
+    done = refgpt_cli("attribute", TEXT, "--target", " ", "--plot", "x.png")
+    assert done.returncode == 2 and done.stderr.strip().endswith("--plot draws --naive's figure: it goes with --naive")
