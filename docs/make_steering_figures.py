@@ -12,7 +12,9 @@ this script again and copy the rows into the page: tests/analysis/test_steering_
 Rows, as in docs/make_decomposition_numbers.py: *exact* (text the page quotes followed by its name,
 "0.018–0.042 (S9)"), *bound* (a measured float error: the page states a power of ten above it) or
 *line* (a table row the page holds as a whole line). Writes docs/figures/steering_resid_norms.png,
-steering_lens.png, steering_convergence.png, actadd_coefficient.png and actadd_tuned_lens.png.
+steering_lens.png, steering_convergence.png, actadd_coefficient.png and actadd_tuned_lens.png, and
+the seed's two figures by running the page's two ``refgpt steer … --positions 20 --plot`` commands
+(SEED_COMMANDS): steering_seed_norms.png and steering_seed_tuned_lens.png.
 The tuned lens is the one shipped for the embedded model (weights/default_lens/).
 """
 
@@ -26,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 import refgpt
-from refgpt.analysis.interventions import add_vector, injection_limit, steering_vector
+from refgpt.analysis.interventions import add_vector, injection_limit, last_token_difference, steering_vector
 from refgpt.analysis.lens import TunedLens, evaluate_lenses, logit_lens
 from refgpt.analysis.measurements import kl_divergence
 from refgpt.analysis.plots import printable
@@ -395,12 +397,79 @@ def check(rows, page: str) -> list[str]:
     return problems
 
 
+# ---- The seed's two figures: one command each ----------------------------------------------------------
+
+SEED_TEXT = "My lord, I have a letter from the king, and he doth bid me tell you that he will come to you anon"
+SEED_COMMANDS = {  # the page prints these lines; each writes its figure with --plot
+    "steering_seed_norms.png": f'refgpt steer "{SEED_TEXT}" --plus Love --minus Hate --layer 1 --positions 20 '
+                               '--coeff 1 --coeff 1e6 --bos --plot norms.png',
+    "steering_seed_tuned_lens.png": f'refgpt steer "{SEED_TEXT}" --plus Love --minus Hate --layer 1 --positions 20 '
+                                    '--coeff 1 --coeff 100 --coeff 1e6 --lens tuned --bos --plot lens.png',
+}
+
+
+def seed_arguments(command: str, plot) -> list[str]:
+    """The command's arguments after ``refgpt``, with --plot's file replaced by ``plot``."""
+    import shlex
+
+    args = shlex.split(command)[1:]
+    args[args.index("--plot") + 1] = str(plot)
+    return args
+
+
+def seed_figures(out=OUT) -> dict:
+    """Run SEED_COMMANDS as the command line runs them (refgpt.cli.main), each figure into ``out``;
+    returns each command's --json answer."""
+    import contextlib
+    import io
+    import json
+
+    from refgpt.cli import main as refgpt_main
+
+    answers = {}
+    for name, command in SEED_COMMANDS.items():
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            status = refgpt_main(seed_arguments(command, Path(out) / name) + ["--json"])
+        assert status == 0, f"{command}: exit status {status}"
+        answers[name] = json.loads(printed.getvalue())
+    return answers
+
+
+def seed_numbers() -> dict:
+    """What the page says of the seed's figures, from the Python API (the commands draw them):
+    ‖Δ‖, the stream at position 20 at c = 10⁶, what each block from 1 on adds there relative to
+    it, and how far every other position's stream norms move from the clean run's at c = 10², 10⁶."""
+    from refgpt.analysis.measurements import norm, streams
+
+    model = refgpt.load_default()
+    tokens = model.to_tokens(SEED_TEXT, prepend_bos=True)[0]  # [pos]
+    difference, _, _ = last_token_difference(model, "Love", "Hate", 1)  # [d_model]
+    _, clean = model.run_with_cache(tokens)
+    clean_norms = norm(streams(clean)[:, 0])  # [stream, pos]
+    others = np.delete(np.arange(len(tokens)), 20)
+    moved = {}
+    for c in (1e2, 1e6):
+        _, cache = model.run_with_cache(tokens, fwd_hooks=add_vector(model, tokens, difference, 1, [20], coeff=c))
+        x = streams(cache)[:, 0]  # [stream, pos, d_model]
+        norms = norm(x)  # [stream, pos]
+        moved[c] = np.abs(norms[:, others] / clean_norms[:, others] - 1).max()
+        if c == 1e6:
+            change = norm(x[2:, 20].astype(np.float64) - x[1:-1, 20]) / norms[1:-1, 20]  # [block 1…] at position 20
+            at_20 = norms[-1, 20]
+    return {"S33": ("exact", f"{len(tokens)}"), "S34": ("exact", f"{np.linalg.norm(difference):.1f}"),
+            "S35": ("exact", sci(at_20)), "S36": ("exact", sci(change.max())),
+            "S37": ("exact", f"{100 * moved[1e2]:.0f}% and {100 * moved[1e6]:.0f}%")}
+
+
 def numbers(figures: bool = False) -> dict:
     if figures:
         OUT.mkdir(exist_ok=True)
+        seed_figures()
     S = Setting()
     rows = {**stream_numbers(S, figures), **convergence_numbers(S, figures), **propagated_numbers(S),
-            **actadd_numbers(figures), **tuned_lens_numbers(figures), **threshold_numbers(S, Setting("float32"))}
+            **actadd_numbers(figures), **tuned_lens_numbers(figures), **threshold_numbers(S, Setting("float32")),
+            **seed_numbers()}
     return rows
 
 

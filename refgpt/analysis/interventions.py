@@ -140,6 +140,17 @@ def steering_vector(model, plus, minus, layer: int, coeff: float = 1.0, *, prepe
     return SteeringVector(model, vector, int(layer) % model.cfg.n_layers, coeff, plus_ids, minus_ids)
 
 
+def last_token_difference(model, plus, minus, layer: int, *, prepend_bos: bool = True):
+    """resid_pre_L(plus) − resid_pre_L(minus) at each prompt's own last token: one vector
+    [d_model] to add at any position with ``add_vector`` (``refgpt steer --positions``: "a large
+    vector at position 20"). Each prompt runs alone and unpadded, so the two streams are of each
+    prompt's last real token. Returns (vector [d_model], plus ids [pos], minus ids [pos])."""
+    name = resid_pre_name(model, layer)
+    plus_ids, minus_ids = (_prompt_tokens(model, p, prepend_bos, what) for p, what in ((plus, "plus"), (minus, "minus")))
+    last = [model.run_with_cache(ids[None], names=[name])[1][name][0, -1] for ids in (plus_ids, minus_ids)]  # [d_model] each
+    return last[0] - last[1], plus_ids, minus_ids
+
+
 def add_vector(model, tokens, vector, layer: int, positions="front", coeff: float = 1.0) -> Intervention:
     """Add coeff·vector to ``blocks.{layer}.hook_resid_pre`` at ``positions`` of ``tokens``' prompts.
 

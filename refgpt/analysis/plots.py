@@ -83,51 +83,83 @@ def token_labels(model, ids) -> list[str]:
     return [printable("<eot>" if i in special else model.to_string([i])) for i in ids]
 
 
+def _panels(runs, what):
+    """``runs`` as a list of (title or None, run): one run alone, or a dict {title: run}."""
+    if isinstance(runs, dict):
+        if not runs:
+            raise RefGPTError(f"{what}: no runs to draw")
+        return list(runs.items())
+    return [(None, runs)]
+
+
+def _marked(position):
+    return [] if position is None else [int(j) for j in np.atleast_1d(position)]
+
+
 def resid_norm_figure(cache, position=None, batch: int = 0, labels=None, clean_cache=None, path=None, title=None):
     """Two panels over positions, log y. Top: ‖resid‖, one line per stream (entering each block,
     and the final one). Bottom: what each block adds relative to the stream it reads,
     ‖resid_{M+1} − resid_M‖ / ‖resid_M‖ — tiny where the stream is huge.
 
-    ``position`` (one or a list) marks injected positions; ``labels`` names the positions (tokens);
-    ``clean_cache`` draws the unsteered run's final-stream norms as a dashed reference.
+    ``cache`` is one run's cache, or a dict {panel title: cache} (e.g. one per steering
+    coefficient): then one column each, every top panel on one y-axis and every bottom one on
+    another, so that sizes compare across columns. ``position`` (one or a list) marks injected
+    positions; ``labels`` names the positions (tokens); ``clean_cache`` draws the unsteered run's
+    final-stream norms as a dashed reference in every column.
     """
-    marked = [] if position is None else [int(j) for j in np.atleast_1d(position)]
-    x_all = streams(cache)[:, batch]  # [stream, pos, d_model]
-    norms = norm(x_all)  # [stream, pos], in float64
-    pre = x_all[:-1]  # [block, pos, d_model] the stream each block reads
-    post = np.stack([cache[f"blocks.{M}.hook_resid_post"][batch] for M in range(len(pre))])  # [block, pos, d_model]
-    change = norm(post.astype(np.float64) - pre) / norms[:-1]  # [block, pos] attn_out + mlp_out, relative
-    n_stream, n_pos = norms.shape
-    fig = _figure(max(6.0, 0.45 * n_pos + 2.5), 6.6)
-    top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=[3, 2])
-    colours = _colours(n_stream)
-    names = stream_labels(n_stream - 1)
-    x = np.arange(n_pos)
-    for M in range(n_stream):
-        top.plot(x, norms[M], marker="o", ms=3.5, lw=1.4, color=colours[M], label=f"stream {names[M]}")
-    for M in range(n_stream - 1):
-        bottom.plot(x, change[M], marker="o", ms=3, lw=1.2, color=colours[M], label=f"block {M}")
-    if clean_cache is not None:
-        clean = norm(streams(clean_cache)[:, batch])  # [stream, pos]
-        top.plot(x, clean[-1], ls="--", color="0.4", lw=1.2, label="final stream, no injection")
-    for ax in (top, bottom):
-        ax.set_yscale("log")
-        ax.grid(True, which="major", alpha=0.3)
-        ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
-        for j in marked:
-            ax.axvspan(j - 0.4, j + 0.4, color="tab:red", alpha=0.12, lw=0)
-    if marked:
-        low, high = top.get_ylim()
-        top.set_ylim(low, high * 4)  # room for the label under the title
-        j = max(marked, key=lambda i: norms[:, i].max())
-        top.annotate("injected", (j, norms[:, j].max()), xytext=(0, 6),
-                     textcoords="offset points", ha="center", color="tab:red", fontsize=9)
-    top.set_ylabel("‖residual stream‖₂")
-    bottom.set_ylabel("‖block's output‖ / ‖stream‖")
-    bottom.set_xlabel("position")
-    bottom.set_xticks(x, labels if labels is not None else [str(i) for i in x], fontsize=8,
-                      rotation=0 if labels is None else 45)
-    top.set_title(title or "Residual-stream norm by position and layer", fontsize=11)
+    marked = _marked(position)
+    panels = _panels(cache, "resid_norm_figure")
+    n_pos = streams(panels[0][1]).shape[2]
+    width = max(6.0, 0.45 * n_pos + 2.5) if len(panels) == 1 else len(panels) * max(4.5, 0.3 * n_pos + 1.5) + 1.5
+    fig = _figure(width, 6.6)
+    axes = fig.subplots(2, len(panels), sharex=True, sharey="row", height_ratios=[3, 2], squeeze=False)
+    clean = None if clean_cache is None else norm(streams(clean_cache)[:, batch])  # [stream, pos]
+    peak = []
+    for column, (heading, run) in enumerate(panels):
+        top, bottom = axes[0, column], axes[1, column]
+        x_all = streams(run)[:, batch]  # [stream, pos, d_model]
+        norms = norm(x_all)  # [stream, pos], in float64
+        pre = x_all[:-1]  # [block, pos, d_model] the stream each block reads
+        post = np.stack([run[f"blocks.{M}.hook_resid_post"][batch] for M in range(len(pre))])  # [block, pos, d_model]
+        change = norm(post.astype(np.float64) - pre) / norms[:-1]  # [block, pos] attn_out + mlp_out, relative
+        n_stream = len(norms)
+        colours = _colours(n_stream)
+        names = stream_labels(n_stream - 1)
+        x = np.arange(n_pos)
+        for M in range(n_stream):
+            top.plot(x, norms[M], marker="o", ms=3.5, lw=1.4, color=colours[M], label=f"stream {names[M]}")
+        for M in range(n_stream - 1):
+            bottom.plot(x, change[M], marker="o", ms=3, lw=1.2, color=colours[M], label=f"block {M}")
+        if clean is not None:
+            top.plot(x, clean[-1], ls="--", color="0.4", lw=1.2, label="final stream, no injection")
+        for ax in (top, bottom):
+            ax.set_yscale("log")
+            ax.grid(True, which="major", alpha=0.3)
+            for j in marked:
+                ax.axvspan(j - 0.4, j + 0.4, color="tab:red", alpha=0.12, lw=0)
+        if marked:
+            j = max(marked, key=lambda i: norms[:, i].max())
+            peak.append((top, j, norms[:, j].max()))
+        if heading is not None:
+            top.set_title(heading, fontsize=10)
+        bottom.set_xlabel("position")
+        bottom.set_xticks(x, labels if labels is not None else [str(i) for i in x], fontsize=8,
+                          rotation=0 if labels is None else 45)
+    axes[0, -1].legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    axes[1, -1].legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    if peak:
+        low, high = axes[0, 0].get_ylim()
+        axes[0, 0].set_ylim(low, high * 4)  # room for the label under the title (the row shares it)
+        for ax, j, y in peak:
+            ax.annotate("injected", (j, y), xytext=(0, 6), textcoords="offset points", ha="center",
+                        color="tab:red", fontsize=9)
+    axes[0, 0].set_ylabel("‖residual stream‖₂")
+    axes[1, 0].set_ylabel("‖block's output‖ / ‖stream‖")
+    title = title or "Residual-stream norm by position and layer"
+    if len(panels) > 1:
+        fig.suptitle(title, fontsize=11)
+    else:
+        axes[0, 0].set_title(title, fontsize=11)
     return _finish(fig, path)
 
 
@@ -136,34 +168,46 @@ def lens_figure(lens, labels=None, decode=None, batch: int = 0, target=None, pos
 
     Each cell shows the top token (``decode(id) -> str``, default the id). With ``target`` (an id
     or ids [batch, pos]) the colour is the target's probability instead of the top token's.
-    ``position`` outlines one column in red (an injected position).
+    ``position`` (one or a list) outlines those columns in red (injected positions). ``lens`` may
+    be a dict {panel title: LensResult} (e.g. one per steering coefficient): one panel each, one
+    above the other, all on one colour scale with one colour bar.
     """
-    ids, top_p = lens.top(1)
-    ids, top_p = ids[:, batch, :, 0], top_p[:, batch, :, 0]  # [stream, pos]
-    colour = top_p if target is None else lens.prob(target)[:, batch]  # [stream, pos]
-    n_stream, n_pos = ids.shape
+    panels = _panels(lens, "lens_figure")
+    cells = []
+    for _, result in panels:
+        ids, top_p = result.top(1)
+        ids, top_p = ids[:, batch, :, 0], top_p[:, batch, :, 0]  # [stream, pos]
+        cells.append((ids, top_p if target is None else result.prob(target)[:, batch]))  # [stream, pos] each
+    n_stream, n_pos = cells[0][0].shape
+    vmax = max(max(float(colour.max()) for _, colour in cells), 1e-12)
     decode = decode or str
-    fig = _figure(max(5.0, 0.62 * n_pos + 2.6), max(3.0, 0.42 * n_stream + 1.6))
-    ax = fig.add_subplot()
-    image = ax.imshow(colour, cmap="viridis", vmin=0.0, vmax=max(float(colour.max()), 1e-12), aspect="auto",
-                      interpolation="nearest")
-    for M in range(n_stream):
-        for j in range(n_pos):
-            shade = image.cmap(image.norm(colour[M, j]))
-            ink = "black" if 0.299 * shade[0] + 0.587 * shade[1] + 0.114 * shade[2] > 0.5 else "white"
-            ax.text(j, M, decode(int(ids[M, j])), ha="center", va="center", fontsize=9, color=ink)
-    if position is not None:
-        from matplotlib.patches import Rectangle
+    fig = _figure(max(5.0, 0.62 * n_pos + 2.6), len(panels) * max(3.0, 0.42 * n_stream + 1.6))
+    axes = fig.subplots(len(panels), 1, squeeze=False)[:, 0]
+    for ax, (heading, result), (ids, colour) in zip(axes, panels, cells, strict=True):
+        image = ax.imshow(colour, cmap="viridis", vmin=0.0, vmax=vmax, aspect="auto", interpolation="nearest")
+        for M in range(n_stream):
+            for j in range(n_pos):
+                shade = image.cmap(image.norm(colour[M, j]))
+                ink = "black" if 0.299 * shade[0] + 0.587 * shade[1] + 0.114 * shade[2] > 0.5 else "white"
+                ax.text(j, M, decode(int(ids[M, j])), ha="center", va="center", fontsize=9, color=ink)
+        for j in _marked(position):
+            from matplotlib.patches import Rectangle
 
-        ax.add_patch(Rectangle((position - 0.5, -0.5), 1, n_stream, fill=False, edgecolor="tab:red", lw=2.2))
-    ax.set_yticks(range(n_stream), lens.labels, fontsize=8)
-    ax.set_xticks(range(n_pos), labels if labels is not None else [str(j) for j in range(n_pos)],
-                  fontsize=8, rotation=0 if labels is None else 45)
-    ax.set_xlabel("input position (the cell predicts the next token)")
-    ax.set_ylabel("stream read by the lens")
-    bar = fig.colorbar(image, ax=ax, shrink=0.9)
+            ax.add_patch(Rectangle((j - 0.5, -0.5), 1, n_stream, fill=False, edgecolor="tab:red", lw=2.2))
+        ax.set_yticks(range(n_stream), result.labels, fontsize=8)
+        ax.set_xticks(range(n_pos), labels if labels is not None else [str(j) for j in range(n_pos)],
+                      fontsize=8, rotation=0 if labels is None else 45)
+        ax.set_ylabel("stream read by the lens")
+        if heading is not None:
+            ax.set_title(heading, fontsize=10)
+    axes[-1].set_xlabel("input position (the cell predicts the next token)")
+    bar = fig.colorbar(image, ax=list(axes), shrink=0.9 if len(axes) == 1 else 0.6)
     bar.set_label("probability of the top token" if target is None else "probability of the target", fontsize=9)
-    ax.set_title(title or lens.kind, fontsize=11)
+    title = title or panels[0][1].kind
+    if len(panels) > 1:
+        fig.suptitle(title, fontsize=11)
+    else:
+        axes[0].set_title(title, fontsize=11)
     return _finish(fig, path)
 
 

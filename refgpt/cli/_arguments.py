@@ -50,6 +50,18 @@ def non_negative_float(text: str) -> float:
     return value
 
 
+def index_list(text: str) -> list[int]:
+    """argparse type: "0,3,5-7" → [0, 3, 5, 6, 7]."""
+    out = []
+    try:
+        for part in text.split(","):
+            a, _, b = part.strip().partition("-")
+            out += list(range(int(a), int(b) + 1)) if b else [int(a)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a list like 0,3,5-7") from None
+    return out
+
+
 def add_token_argument(p, name: str, help: str):
     """``--NAME TOKEN`` (text that is one token, or #ID) and ``--NAME-id ID``."""
     p.add_argument(f"--{name}", metavar="TOKEN", help=f"{help}: text that is one token, or #ID")

@@ -10,10 +10,8 @@ from ``file://`` (refgpt.analysis.explorer; the data schema in docs/explorer.md)
 
 from __future__ import annotations
 
-import argparse
-
 from ..analysis.explorer import explore
-from ._arguments import add_token_argument, finite_float, token_argument
+from ._arguments import add_token_argument, finite_float, index_list, token_argument
 from ._chosen_model import add_subcommand, load_chosen, print_json, token_json, tokens_of
 
 DESCRIPTION = """\
@@ -33,18 +31,6 @@ EXAMPLES = (
     'refgpt explore "I hate you because" --plus "Love" --minus "Hate" --layer 2 --coeff 1 --coeff 5 --coeff 50 --bos -o steer.html',
     'refgpt explore "My lord, I" --layers 0,3 --heads 0-1 --lens lens-dir -o some_heads.html     # a tuned-lens package directory',
 )
-
-
-def index_list(text: str) -> list[int]:
-    """"0,3,5-7" → [0, 3, 5, 6, 7]."""
-    out = []
-    try:
-        for part in text.split(","):
-            a, _, b = part.strip().partition("-")
-            out += list(range(int(a), int(b) + 1)) if b else [int(a)]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a list like 0,3,5-7") from None
-    return out
 
 
 def add_parser(subparsers):

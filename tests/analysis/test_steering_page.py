@@ -68,3 +68,46 @@ def test_the_pages_reproduce_command_prints_its_table_row(refgpt_cli):
     rows = {line.split("|")[1].strip(): line for line in page.splitlines() if line.startswith("| ") and line.endswith("` |")}  # the ActAdd table
     assert f"`{generated['unsteered']['continuation']!r}`" in rows["0 (unsteered)"]
     assert f"`{generated['steered']['continuation']!r}`" in rows["10²"]
+
+
+def test_the_seed_s_two_figures_are_the_page_s_two_commands(script_and_page, tmp_path):
+    """The page prints SEED_COMMANDS as they are; run as the command line runs them, they steer
+    position 20 only, with the vector the Python API makes (last_token_difference), and write
+    both figures (the script writes docs/figures/ the same way)."""
+    script, page = script_and_page
+    lines = {line.strip() for line in page.splitlines()}
+    assert set(script.SEED_COMMANDS.values()) <= lines
+    answers = script.seed_figures(tmp_path)
+    import refgpt
+    from refgpt.analysis.interventions import last_token_difference
+
+    model = refgpt.load_default()
+    difference, plus, minus = last_token_difference(model, "Love", "Hate", 1)
+    for name, answer in answers.items():
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert answer["steered_positions"] == [20] and answer["layer"] == 1
+        assert answer["vector_norm"] == [float(np.linalg.norm(answer["coeffs"][-1] * difference))]
+        assert [t["id"] for t in answer["plus"]] == [int(plus[-1])] and [t["id"] for t in answer["minus"]] == [int(minus[-1])]
+        assert all(p["kl"] == 0.0 for p in answer["positions"][:20])  # causal: nothing before position 20 moves
+    assert answers["steering_seed_norms.png"]["coeffs"] == [1.0, 1e6]
+    assert answers["steering_seed_tuned_lens.png"]["coeffs"] == [1.0, 100.0, 1e6] and \
+        answers["steering_seed_tuned_lens.png"]["lens"] == "tuned"
+
+
+def test_the_seed_s_tuned_lens_has_settled_by_c_100(script_and_page):
+    """The caption: between c = 100 and c = 10⁶ no cell of the tuned-lens figure (the shipped lens
+    under add_vector at position 20) changes its top token; at c = 1 some do."""
+    script, _ = script_and_page
+    import refgpt
+    from refgpt.analysis.interventions import add_vector, last_token_difference
+    from refgpt.analysis.lens import TunedLens
+
+    model = refgpt.load_default()
+    lens = TunedLens.load(model)
+    tokens = model.to_tokens(script.SEED_TEXT, prepend_bos=True)[0]
+    difference, _, _ = last_token_difference(model, "Love", "Hate", 1)
+    tops = {}
+    for c in (1.0, 100.0, 1e6):
+        with add_vector(model, tokens, difference, 1, [20], coeff=c):
+            tops[c] = lens.run(tokens).top(1)[0]  # [stream, batch, pos, 1]
+    assert np.array_equal(tops[100.0], tops[1e6]) and not np.array_equal(tops[1.0], tops[1e6])

@@ -4,12 +4,13 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import refgpt
-from refgpt.analysis.interventions import steering_vector
+from refgpt.analysis.interventions import add_vector, last_token_difference, steering_vector
 from refgpt.analysis.lens import logit_lens, save_translators
 from refgpt.analysis.measurements import kl_divergence
 
@@ -135,3 +136,47 @@ def test_lens_at_resid_mid_reads_the_streams_between_attention_and_mlp(refgpt_cl
     assert [[c["top"]["id"] for c in row] for row in answer["cells"]] == ids[:, 0, :, 0].T.tolist()
     tuned = refgpt_cli.in_process("lens", "The cat sat", "--kind", "tuned", "--stream", "resid_mid")
     assert tuned.returncode == 1 and "reads resid_pre, not resid_mid" in tuned.stderr  # the shipped lens's stream
+
+
+def test_steer_positions_is_add_vector_of_the_last_token_difference(refgpt_cli, model):
+    """--positions adds C·(resid(PLUS) − resid(MINUS)) at each prompt's own last token at those
+    positions (last_token_difference, add_vector); with several --coeff the tables are the last's."""
+    out = refgpt_cli("steer", "I hate you because", "--plus", "Love", "--minus", "Hate", "--layer", "2",
+                     "--positions", "1,3-4", "--coeff", "1", "--coeff", "5", "--bos", "--json")
+    assert out.returncode == 0, out.stderr
+    answer = json.loads(out.stdout)
+    tokens = model.to_tokens("I hate you because", prepend_bos=True)[0]
+    difference, plus, minus = last_token_difference(model, "Love", "Hate", 2)
+    steered = model.run_with_hooks(tokens, fwd_hooks=add_vector(model, tokens, difference, 2, [1, 3, 4], coeff=5.0))
+    assert [p["kl"] for p in answer["positions"]] == kl_divergence(steered, model(tokens)).tolist()
+    assert answer["steered_positions"] == [1, 3, 4] and answer["coeffs"] == [1.0, 5.0] and answer["coeff"] == 5.0
+    assert answer["vector_norm"] == [float(np.linalg.norm(5.0 * difference))] * 3
+    assert [t["text"] for t in answer["plus"]] == ["Love"] * 3 and [t["text"] for t in answer["minus"]] == ["ate"] * 3
+    assert answer["positions"][0]["kl"] == 0.0  # before the first steered position nothing moves
+
+
+@pytest.mark.parametrize("extra, status, message", [
+    (["--lens", "tuned"], 2, "--lens chooses what --plot draws: it goes with --plot"),
+    (["--positions", "9"], 1, "positions: 9 is outside a prompt of 5 positions"),
+    (["--positions", "x"], 2, "'x' is not a list like 0,3,5-7"),
+])
+def test_steer_positions_and_lens_errors(refgpt_cli, extra, status, message):
+    out = refgpt_cli(*STEER, *extra)
+    assert out.returncode == status and out.stderr.strip().endswith(message), out.stderr
+
+
+def test_steer_lens_tuned_needs_a_path_on_another_model(refgpt_cli, model, tmp_path):
+    """--lens tuned is the embedded model's shipped lens; another model (here a copy of it, saved
+    elsewhere) is told to give --lens PATH."""
+    refgpt.save(model, tmp_path / "copy")
+    out = refgpt_cli(*STEER, "--lens", "tuned", "--plot", str(tmp_path / "x.png"), "--model", str(tmp_path / "copy"))
+    assert out.returncode == 2 and "give --lens PATH for this model" in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("lens", ["logit", "weights/default_lens"])
+def test_steer_lens_plot_draws_the_logit_lens_or_a_lens_directory(refgpt_cli, lens, tmp_path):
+    path = tmp_path / "lens.png"
+    root = Path(__file__).resolve().parents[2]
+    out = refgpt_cli(*STEER, "--coeff", "1e6", "--lens", lens if lens == "logit" else str(root / lens), "--plot", str(path))
+    assert out.returncode == 0, out.stderr
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
