@@ -35,7 +35,7 @@ from ..gpt2 import ln_views
 from ..gpt2.activations import log_softmax
 from ..tl.decomposition import token_id
 from .attribution import attribute
-from .interventions import steering_vector
+from .interventions import add_vector, last_token_difference, steering_vector
 from .measurements import norm, stream_labels, streams
 
 SCHEMA = "refgpt-explorer/1"
@@ -84,7 +84,8 @@ def explore(model, text, *, target=None, prepend_bos=None, layers=None, heads=No
     the page's rows are the streams entering each block. ``check_unembed_hash=False`` uses a lens
     directory whose config.json names another unembedding. ``steering``: None, or a dict
     ``plus``, ``minus``, ``layer``, ``coeffs`` (a list, precomputed for the slider) and optionally
-    ``prepend_bos``: ActAdd as ``refgpt steer`` does it.
+    ``prepend_bos`` and ``positions``: ActAdd as ``refgpt steer`` does it (with ``positions``, the
+    prompts' last-token difference at those positions, as ``refgpt steer --positions``).
     """
     tokens = _tokens(model, text, prepend_bos)  # [pos]
     cfg = model.cfg
@@ -97,8 +98,7 @@ def explore(model, text, *, target=None, prepend_bos=None, layers=None, heads=No
     data = {
         "schema": SCHEMA,
         "model": {"n_layers": cfg.n_layers, "n_heads": cfg.n_heads, "d_model": cfg.d_model, "d_vocab": cfg.d_vocab,
-                  "n_ctx": cfg.n_ctx, "dtype": model.dtype.name,
-                  "source": None if model.source is None else str(model.source)},
+                  "n_ctx": cfg.n_ctx, "dtype": model.dtype.name, "source": _source_name(model.source)},
         "text": text if isinstance(text, str) else None,
         "tokens": _token_strings(model, tokens),
         "token_ids": tokens.tolist(),
@@ -116,7 +116,7 @@ def explore(model, text, *, target=None, prepend_bos=None, layers=None, heads=No
                  _lens(model, _translated(streams(cache)[:, 0], tuned_lens), logits, target_id),
                  "tuned_source": None if tuned_lens is None else _lens_source(tuned_lens)},
         "attribution": _attribution(cache, logits, target_id),
-        "steering": None if steering is None else _steering(model, tokens, steering, target_id),
+        "steering": None if steering is None else _steering(model, tokens, steering, target_id, tuned_lens),
     }
     return Explorer(data)
 
@@ -227,7 +227,20 @@ def _lens_source(lens) -> str:
 
     if lens.source is None:
         return "arrays"
-    return "shipped" if Path(lens.source).resolve() == Path(default_lens_path()).resolve() else str(lens.source)
+    return "shipped" if Path(lens.source).resolve() == Path(default_lens_path()).resolve() else _source_name(lens.source)
+
+
+def _source_name(source):
+    """A checkpoint's or lens's name without the machine's path (a page is shared; a path says
+    whose disk it was built on): "embedded" for the embedded model, a hub cache's repository
+    name (models--gpt2 → "gpt2"), else the file's or directory's own name; None for none."""
+    if source is None:
+        return None
+    if is_default_model(source):
+        return "embedded"
+    path = Path(source)
+    hub = [part for part in path.parts if part.startswith("models--")]
+    return hub[-1][len("models--"):].replace("--", "/") if hub else path.name
 
 
 def _translated(x, lens):
@@ -241,7 +254,7 @@ def _attribution(cache, logits, target_id):
     return {"labels": a.labels, "values": [_floats(v[0]) for v in a.values], "logit": _floats(a.logit[0])}
 
 
-def _steering(model, tokens, steering, target_id):
+def _steering(model, tokens, steering, target_id, tuned_lens=None):
     try:
         plus, minus, layer = steering["plus"], steering["minus"], int(steering["layer"])
         coeffs = [float(c) for c in steering.get("coeffs", [1.0])]
@@ -250,35 +263,59 @@ def _steering(model, tokens, steering, target_id):
     if not coeffs or not all(np.isfinite(coeffs)):
         raise RefGPTError(f"explore: steering coeffs must be finite numbers, found {coeffs!r}")
     bos = steering.get("prepend_bos", True)
+    positions = steering.get("positions")
+    if positions is None:  # ActAdd: its rows at the first positions
+        unit = steering_vector(model, plus, minus, layer, 1.0, prepend_bos=bos)
+        if len(unit.vector) > len(tokens):
+            raise RefGPTError(f"explore: the steering vector has {len(unit.vector)} positions, the text only "
+                              f"{len(tokens)}")
+        rows, where = unit.vector, np.arange(len(unit.vector))  # [m, d_model], [m]
+    else:  # the prompts' last-token difference at the given positions (refgpt steer --positions)
+        difference, _, _ = last_token_difference(model, plus, minus, layer, prepend_bos=bos)  # [d_model]
+        add_vector(model, tokens, difference, layer, positions=positions)  # checks the positions
+        where = np.asarray(positions, dtype=np.int64) % len(tokens)  # [m]
+        rows = np.broadcast_to(difference, (len(where), len(difference)))  # [m, d_model]
+    layer = layer % model.cfg.n_layers
+    moving = norm(rows) > 0  # [m] an ActAdd row of <|endoftext|> in both prompts is exactly zero
 
     def run(coeff):
         if coeff == 0:
-            logits, cache = model.run_with_cache(tokens[None])
+            hooks = []
+        elif positions is None:
+            hooks = steering_vector(model, plus, minus, layer, coeff, prepend_bos=bos)
         else:
-            sv = steering_vector(model, plus, minus, layer, coeff, prepend_bos=bos)
-            if len(sv.vector) > len(tokens):
-                raise RefGPTError(f"explore: the steering vector has {len(sv.vector)} positions, the text only "
-                                  f"{len(tokens)}")
-            logits, cache = model.run_with_cache(tokens[None], fwd_hooks=sv)
+            hooks = add_vector(model, tokens, difference, layer, positions=positions, coeff=coeff)
+        logits, cache = model.run_with_cache(tokens[None], fwd_hooks=hooks)
         logits = logits[0]  # [pos, d_vocab]
-        lens = _lens(model, streams(cache)[:, 0], logits, target_id)
+        x = streams(cache)[:, 0]  # [stream, pos, d_model]
+        lens = _lens(model, x, logits, target_id)
         log_p = log_softmax(logits)  # [pos, d_vocab]
         top = np.argsort(-log_p, axis=-1, kind="stable")[:, :TOP_K]  # [pos, k]
-        return {"coeff": coeff, "logits": logits,
-                "resid_norm": _resid_norms(cache, model.cfg.n_layers)["values"],
-                "lens_top_token": lens["top_token"], "lens_top_prob": lens["top_prob"],
-                "next_token": [_token_strings(model, row) for row in top],
-                "next_prob": [_floats(np.exp(log_p[i, row])) for i, row in enumerate(top)]}
+        out = {"coeff": coeff, "logits": logits,
+               "resid_norm": _resid_norms(cache, model.cfg.n_layers)["values"],
+               "lens_top_token": lens["top_token"], "lens_top_prob": lens["top_prob"],
+               "next_token": [_token_strings(model, row) for row in top],
+               "next_prob": [_floats(np.exp(log_p[i, row])) for i, row in enumerate(top)]}
+        if tuned_lens is not None:
+            tuned = _lens(model, _translated(x, tuned_lens), logits, target_id)
+            out.update({"tuned_top_token": tuned["top_token"], "tuned_top_prob": tuned["top_prob"]})
+        return out, cache
 
-    clean = run(0.0)
-    runs = [run(c) for c in coeffs]
+    clean, clean_cache = run(0.0)
+    stream_at_layer = norm(clean_cache[f"blocks.{layer}.hook_resid_pre"][0, where[moving]])  # [steered] unsteered
+    runs = []
+    for c in coeffs:
+        r, _ = run(c)
+        r["size_ratio"] = _floats(abs(c) * norm(rows[moving]) / stream_at_layer)  # c·‖Δ‖/‖stream‖, steered positions
+        runs.append(r)
     final_clean = log_softmax(clean.pop("logits"))
     for r in runs:  # KL(steered ‖ clean) per position, as refgpt steer prints it
         steered = log_softmax(r.pop("logits"))
         r["kl"] = _floats(np.maximum((np.exp(steered) * (steered - final_clean)).sum(-1), 0.0))
     return {"plus": plus if isinstance(plus, str) else list(map(int, plus)),
             "minus": minus if isinstance(minus, str) else list(map(int, minus)),
-            "layer": layer, "prepend_bos": bool(bos), "clean": clean, "runs": runs}
+            "layer": layer, "prepend_bos": bool(bos), "positions": where[moving].tolist(),
+            "at_first_positions": positions is None, "clean": clean, "runs": runs}
 
 
 def _floats(array) -> list:

@@ -54,6 +54,9 @@ def add_parser(subparsers):
     p.add_argument("--layer", type=int, metavar="L", help="the block whose input stream is steered")
     p.add_argument("--coeff", type=finite_float, action="append", metavar="C",
                    help="a steering coefficient for the slider (repeatable; default 1)")
+    p.add_argument("--positions", type=index_list, metavar="LIST",
+                   help="steer these positions of TEXT with the prompts' last-token difference, as refgpt steer "
+                        "--positions does, instead of ActAdd's first positions")
 
 
 def run(args) -> int:
@@ -61,15 +64,15 @@ def run(args) -> int:
     given = [args.plus is not None, args.minus is not None, args.layer is not None]
     if any(given) and not all(given):
         args.usage_error("steering needs all of --plus, --minus and --layer")
-    if args.coeff and not all(given):
-        args.usage_error("--coeff goes with --plus, --minus and --layer")
+    if (args.coeff or args.positions) and not all(given):
+        args.usage_error("--coeff and --positions go with --plus, --minus and --layer")
     if args.no_tuned and (args.lens is not None or args.ignore_unembed_hash):
         args.usage_error("--no-tuned shows no tuned lens: it goes without --lens and --ignore-unembed-hash")
     model = load_chosen(args)
     tokens = tokens_of(model, args)  # [pos]
     if all(given):
         steering = {"plus": args.plus, "minus": args.minus, "layer": args.layer, "coeffs": args.coeff or [1.0],
-                    "prepend_bos": args.bos}
+                    "prepend_bos": args.bos, "positions": args.positions}
     target = token_argument(model, args, "target")
     lens = False if args.no_tuned else args.lens
     page = explore(model, tokens, target=target, layers=args.layers, heads=args.heads, lens=lens,

@@ -117,8 +117,8 @@ def test_the_tuned_view_is_the_lens_it_is_given_as_refgpt_lens_takes_it(model, p
     _, cache = model.run_with_cache(TEXT)
     expected = tuned_lens(cache, least_squares).top(1)[0][:, 0, :, 0].tolist()
     assert expected != p.data["lens"]["tuned"]["top_id"]  # another lens: the test can tell them apart
-    for given, source in ((least_squares, "arrays"), (tmp_path / "lens-dir", str(tmp_path / "lens-dir")),
-                          (TunedLens.load(model, tmp_path / "lens-dir"), str(tmp_path / "lens-dir"))):
+    for given, source in ((least_squares, "arrays"), (tmp_path / "lens-dir", "lens-dir"),  # its name, not its path
+                          (TunedLens.load(model, tmp_path / "lens-dir"), "lens-dir")):
         d = explorer.explore(model, TEXT, lens=given).data["lens"]
         assert d["tuned"]["top_id"] == expected and d["tuned_source"] == source
     assert explorer.explore(model, TEXT, tuned=least_squares).data["lens"]["tuned"]["top_id"] == expected
@@ -249,7 +249,7 @@ def test_the_command_takes_the_tuned_lens_as_refgpt_lens_does(refgpt_cli, tmp_pa
     for option in ("--lens", "--translators"):
         done = refgpt_cli.in_process("explore", TEXT, option, tmp_path / "lens-dir", "-o", out, "--json")
         assert done.returncode == 0, done.stderr
-        assert json.loads(done.stdout)["tuned_lens"] == str(tmp_path / "lens-dir")
+        assert json.loads(done.stdout)["tuned_lens"] == "lens-dir"  # as the page names it: no path
         assert (document_of(out.read_text(encoding="utf-8"))["lens"]["tuned"]
                 == explorer.explore(model, tokens, lens=least_squares).data["lens"]["tuned"])
     done = refgpt_cli.in_process("explore", TEXT, "--no-tuned", "-o", out)
@@ -266,7 +266,7 @@ def test_the_command_takes_the_tuned_lens_as_refgpt_lens_does(refgpt_cli, tmp_pa
 
 @pytest.mark.parametrize("args, message", [
     (["--plus", "Love", "--layer", "1"], "steering needs all of --plus, --minus and --layer"),
-    (["--coeff", "3"], "--coeff goes with --plus, --minus and --layer"),
+    (["--coeff", "3"], "--coeff and --positions go with --plus, --minus and --layer"),
     (["--layers", "1,x"], "is not a list like 0,3,5-7"),
     (["--no-tuned", "--lens", "x"], "--no-tuned shows no tuned lens"),
 ])
