@@ -34,7 +34,7 @@ from ..files.default_model import is_default_model
 from ..gpt2 import ln_views
 from ..gpt2.activations import log_softmax
 from ..tl.decomposition import token_id
-from .attribution import attribute
+from .attribution import attribute, naive_attribution
 from .interventions import add_vector, last_token_difference, steering_vector
 from .measurements import norm, stream_labels, streams
 
@@ -251,7 +251,14 @@ def _translated(x, lens):
 def _attribution(cache, logits, target_id):
     """The target's logit at every position split by head and constant (refgpt.analysis.attribution)."""
     a = attribute(cache, target_id, granularity="head", logits=logits[None])
-    return {"labels": a.labels, "values": [_floats(v[0]) for v in a.values], "logit": _floats(a.logit[0])}
+    pieces = [naive_attribution(cache, target_id, pos=j, logits=logits[None]) for j in range(len(logits))]
+    own = np.array([piece.own_scale for piece in pieces]).T  # [piece, pos], NaN for a constant
+    naive = {"labels": pieces[0].labels,  # docs/decomposition.md §1: each piece by its own σ(c), and by the cached σ
+             "naive": [_floats(v) for v in np.array([piece.naive for piece in pieces]).T],  # [piece][pos]
+             "exact": [_floats(v) for v in np.array([piece.exact for piece in pieces]).T],  # [piece][pos]
+             "own_scale": [None if np.isnan(row[0]) else _floats(row) for row in own]}
+    return {"labels": a.labels, "values": [_floats(v[0]) for v in a.values], "logit": _floats(a.logit[0]),
+            "naive": naive}
 
 
 def _steering(model, tokens, steering, target_id, tuned_lens=None):

@@ -13,8 +13,11 @@ import pytest
 import refgpt
 from browser import Browser, need_browser
 from refgpt.analysis import explorer
-from refgpt.analysis.interventions import steering_vector
-from refgpt.analysis.measurements import norm
+from refgpt.analysis.attribution import naive_attribution
+from refgpt.analysis.interventions import add_vector, last_token_difference, steering_vector
+from refgpt.analysis.lens import TunedLens
+from refgpt.analysis.measurements import norm, streams
+from refgpt.analysis.plots import printable
 
 TEXT = "My lord, I am glad to see you well."
 COEFFS = [1.0, 10.0, 1e6]
@@ -171,9 +174,9 @@ def test_the_steering_slider_changes_the_views(browser, page, model):
     slider = find(browser, "#steer-slider")
     clean_next = find(browser, "#steer-clean").text
     first_norms = find(browser, "#steer-norms").get_attribute("innerHTML")
-    assert find(browser, "#steer-coeff").text == "C = 1"
+    assert find(browser, "#steer-coeff").text.startswith("C = 1 · C·‖Δ‖/‖stream‖ = ")
     slider.send_keys(Keys.END)  # as a user drags it to the end
-    assert find(browser, "#steer-coeff").text == "C = 1000000"
+    assert find(browser, "#steer-coeff").text.startswith("C = 1000000 · ")
     assert find(browser, "#steer-norms").get_attribute("innerHTML") != first_norms
     assert find(browser, "#steer-clean").text == clean_next  # the clean run does not move
     pos = browser.js("return refgptExplorer.state.pos")
@@ -233,3 +236,119 @@ def test_a_gpt2_small_shaped_page_at_256_tokens_works(browser, tmp_path):
     top = built.data["lens"]["logit"]["top_token"][-1][255]
     assert text.startswith("logit lens · stream final_post · position 255") and f"top {json.dumps(top)}" in text
     assert find(browser, "#attr-summary").get_attribute("class") == "ok"
+
+
+def reopened(browser, page):
+    """The page fixture's page, opened again (an earlier test may have opened another)."""
+    built, path, *_ = page
+    assert browser.open(path)[0] == []
+    return built
+
+
+
+def test_the_naive_twin_shows_both_sums_and_the_sigma_it_used(browser, page, model):
+    """Question (1) on the page: at the selected position, each piece by its own σ(c) and by the
+    cached σ, with both sums (the page's, summed left to right) equal to naive_attribution's up to
+    the two summation orders' rounding, 2·(n − 1)·u·Σ|vᵢ|; the σ named is ln_final's cached one,
+    and clicking it shows it in the LayerNorm view."""
+    built = reopened(browser, page)
+    logits, cache = model.run_with_cache(TEXT)
+    target = built.data["target"]["id"]
+    find(browser, '#tokens .tok[data-pos="4"]').click()
+    assert browser.js("return refgptExplorer.state.pos") == 4
+    summary = find(browser, "#naive-summary")
+    expected = naive_attribution(cache, target, pos=4, logits=logits)
+    u = np.finfo(np.float64).eps / 2
+    for kind, values in (("naive", expected.naive), ("exact", expected.exact)):
+        allowance = 2 * (len(values) - 1) * u * np.abs(values).sum()
+        assert abs(float(summary.get_attribute(f"data-{kind}")) - values.sum()) <= allowance, kind
+    assert float(summary.get_attribute("data-sigma")) == cache["ln_final.hook_scale"][0, 4, 0] == expected.scale
+    assert summary.text.startswith(f"ln_final σ at position 4 = {expected.scale:.4g}")
+    assert abs(expected.naive_sum - expected.logit) > 1.0  # the naive pieces miss the logit …
+    assert abs(expected.exact_sum - expected.logit) <= 1e-12 * max(1.0, abs(expected.logit))  # … the cached σ's do not
+    bars = browser.driver.find_elements("css selector", "#attr-naive rect")
+    assert len(bars) == 2 * (len(expected.labels) + 1)  # naive and exact per piece, and the two sums
+    from selenium.webdriver.support.ui import Select
+    Select(find(browser, "#ln-view")).select_by_value("mean")
+    find(browser, "#naive-sigma").click()
+    assert browser.js("return refgptExplorer.state.lnView") == "scale"
+
+
+def test_tokens_are_visible_as_plots_printable_writes_them(browser, page, model, tmp_path):
+    """␣ for a space, ⏎ for a newline, byte escapes: the page's rule is plots.printable's, and the
+    token chips and the lens cells use it (the embedded model's favourite prediction is "\\n")."""
+    reopened(browser, page)
+    tricky = [" the", "\n", "\t", "a\x00b", "\x7f", "\ufffd", "é", "\u200b", "<|endoftext|>", "  x"]
+    assert browser.js("return arguments[0].map(refgptExplorer.visible)", tricky) == [printable(t, 10**6) for t in tricky]
+    built = explorer.explore(model, "My lord,\nI am here.\n\nThou art")
+    path = built.save(tmp_path / "newlines.html")
+    assert browser.open(path)[0] == []
+    chips = [chip.text for chip in browser.driver.find_elements("css selector", "#tokens .tok")]
+    assert chips == [printable(t, 10**6) for t in built.data["tokens"]] and "⏎" in "".join(chips)
+    assert "\n" in built.data["tokens"] or any("\n" in t for t in built.data["tokens"])
+
+
+def test_the_steering_view_draws_every_stream_on_one_axis_for_every_coefficient(browser, page, model):
+    """Every stream of the steered run against position, the y-range the same at C = 1 and 10⁶ (the
+    extremes over every run), the steered positions shaded (not ActAdd's all-zero first row), and
+    the numbers those of the model's runs."""
+    built = reopened(browser, page)
+    st = built.data["steering"]
+    slider = find(browser, "#steer-slider")
+    from selenium.webdriver.common.keys import Keys
+
+    slider.send_keys(Keys.HOME)
+    svg = find(browser, "#steer-norms-svg")
+    first = (svg.get_attribute("data-lo"), svg.get_attribute("data-hi"))
+    streams_drawn = browser.driver.find_elements("css selector", "#steer-norms-svg polyline[data-stream]")
+    assert [line.get_attribute("data-stream") for line in streams_drawn] == built.data["resid_norm"]["streams"]
+    assert st["positions"] == [1, 2] and len(browser.driver.find_elements("css selector", "#steer-norms-svg rect.steered")) == 2
+    slider.send_keys(Keys.END)
+    svg = find(browser, "#steer-norms-svg")
+    assert (svg.get_attribute("data-lo"), svg.get_attribute("data-hi")) == first  # one axis for every coefficient
+    every = np.array([st["clean"]["resid_norm"]] + [r["resid_norm"] for r in st["runs"]])
+    assert float(first[0]) == every.min() and float(first[1]) == every.max()
+    tokens = model.to_tokens(TEXT)
+    for run, c in zip(st["runs"], COEFFS, strict=True):
+        _, cache = model.run_with_cache(tokens, fwd_hooks=steering_vector(model, "Love", "Hate", 2, c))
+        assert run["resid_norm"][-1] == norm(streams(cache)[-1, 0]).tolist()
+
+
+def test_the_steered_lens_follows_the_lens_switch_and_is_the_tuned_lens_under_steering(browser, page, model):
+    """With "tuned" selected the steering view's lens is the shipped TunedLens run under the
+    steering vector, and it names itself; with "logit" the logit lens."""
+    built = reopened(browser, page)
+    st = built.data["steering"]
+    lens = TunedLens.load(model)
+    tokens = model.to_tokens(TEXT)
+    for run, c in zip(st["runs"], COEFFS, strict=True):
+        with steering_vector(model, "Love", "Hate", 2, c):
+            ids, probs = lens.run(tokens).top(1)  # [stream, batch, pos, 1]
+        assert run["tuned_top_token"] == [model.to_str_tokens(row, prepend_bos=False) for row in ids[:, 0, :, 0]]
+        np.testing.assert_allclose(run["tuned_top_prob"], probs[:, 0, :, 0], rtol=1e-12)
+    find(browser, "#lens-kind-tuned").click()
+    assert find(browser, "#steer-lens").get_attribute("data-kind") == "tuned lens"
+    assert find(browser, "#steer-lens-title").text.startswith("tuned lens of the steered run")
+    find(browser, "#lens-kind-logit").click()
+    assert find(browser, "#steer-lens").get_attribute("data-kind") == "logit lens"
+
+
+def test_a_page_steered_at_position_20_is_add_vector_there(browser, model, tmp_path):
+    """explore --positions 20 as steer --positions 20: the prompts' last-token difference added at
+    position 20 only; norms per stream and position at C = 1 and 10⁶ are the model's, on one axis."""
+    text = "My lord, I have a letter from the king, and he doth bid me tell you that he will come to you anon"
+    built = explorer.explore(model, text, prepend_bos=True, steering={"plus": "Love", "minus": "Hate", "layer": 1,
+                                                                       "coeffs": [1.0, 1e6], "positions": [20]})
+    st = built.data["steering"]
+    assert st["positions"] == [20] and st["at_first_positions"] is False
+    tokens = model.to_tokens(text)
+    difference, _, _ = last_token_difference(model, "Love", "Hate", 1)
+    for run, c in zip(st["runs"], [1.0, 1e6], strict=True):
+        _, cache = model.run_with_cache(tokens, fwd_hooks=add_vector(model, tokens, difference, 1, [20], coeff=c))
+        assert run["resid_norm"][-1] == norm(streams(cache)[-1, 0]).tolist()
+        assert all(k == 0.0 for k in run["kl"][:20])
+    path = built.save(tmp_path / "p20.html")
+    assert browser.open(path)[0] == []
+    assert len(browser.driver.find_elements("css selector", "#steer-norms-svg rect.steered")) == 1
+    assert "position 20 (shaded)" in find(browser, "#steer-body .legend").text
+    assert "/" not in built.data["model"]["source"] and built.data["model"]["source"] == "embedded"

@@ -9,6 +9,12 @@
   const $ = (id) => document.getElementById(id);
   const tip = $("tooltip");
   const show = (s) => JSON.stringify(s);  // a token as a quoted string: spaces and newlines visible
+  // A token as one visible label, as refgpt.analysis.plots.printable writes it: ␣ for a space, ⏎ for a
+  // newline, ⇥ for a tab, \xNN (\uNNNN) for a control or unprintable character (tests check both agree).
+  const visible = (t) => [...t].map((ch) => ch === " " ? "\u2423" : ch === "\n" ? "\u23ce" : ch === "\t" ? "\u21e5"
+    : /[\p{C}\uFFFD]/u.test(ch) ? (ch.codePointAt(0) < 256 ? "\\x" + ch.codePointAt(0).toString(16).padStart(2, "0")
+                                                           : "\\u" + ch.codePointAt(0).toString(16).padStart(4, "0"))
+    : ch).join("");
   const fmt = (x, d = 4) => (x === null || x === undefined) ? "–" : Number(x).toFixed(d);
   const sci = (x) => Math.abs(x) >= 1e-3 && Math.abs(x) < 1e4 ? Number(x).toFixed(4) : Number(x).toExponential(3);
 
@@ -98,7 +104,7 @@
     canvas.onmouseleave = (e) => tooltip(e, null);
     canvas.onclick = (e) => { const rc = cell(e); if (rc && o.click) o.click(rc[0], rc[1]); };
   }
-  const tokenLabel = (p) => `${p} ${D.tokens[p]}`;
+  const tokenLabel = (p) => `${p} ${visible(D.tokens[p])}`;
 
   function outline(canvas, x, y, w, h, colour) {  // x measured from the cells' left edge
     const ctx = canvas.getContext("2d");
@@ -123,8 +129,8 @@
   D.tokens.forEach((t, i) => {
     const span = document.createElement("span");
     span.className = "tok";
-    span.textContent = t;
-    span.title = `position ${i}, id ${D.token_ids[i]}`;
+    span.textContent = visible(t);
+    span.title = `position ${i}, id ${D.token_ids[i]}, ${show(t)}`;
     span.dataset.pos = i;
     span.onclick = () => select({ pos: i });
     tokenBox.appendChild(span);
@@ -231,7 +237,7 @@
     heatmap(canvas, { rows, cols: P, cellW, cellH, colour: (r, p) => lensColour(lens, metric, r2s(r), p),
                       hover: (r, p) => lensText(kind, lens, r2s(r), p),
                       click: (r, p) => select({ pos: p, layer: streamLayer(r2s(r)) }),
-                      label: cellW >= 28 ? (r, p) => lens.top_token[r2s(r)][p] : null,
+                      label: cellW >= 28 ? (r, p) => visible(lens.top_token[r2s(r)][p]) : null,
                       rowLabel: (r) => D.lens.streams[r2s(r)], colLabel: tokenLabel });
     outline(canvas, state.pos * cellW, 0, cellW, rows * cellH);
   }
@@ -322,6 +328,49 @@
     }
   });
 
+  // ---- question (1): the naive twin of the waterfall (docs/decomposition.md §1) -------------------
+  const N = A.naive;
+  views.push(() => {
+    const p = state.pos, sigma = D.ln_scale.ln_final[p], logit = A.logit[p];
+    const naive = N.naive.map((row) => row[p]), exact = N.exact.map((row) => row[p]);
+    const naiveSum = naive.reduce((a, b) => a + b, 0), exactSum = exact.reduce((a, b) => a + b, 0);
+    const summary = $("naive-summary");
+    summary.innerHTML = "";
+    const link = document.createElement("a");
+    link.id = "naive-sigma";
+    link.textContent = `ln_final σ at position ${p} = ${sigma.toPrecision(4)}`;
+    link.title = "the cached scale: show it in the LayerNorm view";
+    link.onclick = () => { $("ln-view").value = "scale"; select({ lnView: "scale" }); $("layernorm").scrollIntoView(); };
+    summary.append(link, ` · each piece by its own σ(c): Σ = ${naiveSum.toPrecision(6)} · every piece by the cached σ: ` +
+      `Σ = ${exactSum.toPrecision(6)} · the model's logit ${logit.toPrecision(6)}`);
+    summary.dataset.naive = naiveSum; summary.dataset.exact = exactSum; summary.dataset.sigma = sigma;
+    twin($("attr-naive"), N.labels, naive, exact, naiveSum, exactSum, logit, p);
+  });
+
+  // Two bars per piece (naive orange, exact blue), then the two sums, and the logit as a dashed line.
+  function twin(box, labels, naive, exact, naiveSum, exactSum, logit, p) {
+    const names = [...labels, "sum"], a = [...naive, naiveSum], b = [...exact, exactSum];
+    const W = 1000, H = 250, padL = 56, padB = 64, n = names.length, slot = (W - padL) / n;
+    const lo = Math.min(0, logit, ...a, ...b), hi = Math.max(0, logit, ...a, ...b), span = (hi - lo) || 1;
+    const y = (v) => 10 + (hi - v) / span * (H - padB - 10);
+    const bar = (i, k, v, colour, what) => {
+      const x = padL + i * slot + slot * (0.12 + 0.38 * k), top = Math.min(y(0), y(v));
+      return `<rect x="${x.toFixed(1)}" y="${top.toFixed(1)}" width="${(slot * 0.36).toFixed(1)}" ` +
+        `height="${Math.max(1, Math.abs(y(v) - y(0))).toFixed(1)}" fill="${colour}" data-piece="${names[i]}" data-kind="${what}">` +
+        `<title>${names[i]} at position ${p}, ${what}: ${v >= 0 ? "+" : ""}${v.toPrecision(8)}` +
+        (i < labels.length && N.own_scale[i] ? `\nown σ(c) = ${N.own_scale[i][p].toPrecision(4)}` : "") + `</title></rect>`;
+    };
+    const ticks = [lo, 0, hi].filter((v, i) => i !== 1 || (y(0) - y(hi) > 12 && y(lo) - y(0) > 12)).map((v) => `<text x="${padL - 4}" y="${y(v) + 4}" text-anchor="end">${v.toFixed(2)}</text>` +
+      `<line x1="${padL}" x2="${W}" y1="${y(v)}" y2="${y(v)}" stroke="#ddd"/>`).join("");
+    box.innerHTML = `<svg width="${W}" height="${H}" role="img" aria-label="naive and exact pieces">${ticks}` +
+      names.map((_, i) => bar(i, 0, a[i], "#ef8a17", "naive, own σ(c)") + bar(i, 1, b[i], "#1f77b4", "exact, cached σ")).join("") +
+      `<line x1="${padL}" x2="${W}" y1="${y(logit)}" y2="${y(logit)}" stroke="#000" stroke-dasharray="5,4"/>` +
+      `<text x="${W - 4}" y="${y(logit) - 4}" text-anchor="end">the model's logit ${logit.toFixed(3)}</text>` +
+      `<line x1="${padL + (n - 1) * slot}" x2="${padL + (n - 1) * slot}" y1="6" y2="${H - padB}" stroke="#999"/>` +
+      names.map((name, i) => `<text transform="translate(${(padL + (i + 0.4) * slot).toFixed(1)},${H - padB + 12}) rotate(35)">` +
+        `${name}</text>`).join("") + `</svg>`;
+  }
+
   // Each part a bar from the running total to the running total + its value; the last bar the logit.
   function waterfall(canvas, parts, logit) {
     const n = parts.length + 1, W = 1000, padL = 50;
@@ -372,34 +421,86 @@
     $("steer-body").textContent = "No steering vector in this page (refgpt explore TEXT --plus P --minus M --layer L --coeff C …).";
   } else {
     const body = $("steer-body");
+    const where = St.at_first_positions ? "ActAdd's first positions" : (St.positions.length > 1 ? "positions " : "position ") +
+      St.positions.join(",");
     body.innerHTML = `<div class="controls"><label>coefficient <input type="range" id="steer-slider" min="0" ` +
       `max="${St.runs.length - 1}" step="1" value="0"></label> <b id="steer-coeff"></b>` +
-      `<span class="legend">ActAdd of ${show(St.plus)} − ${show(St.minus)} at the stream entering block ${St.layer}</span></div>` +
-      `<div class="steer-grid"><div><h3>‖stream‖ per position, without (grey) and with the vector (orange)</h3>` +
-      `<div id="steer-norms"></div></div><div><h3>KL(steered ‖ clean) of the next token, per position</h3>` +
+      `<span class="legend">${escapeXml(show(St.plus))} − ${escapeXml(show(St.minus))} added at the stream entering block ${St.layer}, ` +
+      `${where} (shaded)</span></div>` +
+      `<div class="steer-grid"><div class="steer-wide"><h3>‖stream‖ per position, every stream of the steered run ` +
+      `(the unsteered final stream dashed; one log axis for every coefficient)</h3><div id="steer-norms"></div></div>` +
+      `<div><h3>KL(steered ‖ clean) of the next token, per position</h3>` +
       `<div id="steer-kl"></div></div><div><h3>next token at the selected position</h3><div class="steer-grid">` +
       `<div><b>without</b><div id="steer-clean" class="bars"></div></div><div><b>with</b>` +
-      `<div id="steer-next" class="bars"></div></div></div></div><div><h3>lens, steered: top token's probability</h3>` +
+      `<div id="steer-next" class="bars"></div></div></div></div><div class="steer-wide"><h3 id="steer-lens-title"></h3>` +
       `<canvas id="steer-lens"></canvas></div></div>`;
     $("steer-slider").oninput = () => select({ steer: Number($("steer-slider").value) });
+    const every = [St.clean, ...St.runs].flatMap((r) => r.resid_norm.flat());
+    const normRange = [Math.min(...every), Math.max(...every)];  // fixed across coefficients: sizes compare
     views.push(() => {
       const run = St.runs[state.steer], clean = St.clean;
-      $("steer-coeff").textContent = `C = ${run.coeff}`;
-      const stream = 2 * state.layer;  // resid_norm rows: 0_pre, 0_mid, 1_pre, …
-      const label = D.resid_norm.streams[stream];
-      lines($("steer-norms"), [clean.resid_norm[stream], run.resid_norm[stream]], ["#999", "#e65100"],
-            `stream ${label} (select a layer to change it; log scale)`, true);
+      $("steer-coeff").textContent = `C = ${run.coeff} · C·‖Δ‖/‖stream‖ = ` +
+        run.size_ratio.map((r, i) => `${sci(r)} at ${St.positions[i]}`).join(", ");
+      streamsChart($("steer-norms"), run, clean, normRange);
       lines($("steer-kl"), [run.kl], ["#1f5fa8"], "nats", false);
       bars($("steer-clean"), clean.next_token[state.pos], clean.next_prob[state.pos]);
       bars($("steer-next"), run.next_token[state.pos], run.next_prob[state.pos]);
-      const lens = { top_prob: run.lens_top_prob, top_token: run.lens_top_token };
-      const cellW = Math.max(3, Math.min(48, Math.floor(480 / P))), cellH = Math.max(6, Math.min(14, Math.floor(200 / S)));
-      heatmap($("steer-lens"), { rows: S, cols: P, cellW, cellH, colour: (r, p) => ramp(lens.top_prob[S - 1 - r][p]),
-        hover: (r, p) => `steered, C = ${run.coeff} · stream ${D.lens.streams[S - 1 - r]} · position ${p} ` +
+      const tuned = state.lensKind === "tuned" && run.tuned_top_prob;  // the lens switch above chooses
+      const lens = tuned ? { top_prob: run.tuned_top_prob, top_token: run.tuned_top_token }
+                         : { top_prob: run.lens_top_prob, top_token: run.lens_top_token };
+      const kind = tuned ? "tuned lens" : "logit lens";
+      $("steer-lens-title").textContent = `${kind} of the steered run, C = ${run.coeff}: top token and its probability ` +
+        `(the lens switch above chooses the lens)`;
+      const cellW = Math.max(3, Math.min(48, Math.floor(1000 / P))), cellH = cellW >= 28 ? 18 : Math.max(6, Math.min(14, Math.floor(200 / S)));
+      const canvas = $("steer-lens");
+      canvas.dataset.kind = kind;
+      heatmap(canvas, { rows: S, cols: P, cellW, cellH, colour: (r, p) => ramp(lens.top_prob[S - 1 - r][p]),
+        hover: (r, p) => `${kind}, steered, C = ${run.coeff} · stream ${D.lens.streams[S - 1 - r]} · position ${p} ` +
           `${show(D.tokens[p])}\ntop ${show(lens.top_token[S - 1 - r][p])} p=${fmt(lens.top_prob[S - 1 - r][p])}`,
+        label: cellW >= 28 ? (r, p) => visible(lens.top_token[S - 1 - r][p]) : null,
         click: (r, p) => select({ pos: p }), rowLabel: (r) => D.lens.streams[S - 1 - r], colLabel: tokenLabel });
+      for (const q of St.positions) outline(canvas, q * cellW, 0, cellW, S * cellH, "#c62828");
     });
   }
+  // Every stream's norm against position on one fixed log axis, the steered positions shaded, tokens below;
+  // hover a position for every stream's value there.
+  function streamsChart(box, run, clean, range) {
+    const W = 1000, H = 260, padL = 60, padB = 56, names = D.resid_norm.streams, n = names.length;
+    const lo = Math.log10(Math.max(range[0], 1e-300)), hi = Math.log10(Math.max(range[1], 1e-300)), span = (hi - lo) || 1;
+    const x = (i) => padL + (i + 0.5) * (W - padL) / P;
+    const y = (v) => 24 + (hi - Math.log10(Math.max(v, 1e-300))) / span * (H - padB - 24);
+    const colour = (k) => { const c = ramp(0.25 + 0.75 * k / Math.max(1, n - 1)); return css(c); };
+    const path = (values) => values.map((v, i) => `${x(i).toFixed(1)},${y(v).toFixed(1)}`).join(" ");
+    const step = Math.max(1, Math.ceil(P / 40));  // labels thinned so that they never overprint
+    const decades = [];
+    for (let e = Math.ceil(lo); e <= Math.floor(hi); e += Math.max(1, Math.ceil((hi - lo) / 6))) decades.push(e);
+    box.innerHTML = `<svg width="${W}" height="${H}" id="steer-norms-svg" data-lo="${range[0]}" data-hi="${range[1]}">` +
+      St.positions.map((q) => `<rect x="${x(q) - (W - padL) / P / 2}" y="20" width="${(W - padL) / P}" height="${H - padB - 18}" ` +
+        `fill="#c62828" fill-opacity="0.12" class="steered"/>`).join("") +
+      decades.map((e) => `<line x1="${padL}" x2="${W}" y1="${y(10 ** e)}" y2="${y(10 ** e)}" stroke="#eee"/>` +
+        `<text x="${padL - 4}" y="${y(10 ** e) + 4}" text-anchor="end">1e${e}</text>`).join("") +
+      names.map((name, k) => `<polyline points="${path(run.resid_norm[k])}" fill="none" stroke="${colour(k)}" ` +
+        `stroke-width="1.4" data-stream="${name}"/>`).join("") +
+      `<polyline points="${path(clean.resid_norm[n - 1])}" fill="none" stroke="#555" stroke-dasharray="5,4" stroke-width="1.2"/>` +
+      `<line x1="${x(state.pos)}" x2="${x(state.pos)}" y1="6" y2="${H - padB}" stroke="#ffb300"/>` +
+      Array.from({ length: P }, (_, i) => i).filter((i) => i % step === 0).map((i) =>
+        `<text transform="translate(${x(i) - 3},${H - padB + 10}) rotate(45)">${escapeXml(tokenLabel(i).slice(0, 10))}</text>`).join("") +
+      `<text x="${padL}" y="12">lightest: stream ${names[0]} … darkest: ${names[n - 1]}; dashed: unsteered final</text></svg>`;
+    const svg = box.firstChild;
+    svg.onmousemove = (e) => {
+      const b = svg.getBoundingClientRect(), i = Math.floor((e.clientX - b.left - padL) / ((W - padL) / P));
+      if (i < 0 || i >= P) return tooltip(e, null);
+      tooltip(e, `position ${i} ${show(D.tokens[i])}, C = ${run.coeff}\n` +
+        names.map((name, k) => `${name.padEnd(11)} ${sci(run.resid_norm[k][i])}`).join("\n") +
+        `\nunsteered final ${sci(clean.resid_norm[n - 1][i])}`);
+    };
+    svg.onmouseleave = (e) => tooltip(e, null);
+    svg.onclick = (e) => {
+      const b = svg.getBoundingClientRect(), i = Math.floor((e.clientX - b.left - padL) / ((W - padL) / P));
+      if (i >= 0 && i < P) select({ pos: i });
+    };
+  }
+  function escapeXml(t) { return t.replace(/[<>&"]/g, (c) => ({ "<": "&lt;", ">": "&gt;", "&": "&amp;", '"': "&quot;" })[c]); }
   function lines(box, series, colours, title, log) {
     const W = 460, H = 150, pad = 36;
     const f = log ? (v) => Math.log10(Math.max(v, 1e-300)) : (v) => v;
@@ -426,6 +527,6 @@
   }
 
   select({});
-  window.refgptExplorer = { data: D, state, select, readyAt: performance.now() };  // for tests and the curious
+  window.refgptExplorer = { data: D, state, select, visible, readyAt: performance.now() };  // for tests and the curious
   document.body.dataset.ready = "1";
 })();
