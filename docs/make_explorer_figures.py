@@ -67,8 +67,9 @@ def main():
             shoot(browser, "#layernorm", "explorer_layernorm.png")
             browser.driver.find_element("id", "attr-by-head").click()
             shoot(browser, "#attribution", "explorer_attribution.png")
-            browser.js("const s = document.getElementById('steer-slider'); s.value = 2; s.dispatchEvent(new Event('input'))")
-            shoot(browser, "#steering", "explorer_steering.png")
+            browser.driver.find_element("css selector", '#tokens .tok[data-pos="2"]').click()  # a steered position
+            browser.js("const s = document.getElementById('steer-slider'); s.value = 3; s.dispatchEvent(new Event('input'))")
+            shoot(browser, "#steering", "explorer_steering.png")  # C = 10⁶, every stream, the tuned lens
         finally:
             browser.quit()
 
