@@ -13,7 +13,9 @@ Code. Every number it shows sits in one JSON document in the page,
 docs/explorer.md. ``Explorer.data`` is that document as Python objects.
 
 Rounding: attention weights are stored as whole thousandths (``pattern_unit`` = 0.001; a heat
-map cannot show a finer difference, and the hover shows three decimals); every other number is
+map cannot show a finer difference, and the hover shows three decimals), each head's in one
+string of one or two characters per weight (``pattern_string``, ``decode_pattern``: a weight
+below 0.062 is one character, so the page stays small); every other number is
 stored as the float64 value, shortest round-trip form, so the page's attribution sum is checked
 against the model's logit to float64 rounding.
 """
@@ -38,8 +40,10 @@ from .attribution import attribute, naive_attribution
 from .interventions import add_vector, last_token_difference, steering_vector
 from .measurements import norm, stream_labels, streams
 
-SCHEMA = "refgpt-explorer/1"
+SCHEMA = "refgpt-explorer/2"
 PATTERN_UNIT = 1e-3  # attention weights are stored as whole multiples of this
+PATTERN_DIGITS = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"  # v < 62: one character
+PATTERN_PREFIXES = "!#$%&()*+,-./:;="  # v ≥ 62: PATTERN_PREFIXES[(v − 62) // 62] + PATTERN_DIGITS[(v − 62) % 62]
 TOP_K = 5  # next tokens shown per position in the steering view
 
 
@@ -106,7 +110,7 @@ def explore(model, text, *, target=None, prepend_bos=None, layers=None, heads=No
         "layers": layers,
         "heads": heads,
         "pattern_unit": PATTERN_UNIT,
-        "pattern": [[_pattern_rows(cache[f"blocks.{L}.attn.hook_pattern"][0, h]) for h in heads] for L in layers],
+        "pattern": [[pattern_string(cache[f"blocks.{L}.attn.hook_pattern"][0, h]) for h in heads] for L in layers],
         "ln_scale": _ln_stat(cache, cfg.n_layers, "hook_scale"),
         "ln_mean": _ln_stat(cache, cfg.n_layers, "hook_mean"),
         "resid_norm": _resid_norms(cache, cfg.n_layers),
@@ -148,10 +152,40 @@ def _token_strings(model, ids):
     return model.to_str_tokens(np.asarray(ids, dtype=np.int64), prepend_bos=False)
 
 
-def _pattern_rows(pattern):
-    """[query, key] → ragged rows of whole thousandths, keys 0 … query (later keys are masked)."""
+def pattern_string(pattern) -> str:
+    """One head's pattern [query, key] as the page stores it: its weights in whole thousandths, keys 0 …
+    query of each query in turn (later keys are masked), each written with PATTERN_DIGITS (below 62)
+    or a PATTERN_PREFIXES character and a digit (62 … 1000): one character for most weights of a
+    long row, where attention is spread thin. ``decode_pattern`` reads it back."""
     scaled = np.rint(np.asarray(pattern, dtype=np.float64) / PATTERN_UNIT).astype(np.int64)  # [query, key]
-    return [scaled[q, :q + 1].tolist() for q in range(len(scaled))]
+    values = scaled[np.tril_indices(len(scaled))]  # [query·(query+1)/2] row by row: keys 0 … query
+    if values.size and (values.min() < 0 or values.max() > round(1 / PATTERN_UNIT)):
+        raise RefGPTError(f"explore: attention weights must lie in [0, 1], found {values.min()}…{values.max()} thousandths")
+    two = values >= len(PATTERN_DIGITS)  # [n] written with two characters
+    ends = np.cumsum(1 + two)  # [n] one past each weight's last character
+    out = np.empty(int(ends[-1]) if len(ends) else 0, dtype=np.uint8)  # [characters]
+    digits = np.frombuffer(PATTERN_DIGITS.encode("ascii"), np.uint8)
+    prefixes = np.frombuffer(PATTERN_PREFIXES.encode("ascii"), np.uint8)
+    high = np.maximum(values - len(PATTERN_DIGITS), 0)  # [n]
+    out[ends - 1] = np.where(two, digits[high % len(PATTERN_DIGITS)], digits[np.minimum(values, len(digits) - 1)])
+    out[ends[two] - 2] = prefixes[high[two] // len(PATTERN_DIGITS)]
+    return out.tobytes().decode("ascii")
+
+
+def decode_pattern(text: str, n_pos: int) -> list[list[int]]:
+    """``pattern_string``'s rows back: [query][key] whole thousandths, keys 0 … query."""
+    digit, prefix = {c: i for i, c in enumerate(PATTERN_DIGITS)}, {c: i for i, c in enumerate(PATTERN_PREFIXES)}
+    values, i = [], 0
+    while i < len(text):
+        if text[i] in prefix:
+            values.append(len(PATTERN_DIGITS) * (1 + prefix[text[i]]) + digit[text[i + 1]])
+            i += 2
+        else:
+            values.append(digit[text[i]])
+            i += 1
+    if len(values) != n_pos * (n_pos + 1) // 2:
+        raise RefGPTError(f"a pattern of {n_pos} positions holds {n_pos * (n_pos + 1) // 2} weights, found {len(values)}")
+    return [values[q * (q + 1) // 2:(q + 1) * (q + 2) // 2] for q in range(n_pos)]
 
 
 def _ln_stat(cache, n_layers, hook):

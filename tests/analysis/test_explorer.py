@@ -70,7 +70,7 @@ def test_the_document_matches_run_with_cache_to_its_stated_rounding(model, page)
     for L in range(cfg.n_layers):
         pattern = cache[f"blocks.{L}.attn.hook_pattern"][0]  # [head, query, key]
         for h in range(cfg.n_heads):
-            rows = d["pattern"][L][h]
+            rows = explorer.decode_pattern(d["pattern"][L][h], len(d["tokens"]))
             assert [len(r) for r in rows] == list(range(1, pattern.shape[1] + 1))  # keys 0 … query
             for q, row in enumerate(rows):
                 # whole thousandths: |stored·unit − weight| ≤ unit/2 (+ the rounding of the product)
@@ -191,7 +191,7 @@ def test_layers_and_heads_choose_what_the_page_holds(model):
     assert p.data["layers"] == [1, 3] and p.data["heads"] == [0]
     assert len(p.data["pattern"]) == 2 and len(p.data["pattern"][0]) == 1
     _, cache = model.run_with_cache(TEXT)
-    row = np.array(p.data["pattern"][1][0][-1]) * 1e-3
+    row = np.array(explorer.decode_pattern(p.data["pattern"][1][0], len(p.data["tokens"]))[-1]) * 1e-3
     assert np.all(np.abs(row - cache["blocks.3.attn.hook_pattern"][0, 0, -1]) <= 0.5e-3 + 1e-15)
     for bad, what in (([4], "layers"), ([], "layers")):
         with pytest.raises(RefGPTError, match=what):
@@ -294,3 +294,19 @@ def test_the_primers_layernorm_picture_says_what_the_model_does(model):
     assert np.all((15 < jump) & (jump < 35))
     later = np.array([d[f"blocks.{L}.{ln}"] for L in range(1, 4) for ln in ("ln1", "ln2")] + [d["ln_final"]])
     assert np.all(later.max(0) / later.min(0) < 2)
+
+
+def test_the_pattern_strings_round_trip_every_weight_and_are_one_character_below_0_062():
+    """pattern_string writes each thousandth 0 … 1000 so that decode_pattern reads it back, one
+    character below 62 and two from 62 on, and refuses a string of the wrong length."""
+    n = 45  # 45·46/2 = 1035 weights: every value 0 … 1000 once, then some
+    values = np.concatenate([np.arange(1001), np.zeros(34, np.int64)])
+    pattern = np.zeros((n, n))
+    pattern[np.tril_indices(n)] = values * 1e-3
+    text = explorer.pattern_string(pattern)
+    assert len(text) == 1035 + (1001 - 62)
+    rows = explorer.decode_pattern(text, n)
+    assert np.concatenate(rows).tolist() == values.tolist()
+    assert not set(text) & set('"\\<')  # nothing JSON escapes, nor the page's \\u003c for <
+    with pytest.raises(RefGPTError, match="holds 1035 weights"):
+        explorer.decode_pattern(text + "0", n)

@@ -227,7 +227,7 @@ def test_a_gpt2_small_shaped_page_at_256_tokens_works(browser, tmp_path):
     assert find(browser, "#modal-title").text.startswith("L11H11 · 256 queries × 256 keys")
     canvas = find(browser, "#modal-canvas")
     text = hover(browser, canvas, *cell_centre(browser, canvas, 200, 17))
-    stored = built.data["pattern"][11][11][200][17] * built.data["pattern_unit"]
+    stored = explorer.decode_pattern(built.data["pattern"][11][11], 256)[200][17] * built.data["pattern_unit"]
     assert text.startswith("L11H11 · query 200") and float(text.rsplit(": ", 1)[1]) == pytest.approx(stored, abs=5e-4)
     from selenium.webdriver.common.keys import Keys
     find(browser, "body").send_keys(Keys.ESCAPE)

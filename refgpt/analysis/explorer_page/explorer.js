@@ -143,7 +143,19 @@
 
   // ---- attention ----------------------------------------------------------------------------
   const attnColour = (w) => ramp(Math.sqrt(w));  // √: the small weights of long rows stay visible
-  const weight = (li, hi, q, k) => k <= q ? D.pattern[li][hi][q][k] * D.pattern_unit : 0;
+  // Each head's pattern is one string (refgpt.analysis.explorer.pattern_string): its weights in whole
+  // thousandths, row by row, a digit each below 62, else a prefix character and a digit.
+  const DIGITS = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz", PREFIXES = "!#$%&()*+,-./:;=";
+  const patterns = D.pattern.map((heads) => heads.map((text) => {
+    const out = new Uint16Array(P * (P + 1) / 2);
+    for (let i = 0, n = 0; i < text.length; n++) {
+      const p = PREFIXES.indexOf(text[i]);
+      out[n] = p < 0 ? DIGITS.indexOf(text[i++]) : 62 * (1 + p) + DIGITS.indexOf(text[i + 1]);
+      if (p >= 0) i += 2;
+    }
+    return out;
+  }));
+  const weight = (li, hi, q, k) => k <= q ? patterns[li][hi][q * (q + 1) / 2 + k] * D.pattern_unit : 0;
   const patternText = (li, hi, q, k) =>
     `L${D.layers[li]}H${D.heads[hi]} · query ${q} ${show(D.tokens[q])} → key ${k} ${show(D.tokens[k])}: ` +
     (k <= q ? fmt(weight(li, hi, q, k), 3) : "masked (0)");
