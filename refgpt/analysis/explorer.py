@@ -206,23 +206,31 @@ def _read_out(model, x):
     return logits + p["unembed.b_U"] if "unembed.b_U" in p else logits
 
 
+LENS_BLOCK = 32  # positions read out at a time: a [block, d_vocab] array, not [pos, d_vocab] (GPT-2: 13 MB, not 100)
+
+
 def _lens(model, x, logits, target_id):
     """Per stream (rows of x [stream, pos, d_model]) and position: the lens's top token and its
-    probability, its entropy, KL(final ‖ lens) in nats, and the target's rank (1 = top) and probability."""
-    final = log_softmax(logits)  # [pos, d_vocab]
-    out = {k: [] for k in ("top_id", "top_token", "top_prob", "entropy", "kl", "target_rank", "target_prob")}
-    for stream in x:  # one stream at a time: [pos, d_vocab] logits, never [stream, pos, d_vocab]
-        log_p = log_softmax(_read_out(model, stream))  # [pos, d_vocab]
-        p = np.exp(log_p)  # [pos, d_vocab]
-        top = np.argmax(log_p, axis=-1)  # [pos]
-        target = log_p[:, target_id]  # [pos]
-        out["top_id"].append(top.tolist())
-        out["top_token"].append(_token_strings(model, top))
-        out["top_prob"].append(_floats(p[np.arange(len(top)), top]))
-        out["entropy"].append(_floats(-(p * log_p).sum(-1)))
-        out["kl"].append(_floats(np.maximum((np.exp(final) * (final - log_p)).sum(-1), 0.0)))
-        out["target_rank"].append((1 + (log_p > target[:, None]).sum(-1)).tolist())
-        out["target_prob"].append(_floats(np.exp(target)))
+    probability, its entropy, KL(final ‖ lens) in nats, and the target's rank (1 = top) and probability.
+    Read out LENS_BLOCK positions at a time (each position's numbers are its own row's), so the
+    page's memory does not grow with d_vocab × positions."""
+    keys = ("top_id", "top_token", "top_prob", "entropy", "kl", "target_rank", "target_prob")
+    out = {k: [[] for _ in range(len(x))] for k in keys}
+    for start in range(0, x.shape[1], LENS_BLOCK):
+        final = log_softmax(logits[start:start + LENS_BLOCK])  # [block, d_vocab]
+        p_final = np.exp(final)  # [block, d_vocab]
+        for M, stream in enumerate(x):  # one stream at a time: [block, d_vocab] logits
+            log_p = log_softmax(_read_out(model, stream[start:start + LENS_BLOCK]))  # [block, d_vocab]
+            p = np.exp(log_p)  # [block, d_vocab]
+            top = np.argmax(log_p, axis=-1)  # [block]
+            target = log_p[:, target_id]  # [block]
+            out["top_id"][M] += top.tolist()
+            out["top_token"][M] += _token_strings(model, top)
+            out["top_prob"][M] += _floats(p[np.arange(len(top)), top])
+            out["entropy"][M] += _floats(-(p * log_p).sum(-1))
+            out["kl"][M] += _floats(np.maximum((p_final * (final - log_p)).sum(-1), 0.0))
+            out["target_rank"][M] += (1 + (log_p > target[:, None]).sum(-1)).tolist()
+            out["target_prob"][M] += _floats(np.exp(target))
     return out
 
 
