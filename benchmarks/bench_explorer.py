@@ -7,7 +7,9 @@ GPT-2's tokenizer from ../shared/gpt2, or $REFGPT_GPT2_TOKENIZER) with random we
 every head is in the page. It is built (refgpt.analysis.explore, float64), written, and opened
 from file:// in headless Chromium (tests/browser.py) several times: the load time is the page's
 own clock when its script has drawn every view (``refgptExplorer.readyAt``, ms after navigation
-start), median of the loads. Random weights spread attention evenly, the worst case for the
+start), median of the loads. The build's memory is tracemalloc's peak of what it allocates beyond
+the model's weights (NumPy's arrays are traced), and its CPU time is given beside the wall time (on
+a busy machine the wall time says more about the neighbours). Random weights spread attention evenly, the worst case for the
 page's size (a trained model's peaked rows hold more zeros). Needs chromium, chromium-driver,
 selenium.
 """
@@ -16,10 +18,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
 import time
+import tracemalloc
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -42,9 +46,12 @@ def main():
     model = random_model(GPT2_SMALL, seed=1, scale=0.05)
     model.tokenizer = Tokenizer.from_dir(TOKENIZER_DIR)
     tokens = model.to_tokens((REPO / "README.md").read_text(encoding="utf-8"))[0][:args.tokens]
-    start = time.perf_counter()
+    tracemalloc.start()
+    start, cpu = time.perf_counter(), time.process_time()
     page = explorer.explore(model, tokens)
-    built = time.perf_counter() - start
+    built, cpu = time.perf_counter() - start, time.process_time() - cpu
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
     with tempfile.TemporaryDirectory() as tmp:
         path = page.save(Path(tmp) / "page.html")
         size = path.stat().st_size
@@ -60,7 +67,8 @@ def main():
     sizes = {k: len(json.dumps(v, separators=(",", ":"), ensure_ascii=False)) for k, v in page.data.items()}
     result = {"tokens": len(tokens), "heads": 144, "page_MiB": round(size / 2**20, 2),
               "pattern_MiB": round(sizes["pattern"] / 2**20, 2), "attribution_MiB": round(sizes["attribution"] / 2**20, 2),
-              "build_s": round(built, 1), "load_ms_median": round(statistics.median(loads)), "loads_ms": [round(x) for x in loads]}
+              "build_s": round(built, 1), "build_cpu_s": round(cpu, 1), "build_peak_MB": round(peak / 1e6),
+              "load_average": round(os.getloadavg()[0], 1), "load_ms_median": round(statistics.median(loads)), "loads_ms": [round(x) for x in loads]}
     print(json.dumps(result, indent=1))
 
 

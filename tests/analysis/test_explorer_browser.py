@@ -352,3 +352,29 @@ def test_a_page_steered_at_position_20_is_add_vector_there(browser, model, tmp_p
     assert len(browser.driver.find_elements("css selector", "#steer-norms-svg rect.steered")) == 1
     assert "position 20 (shaded)" in find(browser, "#steer-body .legend").text
     assert "/" not in built.data["model"]["source"] and built.data["model"]["source"] == "embedded"
+
+
+def test_the_selection_lives_in_the_url_fragment(browser, page):
+    """A selection writes the fragment; a page opened with it shows that view (a bad value is ignored)."""
+    built = reopened(browser, page)
+    find(browser, '#tokens .tok[data-pos="5"]').click()
+    fragment = browser.js("return location.hash")
+    assert "pos=5" in fragment
+    _, path, *_ = page
+    browser.driver.get(path.resolve().as_uri() + "#pos=3&layer=1&head=2&lensKind=tuned&lnView=norm&steer=99")
+    browser.wait_for("return document.body && document.body.dataset.ready === '1'")
+    state = browser.js("return refgptExplorer.state")
+    assert [state["pos"], state["layer"], state["head"], state["lensKind"], state["lnView"], state["steer"]] == \
+        [3, 1, 2, "tuned", "norm", 0]  # steer=99 is no run of this page: ignored
+    assert browser.js("return document.getElementById('lens-kind-tuned').checked") is True
+    assert browser.console() == []
+    assert len(built.data["tokens"]) > 5
+
+
+def test_the_heat_maps_have_colour_bars_with_their_ranges(browser, page):
+    built = reopened(browser, page)
+    assert find(browser, "#lens-canvas-bar").get_attribute("data-lo") == "0"
+    assert find(browser, "#lens-canvas-bar").get_attribute("data-hi") == "1"
+    bar = find(browser, "#ln-canvas-bar")
+    sigmas = [v for row in built.data["ln_scale"].values() for v in row]
+    assert float(bar.get_attribute("data-lo")) == min(sigmas) and float(bar.get_attribute("data-hi")) == max(sigmas)

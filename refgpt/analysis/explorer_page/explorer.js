@@ -30,6 +30,24 @@
   }
   const css = (c) => `rgb(${c[0]},${c[1]},${c[2]})`;
 
+  // A colour bar under a heat map: the colours from lo to hi (colourAt(t), t in [0, 1]) with both ends' values.
+  function colourBar(canvas, colourAt, lo, hi, what) {  // lo, hi: numbers (kept exact in data-lo/-hi) or text
+    const label = (v) => typeof v === "number" ? sci(v) : v;
+    let box = document.getElementById(canvas.id + "-bar");
+    if (!box) {
+      box = document.createElement("div");
+      box.id = canvas.id + "-bar";
+      box.className = "colour-bar";
+      canvas.after(box);
+    }
+    const stops = Array.from({ length: 11 }, (_, i) => `<stop offset="${i / 10}" stop-color="${css(colourAt(i / 10))}"/>`).join("");
+    box.innerHTML = `<svg width="420" height="30"><defs><linearGradient id="${canvas.id}-gradient">${stops}</linearGradient></defs>` +
+      `<rect x="70" y="2" width="280" height="10" fill="url(#${canvas.id}-gradient)" stroke="#999"/>` +
+      `<text x="66" y="11" text-anchor="end">${label(lo)}</text><text x="354" y="11">${label(hi)}</text>` +
+      `<text x="70" y="26">${what}</text></svg>`;
+    box.dataset.lo = lo; box.dataset.hi = hi;
+  }
+
   function tooltip(event, text) {
     if (text === null) { tip.hidden = true; return; }
     tip.textContent = text;
@@ -116,9 +134,27 @@
 
   // ---- the selection ----------------------------------------------------------------------
   const views = [];
+  const SHARED = ["pos", "layer", "head", "lensKind", "lensMetric", "lnView", "attrBy", "steer"];
   function select(changes) {
     Object.assign(state, changes);
     for (const view of views) view();
+    try {  // the selection lives in the URL fragment, so a view can be shared (not possible in a srcdoc iframe)
+      history.replaceState(null, "", "#" + SHARED.map((k) => `${k}=${encodeURIComponent(state[k])}`).join("&"));
+    } catch (e) { /* no URL to write to */ }
+  }
+  function fromFragment() {  // the fragment's selection, each value checked; anything else is ignored
+    const given = new URLSearchParams(location.hash.slice(1)), out = {};
+    const whole = (k, lo, hi) => { const v = Number(given.get(k)); if (given.has(k) && Number.isInteger(v) && v >= lo && v <= hi) out[k] = v; };
+    const oneOf = (k, options) => { if (options.includes(given.get(k))) out[k] = given.get(k); };
+    whole("pos", 0, P - 1);
+    whole("layer", 0, D.model.n_layers - 1);
+    whole("head", 0, D.model.n_heads - 1);
+    whole("steer", 0, D.steering ? D.steering.runs.length - 1 : 0);
+    oneOf("lensKind", D.lens.tuned ? ["logit", "tuned"] : ["logit"]);
+    oneOf("lensMetric", ["top_prob", "entropy", "kl", "target_rank"]);
+    oneOf("lnView", ["scale", "mean", "norm"]);
+    oneOf("attrBy", ["layer", "head"]);
+    return out;
   }
 
   // ---- header and tokens --------------------------------------------------------------------
@@ -256,6 +292,13 @@
   views.push(() => {
     const kind = state.lensKind === "tuned" && D.lens.tuned ? "tuned" : "logit";
     drawLens($("lens-canvas"), D.lens[kind], kind, state.lensMetric);
+    const bars = {
+      top_prob: [(t) => ramp(t), "0", "1", "the top token's probability"],
+      entropy: [(t) => ramp(t), "0", `${logVocab.toFixed(2)} = ln d_vocab`, "entropy (nats)"],
+      kl: [(t) => ramp(t), "0", "≥ 10", "KL(final ‖ lens) (nats)"],
+      target_rank: [(t) => ramp(1 - t), "rank 1", `rank ${m.d_vocab}`, "rank of the target (log scale)"],
+    }[state.lensMetric];
+    colourBar($("lens-canvas"), ...bars);
   });
 
   // ---- LayerNorm ----------------------------------------------------------------------------
@@ -280,6 +323,8 @@
       hover: (r, p) => `${names[r2i(r)]} · position ${p} ${show(D.tokens[p])}: ${what} = ${sci(values[r2i(r)][p])}`,
       click: (r, p) => select({ pos: p }), rowLabel: (r) => names[r2i(r)], colLabel: tokenLabel, left: 100 });
     outline($("ln-canvas"), state.pos * cellW, 0, cellW, rows * cellH);
+    if (what === "mean") colourBar($("ln-canvas"), (t) => diverging(2 * t - 1), -big, big, "mean (0 white)");
+    else colourBar($("ln-canvas"), (t) => ramp(t), lo, hi, `${what} (log scale)`);
     profile($("ln-profile"), names, values.map((row) => row[state.pos]), `${what} at position ${state.pos} ` +
             `${show(D.tokens[state.pos])}, bottom to top`, what !== "mean");
   });
@@ -538,7 +583,17 @@
     });
   }
 
-  select({});
+  function applyFragment() {  // the controls show what the fragment chose
+    const shared = fromFragment();
+    if (shared.lensKind) $(`lens-kind-${shared.lensKind}`).checked = true;
+    if (shared.lensMetric) $("lens-metric").value = shared.lensMetric;
+    if (shared.lnView) $("ln-view").value = shared.lnView;
+    if (shared.attrBy) $(`attr-by-${shared.attrBy}`).checked = true;
+    if (shared.steer !== undefined && $("steer-slider")) $("steer-slider").value = shared.steer;
+    select(shared);
+  }
+  window.addEventListener("hashchange", applyFragment);  // a shared link opened in a tab that shows the page
+  applyFragment();
   window.refgptExplorer = { data: D, state, select, visible, readyAt: performance.now() };  // for tests and the curious
   document.body.dataset.ready = "1";
 })();
