@@ -106,6 +106,7 @@ def explore(model, text, *, target=None, prepend_bos=None, layers=None, heads=No
         "text": text if isinstance(text, str) else None,
         "tokens": _token_strings(model, tokens),
         "token_ids": tokens.tolist(),
+        "next_logprob": [None] + _floats(log_softmax(logits[:-1])[np.arange(len(tokens) - 1), tokens[1:]]),  # [pos]
         "target": {"id": target_id, "token": _token_strings(model, [target_id])[0]},
         "layers": layers,
         "heads": heads,

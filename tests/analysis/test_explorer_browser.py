@@ -378,3 +378,31 @@ def test_the_heat_maps_have_colour_bars_with_their_ranges(browser, page):
     bar = find(browser, "#ln-canvas-bar")
     sigmas = [v for row in built.data["ln_scale"].values() for v in row]
     assert float(bar.get_attribute("data-lo")) == min(sigmas) and float(bar.get_attribute("data-hi")) == max(sigmas)
+
+
+def test_the_token_strip_is_painted_with_a_head_s_attention_or_each_token_s_log_prob(browser, page, model):
+    """The selected head's attention from the selected position paints the tokens (a hovered head
+    previews its own); the other paint is log p(token | the tokens before), the model's."""
+    built = reopened(browser, page)
+    browser.js("refgptExplorer.select({layer: 2, head: 1, pos: 5})")
+    chips = browser.driver.find_elements("css selector", "#tokens .tok")
+    logits, cache = model.run_with_cache(TEXT)
+    pattern = cache["blocks.2.attn.hook_pattern"][0, 1, 5]  # [key]
+    values = [chip.get_attribute("data-value") for chip in chips]
+    assert all(v == "" for v in values[6:])  # keys after the query: masked
+    assert np.all(np.abs(np.array(values[:6], dtype=float) - pattern[:6]) <= 0.5e-3 + 1e-15)  # stored in thousandths
+    assert find(browser, "#paint-legend").text.startswith("L2H1's attention from position 5")
+    from selenium.webdriver.common.action_chains import ActionChains
+    ActionChains(browser.driver).move_to_element(find(browser, 'canvas.head[data-layer="0"][data-head="3"]')).perform()
+    assert find(browser, "#paint-legend").text.startswith("L0H3's attention from position 5")
+    ActionChains(browser.driver).move_to_element(find(browser, "#selection")).perform()
+    assert find(browser, "#paint-legend").text.startswith("L2H1's attention")
+    from selenium.webdriver.support.ui import Select
+    Select(find(browser, "#paint")).select_by_value("logprob")
+    tokens = model.to_tokens(TEXT)[0]
+    log_p = logits[0] - np.log(np.exp(logits[0] - logits[0].max(-1, keepdims=True)).sum(-1, keepdims=True)) - logits[0].max(-1, keepdims=True)
+    expected = log_p[np.arange(len(tokens) - 1), tokens[1:]]
+    shown = [chip.get_attribute("data-value") for chip in chips]
+    assert shown[0] == "" and np.allclose(np.array(shown[1:], dtype=float), expected, rtol=1e-12, atol=0)
+    assert built.data["next_logprob"][1:] == pytest.approx(expected.tolist(), rel=1e-12)
+    Select(find(browser, "#paint")).select_by_value("attention")

@@ -5,7 +5,7 @@
   const D = JSON.parse(document.getElementById("refgpt-data").textContent);
   const P = D.tokens.length;
   const state = { pos: P - 1, layer: D.steering ? D.steering.layer : D.layers[0], head: D.heads[0], lensKind: "logit", lensMetric: "top_prob",
-                  lnView: "scale", attrBy: "layer", steer: 0 };
+                  lnView: "scale", attrBy: "layer", steer: 0, paint: "attention" };
   const $ = (id) => document.getElementById(id);
   const tip = $("tooltip");
   const show = (s) => JSON.stringify(s);  // a token as a quoted string: spaces and newlines visible
@@ -94,9 +94,9 @@
       }
     }
     ctx.fillStyle = "#444";
-    if (o.rowLabel && o.cellH >= 8) {
+    if (o.rowLabel) {  // every row if there is room, else every k-th: labels never overprint
       ctx.textAlign = "right";
-      for (let r = 0; r < o.rows; r++) ctx.fillText(o.rowLabel(r).slice(0, Math.floor(left / 6.2)), left - 4, r * o.cellH + o.cellH / 2);
+      for (let r = 0; r < o.rows; r += Math.max(1, Math.ceil(10 / o.cellH))) ctx.fillText(o.rowLabel(r).slice(0, Math.floor(left / 6.2)), left - 4, r * o.cellH + o.cellH / 2);
       ctx.textAlign = "left";
     }
     if (o.colLabel) {  // every column if there is room, else every k-th
@@ -134,7 +134,7 @@
 
   // ---- the selection ----------------------------------------------------------------------
   const views = [];
-  const SHARED = ["pos", "layer", "head", "lensKind", "lensMetric", "lnView", "attrBy", "steer"];
+  const SHARED = ["pos", "layer", "head", "lensKind", "lensMetric", "lnView", "attrBy", "steer", "paint"];
   function select(changes) {
     Object.assign(state, changes);
     for (const view of views) view();
@@ -154,6 +154,7 @@
     oneOf("lensMetric", ["top_prob", "entropy", "kl", "target_rank"]);
     oneOf("lnView", ["scale", "mean", "norm"]);
     oneOf("attrBy", ["layer", "head"]);
+    oneOf("paint", ["attention", "logprob"]);
     return out;
   }
 
@@ -170,6 +171,34 @@
     span.dataset.pos = i;
     span.onclick = () => select({ pos: i });
     tokenBox.appendChild(span);
+  });
+  $("paint").onchange = () => select({ paint: $("paint").value });
+  // Paint the token strip: the attention of one head (the selected one, or the one hovered) from the
+  // selected query position to every key, or each token's log-probability (red: unlikely).
+  function paint(layer, head) {
+    const li = D.layers.indexOf(layer), hi = D.heads.indexOf(head);
+    const byAttention = state.paint !== "logprob";
+    for (const span of tokenBox.children) {
+      const k = Number(span.dataset.pos);
+      let colour = null;
+      if (byAttention && li >= 0 && hi >= 0 && k <= state.pos) colour = attnColour(weight(li, hi, state.pos, k));
+      if (!byAttention && D.next_logprob[k] !== null) colour = diverging(Math.min(1, -D.next_logprob[k] / 10));
+      span.style.background = colour ? css(colour) : "";
+      span.dataset.value = byAttention ? (colour ? weight(li, hi, state.pos, k) : "") : (D.next_logprob[k] ?? "");
+    }
+    $("paint-legend").textContent = byAttention
+      ? (li >= 0 && hi >= 0 ? `L${layer}H${head}'s attention from position ${state.pos} ${show(D.tokens[state.pos])} ` +
+         "(white 0 → blue 1, √ scale); hover a token for its weight" : `head L${layer}H${head} is not in this page`)
+      : "log p(token | the tokens before it): white 0 → red −10 nats or less; hover a token for its value";
+  }
+  views.push(() => {
+    paint(state.layer, state.head);
+    for (const span of tokenBox.children) {
+      const k = Number(span.dataset.pos), lp = D.next_logprob[k];
+      span.title = `position ${k}, id ${D.token_ids[k]}, ${show(D.tokens[k])}` +
+        (lp === null ? "" : `\nlog p(this token | the tokens before) = ${lp.toFixed(4)}`) +
+        (state.paint !== "logprob" && span.dataset.value !== "" ? `\nattention from ${state.pos}: ${Number(span.dataset.value).toFixed(3)}` : "");
+    }
   });
   views.push(() => {
     for (const span of tokenBox.children) span.classList.toggle("selected", Number(span.dataset.pos) === state.pos);
@@ -214,6 +243,8 @@
       canvas.className = "head";
       canvas.dataset.layer = L; canvas.dataset.head = h;
       canvas.title = `L${L}H${h}: click to enlarge`;
+      canvas.addEventListener("mouseenter", () => paint(L, h));  // preview this head on the token strip
+      canvas.addEventListener("mouseleave", () => paint(state.layer, state.head));
       grid.appendChild(canvas);
       const cell = Math.min(small / P, 8);
       heatmap(canvas, { rows: P, cols: P, cellW: cell, cellH: cell, colour: (q, k) => attnColour(weight(li, hi, q, k)),
@@ -241,7 +272,7 @@
     const canvas = $("modal-canvas");
     $("modal-title").textContent = `L${D.layers[li]}H${D.heads[hi]} · ${P} queries × ${P} keys · ` +
       `the selected query (position ${state.pos}) is outlined`;
-    const labels = cell >= 8 ? tokenLabel : null;
+    const labels = tokenLabel;  // thinned where the cells are small: the axes stay at any length
     heatmap(canvas, { rows: P, cols: P, cellW: cell, cellH: cell, colour: (q, k) => attnColour(weight(li, hi, q, k)),
                       hover: (q, k) => patternText(li, hi, q, k), click: (q) => select({ pos: q }),
                       rowLabel: labels, colLabel: labels, left: 120 });
@@ -589,6 +620,7 @@
     if (shared.lensMetric) $("lens-metric").value = shared.lensMetric;
     if (shared.lnView) $("ln-view").value = shared.lnView;
     if (shared.attrBy) $(`attr-by-${shared.attrBy}`).checked = true;
+    if (shared.paint) $("paint").value = shared.paint;
     if (shared.steer !== undefined && $("steer-slider")) $("steer-slider").value = shared.steer;
     select(shared);
   }
