@@ -235,6 +235,18 @@ def _lens(model, x, logits, target_id):
     return out
 
 
+def _kl_map(model, x, reference):
+    """KL(lens of x ‖ lens of reference) per stream and position, both [stream, pos, d_model] read
+    out as the logit lens reads a stream, LENS_BLOCK positions at a time: [stream][pos] in nats."""
+    out = [[] for _ in range(len(x))]
+    for start in range(0, x.shape[1], LENS_BLOCK):
+        for M in range(len(x)):
+            log_p = log_softmax(_read_out(model, x[M, start:start + LENS_BLOCK]))  # [block, d_vocab]
+            log_q = log_softmax(_read_out(model, reference[M, start:start + LENS_BLOCK]))  # [block, d_vocab]
+            out[M] += _floats(np.maximum((np.exp(log_p) * (log_p - log_q)).sum(-1), 0.0))
+    return out
+
+
 def _tuned_lens(model, lens, tuned, check_unembed_hash):
     """The TunedLens the page shows, or None (see ``explore``)."""
     from .lens import TunedLens
@@ -349,15 +361,22 @@ def _steering(model, tokens, steering, target_id, tuned_lens=None):
         if tuned_lens is not None:
             tuned = _lens(model, _translated(x, tuned_lens), logits, target_id)
             out.update({"tuned_top_token": tuned["top_token"], "tuned_top_prob": tuned["top_prob"]})
-        return out, cache
+        return out, cache, x
 
-    clean, clean_cache = run(0.0)
+    clean, clean_cache, _ = run(0.0)
     stream_at_layer = norm(clean_cache[f"blocks.{layer}.hook_resid_pre"][0, where[moving]])  # [steered] unsteered
-    runs = []
+    runs, xs = [], []
     for c in coeffs:
-        r, _ = run(c)
+        r, _, x = run(c)
         r["size_ratio"] = _floats(abs(c) * norm(rows[moving]) / stream_at_layer)  # c·‖Δ‖/‖stream‖, steered positions
         runs.append(r)
+        xs.append(x)  # [stream, pos, d_model]: small beside the lens's [pos, d_vocab]
+    largest = int(np.argmax(np.abs(coeffs)))
+    readers = [("logit", lambda x: x)] + ([("tuned", lambda x: _translated(x, tuned_lens))] if tuned_lens is not None else [])
+    for kind, read in readers:  # how far each run's lens still is from the largest coefficient's: it fades as C grows
+        reference = read(xs[largest])
+        for r, x in zip(runs, xs, strict=True):
+            r[f"{kind}_kl_to_largest"] = _kl_map(model, read(x), reference)
     final_clean = log_softmax(clean.pop("logits"))
     for r in runs:  # KL(steered ‖ clean) per position, as refgpt steer prints it
         steered = log_softmax(r.pop("logits"))

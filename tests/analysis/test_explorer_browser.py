@@ -15,7 +15,7 @@ from browser import Browser, need_browser
 from refgpt.analysis import explorer
 from refgpt.analysis.attribution import naive_attribution
 from refgpt.analysis.interventions import add_vector, last_token_difference, steering_vector
-from refgpt.analysis.lens import TunedLens
+from refgpt.analysis.lens import TunedLens, logit_lens
 from refgpt.analysis.measurements import norm, streams
 from refgpt.analysis.plots import printable
 
@@ -347,8 +347,21 @@ def test_a_page_steered_at_position_20_is_add_vector_there(browser, model, tmp_p
         _, cache = model.run_with_cache(tokens, fwd_hooks=add_vector(model, tokens, difference, 1, [20], coeff=c))
         assert run["resid_norm"][-1] == norm(streams(cache)[-1, 0]).tolist()
         assert all(k == 0.0 for k in run["kl"][:20])
+    # the KL map: KL(logit lens at C ‖ logit lens at the largest C), zero for the largest itself
+    assert np.all(np.array(st["runs"][-1]["logit_kl_to_largest"]) == 0.0)
+    lenses = []
+    for c in (1.0, 1e6):
+        _, cache = model.run_with_cache(tokens, fwd_hooks=add_vector(model, tokens, difference, 1, [20], coeff=c))
+        lenses.append(logit_lens(cache).log_probs()[:, 0])  # [stream, pos, d_vocab]
+    expected = (np.exp(lenses[0]) * (lenses[0] - lenses[1])).sum(-1)  # [stream, pos]
+    # the page reads 32 positions at a time, this [pos] at once: a BLAS may round a row's product
+    # differently in the two shapes (measured: equal here, OpenBLAS SkylakeX); the allowance is a few
+    # ulps of logits of size ~10 carried into a KL whose nonzero entries are ≥ 0.2 (measured)
+    np.testing.assert_allclose(st["runs"][0]["logit_kl_to_largest"], np.maximum(expected, 0.0), rtol=1e-9, atol=1e-13)
+    assert np.all(np.array(st["runs"][0]["logit_kl_to_largest"])[:, :20] == 0.0)  # nothing before position 20 moves
     path = built.save(tmp_path / "p20.html")
     assert browser.open(path)[0] == []
+    assert browser.js("return document.getElementById('steer-kl-map').width") > 100  # the KL map is drawn
     assert len(browser.driver.find_elements("css selector", "#steer-norms-svg rect.steered")) == 1
     assert "position 20 (shaded)" in find(browser, "#steer-body .legend").text
     assert "/" not in built.data["model"]["source"] and built.data["model"]["source"] == "embedded"

@@ -521,7 +521,8 @@
       `<div id="steer-kl"></div></div><div><h3>next token at the selected position</h3><div class="steer-grid">` +
       `<div><b>without</b><div id="steer-clean" class="bars"></div></div><div><b>with</b>` +
       `<div id="steer-next" class="bars"></div></div></div></div><div class="steer-wide"><h3 id="steer-lens-title"></h3>` +
-      `<canvas id="steer-lens"></canvas></div></div>`;
+      `<canvas id="steer-lens"></canvas></div><div class="steer-wide"><h3 id="steer-kl-title"></h3>` +
+      `<canvas id="steer-kl-map"></canvas></div></div>`;
     $("steer-slider").oninput = () => select({ steer: Number($("steer-slider").value) });
     const every = [St.clean, ...St.runs].flatMap((r) => r.resid_norm.flat());
     const normRange = [Math.min(...every), Math.max(...every)];  // fixed across coefficients: sizes compare
@@ -548,6 +549,18 @@
         label: cellW >= 28 ? (r, p) => visible(lens.top_token[S - 1 - r][p]) : null,
         click: (r, p) => select({ pos: p }), rowLabel: (r) => D.lens.streams[S - 1 - r], colLabel: tokenLabel });
       for (const q of St.positions) outline(canvas, q * cellW, 0, cellW, S * cellH, "#c62828");
+      const key = tuned ? "tuned_kl_to_largest" : "logit_kl_to_largest";  // one colour scale for every coefficient
+      const top = Math.max(1e-12, ...St.runs.flatMap((r) => r[key].flat()));
+      const largest = St.runs.reduce((a, r) => Math.abs(r.coeff) > Math.abs(a.coeff) ? r : a).coeff;
+      $("steer-kl-title").textContent = `KL(${kind} at C = ${run.coeff} ‖ ${kind} at the largest C = ${largest}) per stream ` +
+        "and position: it fades as C grows";
+      const klMap = $("steer-kl-map");
+      heatmap(klMap, { rows: S, cols: P, cellW, cellH: Math.min(cellH, 14),
+        colour: (r, p) => ramp(run[key][S - 1 - r][p] / top),
+        hover: (r, p) => `KL(${kind}, C = ${run.coeff} ‖ C = ${largest}) · stream ${D.lens.streams[S - 1 - r]} · position ${p} ` +
+          `${show(D.tokens[p])}: ${sci(run[key][S - 1 - r][p])} nats`,
+        click: (r, p) => select({ pos: p }), rowLabel: (r) => D.lens.streams[S - 1 - r], colLabel: tokenLabel });
+      colourBar(klMap, (t) => ramp(t), 0, top, "nats (the largest over every coefficient)");
     });
   }
   // Every stream's norm against position on one fixed log axis, the steered positions shaded, tokens below;
