@@ -68,8 +68,8 @@ def main():
             browser.driver.find_element("id", "attr-by-head").click()
             shoot(browser, "#attribution", "explorer_attribution.png")
             browser.driver.find_element("css selector", '#tokens .tok[data-pos="2"]').click()  # a steered position
-            browser.js("const s = document.getElementById('steer-slider'); s.value = 3; s.dispatchEvent(new Event('input'))")
-            shoot(browser, "#steering", "explorer_steering.png")  # C = 10⁶, every stream, the tuned lens
+            browser.js("const s = document.getElementById('steer-slider'); s.value = 2; s.dispatchEvent(new Event('input'))")
+            shoot(browser, "#steering", "explorer_steering.png")  # C = 50: every stream, the tuned lens, the KL to C = 10⁶
         finally:
             browser.quit()
 
