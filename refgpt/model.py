@@ -12,7 +12,7 @@ the second means every block sees the stream's direction, not its size. refgpt's
 (docs/layernorm.md) follow from these two lines.
 
 This is the fast, hookable copy; GPT-2 written plainly, the specification it is tested against, is
-refgpt/gpt2/plain.py. Computation is in float64 by default, or float32 on request, end to end: no
+refgpt/reference/gpt2.py. Computation is in float64 by default, or float32 on request, end to end: no
 intermediate is ever promoted or demoted. Every hook point is named as in TransformerLens. The
 elementwise work runs by blocks of rows on the BLAS's threads (refgpt/threads.py), what no hook or
 cache watches is written into scratch buffers reused from block to block and pass to pass, and

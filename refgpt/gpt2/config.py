@@ -16,6 +16,7 @@ from pathlib import Path
 from .activations import ACTIVATIONS
 from .. import strict_json
 from ..errors import RefGPTError, as_path
+from ..reference.gpt2 import score_scale as reference_score_scale
 
 MAX_SIZE = 2**31 - 1  # no dimension of a GPT-2 refgpt computes may exceed a 32-bit index
 
@@ -181,17 +182,9 @@ class Config:
         return self.d_head ** 0.5 if self.use_attn_scale else 1.0
 
     def score_scale(self, layer: int) -> float:
-        """The factor the attention scores QKᵀ of block ``layer`` are multiplied by.
-
-        HF folds both scalings into one factor, √d_head⁻¹ / (layer + 1), and multiplies; refgpt does
-        the same so that the scores agree with HF to the last bit in the common case.
-        """
-        scale = 1.0
-        if self.use_attn_scale:
-            scale = self.d_head ** -0.5
-        if self.scale_attn_by_inverse_layer_idx:
-            scale /= float(layer + 1)
-        return scale
+        """The factor the attention scores QKᵀ of block ``layer`` are multiplied by (its definition:
+        refgpt/reference/gpt2.py, ``score_scale``)."""
+        return reference_score_scale(self.d_head, layer, self.use_attn_scale, self.scale_attn_by_inverse_layer_idx)
 
     @classmethod
     def from_hf(cls, hf: dict, source: str = "config") -> "Config":
