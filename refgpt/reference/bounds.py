@@ -85,7 +85,9 @@ here: γ_{N+rows}·(Σ|terms| of both). LayerNorm's backward, g = ∂out ⊙ w, 
 K = (|g| + |x̂|·M)/σ: gpt2's textbook (g − mean g − x̂·mean(g ⊙ x̂))/σ is within
 γ_{n+5}·(K_i + mean K), the path's ∂σ, ∂c, ∂μ, ∂x (layernorm.py) within γ_{2n+6}·(K_i + mean K)
 (the sum of the n ∂c's and its /n): 2γ_{2n+6}·(K_i + mean K), + u·(|sum_f| + |sum_p|) where the
-residual stream's gradient is added to it.
+residual stream's gradient is added to it. The two formulas are one function only where x̂ sums to
+0; a computed x̂'s mean is the forward's centring error, so they differ by exactly
+mean(x̂)·mean(g ⊙ x̂)/σ, added to the bound (found by hypothesis at d_model = 2, |x| ≫ σ).
 
 §10 Attention's backward, line by line: ∂z = ∂out·W_Oᵀ (§3); ∂pattern = ∂z·vᵀ (inner e) and
 ∂v = patternᵀ·∂z (inner pos), both with Δ∂z pushed through; ∂scores = p ⊙ (∂p − Σ p ⊙ ∂p): each
@@ -381,12 +383,17 @@ class ParamGrads:
 
 
 def layer_norm_backward_bound(grad, w, normalized, scale):
-    """§9, both computations: |Δ∂x| ≤ 2·γ_{2n+6}·(K_i + mean K), K = (|g| + |x̂|·mean|g ⊙ x̂|)/σ,
-    g = ∂out ⊙ w."""
+    """§9, both computations: |Δ∂x| ≤ 2·γ_{2n+6}·(K_i + mean K) + |mean x̂|·mean|g ⊙ x̂|/σ,
+    K = (|g| + |x̂|·mean|g ⊙ x̂|)/σ, g = ∂out ⊙ w. The last term is no rounding of the backward: the
+    textbook and the engine's chain (layernorm.py: ∂σ, ∂c, ∂μ) are one function only where x̂ sums
+    to 0, and a computed x̂ does not — its mean is the forward's centring error, up to γ_n·mean|x|/σ,
+    large where |x| ≫ σ — so they differ by mean(x̂)·mean(g ⊙ x̂)/σ exactly."""
     n = grad.shape[-1]
     g = np.abs(grad * w)  # [pos, n]
-    K = (g + np.abs(normalized) * (g * np.abs(normalized)).mean(-1, keepdims=True)) / scale  # [pos, n]
-    return 2 * gamma(2 * n + 6) * (K + K.mean(-1, keepdims=True))
+    M = (g * np.abs(normalized)).mean(-1, keepdims=True)  # [pos, 1]
+    K = (g + np.abs(normalized) * M) / scale  # [pos, n]
+    formulas = np.abs(normalized.mean(-1, keepdims=True)) * M / scale  # [pos, 1]
+    return 2 * gamma(2 * n + 6) * (K + K.mean(-1, keepdims=True)) + formulas * (1 + gamma(n + 4))
 
 
 def check_layer_norm_backward(ledger, sums, prefix, grad, acts, w, name, path_into, upstream):
