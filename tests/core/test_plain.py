@@ -26,6 +26,12 @@ inputs (a probe, not kept) scores 0.47, z 0.50, ∂v 0.33, ∂W_Q 0.25. LayerNor
 come out bit for bit. Ratios near 1 (pattern, z, the backward's chained lines) are lines that read
 their own function's earlier value: the measured difference passes through almost unchanged
 (query 0's z is 1·v, so Δz = Δv), which the propagation term states exactly.
+
+Fresh seeds, not only CI's fixed draws: test_random_shapes_are_plain_op_by_op with
+``--hypothesis-seed`` 1–8 and 100–140 (49 runs, 30 models each) passes every bound since
+LayerNorm's backward bound took in the two formulas' difference on a computed x̂ (bounds.py §9;
+seed 5 had failed it at 1.63×). The worst ratio over those runs: q, k, v 0.58, LayerNorm's backward
+0.70, gelu_new 0.15 and its backward 0.44, ∂logits 0.38, loss 0.05; the chained lines up to 1.
 """
 
 from __future__ import annotations
