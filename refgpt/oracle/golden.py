@@ -394,12 +394,6 @@ def float32_twin(model: Model) -> Model:
     return Model(model.cfg, params, dtype="float32")
 
 
-def as_rows(a: np.ndarray) -> np.ndarray:
-    """``a`` as a 2-D [rows, last axis] array (a view when ``a`` is contiguous; a scalar is [1, 1])."""
-    return a.reshape(int(np.prod(a.shape[:-1], dtype=np.int64)), a.shape[-1]) if a.ndim else a.reshape(1, 1)
-
-
-
 def check_golden_targets(model: Model, tokens, targets) -> np.ndarray:
     """``targets`` as int64 [batch, pos] (one per input, llm.c's y), or the next tokens
     [batch, pos − 1] when None."""
