@@ -427,7 +427,7 @@ def test_llmc_debug_state_holds_every_gradient_in_llmc_order_and_layout(tmp_path
     model = build(cfg, seed=4)
     tokens = np.random.default_rng(4).integers(0, 20, size=(2, 6))
     path = llmc.write_debug_state(tmp_path / "state.bin", model, tokens)
-    state = llmc.read_debug_state(path, cfg.d_vocab)
+    state = llmc.read_debug_state(path, cfg.d_vocab, cfg)
     Vp = llmc.padded_vocab(cfg.d_vocab)
     shapes = llmc.parameter_shapes(cfg.n_ctx, Vp, cfg.n_layers, cfg.d_model)
     assert state.grads.size == sum(int(np.prod(s)) for s in shapes.values())
