@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import RefGPTError
+from ..errors import RefGPTError, size_shown
 from ..oracle import golden
 from . import _progress
 from ._arguments import positive_int
@@ -152,7 +152,7 @@ def _forward(args, model, llmc_tokenizer, tokens, targets, source, progress) -> 
     progress.close()
     size = path.stat().st_size
     shape = list(np.asarray(g.tensors["tokens"]).shape)
-    lines = [f"wrote {path}: {len(g.tensors)} tensors, {size / 2**20:.1f} MiB, tokens {shape}, {g.metadata['dtype']}",
+    lines = [f"wrote {path}: {len(g.tensors)} tensors, {size_shown(size)}, tokens {shape}, {g.metadata['dtype']}",
              f"tokens: {source}"]
     if mask is not None:
         lines.append(f"padded on the {args.padding_side or 'right'} with id {_pad_id(model)}: real tokens per row "
@@ -206,7 +206,7 @@ def _decode(args, model, tokens, source, progress) -> int:
         return print_json(model, {"path": str(path), "tensors": len(g.tensors), "bytes": path.stat().st_size,
                                   "prompt_shape": list(prompt.shape), "steps": N, "continuation": kind,
                                   "chosen": chosen.tolist(), "tokens_source": source})
-    lines = [f"wrote {path}: decode golden, {len(g.tensors)} tensors, {path.stat().st_size / 2**20:.1f} MiB, prompt "
+    lines = [f"wrote {path}: decode golden, {len(g.tensors)} tensors, {size_shown(path.stat().st_size)}, prompt "
              f"{list(prompt.shape)}, {N} steps ({kind}), {g.metadata['dtype']}", f"tokens: {source}"]
     if mask is not None:
         lines.append(f"prompts padded on the left with id {_pad_id(model)}: real tokens per row "

@@ -19,7 +19,7 @@ from __future__ import annotations
 import sys
 
 from .. import strict_json
-from ..errors import RefGPTError, one_line
+from ..errors import RefGPTError, one_line, size_shown
 from ..sweep.driver import run_sweep
 from ..sweep.prompts import FORMATS
 from ..sweep.registry import TASKS
@@ -204,7 +204,7 @@ def report_lines(args, result) -> list[str]:
                   table(["component", "mean", "mean |·|"], rows, align="<>>")]
     elif args.task == "golden" and s["files"]:
         worst = sorted(s["conditioning_max"].items(), key=lambda kv: -kv[1]["c_X"])[:5]
-        lines.append(f"{s['files']} golden files, {s['bytes'] / 2**20:.1f} MiB; mean loss {s['loss_mean']:.6g} "
+        lines.append(f"{s['files']} golden files, {size_shown(s['bytes'])}; mean loss {s['loss_mean']:.6g} "
                      f"over {s['targets']} targets")
         lines.append("largest conditioning c_X (units of float32's roundoff): "
                      + ", ".join(f"{name} {w['c_X']:.3g} (prompt {w['prompt']})" for name, w in worst))
