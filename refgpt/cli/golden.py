@@ -244,11 +244,7 @@ def load_model(args):
     from ..gpt2.tokenizer import Tokenizer
 
     path = Path(args.model) if args.model is not None else None
-    if path is not None and path.is_file():
-        model = llmc.read_model(path, dtype=args.dtype)
-        model.source = path
-    else:
-        model = load_chosen(args)
+    model = load_chosen(args, llmc_checkpoint=True)
     llmc_tokenizer = None
     if args.tokenizer:
         t = Path(args.tokenizer)

@@ -27,7 +27,7 @@ from ..analysis.attribution import GRANULARITIES
 from ..oracle.comparison import UNIT_ROUNDOFF
 from ..oracle.name_maps import MAPS
 from ._arguments import add_token_argument, count, non_negative_float, positive_int
-from ._chosen_model import add_subcommand
+from ._chosen_model import add_subcommand, is_llmc_checkpoint
 from ._table import table
 
 DESCRIPTION = """\
@@ -138,6 +138,8 @@ def task_options(args) -> dict:
 
 def run(args) -> int:
     options = task_options(args)
+    if args.model is not None:
+        is_llmc_checkpoint(args.model)  # a file is refused here, as in every subcommand: never a hub name
     try:
         result = run_sweep(args.prompts, args.task, args.output, options=options, model=args.model, dtype=args.dtype,
                            bos=args.bos, workers=args.workers, scheduler=args.scheduler, batch_size=args.batch_size,

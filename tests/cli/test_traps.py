@@ -53,3 +53,76 @@ def test_steer_announces_the_padding_of_the_shorter_prompt(refgpt_cli):
     assert json.loads(refgpt_cli.in_process(*same, "--json").stdout)["padding"] is None
     swapped = json.loads(refgpt_cli.in_process(*args[:3], "Hate it", "--minus", "Love", *args[6:], "--json").stdout)
     assert swapped["padding"]["prompt"] == "minus"
+
+
+# ---- --model: a path that exists is read from the disk, in every subcommand ------------------------
+
+from refgpt.cli import COMMANDS  # noqa: E402
+from test_options import BASE  # noqa: E402  (each subcommand's cheap command line)
+
+MODEL_TAKERS = sorted(n for n, c in ((c.__name__.rpartition(".")[2], c) for c in COMMANDS) if "--model" in c.USES)
+
+
+@pytest.fixture
+def llmc_dir(tmp_path, monkeypatch, hub):
+    """A directory of the test's own with an llm.c checkpoint of the embedded model (m.bin), a file
+    named like a hub repository (gpt2), the hub a fake one that records every request."""
+    import refgpt
+    from refgpt.oracle import llmc
+
+    llmc.write_model(tmp_path / "m.bin", refgpt.load_default())
+    (tmp_path / "gpt2").write_text("not a model\n")
+    (tmp_path / "prompts.txt").write_text("To be\n")
+    (tmp_path / "ids.txt").write_text("1 2 3 4\n")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_every_subcommand_that_takes_a_model_takes_it(refgpt_cli):
+    assert MODEL_TAKERS == ["attribute", "explore", "generate", "golden", "inspect", "lens", "predict", "steer",
+                            "sweep"]
+
+
+@pytest.mark.parametrize("name", MODEL_TAKERS)
+@pytest.mark.parametrize("model", ["m.bin", "gpt2"])
+def test_a_model_file_is_read_locally_never_sent_to_the_hub(refgpt_cli, llmc_dir, hub, name, model):
+    """--model m.bin read an llm.c checkpoint in golden but sent predict to the network (m.bin looks
+    like a hub name); a file named gpt2 went to the hub too. Now a file is a file everywhere: golden
+    reads llm.c's, every other subcommand says in one line what it reads."""
+    argv = [a.replace("{out}", "out") for a in BASE[name]]
+    if name == "golden":
+        argv = ["golden", "--tokens", "ids.txt", "-o", "out.safetensors"]
+    done = refgpt_cli.in_process(*argv, "--model", model)
+    assert hub.requests == []
+    if name == "golden" and model == "m.bin":
+        assert done.returncode == 0, done.stderr
+        assert "wrote out.safetensors" in done.stdout
+        return
+    assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+    if model == "gpt2":
+        assert done.stderr.startswith("refgpt: error: gpt2: a file, not a model directory"), done.stderr
+    else:
+        assert done.stderr.startswith("refgpt: error: m.bin: an llm.c checkpoint, which only refgpt golden reads")
+
+
+def test_a_hub_name_that_is_no_path_still_goes_to_the_hub(refgpt_cli, llmc_dir, hub):
+    (llmc_dir / "gpt2").unlink()
+    done = refgpt_cli.in_process("predict", "To be", "--model", "gpt2")
+    assert hub.requests, done.stderr  # asked the (fake) hub
+
+
+def test_the_python_api_reads_a_file_path_locally_too(llmc_dir, hub):
+    import refgpt
+
+    with pytest.raises(refgpt.RefGPTError, match=r"^gpt2: a file, not a model directory"):
+        refgpt.load("gpt2")
+    with pytest.raises(refgpt.RefGPTError, match=r"give the directory it sits in"):
+        refgpt.load(refgpt.default_model_path() / "model.safetensors")
+    assert hub.requests == []
+
+
+def test_the_model_option_says_what_it_reads_the_same_way_everywhere(refgpt_cli):
+    helps = {name: " ".join(refgpt_cli.in_process(name, "--help").stdout.split()) for name in MODEL_TAKERS}
+    for name, text in helps.items():
+        assert "A path that exists is always read from the disk, never looked up on the hub" in text, name
+        assert "llm.c checkpoint" in text, name
