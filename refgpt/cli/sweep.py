@@ -96,7 +96,7 @@ def add_parser(subparsers):
     lens = p.add_argument_group("lens")
     lens.add_argument("--translators", metavar="FILE", action="append",
                       help="also the lens of these translators: a lens directory (config.json + params.pt, as the "
-                           "tuned-lens package and refgpt lens train write it) or a .safetensors/.pt translator file "
+                           "tuned-lens package and refgpt train-lens write it) or a .safetensors/.pt translator file "
                            "(repeatable)")
     lens.add_argument("--lens", metavar="MODULE:FUNCTION[=PATH]", action="append",
                       help="also a plug-in lens: FUNCTION(PATH, model) returns it (refgpt/sweep/task_lens.py; repeatable)")

@@ -57,10 +57,10 @@ def test_steer_announces_the_padding_of_the_shorter_prompt(refgpt_cli):
 
 # ---- --model: a path that exists is read from the disk, in every subcommand ------------------------
 
-from refgpt.cli import COMMANDS  # noqa: E402
+from refgpt.cli import COMMANDS, name_of  # noqa: E402
 from test_options import BASE  # noqa: E402  (each subcommand's cheap command line)
 
-MODEL_TAKERS = sorted(n for n, c in ((c.__name__.rpartition(".")[2], c) for c in COMMANDS) if "--model" in c.USES)
+MODEL_TAKERS = sorted(name_of(c) for c in COMMANDS if "--model" in c.USES)
 
 
 @pytest.fixture
@@ -79,8 +79,8 @@ def llmc_dir(tmp_path, monkeypatch, hub):
 
 
 def test_every_subcommand_that_takes_a_model_takes_it(refgpt_cli):
-    assert MODEL_TAKERS == ["attribute", "explore", "generate", "golden", "inspect", "lens", "predict", "steer",
-                            "sweep"]
+    assert MODEL_TAKERS == ["attribute", "eval-lens", "explore", "generate", "golden", "inspect", "lens", "predict",
+                            "steer", "sweep", "train-lens"]
 
 
 @pytest.mark.parametrize("name", MODEL_TAKERS)
@@ -126,3 +126,35 @@ def test_the_model_option_says_what_it_reads_the_same_way_everywhere(refgpt_cli)
     for name, text in helps.items():
         assert "A path that exists is always read from the disk, never looked up on the hub" in text, name
         assert "llm.c checkpoint" in text, name
+
+
+# ---- no subcommand swallows a TEXT -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("word", ["train", "eval", "train-lens", "eval-lens", "predict", "lens", "help"])
+def test_lens_reads_any_word_as_its_text(refgpt_cli, word):
+    """`refgpt lens train` was lens training, so the lens of the text "train" needed `lens -- train`.
+    Training and evaluating are their own commands now (train-lens, eval-lens): every word is a TEXT."""
+    done = refgpt_cli.in_process("lens", word, "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["text"] == word
+
+
+@pytest.mark.parametrize("command", [["predict"], ["inspect"], ["generate", "-n", "1"],
+                                     ["steer", "--plus", "a", "--minus", "b", "--layer", "0"], ["explore", "-o", "p.html"],
+                                     ["attribute", "--target", "#1"]])
+@pytest.mark.parametrize("word", ["train", "eval", "lens", "golden"])
+def test_no_subcommand_takes_a_word_of_its_text_for_an_action(refgpt_cli, tmp_path, monkeypatch, command, word):
+    monkeypatch.chdir(tmp_path)
+    done = refgpt_cli.in_process(command[0], word, *command[1:], "--json")
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout)
+    assert answer.get("text", word) == word and "tokens" in answer or "output" in answer, answer.keys()
+
+
+def test_the_old_lens_train_spelling_says_where_the_command_went(refgpt_cli, tmp_path):
+    for argv, new in ((["lens", "train", "--text", "x.txt", "-o", tmp_path / "d"], "train-lens"),
+                      (["lens", "eval", "--text", "x.txt"], "eval-lens")):
+        done = refgpt_cli.in_process(*argv)
+        assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+        assert f"is now refgpt {new}" in done.stderr
