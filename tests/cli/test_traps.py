@@ -158,3 +158,26 @@ def test_the_old_lens_train_spelling_says_where_the_command_went(refgpt_cli, tmp
         done = refgpt_cli.in_process(*argv)
         assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
         assert f"is now refgpt {new}" in done.stderr
+
+
+# ---- the oracle's logic lives below the CLI ----------------------------------------------------------
+
+
+def test_golden_command_only_parses_and_prints():
+    """Token-file readers, batch padding and llm.c model loading were in refgpt/cli/golden.py; they
+    are refgpt.oracle.token_files, refgpt.gpt2.padding.pad_rows and _chosen_model.load_chosen."""
+    import numpy as np
+
+    from refgpt.cli import golden as golden_cli
+    from refgpt.gpt2.padding import pad_rows
+    from refgpt.oracle import token_files
+
+    for name in ("read_tokens", "padded", "_raw_tokens", "_text_or_npy_tokens", "RAW_TOKEN_DTYPES", "_pad_id"):
+        assert not hasattr(golden_cli, name), name
+    assert callable(token_files.read_tokens) and callable(token_files.with_tokenizer)
+    tokens, mask = pad_rows([[1, 2, 3], [4]], "left", 0)
+    assert tokens.tolist() == [[1, 2, 3], [0, 0, 4]] and mask.tolist() == [[1, 1, 1], [0, 0, 1]]
+    tokens, mask = pad_rows([[1, 2, 3], [4]], "right", 9)
+    assert tokens.tolist() == [[1, 2, 3], [4, 9, 9]] and mask.tolist() == [[1, 1, 1], [1, 0, 0]]
+    same = np.array([[1, 2], [3, 4]])
+    assert pad_rows(same, "left", 0)[0] is same and pad_rows([[1, 2], [3, 4]], "left", 0)[1] is None
