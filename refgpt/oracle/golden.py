@@ -279,7 +279,7 @@ def stream(model: Model, tokens, names=None, fwd_hooks=(), targets=None):
     for L in range(model.cfg.n_layers):
         resid = model.block(L, resid, run)  # [batch, pos, d_model]
         yield from _stage_tensors(model, run, wanted)
-    logits = model.unembed(resid, run)  # [batch, pos, d_vocab]
+    logits = model.logits_from_resid(resid, run)  # [batch, pos, d_vocab]
     yield from _stage_tensors(model, run, wanted)
     del resid
     if wanted & {"logits", "log_probs", "loss"}:
