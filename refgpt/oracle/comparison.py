@@ -722,9 +722,9 @@ def _as_rows(x):
 
 
 def _row_blocks(rows, last):
-    """(start, stop) of consecutive blocks of rows, each at most BLOCK_BYTES of float64 (at least one row)."""
-    step = max(1, BLOCK_BYTES // (8 * max(1, last)))
-    return [(a, min(a + step, rows)) for a in range(0, rows, step)] or [(0, 0)]
+    """threads.row_blocks of float64 rows of ``last`` numbers, each block at most BLOCK_BYTES (read at
+    each call: tests make it smaller); a tensor without rows is one empty block, judged like any other."""
+    return threads.row_blocks(rows, 8 * max(1, last), BLOCK_BYTES) or [(0, 0)]
 
 
 def _sum(parts) -> float:

@@ -280,7 +280,7 @@ def stream(model: Model, tokens, names=None, fwd_hooks=(), targets=None):
     for L in range(model.cfg.n_layers):
         resid = model.block(L, resid, run)  # [batch, pos, d_model]
         yield from _stage_tensors(model, run, wanted)
-    logits = model.unembed(resid, run)  # [batch, pos, d_vocab]
+    logits = model.logits_from_resid(resid, run)  # [batch, pos, d_vocab]
     yield from _stage_tensors(model, run, wanted)
     del resid
     if wanted & {"logits", "log_probs", "loss"}:
@@ -393,12 +393,6 @@ def float32_twin(model: Model) -> Model:
                 and all(np.array_equal(stored.params[n], params[n]) for n in params)):
             return stored
     return Model(model.cfg, params, dtype="float32")
-
-
-def as_rows(a: np.ndarray) -> np.ndarray:
-    """``a`` as a 2-D [rows, last axis] array (a view when ``a`` is contiguous; a scalar is [1, 1])."""
-    return a.reshape(int(np.prod(a.shape[:-1], dtype=np.int64)), a.shape[-1]) if a.ndim else a.reshape(1, 1)
-
 
 
 def check_golden_targets(model: Model, tokens, targets) -> np.ndarray:
