@@ -130,7 +130,10 @@ def is_llmc_checkpoint(model: str, *, llmc_checkpoint: bool = False) -> bool:
     """Whether ``--model`` is an llm.c checkpoint file the subcommand reads (``llmc_checkpoint``);
     any other file is a RefGPTError saying what --model is (a file is never taken for a hub name)."""
     path = Path(model)
-    if not path.is_file():
+    try:
+        if not path.is_file():
+            return False
+    except OSError:  # a name the file system refuses (too long, …): load says so, naming it
         return False
     from ..oracle import llmc, llmc_dump
 

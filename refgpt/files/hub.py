@@ -94,7 +94,7 @@ def resolve(name) -> Path:
     directory = Path(name)
     if directory.is_dir():
         return directory
-    if directory.exists() or directory.is_symlink():
+    if _exists(directory):
         raise RefGPTError(not_a_model_directory(directory))
     parsed = parse_name(name) if isinstance(name, str) else None
     if parsed is None:
@@ -110,6 +110,15 @@ def resolve(name) -> Path:
         return download(repo_id, revision)
     except RefGPTError as error:
         raise RefGPTError(f"{name}: {where}; downloading it failed: {error}") from None
+
+
+def _exists(path: Path) -> bool:
+    """Whether ``path`` is there, a dangling link too (a name the file system refuses, such as one
+    too long, is not)."""
+    try:
+        return path.is_symlink() or path.exists()
+    except OSError:
+        return False
 
 
 @dataclass(frozen=True)

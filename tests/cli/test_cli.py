@@ -316,5 +316,5 @@ def test_inspect_json_in_a_subprocess_parses(refgpt_cli):
 @pytest.mark.parametrize("command", ["predict", "inspect"])
 def test_help_explains_each_subcommand_with_an_example(refgpt_cli, command):
     status, out, _ = refgpt_cli.in_process(command, "--help")
-    assert status == 0 and "--model DIR" in out and "--dtype" in out and "--json" in out
+    assert status == 0 and "--model MODEL" in out and "--dtype" in out and "--json" in out
     assert re.search(rf"examples:\n  refgpt {command} \"", out)
