@@ -99,6 +99,7 @@ def test_a_hub_style_copy_with_the_misspelled_key_says_so(refgpt_cli, tmp_path):
     assert "spells the unembedding hash 'unemebd_hash'" in out.stdout
 
 
+@pytest.mark.peer
 def test_the_package_reads_the_shipped_lens_as_it_is(model, lens):
     from tuned_lens_peer import hf_lens_forward, lens_forward_bound, require_tuned_lens
 

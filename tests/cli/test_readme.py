@@ -173,6 +173,7 @@ def test_the_cli_and_the_api_differ_by_bos_where_the_readme_says_so(refgpt_cli):
         assert said in flowing, said
 
 
+@pytest.mark.peer
 def test_hf_s_tokenizer_and_tiktoken_give_the_command_line_s_tokens(refgpt_cli):
     """The README: the command line runs TEXT's tokens as HF's tokenizer and tiktoken encode it
     (neither puts <|endoftext|> first), here on the embedded model's vocabulary."""

@@ -352,6 +352,7 @@ def test_softmax_cross_entropy_gradient_is_softmax_minus_onehot_over_count():
 # ---- 2. torch autograd on HF's GPT-2 ------------------------------------------------------------
 
 
+@pytest.mark.peer
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cfg=configs(max_layers=3, max_width=16, act_fns=["gelu_new", "gelu", "gelu_fast", "quick_gelu", "relu", "silu"]),
        seed=st.integers(0, 2**32 - 1), data=st.data())

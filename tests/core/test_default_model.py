@@ -216,6 +216,7 @@ def test_load_default_gives_the_embedded_model_in_either_dtype(dtype):
     assert logits.dtype == np.dtype(dtype) and np.all(np.isfinite(logits))
 
 
+@pytest.mark.peer
 def test_hf_reads_the_default_model_and_agrees(model):
     """It is an ordinary HF GPT-2 directory: transformers loads it and gives refgpt's logits."""
     torch = pytest.importorskip("torch", reason="peer test: needs the peers extra")

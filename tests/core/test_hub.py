@@ -390,6 +390,7 @@ def test_a_hostile_shard_name_is_refused(hf_env, hub, hub_files):
 
 # ---- huggingface_hub, the peer, reads what refgpt writes and writes what refgpt reads ----------
 
+@pytest.mark.peer
 def test_huggingface_hub_reads_the_cache_refgpt_wrote(hf_env, hub, hub_files):
     huggingface_hub = pytest.importorskip("huggingface_hub")
     download("gpt2")
@@ -400,6 +401,7 @@ def test_huggingface_hub_reads_the_cache_refgpt_wrote(hf_env, hub, hub_files):
         assert Path(path).read_bytes() == hub_files[filename]
 
 
+@pytest.mark.peer
 def test_refgpt_reads_the_cache_huggingface_hub_wrote(hf_env, hub, hub_files, monkeypatch):
     huggingface_hub = pytest.importorskip("huggingface_hub")
     for filename in hub_files:
@@ -409,6 +411,7 @@ def test_refgpt_reads_the_cache_huggingface_hub_wrote(hf_env, hub, hub_files, mo
     assert model.source == hf_env / "models--openai-community--gpt2" / "snapshots" / hub.commit
 
 
+@pytest.mark.peer
 def test_transformers_loads_by_name_what_refgpt_downloaded(hf_env, hub, monkeypatch):
     """``refgpt download gpt2`` puts the files where transformers' from_pretrained("gpt2") looks."""
     torch = pytest.importorskip("torch", reason="the peer test needs the 'peers' extra")
@@ -427,6 +430,7 @@ def test_transformers_loads_by_name_what_refgpt_downloaded(hf_env, hub, monkeypa
     assert np.max(np.abs(ours - hf_logits)) / max(1.0, np.max(np.abs(hf_logits))) <= 1e-12  # tests/peers.py F64_TOL
 
 
+@pytest.mark.peer
 def test_transformer_lens_loads_by_name_what_refgpt_downloaded(hf_env, hub, monkeypatch):
     """TransformerLens 3.9's from_pretrained("gpt2") finds refgpt's download in the HF cache and loads
     the same weights, bit for bit. TL's gpt2 assumes d_mlp = 4·d_model and reads n_ctx from

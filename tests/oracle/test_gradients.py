@@ -172,6 +172,7 @@ def _hf_candidate(torch, hf, tokens, act=None):
     return cand
 
 
+@pytest.mark.peer
 def test_hf_torch_gradients_pass_and_a_wrong_custom_autograd_gelu_is_named_at_the_mlp(tmp_path):
     torch, peers = _torch_peers()
     import refgpt

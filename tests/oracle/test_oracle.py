@@ -323,6 +323,7 @@ def _hf_setup(tmp_path, peers, seed=11):
     return cfg, hf, tokens
 
 
+@pytest.mark.peer
 def test_hf_hidden_states_from_a_real_hf_model_match_the_golden_file(tmp_path):
     torch, peers = _peers()
     dump = load_script(ROOT / "benchmarks" / "dump_hf_tl.py")
@@ -345,6 +346,7 @@ def test_hf_hidden_states_from_a_real_hf_model_match_the_golden_file(tmp_path):
     assert report.first_divergence.name == "blocks.0.hook_resid_pre"
 
 
+@pytest.mark.peer
 def test_transformer_lens_cache_matches_the_golden_file_under_the_tl_map(tmp_path):
     torch, peers = _peers()
     pytest.importorskip("transformer_lens", reason="TL name-map test needs the 'peers' extra (transformer_lens)")

@@ -69,6 +69,7 @@ def tl_forward_backward(torch, tl, x, y):
     return cand
 
 
+@pytest.mark.peer
 @pytest.mark.parametrize("name", port_cases.CASES)
 def test_hf_in_float32_passes_forward_and_backward(tmp_path, name):
     torch = _torch()
@@ -82,6 +83,7 @@ def test_hf_in_float32_passes_forward_and_backward(tmp_path, name):
     assert report["logits"].row.kind == "shift"
 
 
+@pytest.mark.peer
 @pytest.mark.parametrize("name", [*port_cases.CASES[:2], pytest.param(port_cases.CASES[2], marks=pytest.mark.skipif(
     os.environ.get("REFGPT_CALIBRATION") != "long", reason="set REFGPT_CALIBRATION=long (HF covers this shape by default)"))])
 def test_transformer_lens_in_float32_passes_forward_and_backward(tmp_path, name):
