@@ -70,6 +70,7 @@ def test_cache_dir_is_huggingface_hubs(env, expected, monkeypatch):
         assert hf.stdout.strip() == str(cache_dir())
 
 
+@pytest.mark.slow
 def test_loading_a_directory_loads_no_http_machinery_and_refgpt_hub_loads_on_first_use():
     code = ("import sys, refgpt; refgpt.load_default(); "
             "print(sorted(m for m in ('refgpt.files.hub', 'refgpt.files.hf_cache', 'urllib.request', 'http.client') "
@@ -105,6 +106,7 @@ def test_the_spelling_asked_for_comes_first(hf_env, monkeypatch):
     assert refgpt.load("openai-community/gpt2").source == moved
 
 
+@pytest.mark.slow
 def test_a_revision_is_a_ref_or_a_commit(hf_env, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     main = fabricate_cache(hf_env, "models--owner--tiny", tiny_gpt2_files(seed=4), refs=("main",))
@@ -363,6 +365,7 @@ def test_offline_download_is_refused(monkeypatch):
         download("gpt2")
 
 
+@pytest.mark.slow
 def test_a_sharded_checkpoint_is_downloaded_with_its_index(hf_env, hub):
     sharded = tiny_gpt2_files(seed=8, sharded=True)
     commit = hub.add_commit("owner/sharded", sharded)

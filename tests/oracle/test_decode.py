@@ -57,6 +57,7 @@ def f32_decode(golden, past=None):
 # ---- clean decodes pass ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["plain", "padded"])
 def test_refgpts_float32_decode_passes_and_every_step_is_judged(goldens, kind):
     g = goldens[kind]
@@ -156,6 +157,7 @@ class PadsAttended(KVCache):
         return np.ones_like(super().attention_mask(new_mask, new))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bug, kind, step, tensor, row", [
     ("position off by one", "plain", 1, "hook_pos_embed", 0),
     (AppendedTwice, "plain", 1, "blocks.0.attn.cache_k", None),

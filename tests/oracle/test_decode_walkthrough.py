@@ -21,6 +21,8 @@ import refgpt
 from doc_pages import DOCS
 from refgpt.oracle import decode, golden
 
+pytestmark = pytest.mark.peer  # the page's HF command needs the peers extra
+
 ROOT = DOCS.parent
 SECTION = "## A failing `generate`"
 
@@ -52,7 +54,6 @@ def my_port(d: Path):
     golden.write(d / "mine.safetensors", golden.Golden({"tokens": np.concatenate([prompt, chosen], 1), **tensors}, {}))
 
 
-@pytest.mark.peer
 def test_the_decode_walkthrough_runs_and_names_the_step(tmp_path):
     pytest.importorskip("torch", reason="the page's HF command needs the 'peers' extra")
     pytest.importorskip("transformers", reason="the page's HF command needs the 'peers' extra")

@@ -123,6 +123,7 @@ BACKWARD_BUGS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bug", BACKWARD_BUGS, ids=[b[0] for b in BACKWARD_BUGS])
 def test_a_bug_planted_in_one_ops_backward_is_named_at_that_op(ref, bug, monkeypatch):
     what, module, function, old, new, (target, attr), expected, words = bug
@@ -248,6 +249,7 @@ def test_gelu_with_pi_314_is_named_at_mlp_hook_post(monkeypatch):
     assert "a systematic error" in report.table()
 
 
+@pytest.mark.slow
 def test_a_correct_float32_port_of_the_trained_default_model_passes():
     from refgpt import load_default
 

@@ -19,6 +19,8 @@ import port_cases
 from random_models import save_checkpoint
 from refgpt.oracle import comparison as oracle
 
+pytestmark = pytest.mark.peer  # every test here runs an HF or TransformerLens port
+
 
 def _torch():
     torch = pytest.importorskip("torch", reason="needs the 'peers' extra (torch)")
@@ -69,7 +71,6 @@ def tl_forward_backward(torch, tl, x, y):
     return cand
 
 
-@pytest.mark.peer
 @pytest.mark.parametrize("name", port_cases.CASES)
 def test_hf_in_float32_passes_forward_and_backward(tmp_path, name):
     torch = _torch()
@@ -83,7 +84,6 @@ def test_hf_in_float32_passes_forward_and_backward(tmp_path, name):
     assert report["logits"].row.kind == "shift"
 
 
-@pytest.mark.peer
 @pytest.mark.parametrize("name", [*port_cases.CASES[:2], pytest.param(port_cases.CASES[2], marks=pytest.mark.skipif(
     os.environ.get("REFGPT_CALIBRATION") != "long", reason="set REFGPT_CALIBRATION=long (HF covers this shape by default)"))])
 def test_transformer_lens_in_float32_passes_forward_and_backward(tmp_path, name):

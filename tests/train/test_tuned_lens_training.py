@@ -271,6 +271,7 @@ def test_text_windows_are_the_packages_chunks():
         T.text_windows(tok, [], 4)
 
 
+@pytest.mark.slow
 def test_refgpt_lens_train_and_eval_help_examples_run_as_printed(refgpt_cli, tmp_path, monkeypatch):
     """`refgpt lens train --help` and `refgpt lens eval --help` end with examples that run as printed
     (tests/cli_examples.py), in a directory holding only the text a user brings."""
