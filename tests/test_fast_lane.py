@@ -273,7 +273,8 @@ README = (REPO / "README.md").read_text(encoding="utf-8")
 
 
 def _fast_commands(text: str) -> list[list[str]]:
-    return [shlex.split(c) for c in re.findall(r"`(python -m pytest [^`]*-m [^`]*)`", text)]
+    """The pytest command lines with ``-m`` in a text: quoted inline, or a line of a code block."""
+    return [shlex.split(c) for c in re.findall(r"(?:`|^)(python -m pytest [^`\n]*-m [^`\n]*)", text, re.M)]
 
 
 def test_the_readme_and_contributing_give_the_same_fast_command():
