@@ -20,6 +20,7 @@ def script_and_page():
     return doc_script("make_steering_figures.py", "steering.md")
 
 
+@pytest.mark.slow
 def test_every_number_on_the_steering_page_comes_from_the_script(script_and_page):
     script, page = script_and_page
     rows = script.numbers(figures=False)
@@ -56,6 +57,7 @@ def test_every_figure_on_a_page_is_drawn_by_its_script(script_name, page_name):
         assert name in source, f"{name} is not written by docs/{script_name}"
 
 
+@pytest.mark.slow
 def test_the_pages_reproduce_command_prints_its_table_row(refgpt_cli):
     """The `refgpt steer … --coeff 100 --generate 15` line the page gives prints the continuations
     of the table's unsteered and c = 10² rows."""

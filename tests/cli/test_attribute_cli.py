@@ -14,6 +14,8 @@ from random_models import random_model, rel_err, save_checkpoint
 from refgpt import Config
 from refgpt.gpt2.tokenizer import bytes_to_unicode
 
+pytestmark = pytest.mark.slow  # every test here runs the command end to end, a second or more each
+
 TEXT = "Hello, world"
 
 

@@ -41,6 +41,7 @@ def brought(tmp_path_factory):
     return directory
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_the_help_examples_run_as_printed(refgpt_cli, name, hub, hub_files, brought, tmp_path, monkeypatch):
     lines = help_examples(refgpt_cli, name)

@@ -77,6 +77,7 @@ def test_every_subcommand_has_a_base_command_line_and_declares_only_shared_optio
         assert set(command.USES) <= set(SHARED), name
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("option", sorted(SHARED))
 @pytest.mark.parametrize("name", sorted(NAMES))
 def test_a_shared_option_is_used_or_refused(refgpt_cli, work, name, option):

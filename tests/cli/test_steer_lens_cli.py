@@ -21,6 +21,7 @@ def model():
     return refgpt.load_default()
 
 
+@pytest.mark.slow
 def test_steer_json_is_the_api_result(refgpt_cli, model):
     out = refgpt_cli(*STEER, "--json")
     assert out.returncode == 0, out.stderr
@@ -37,6 +38,7 @@ def test_steer_json_is_the_api_result(refgpt_cli, model):
     assert [t["text"] for t in answer["minus"]] == ["<|endoftext|>", "H", "ate"]
 
 
+@pytest.mark.slow
 def test_steer_generate_json_is_the_api_result(refgpt_cli, model):
     """--generate N: greedy continuations with and without the vector, as the Python API gives them."""
     out = refgpt_cli(*STEER, "--generate", "6", "--json")
@@ -52,6 +54,7 @@ def test_steer_generate_json_is_the_api_result(refgpt_cli, model):
     assert answer["steered"]["continuation"] == model.to_string(steered) and answer["n"] == 6
 
 
+@pytest.mark.slow
 def test_steer_generate_table_and_errors(refgpt_cli):
     out = refgpt_cli(*STEER, "--generate", "4")
     assert out.returncode == 0, out.stderr
@@ -63,6 +66,7 @@ def test_steer_generate_table_and_errors(refgpt_cli):
     assert bad.returncode == 2 and "--generate" in bad.stderr
 
 
+@pytest.mark.slow
 def test_steer_table_and_plot(refgpt_cli, tmp_path):
     pytest.importorskip("matplotlib", reason="--plot needs the optional 'plot' extra (matplotlib)")
     out = refgpt_cli(*STEER, "--plot", str(tmp_path / "steer.png"))
@@ -72,6 +76,7 @@ def test_steer_table_and_plot(refgpt_cli, tmp_path):
     assert (tmp_path / "steer.png").read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.slow
 def test_lens_json_final_column_is_the_model_prediction(refgpt_cli, model):
     out = refgpt_cli("lens", "The cat sat", "--bos", "--json")
     assert out.returncode == 0, out.stderr
@@ -86,6 +91,7 @@ def test_lens_json_final_column_is_the_model_prediction(refgpt_cli, model):
     assert ids[-1, 0, :, 0].tolist() == np.argmax(model(tokens), -1).tolist()
 
 
+@pytest.mark.slow
 def test_lens_tuned_with_zero_translators_equals_the_logit_lens_and_plots(refgpt_cli, model, tmp_path):
     pytest.importorskip("matplotlib", reason="--plot needs the optional 'plot' extra (matplotlib)")
     d = model.cfg.d_model
@@ -102,6 +108,7 @@ def test_lens_tuned_with_zero_translators_equals_the_logit_lens_and_plots(refgpt
     assert (tmp_path / "lens.png").read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("argv, status, message", [
     # "a long prompt" is 3 tokens of the default vocabulary (a, ' long', ' prompt'), "Hi" 2 (H, i).
     (["steer", "Hi", "--plus", "a long prompt", "--minus", "x", "--layer", "0"], 1, "needs at least 3 positions"),

@@ -101,6 +101,7 @@ def directional_error(exact, numeric) -> float:
 # ---- 1. finite differences ----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_every_gradient_entry_matches_central_differences():
     """Element by element, every parameter and every activation of one tiny tied model with b_U."""
     cfg = Config(d_model=4, n_layers=2, n_heads=2, d_mlp=6, d_vocab=5, n_ctx=4, eps=1e-3,
@@ -129,6 +130,7 @@ def test_every_gradient_entry_matches_central_differences():
 
 
 # 27 examples: each takes 6 losses per direction instead of 4 (the error bound), so the time 40 took before
+@pytest.mark.slow
 @settings(max_examples=27, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cfg=configs(max_layers=2, max_width=12), seed=st.integers(0, 2**32 - 1),
        scale=st.sampled_from([0.1, 0.5, 1.0]), b_U=st.booleans(), data=st.data())
@@ -365,6 +367,7 @@ def test_softmax_cross_entropy_gradient_is_softmax_minus_onehot_over_count():
 # ---- 2. torch autograd on HF's GPT-2 ------------------------------------------------------------
 
 
+@pytest.mark.peer
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cfg=configs(max_layers=3, max_width=16, act_fns=["gelu_new", "gelu", "gelu_fast", "quick_gelu", "relu", "silu"]),
        seed=st.integers(0, 2**32 - 1), data=st.data())

@@ -261,6 +261,7 @@ def test_model_takes_a_config_and_a_mapping_of_arrays(model):
         refgpt.Model(CFG, list(params.items()))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("edit,match", [
     ({"layer_norm_epsilon": float("inf")}, "Infinity is not a JSON number"),
     ({"layer_norm_epsilon": 0}, "layer_norm_epsilon must be a finite number > 0"),

@@ -141,6 +141,7 @@ def test_libm_is_within_the_4_ulps_assumed():
         assert ulps.max() <= 4, (f, float(ulps.max()))
 
 
+@pytest.mark.slow
 def test_gelu_constants_and_lipschitz_constant():
     """§7: plain's √(2/π), activations.py's and the bounds' are one float; sup|gelu_new′| < 1.13
     (on a grid of step 1e-5, with |gelu_new″| ≤ 0.8 between the points; beyond ±12, f′ ∈ [0, 1])."""
@@ -154,6 +155,7 @@ def test_gelu_constants_and_lipschitz_constant():
 # ---- the forward paths -------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("batch", [1, 2])
 @pytest.mark.parametrize("pos", LENGTHS)
 @pytest.mark.parametrize("name", CONFIGS)
@@ -302,6 +304,7 @@ def assembled(steps, length):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("chunks", [[1, 1, 1, 1, 1], [63, 1, 1, 64], [64, 65], [5, 60, 64, 1]])
 def test_kv_cached_decoding_is_plain_on_the_whole_prefix(chunks):
     """Each step's q, k, v, scores against every key so far, pattern, z … are plain's on the whole
@@ -387,6 +390,7 @@ def plain_golden_values(model, tokens):
     return {**values, "tokens": tokens, "targets": tokens[:, 1:]}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bug", [None, "blocks.1.mlp.b_in", "unembed.W_U"])
 def test_compare_judges_a_golden_as_the_whole_tensor_judgement_of_plains_values_does(tmp_path, monkeypatch, bug):
     """``refgpt compare`` on a streamed golden, a block of rows at a time, and the whole-tensor
@@ -421,6 +425,7 @@ def test_compare_judges_a_golden_as_the_whole_tensor_judgement_of_plains_values_
             assert abs(b.max_abs - w.max_abs) <= distance * (1 + 1e-12), b.name
 
 
+@pytest.mark.slow
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(model_and_tokens(act_fns=["gelu_new", "relu"]))
 def test_random_shapes_are_plain_op_by_op(model_tokens):

@@ -106,6 +106,7 @@ def tiny_blocks(monkeypatch):
     return force
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(kind=st.sampled_from(["activation", "scores", "grad pattern", "logits", "probs", "pattern", "log_probs",
                              "tokens", "grad b_K", "scalar"]),
@@ -196,6 +197,7 @@ def test_running_rms_takes_the_overflow_safe_path_across_blocks():
     assert math.isfinite(rms.value())
 
 
+@pytest.mark.slow
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 2**16), bug=st.sampled_from([None, "blocks.1.mlp.b_in", "blocks.0.ln1.w", "unembed.W_U"]),
        rows_per_block=st.integers(1, 3), profile=st.sampled_from([None, "float64"]))

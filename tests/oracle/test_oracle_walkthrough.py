@@ -193,6 +193,7 @@ def run_page(d, bugs=(None, "forward", "backward")):
     return outputs
 
 
+@pytest.mark.slow
 def test_the_llmc_walkthrough_runs_and_names_each_planted_bug(tmp_path):
     outputs = run_page(tmp_path)
     assert all(rc == 0 for bug, _, rc, _ in outputs if bug is None), [o for o in outputs if o[2]]

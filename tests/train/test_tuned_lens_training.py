@@ -51,6 +51,7 @@ def torch_objective(torch, model, h, log_p, W, b):
     return loss.item(), tW.grad.numpy(), tb.grad.numpy()
 
 
+@pytest.mark.peer
 @settings(max_examples=12, deadline=None)
 @given(configs(max_layers=2), st.integers(0, 2**32 - 1), st.booleans(), st.sampled_from([0.0, 0.3, 2.0]))
 def test_the_analytic_gradient_is_torch_autograds(cfg, seed, b_U, size):
@@ -74,6 +75,7 @@ def test_the_analytic_gradient_is_torch_autograds(cfg, seed, b_U, size):
         assert rel(gW, ref_W) <= GRADIENT_TOL and rel(gb, ref_b) <= GRADIENT_TOL, (rel(gW, ref_W), rel(gb, ref_b))
 
 
+@pytest.mark.peer
 def test_a_steps_gradient_sums_micro_batches_and_is_autograds(monkeypatch):
     """lens_step_gradients over 5 windows, split into micro-batches of 2 windows, = autograd of the
     mean KL over all of them, translator by translator, at resid_pre and resid_mid."""
@@ -94,6 +96,7 @@ def test_a_steps_gradient_sums_micro_batches_and_is_autograds(monkeypatch):
             assert rel(grads[f"{i}.weight"], gW) <= GRADIENT_TOL and rel(grads[f"{i}.bias"], gb) <= GRADIENT_TOL
 
 
+@pytest.mark.peer
 def test_clipping_is_clip_grad_norm_and_the_schedule_is_transformers_linear_decay():
     torch = pytest.importorskip("torch", reason="peer test: needs torch (the 'peers' extra)")
     transformers = pytest.importorskip("transformers", reason="peer test: needs transformers (the 'peers' extra)")
@@ -133,6 +136,7 @@ def package_pair(tmp_path_factory):
     return hf, model, [rng.integers(0, 40, (2, 16)) for _ in range(8)]
 
 
+@pytest.mark.peer
 def test_refgpt_trains_what_the_package_trains_on_the_same_windows(package_pair, tmp_path):
     """The package's own Train.execute (its lens, SGD, scheduler, loss, clipping) and refgpt, on a
     float64 GPT-2 and the same windows in the same order, 4 steps, clipped and unclipped ones:
@@ -157,6 +161,7 @@ def test_refgpt_trains_what_the_package_trains_on_the_same_windows(package_pair,
             assert 1e-9 <= rel(mine.translators[i][k], as_is.translators[i][k]) <= 1e-6
 
 
+@pytest.mark.peer
 def test_the_package_stops_silently_where_refgpt_refuses(package_pair, tmp_path):
     """tuned-lens #113 (open in 0.2.0): Train.execute zips its step counter with the data loader, so
     a loader that runs dry ends the training early, and the lens is saved as if nothing happened.
@@ -266,6 +271,7 @@ def test_text_windows_are_the_packages_chunks():
         T.text_windows(tok, [], 4)
 
 
+@pytest.mark.slow
 def test_refgpt_train_lens_and_eval_lens_help_examples_run_as_printed(refgpt_cli, tmp_path, monkeypatch):
     """`refgpt train-lens --help` and `refgpt eval-lens --help` end with examples that run as printed
     (tests/cli_examples.py), in a directory holding only the text a user brings (and, for eval-lens,
