@@ -6,9 +6,11 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 from typing import NamedTuple
 
 import pytest
@@ -21,6 +23,42 @@ from fake_hub import FakeHub, closed_port, tiny_gpt2_files
 settings.register_profile("ci", derandomize=True, database=None)
 if os.environ.get("CI"):
     settings.load_profile("ci")
+
+TESTS = Path(__file__).resolve().parent
+#: The markers of every test below a directory of tests/ (the vendored TransformerLens tests in
+#: tl_torch/ stay as written, without a pytestmark of their own). tests/test_fast_lane.py reads it.
+DIRECTORY_MARKS = {"tl_torch": ("peer",)}
+#: The markers the fast lane (``-m fast``) leaves out; setup.cfg registers them all.
+NOT_FAST = ("slow", "peer", "browser")
+
+
+def _wholly_not_fast(path: Path) -> bool:
+    """Whether every test of a module (or directory) carries one of NOT_FAST: by DIRECTORY_MARKS, or
+    by a one-line module-level ``pytestmark`` naming one (a module written otherwise is imported and judged)."""
+    if TESTS in path.parents and set(DIRECTORY_MARKS.get(path.relative_to(TESTS).parts[0], ())) & set(NOT_FAST):
+        return True
+    if not (path.name.startswith("test_") and path.suffix == ".py"):
+        return False
+    marks = re.findall(r"^pytestmark = (.*)$", path.read_text(encoding="utf-8"), re.M)
+    return any(re.search(rf"\bpytest\.mark\.{mark}\b", line) for line in marks for mark in NOT_FAST)
+
+
+def pytest_ignore_collect(collection_path, config):
+    """With exactly ``-m fast``, modules none of whose tests are fast are not even imported (their
+    tests would all be deselected): the fast lane does not pay for importing torch and TransformerLens."""
+    return True if config.option.markexpr == "fast" and _wholly_not_fast(collection_path) else None
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
+def pytest_collection_modifyitems(items):
+    """Give DIRECTORY_MARKS, then ``fast`` to every test marked none of NOT_FAST."""
+    for item in items:
+        path = item.path.resolve()
+        if TESTS in path.parents:
+            for mark in DIRECTORY_MARKS.get(path.relative_to(TESTS).parts[0], ()):
+                item.add_marker(getattr(pytest.mark, mark))
+        if not any(item.get_closest_marker(mark) for mark in NOT_FAST):
+            item.add_marker(pytest.mark.fast)
 
 
 class CLIResult(NamedTuple):

@@ -1,7 +1,8 @@
 """``refgpt steer TEXT --plus P --minus M --layer L --coeff C``: ActAdd steering, and what it did.
 
-The steering vector is C·(resid_pre_L(P) − resid_pre_L(M)), the shorter prompt padded with the
-space token; it is added to the first positions of TEXT's stream entering block L
+The steering vector is C·(resid_pre_L(P) − resid_pre_L(M)), the shorter prompt padded on the
+right with the space token, which the answer says (a ``padding:`` line, ``"padding"`` in --json;
+null when P and M have one length); it is added to the first positions of TEXT's stream entering block L
 (refgpt.analysis.interventions). The command prints, per position of TEXT, the clean and the steered top
 next token and KL(steered ‖ clean); and, per steered position, ‖v‖ and its ratio to the stream
 at layer L and at the end — the ratio tends to 1 as C grows (docs/steering.md). ``--positions
@@ -32,6 +33,8 @@ Steer the model with activation addition (ActAdd): add C·(resid(PLUS) − resid
 the stream entering block L, to the first positions of TEXT's stream at the same layer. Prints
 the clean and steered next-token predictions at each position with their KL divergence, and how
 large the added vector is against the stream. --bos puts <|endoftext|> before TEXT, PLUS and MINUS.
+If PLUS and MINUS differ in length, the shorter is padded on the right with the space token, and
+the answer says so.
 """
 
 USES = ("--model", "--dtype", "--json", "--bos")
@@ -76,7 +79,7 @@ def run(args) -> int:
     model = load_chosen(args)
     tokens = tokens_of(model, args)  # [pos]
     tuned = _tuned_lens(model, args) if args.lens not in (None, "logit") else None
-    steer, rows, where, plus_ids, minus_ids = _steering(model, tokens, args, args.coeff)
+    steer, rows, where, plus_ids, minus_ids, padding = _steering(model, tokens, args, args.coeff)
     clean_logits = model(tokens)  # [pos, d_vocab]
     logits, cache = model.run_with_cache(tokens, fwd_hooks=steer)  # [pos, d_vocab]
     kl = kl_divergence(logits, clean_logits)  # [pos]
@@ -93,6 +96,7 @@ def run(args) -> int:
     if args.json:
         answer = {
             "text": args.text, "tokens": [token_json(model, t) for t in tokens], "layer": layer, "coeff": args.coeff,
+            "padding": _padding_json(model, padding),
             "plus": [token_json(model, t) for t in plus_ids],
             "minus": [token_json(model, t) for t in minus_ids],
             "positions": [{"position": j, "token": token_json(model, tokens[j]),
@@ -122,6 +126,7 @@ def run(args) -> int:
         *header(model, args, tokens),
         f"steering: {args.coeff:g}·(resid({shown(args.plus)}) − resid({shown(args.minus)})) into blocks.{layer}.hook_resid_pre, "
         f"{at}",
+        *([_padding_line(model, padding)] if padding else []),
         "",
         table(["pos", "token", "clean top", "p", "steered top", "p", "KL(steered‖clean)"], table_rows, align="><<><>>"),
         "",
@@ -135,18 +140,19 @@ def run(args) -> int:
 
 def _steering(model, tokens, args, coeff):
     """At ``coeff``: (the intervention, the rows it adds [m, d_model], the positions they go to [m],
-    and the PLUS and MINUS token at each [m]): ActAdd's rows at the first positions, or with
-    --positions the prompts' last-token difference at each listed position."""
+    the PLUS and MINUS token at each [m], and how the shorter prompt was padded or None): ActAdd's rows
+    at the first positions, or with --positions the prompts' last-token difference (never padded)
+    at each listed position."""
     if args.positions is None:
         sv = steering_vector(model, args.plus, args.minus, args.layer, coeff, prepend_bos=args.bos)
-        return sv, sv.vector, np.arange(len(sv.vector)), sv.plus_tokens, sv.minus_tokens
+        return sv, sv.vector, np.arange(len(sv.vector)), sv.plus_tokens, sv.minus_tokens, sv.padding
     difference, plus_ids, minus_ids = last_token_difference(model, args.plus, args.minus, args.layer,
                                                             prepend_bos=args.bos)  # [d_model]
     steer = add_vector(model, tokens, difference, args.layer, positions=args.positions, coeff=coeff)
     where = np.asarray(args.positions) % len(tokens)  # [m] (add_vector has checked them)
     row = (np.float64(coeff) * difference.astype(np.float64)).astype(model.dtype)  # [d_model], as add_vector adds it
     rows = np.broadcast_to(row, (len(where), len(difference)))  # [m, d_model]
-    return steer, rows, where, [plus_ids[-1]] * len(where), [minus_ids[-1]] * len(where)
+    return steer, rows, where, [plus_ids[-1]] * len(where), [minus_ids[-1]] * len(where), None
 
 
 def _tuned_lens(model, args):
@@ -188,6 +194,19 @@ def _figure(model, tokens, args, coeffs, rows, where, layer, tuned):
     decode = lambda i: token_labels(model, [i])[0][:6] if i != eot else "<eot>"  # noqa: E731
     lens_figure({k: read(cache) for k, cache in runs.items()}, labels=labels, decode=decode, position=marked,
                 path=args.plot, title=f"The {name} under steering:\n{what}")
+
+
+def _padding_line(model, padding) -> str:
+    """The line that says the shorter prompt was padded, and with what."""
+    n = padding.count
+    return (f"padding: {padding.prompt.upper()} is {n} token{'s' if n != 1 else ''} shorter; padded on the right "
+            f"with {n} × {token_text(model, padding.token)} (id {padding.token})")
+
+
+def _padding_json(model, padding) -> dict | None:
+    if padding is None:
+        return None
+    return {"prompt": padding.prompt, "count": padding.count, "token": token_json(model, padding.token)}
 
 
 def _generations_side_by_side(model, unsteered, steered) -> list[str]:

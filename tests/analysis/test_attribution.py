@@ -45,6 +45,7 @@ cases = st.tuples(model_and_tokens(), st.sampled_from(GRANULARITIES), st.boolean
                   st.sets(st.sampled_from(STEPS)), st.integers(0, 2**32 - 1))
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 @given(cases)
 def test_attribution_sums_to_the_logit(case):
@@ -128,6 +129,7 @@ def test_projecting_first_equals_expanding_first(model_tokens, seed):
         assert rel_err(result[label], neurons[i]) <= TOL
 
 
+@pytest.mark.slow
 @settings(max_examples=30, deadline=None)
 @given(model_and_tokens(), st.integers(0, 2**32 - 1))
 def test_processing_moves_only_constants(model_tokens, seed):
@@ -278,6 +280,7 @@ def test_exported_from_the_package():
     assert refgpt.attribute is attribute and refgpt.Attribution.__name__ == "Attribution"
 
 
+@pytest.mark.slow
 def test_every_number_on_the_page_comes_from_the_script():
     """docs/decomposition.md quotes each N row of docs/make_decomposition_numbers.py as it prints it
     (bounds: the measurement stays below the stated power of ten), and quotes no other row."""

@@ -42,6 +42,7 @@ def test_the_shipped_lens_is_the_embedded_models_in_the_packages_format(model, l
     assert lens.stream == "resid_pre" and len(lens) == model.cfg.n_layers and lens.notes == []
 
 
+@pytest.mark.slow
 def test_it_beats_the_logit_lens_at_every_layer_on_held_out_text(model, lens):
     windows, nats_to_bpb = text_windows(model.tokenizer, HELD_OUT.read_text(encoding="utf-8"), model.cfg.n_ctx)
     result = evaluate_lenses(model, windows[:HELD_OUT_WINDOWS], lens, nats_to_bpb=nats_to_bpb)
@@ -76,6 +77,7 @@ def test_the_training_record_is_true(model, lens):
     assert {a.dtype for a in read_state_dict(LENS / "params.pt").values()} == {np.dtype(np.float32)}
 
 
+@pytest.mark.slow
 def test_refgpt_lens_kind_tuned_uses_it_by_default(refgpt_cli, model, lens):
     out = refgpt_cli.in_process("lens", "To be, or not to", "--bos", "--kind", "tuned", "--json")
     assert out.returncode == 0, out.stderr
@@ -99,6 +101,7 @@ def test_a_hub_style_copy_with_the_misspelled_key_says_so(refgpt_cli, tmp_path):
     assert "spells the unembedding hash 'unemebd_hash'" in out.stdout
 
 
+@pytest.mark.peer
 def test_the_package_reads_the_shipped_lens_as_it_is(model, lens):
     from tuned_lens_peer import hf_lens_forward, lens_forward_bound, require_tuned_lens
 

@@ -45,6 +45,7 @@ def document_of(page_html: str) -> dict:
     return json.loads(found[0])
 
 
+@pytest.mark.slow
 def test_the_page_holds_the_document_and_nothing_else_from_outside(page):
     p, _ = page
     text = p.html
@@ -107,6 +108,7 @@ def test_the_lens_views_are_the_lens_modules_numbers(model, page, kind):
     np.testing.assert_allclose(lens["entropy"], -(p_all * log_p).sum(-1), rtol=1e-12)
 
 
+@pytest.mark.slow
 def test_the_tuned_view_is_the_lens_it_is_given_as_refgpt_lens_takes_it(model, page, tmp_path):
     """Default: the shipped lens (named "shipped"); a lens directory, a translator file, a TunedLens
     or {layer: (W, b)} (lens=, or tuned= by its old name) give that lens's numbers; False: none."""
@@ -177,6 +179,7 @@ def test_the_steering_runs_are_the_steered_model(model, page):
     assert steered[0][0] == steered[-1][0] and steered[-1][1] > 1e5 > steered[0][1]
 
 
+@pytest.mark.slow
 def test_text_that_looks_like_markup_stays_data(model):
     hostile = '</script><script>alert(1)</script><!-- {{data}} "'
     p = explorer.explore(model, hostile)
@@ -223,6 +226,7 @@ def test_save_writes_the_page(page, tmp_path):
     assert path.read_text(encoding="utf-8") == p.html
 
 
+@pytest.mark.slow
 def test_the_command_writes_the_page(refgpt_cli, tmp_path, model):
     out = tmp_path / "page.html"
     done = refgpt_cli.in_process("explore", TEXT, "--target", " lord", "-o", out)
@@ -236,6 +240,7 @@ def test_the_command_writes_the_page(refgpt_cli, tmp_path, model):
     assert [r["coeff"] for r in document_of(out.read_text(encoding="utf-8"))["steering"]["runs"]] == [2.0, 20.0]
 
 
+@pytest.mark.slow
 def test_the_command_takes_the_tuned_lens_as_refgpt_lens_does(refgpt_cli, tmp_path, model):
     """The shipped lens by default on the embedded model, --lens DIR (or --translators) otherwise,
     --no-tuned for none; on another model without --lens the page has no tuned view."""

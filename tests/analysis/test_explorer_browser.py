@@ -19,6 +19,8 @@ from refgpt.analysis.lens import TunedLens, logit_lens
 from refgpt.analysis.measurements import norm, streams
 from refgpt.analysis.plots import printable
 
+pytestmark = pytest.mark.browser  # every test here drives the headless browser
+
 TEXT = "My lord, I am glad to see you well."
 COEFFS = [1.0, 10.0, 1e6]
 
@@ -202,6 +204,7 @@ def test_the_notebook_object_renders_in_its_iframe(browser, page, tmp_path):
     assert browser.console() == []
 
 
+@pytest.mark.peer
 def test_a_gpt2_small_shaped_page_at_256_tokens_works(browser, tmp_path):
     """GPT-2 small's 12 layers × 12 heads, its 50,257-token vocabulary and tokenizer, at 256 tokens:
     the page holds what the real model's would (144 patterns of 256 queries, 13 lens rows over the

@@ -43,6 +43,7 @@ def is_png(path):
     return path.is_file() and path.read_bytes()[:8] == PNG_MAGIC and path.stat().st_size > 1000
 
 
+@pytest.mark.slow
 def test_resid_norm_figure_draws_one_line_per_stream_and_block(plots, runs, tmp_path):
     model, clean, steered = runs
     fig = plots.resid_norm_figure(steered, position=3, labels=list("abcdefgh"), clean_cache=clean,
@@ -57,6 +58,7 @@ def test_resid_norm_figure_draws_one_line_per_stream_and_block(plots, runs, tmp_
     assert [t.get_text() for t in bottom.get_xticklabels()] == list("abcdefgh")
 
 
+@pytest.mark.slow
 def test_lens_figure_writes_the_top_token_in_every_cell(plots, runs, tmp_path):
     model, _, steered = runs
     lens = logit_lens(steered)
@@ -74,6 +76,7 @@ def test_lens_figure_writes_the_top_token_in_every_cell(plots, runs, tmp_path):
     assert len(outline) == 1 and outline[0].get_height() == CFG.n_layers + 1
 
 
+@pytest.mark.slow
 def test_convergence_figure_is_log_log_with_a_one_over_k_guide(plots, tmp_path):
     ks = np.logspace(0, 6, 7)
     fig = plots.convergence_figure(ks, {"err": 3 / ks, "other": 1 / ks}, path=tmp_path / "conv.png")

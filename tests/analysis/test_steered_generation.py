@@ -84,6 +84,7 @@ def decisive_steps(logits, error):
     return len(ok) if ok.all() else int(np.argmin(ok))
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 @given(st.data())
 def test_kv_cached_steered_greedy_equals_recomputing_the_steered_pass(data):

@@ -63,6 +63,7 @@ def scaled_k(model, tokens, layer, position, d, factor):
 # ---- §1: causality --------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @settings(max_examples=120, deadline=None)
 @given(injections(k_range=(1e-3, 1e15)), st.booleans())
 def test_positions_before_injection_are_bit_identical(case, negative):
@@ -80,6 +81,7 @@ def test_positions_before_injection_are_bit_identical(case, negative):
 # ---- §2: sublayer outputs are bounded whatever k is -------------------------------------------
 
 
+@pytest.mark.slow
 @settings(max_examples=120, deadline=None)
 @given(injections(k_range=(1e-3, 1e15)))
 def test_sublayer_outputs_are_bounded_independently_of_k(case):
@@ -96,6 +98,7 @@ def test_sublayer_outputs_are_bounded_independently_of_k(case):
 # ---- §3: LayerNorms and logits at p reach their limits -------------------------------------
 
 
+@pytest.mark.slow
 @settings(max_examples=120, deadline=None)
 @given(injections(), st.floats(2.0, 1e6), st.booleans())
 def test_layernorms_and_logits_at_injected_position_converge_within_bound(case, factor, negative):
@@ -121,6 +124,7 @@ def test_layernorms_and_logits_at_injected_position_converge_within_bound(case, 
 # ---- §4: the error falls like 1/k -------------------------------------------------------------
 
 
+@pytest.mark.slow
 @settings(max_examples=120, deadline=None)
 @given(injections(), st.floats(10.0, 1e5))
 def test_error_at_injected_position_falls_like_one_over_k(case, factor):
@@ -156,6 +160,7 @@ def test_error_at_injected_position_falls_like_one_over_k(case, factor):
 # ---- §5: positions after p reach the limit model ------------------------------------------------
 
 
+@pytest.mark.slow
 @settings(max_examples=100, deadline=None)
 @given(injections(k_range=(1e-3, 1e15)))
 def test_injected_position_reaches_later_positions_only_through_its_layernorms(case):
@@ -169,6 +174,7 @@ def test_injected_position_reaches_later_positions_only_through_its_layernorms(c
     assert np.array_equal(hybrid, logits)
 
 
+@pytest.mark.slow
 @settings(max_examples=100, deadline=None)
 @given(injections(), st.floats(2.0, 1e6))
 def test_later_positions_converge_to_the_limit_model_within_propagated_bound(case, factor):
@@ -191,6 +197,7 @@ def least_squares_slope(ks, errors):
     return float(np.polyfit(np.log(ks), np.log(errors), 1)[0])
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 @given(injections(), st.floats(10.0, 1e4))
 def test_later_positions_converge_at_rate_one_over_k_measured_by_a_fit(case, factor):
@@ -260,6 +267,7 @@ def test_every_activation_shrinks_and_has_the_lipschitz_constant_the_page_states
         assert abs(abs(t[np.argmax(slope)]) - where) < 0.005, name
 
 
+@pytest.mark.slow
 @settings(max_examples=120, deadline=None)
 @given(steering_cases())
 def test_zero_coefficient_or_equal_prompts_change_nothing(case):
@@ -273,6 +281,7 @@ def test_zero_coefficient_or_equal_prompts_change_nothing(case):
         assert np.array_equal(model.run_with_hooks(tokens, fwd_hooks=sv), clean)
 
 
+@pytest.mark.slow
 @settings(max_examples=120, deadline=None)
 @given(steering_cases())
 def test_steering_vector_is_zero_at_a_shared_first_token(case):

@@ -20,6 +20,7 @@ def script_and_page():
     return doc_script("make_steering_figures.py", "steering.md")
 
 
+@pytest.mark.slow
 def test_every_number_on_the_steering_page_comes_from_the_script(script_and_page):
     script, page = script_and_page
     rows = script.numbers(figures=False)
@@ -56,6 +57,7 @@ def test_every_figure_on_a_page_is_drawn_by_its_script(script_name, page_name):
         assert name in source, f"{name} is not written by docs/{script_name}"
 
 
+@pytest.mark.slow
 def test_the_pages_reproduce_command_prints_its_table_row(refgpt_cli):
     """The `refgpt steer … --coeff 100 --generate 15` line the page gives prints the continuations
     of the table's unsteered and c = 10² rows."""
@@ -70,6 +72,7 @@ def test_the_pages_reproduce_command_prints_its_table_row(refgpt_cli):
     assert f"`{generated['steered']['continuation']!r}`" in rows["10²"]
 
 
+@pytest.mark.slow
 def test_the_seed_s_two_figures_are_the_page_s_two_commands(script_and_page, tmp_path):
     """The page prints SEED_COMMANDS as they are; run as the command line runs them, they steer
     position 20 only, with the vector the Python API makes (last_token_difference), and write
@@ -94,6 +97,7 @@ def test_the_seed_s_two_figures_are_the_page_s_two_commands(script_and_page, tmp
         answers["steering_seed_tuned_lens.png"]["lens"] == "tuned"
 
 
+@pytest.mark.slow
 def test_the_seed_s_tuned_lens_has_settled_by_c_100(script_and_page):
     """The caption: between c = 100 and c = 10⁶ no cell of the tuned-lens figure (the shipped lens
     under add_vector at position 20) changes its top token; at c = 1 some do."""

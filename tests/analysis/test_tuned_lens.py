@@ -64,6 +64,7 @@ def streams_of(model, seed=0):
     return [cache["resid_pre", i].astype(np.float32).astype(np.float64) for i in range(model.cfg.n_layers)]  # float32 values
 
 
+@pytest.mark.peer
 def test_a_lens_the_package_wrote_gives_its_logits_in_refgpt(pair, tmp_path):
     import torch
     from tuned_lens import TunedLens as PackageLens
@@ -88,6 +89,7 @@ def test_a_lens_the_package_wrote_gives_its_logits_in_refgpt(pair, tmp_path):
         assert error.max() > 0  # a float32 computation, not bit-identical: the bound is doing work
 
 
+@pytest.mark.peer
 def test_the_package_loads_a_lens_refgpt_wrote_and_gives_refgpts_logits(pair, tmp_path, caplog):
     from tuned_lens import TunedLens as PackageLens
     from tuned_lens_peer import hf_lens_forward
@@ -106,6 +108,7 @@ def test_the_package_loads_a_lens_refgpt_wrote_and_gives_refgpts_logits(pair, tm
         assert np.all(error <= 2 * forward_bound(model, W, b, h, u64)), i  # two float64 computations
 
 
+@pytest.mark.peer
 def test_unembed_hash_is_the_packages_tied_or_not(pair):
     from tuned_lens.nn.unembed import Unembed
 
@@ -120,6 +123,7 @@ def test_unembed_hash_is_the_packages_tied_or_not(pair):
     assert unembed_hash(default.params["unembed.W_U"]) == Unembed(tied).unembedding_hash()
 
 
+@pytest.mark.peer
 def test_the_hubs_misspelled_hash_is_checked_by_refgpt_where_the_package_ignores_it(pair, tmp_path, caplog):
     """lens/gpt2/config.json spells 'unemebd_hash': the package drops the key (a warning) and loads a
     lens for any unembedding; refgpt reads the key and refuses a lens whose hash is not the model's."""

@@ -16,6 +16,8 @@ from refgpt import Config
 from refgpt.analysis.attribution import naive_attribution
 from refgpt.gpt2.tokenizer import bytes_to_unicode
 
+pytestmark = pytest.mark.slow  # every test here runs the command end to end, a second or more each
+
 TEXT = "Hello, world"
 
 

@@ -173,6 +173,7 @@ def test_inspect_checks_the_cached_scale_decomposition_live(refgpt_cli, model):
     assert errors["naive_error"] > 1e6 * max(errors["cached_scale_error"], tolerance)
 
 
+@pytest.mark.slow
 def test_inspect_table_has_a_row_per_layer_and_position(refgpt_cli, model):
     status, out, _ = refgpt_cli.in_process("inspect", TEXT)
     n_pos = len(model.to_tokens(TEXT, prepend_bos=False)[0])
@@ -207,6 +208,7 @@ def test_everything_printed_from_a_marked_model_says_untrained(refgpt_cli, comma
     assert json.loads(out)["untrained"] is True
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["predict", "inspect"])
 def test_the_trained_default_is_not_called_untrained(refgpt_cli, command):
     _, out, _ = refgpt_cli.in_process(command, TEXT)
@@ -285,6 +287,7 @@ def test_text_as_long_as_the_context_runs(refgpt_cli):
 # ---- as a user runs it: a subprocess ---------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_module_and_console_script_print_the_same_json(refgpt_cli):
     by_module = refgpt_cli("predict", TEXT, "--json")
     assert by_module.returncode == 0 and by_module.stderr == ""
@@ -294,6 +297,7 @@ def test_module_and_console_script_print_the_same_json(refgpt_cli):
     assert by_script.returncode == 0 and json.loads(by_script.stdout) == json.loads(by_module.stdout)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("argv, status, message", [
     (["inspect", TEXT, "--dtype", "float16"], 2, "--dtype: invalid choice"),
     (["predict", TEXT, "--model", "/nonexistent/gpt2"], 1, "model directory not found"),
@@ -306,6 +310,7 @@ def test_errors_in_a_subprocess_are_one_line_without_traceback(refgpt_cli, argv,
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_inspect_json_in_a_subprocess_parses(refgpt_cli):
     result = refgpt_cli("inspect", TEXT, "--json")
     assert result.returncode == 0
@@ -316,5 +321,5 @@ def test_inspect_json_in_a_subprocess_parses(refgpt_cli):
 @pytest.mark.parametrize("command", ["predict", "inspect"])
 def test_help_explains_each_subcommand_with_an_example(refgpt_cli, command):
     status, out, _ = refgpt_cli.in_process(command, "--help")
-    assert status == 0 and "--model DIR" in out and "--dtype" in out and "--json" in out
+    assert status == 0 and "--model MODEL" in out and "--dtype" in out and "--json" in out
     assert re.search(rf"examples:\n  refgpt {command} \"", out)

@@ -90,6 +90,7 @@ def argv(draw, d):
     return args
 
 
+@pytest.mark.slow
 @fuzz_settings(150)
 @given(data=st.data())
 def test_the_cli_never_prints_a_traceback(world, refgpt_cli, data):

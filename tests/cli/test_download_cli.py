@@ -94,6 +94,7 @@ def test_an_uncached_name_offline_is_one_line_exit_1(refgpt_cli, hf_env, monkeyp
                    "HF_HUB_OFFLINE is set, so nothing was downloaded\n")
 
 
+@pytest.mark.peer
 @pytest.mark.parametrize("folder", ["models--gpt2", "models--openai-community--gpt2"])
 def test_predict_model_gpt2_offline_gives_hfs_logits(refgpt_cli, hf_env, hub_files, folder, monkeypatch):
     """The issue's acceptance test: a fabricated HF cache, HF_HUB_OFFLINE=1, and HF transformers'

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 import refgpt
+
+pytestmark = pytest.mark.slow  # every test here runs generation end to end, seconds each
 
 
 def test_generate_json_equals_python_api(refgpt_cli):

@@ -15,6 +15,8 @@ from random_models import random_model, save_checkpoint
 from refgpt import Config
 from refgpt.oracle import golden
 
+pytestmark = pytest.mark.slow  # every test here writes and compares golden files end to end, a second or more each
+
 CFG = Config(d_model=16, n_layers=2, n_heads=2, d_mlp=32, d_vocab=30, n_ctx=10)
 
 

@@ -12,9 +12,9 @@ import re
 import pytest
 
 from cli_examples import commands, needs_matplotlib, run_line, user_files
-from refgpt.cli import COMMANDS, build_parser
+from refgpt.cli import COMMANDS, name_of, build_parser
 
-NAMES = [command.__name__.rpartition(".")[2] for command in COMMANDS]
+NAMES = [name_of(command) for command in COMMANDS]
 
 
 def help_examples(cli, name: str) -> list[str]:
@@ -41,6 +41,7 @@ def brought(tmp_path_factory):
     return directory
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_the_help_examples_run_as_printed(refgpt_cli, name, hub, hub_files, brought, tmp_path, monkeypatch):
     lines = help_examples(refgpt_cli, name)

@@ -14,10 +14,10 @@ import re
 
 import pytest
 
-from refgpt.cli import COMMANDS
+from refgpt.cli import COMMANDS, name_of
 from refgpt.cli._chosen_model import SHARED
 
-NAMES = {command.__name__.rpartition(".")[2]: command for command in COMMANDS}
+NAMES = {name_of(command): command for command in COMMANDS}
 GOLDEN = "g.safetensors"
 
 #: Each subcommand run cheaply on the embedded model, in a directory holding GOLDEN.
@@ -30,6 +30,9 @@ BASE = {
     "compare": ["compare", GOLDEN, GOLDEN],
     "steer": ["steer", "To be", "--plus", "a", "--minus", "b", "--layer", "1"],
     "lens": ["lens", "To be"],
+    "train-lens": ["train-lens", "--text", "prompts.txt", "-o", "{out}", "--steps", "1", "--tokens-per-step", "4",
+                   "--window", "4"],
+    "eval-lens": ["eval-lens", "--text", "prompts.txt", "--window", "4", "--no-tuned"],
     "explore": ["explore", "To be", "-o", "page.html"],
     "sweep": ["sweep", "prompts.txt", "--task", "loss", "--workers", "0", "-o", "{out}"],
     "download": ["download", "gpt2"],
@@ -74,6 +77,7 @@ def test_every_subcommand_has_a_base_command_line_and_declares_only_shared_optio
         assert set(command.USES) <= set(SHARED), name
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("option", sorted(SHARED))
 @pytest.mark.parametrize("name", sorted(NAMES))
 def test_a_shared_option_is_used_or_refused(refgpt_cli, work, name, option):

@@ -9,10 +9,12 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from refgpt.oracle import decode, golden
 
 
+@pytest.mark.slow
 def test_a_greedy_decode_golden_of_text_and_its_compare(refgpt_cli, tmp_path):
     path = tmp_path / "d.safetensors"
     r = refgpt_cli.in_process("golden", "The quick brown fox", "--generate", 4, "-o", path)
@@ -25,6 +27,7 @@ def test_a_greedy_decode_golden_of_text_and_its_compare(refgpt_cli, tmp_path):
     assert "(1 of " in r.stdout and "tensors shown: --names step.3.*logits*)" in r.stdout
 
 
+@pytest.mark.slow
 def test_a_forced_continuation_from_a_ragged_token_file(refgpt_cli, tmp_path):
     ids = tmp_path / "ids.txt"
     ids.write_text("5 9 13 2 7 11 3\n8 1 4 6\n")
@@ -43,6 +46,7 @@ def test_a_forced_continuation_from_a_ragged_token_file(refgpt_cli, tmp_path):
     assert r.returncode == 1 and "needs more than 4 tokens" in r.stderr
 
 
+@pytest.mark.slow
 def test_a_padded_batch_from_texts_and_from_a_ragged_file(refgpt_cli, tmp_path):
     path = tmp_path / "p.safetensors"
     r = refgpt_cli.in_process("golden", "The cat", "A dog barked at the", "--padding-side", "left", "-o", path)
@@ -102,6 +106,7 @@ def _run_with_stderr_on_a_terminal(args):
     return p.returncode, out.decode(), seen.decode(errors="replace")
 
 
+@pytest.mark.slow
 def test_progress_shows_on_a_terminal_and_stays_silent_otherwise(refgpt_cli, tmp_path):
     golden_args = ("golden", "The quick brown fox", "--generate", 3, "-o", tmp_path / "d.safetensors")
     r = refgpt_cli(*golden_args)  # stderr a pipe: silent

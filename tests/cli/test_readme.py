@@ -96,6 +96,7 @@ def test_the_quick_start_output_is_what_the_command_prints_with_nothing_download
 # ---- every example runs -------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_every_command_line_after_the_quick_start_runs_as_printed(refgpt_cli, hf_env, hub, tmp_path, monkeypatch):
     rest = README.split("## Quick start", 1)[1].split("\n## ", 1)[1]
     lines = bash_lines(rest)
@@ -112,8 +113,9 @@ def test_every_command_line_after_the_quick_start_runs_as_printed(refgpt_cli, hf
     assert {"golden.safetensors", "mine.safetensors"} <= {p.name for p in tmp_path.iterdir()}
 
 
-def test_read_gpt2_block_runs_and_the_fast_path_agrees_with_the_reading_copy(tmp_path, monkeypatch):
-    (block,) = blocks("python", section("Read GPT-2"))
+@pytest.mark.slow
+def test_the_reference_block_runs_and_the_fast_path_agrees_with_the_reference(tmp_path, monkeypatch):
+    (block,) = blocks("python", section("The reference"))
     monkeypatch.chdir(tmp_path)
     namespace: dict = {}
     exec(compile(block, "README.md", "exec"), namespace)
@@ -129,6 +131,7 @@ def test_read_gpt2_block_runs_and_the_fast_path_agrees_with_the_reading_copy(tmp
         assert np.abs(namespace["grads"][name] - grad).max() <= F64_TOL * max(1.0, np.abs(grad).max()), name
 
 
+@pytest.mark.slow
 def test_the_transformerlens_block_runs_as_printed(tmp_path, monkeypatch, capsys):
     (block,) = blocks("python", section("TransformerLens"))
     monkeypatch.chdir(tmp_path)
@@ -146,6 +149,7 @@ def test_the_transformerlens_block_runs_as_printed(tmp_path, monkeypatch, capsys
 # ---- what it says -------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_cli_and_the_api_differ_by_bos_where_the_readme_says_so(refgpt_cli):
     """The CLI runs TEXT's tokens as they are, model(TEXT) puts <|endoftext|> first; --bos makes
     the CLI's answer the API's (to rounding: predict unembeds the last position only, and its
@@ -173,6 +177,7 @@ def test_the_cli_and_the_api_differ_by_bos_where_the_readme_says_so(refgpt_cli):
         assert said in flowing, said
 
 
+@pytest.mark.peer
 def test_hf_s_tokenizer_and_tiktoken_give_the_command_line_s_tokens(refgpt_cli):
     """The README: the command line runs TEXT's tokens as HF's tokenizer and tiktoken encode it
     (neither puts <|endoftext|> first), here on the embedded model's vocabulary."""
@@ -204,16 +209,17 @@ def test_the_facts_the_readme_states():
     n_params = sum(p.size for name, p in model.params.items() if name != "unembed.W_U")  # W_U is W_Eᵀ, tied
     assert model.cfg.n_layers == 4 and round(n_params / 1e6, 1) == 2.2
     assert "with 4 layers and 2.2 M parameters" in " ".join(README.split())
-    plain = (REPO / "refgpt" / "gpt2" / "plain.py").read_text(encoding="utf-8")
-    assert "def forward(" in plain and "def backward(" in plain
+    spec = (REPO / "refgpt" / "reference" / "gpt2.py").read_text(encoding="utf-8")
+    assert "def forward(" in spec and "def backward(" in spec
 
 
 def test_contributing_s_commands_are_the_readme_s_and_its_variables_exist():
     """CONTRIBUTING.md: its test command is the README's, and every REFGPT_*/MALLOC_* variable it
-    names is one the code, the tests or the benchmarks' record read."""
+    names is one the code, the tests, the benchmarks or the benchmarks' record read."""
     contributing = (REPO / "CONTRIBUTING.md").read_text(encoding="utf-8")
     assert bash_lines(contributing)[0] == bash_lines(section("Quick start"))[1].split("   #")[0].rstrip()
-    sources = "".join(p.read_text(encoding="utf-8") for folder in ("refgpt", "tests") for p in (REPO / folder).rglob("*.py")
+    sources = "".join(p.read_text(encoding="utf-8") for folder in ("refgpt", "tests", "benchmarks")
+                      for p in (REPO / folder).rglob("*.py")
                       if p != Path(__file__))
     sources += (REPO / "benchmarks" / "RESULTS.md").read_text(encoding="utf-8")
     for variable in set(re.findall(r"\b((?:REFGPT|MALLOC)_[A-Z_]+)", contributing + README)):

@@ -22,6 +22,7 @@ def model():
     return refgpt.load_default()
 
 
+@pytest.mark.slow
 def test_steer_json_is_the_api_result(refgpt_cli, model):
     out = refgpt_cli(*STEER, "--json")
     assert out.returncode == 0, out.stderr
@@ -38,6 +39,7 @@ def test_steer_json_is_the_api_result(refgpt_cli, model):
     assert [t["text"] for t in answer["minus"]] == ["<|endoftext|>", "H", "ate"]
 
 
+@pytest.mark.slow
 def test_steer_generate_json_is_the_api_result(refgpt_cli, model):
     """--generate N: greedy continuations with and without the vector, as the Python API gives them."""
     out = refgpt_cli(*STEER, "--generate", "6", "--json")
@@ -53,6 +55,7 @@ def test_steer_generate_json_is_the_api_result(refgpt_cli, model):
     assert answer["steered"]["continuation"] == model.to_string(steered) and answer["n"] == 6
 
 
+@pytest.mark.slow
 def test_steer_generate_table_and_errors(refgpt_cli):
     out = refgpt_cli(*STEER, "--generate", "4")
     assert out.returncode == 0, out.stderr
@@ -64,6 +67,7 @@ def test_steer_generate_table_and_errors(refgpt_cli):
     assert bad.returncode == 2 and "--generate" in bad.stderr
 
 
+@pytest.mark.slow
 def test_steer_table_and_plot(refgpt_cli, tmp_path):
     pytest.importorskip("matplotlib", reason="--plot needs the optional 'plot' extra (matplotlib)")
     out = refgpt_cli(*STEER, "--plot", str(tmp_path / "steer.png"))
@@ -73,6 +77,7 @@ def test_steer_table_and_plot(refgpt_cli, tmp_path):
     assert (tmp_path / "steer.png").read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.slow
 def test_lens_json_final_column_is_the_model_prediction(refgpt_cli, model):
     out = refgpt_cli("lens", "The cat sat", "--bos", "--json")
     assert out.returncode == 0, out.stderr
@@ -87,6 +92,7 @@ def test_lens_json_final_column_is_the_model_prediction(refgpt_cli, model):
     assert ids[-1, 0, :, 0].tolist() == np.argmax(model(tokens), -1).tolist()
 
 
+@pytest.mark.slow
 def test_lens_tuned_with_zero_translators_equals_the_logit_lens_and_plots(refgpt_cli, model, tmp_path):
     pytest.importorskip("matplotlib", reason="--plot needs the optional 'plot' extra (matplotlib)")
     d = model.cfg.d_model
@@ -103,6 +109,7 @@ def test_lens_tuned_with_zero_translators_equals_the_logit_lens_and_plots(refgpt
     assert (tmp_path / "lens.png").read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("argv, status, message", [
     # "a long prompt" is 3 tokens of the default vocabulary (a, ' long', ' prompt'), "Hi" 2 (H, i).
     (["steer", "Hi", "--plus", "a long prompt", "--minus", "x", "--layer", "0"], 1, "needs at least 3 positions"),
@@ -110,9 +117,11 @@ def test_lens_tuned_with_zero_translators_equals_the_logit_lens_and_plots(refgpt
     (["steer", "Hi", "--plus", "a"], 2, "--minus"),
     (["lens", "Hi", "--lens", "x.pt"], 2, "--lens PATH and --ignore-unembed-hash go with --kind tuned"),
     (["lens", "Hi", "--kind", "final-scale", "--stream", "resid_mid"], 2, "reads resid_pre only"),
-    (["lens", "train", "--text", "x.txt"], 2, "-o/--output"),
-    (["lens", "eval", "--text", "x.txt", "--no-tuned", "--lens", "y"], 2, "it takes no --lens"),
-    (["lens", "eval", "--text", "x.txt"], 1, "--text x.txt: not found"),
+    (["train-lens", "--text", "x.txt"], 2, "-o/--output"),
+    (["eval-lens", "--text", "x.txt", "--no-tuned", "--lens", "y"], 2, "it takes no --lens"),
+    (["eval-lens", "--text", "x.txt"], 1, "--text x.txt: not found"),
+    (["lens", "train", "--text", "x.txt", "-o", "d"], 2, "refgpt lens train is now refgpt train-lens"),
+    (["lens", "eval", "--text=x.txt"], 2, "refgpt lens eval is now refgpt eval-lens"),
     (["lens", "Hi", "--target", "abc"], 1, "'abc' is 2 tokens"),  # ab, c
     (["lens", "Hi", "--target-id", "8192"], 1, "outside the vocabulary"),
     (["lens", "Hi", "--target", "#8192"], 1, "outside the vocabulary"),
@@ -138,6 +147,7 @@ def test_lens_at_resid_mid_reads_the_streams_between_attention_and_mlp(refgpt_cl
     assert tuned.returncode == 1 and "reads resid_pre, not resid_mid" in tuned.stderr  # the shipped lens's stream
 
 
+@pytest.mark.slow
 def test_steer_positions_is_add_vector_of_the_last_token_difference(refgpt_cli, model):
     """--positions adds C·(resid(PLUS) − resid(MINUS)) at each prompt's own last token at those
     positions (last_token_difference, add_vector); with several --coeff the tables are the last's."""
@@ -155,6 +165,7 @@ def test_steer_positions_is_add_vector_of_the_last_token_difference(refgpt_cli, 
     assert answer["positions"][0]["kl"] == 0.0  # before the first steered position nothing moves
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("extra, status, message", [
     (["--lens", "tuned"], 2, "--lens chooses what --plot draws: it goes with --plot"),
     (["--positions", "9"], 1, "positions: 9 is outside a prompt of 5 positions"),
@@ -165,6 +176,7 @@ def test_steer_positions_and_lens_errors(refgpt_cli, extra, status, message):
     assert out.returncode == status and out.stderr.strip().endswith(message), out.stderr
 
 
+@pytest.mark.slow
 def test_steer_lens_tuned_needs_a_path_on_another_model(refgpt_cli, model, tmp_path):
     """--lens tuned is the embedded model's shipped lens; another model (here a copy of it, saved
     elsewhere) is told to give --lens PATH."""
@@ -173,6 +185,7 @@ def test_steer_lens_tuned_needs_a_path_on_another_model(refgpt_cli, model, tmp_p
     assert out.returncode == 2 and "give --lens PATH for this model" in out.stderr, out.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lens", ["logit", "weights/default_lens"])
 def test_steer_lens_plot_draws_the_logit_lens_or_a_lens_directory(refgpt_cli, lens, tmp_path):
     path = tmp_path / "lens.png"

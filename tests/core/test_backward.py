@@ -101,6 +101,7 @@ def directional_error(exact, numeric) -> float:
 # ---- 1. finite differences ----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_every_gradient_entry_matches_central_differences():
     """Element by element, every parameter and every activation of one tiny tied model with b_U."""
     cfg = Config(d_model=4, n_layers=2, n_heads=2, d_mlp=6, d_vocab=5, n_ctx=4, eps=1e-3,
@@ -129,6 +130,7 @@ def test_every_gradient_entry_matches_central_differences():
 
 
 # 27 examples: each takes 6 losses per direction instead of 4 (the error bound), so the time 40 took before
+@pytest.mark.slow
 @settings(max_examples=27, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cfg=configs(max_layers=2, max_width=12), seed=st.integers(0, 2**32 - 1),
        scale=st.sampled_from([0.1, 0.5, 1.0]), b_U=st.booleans(), data=st.data())
@@ -214,6 +216,19 @@ def test_float32_gradients_stay_float32_and_agree_with_float64():
         assert g32.params[name].dtype == np.float32, name
         assert rel_err(g32.params[name], g64.params[name]) <= 1e-5, name  # measured ≤ 1.1e-6 over 10 seeds
     assert all(a.dtype == np.float32 for a in g32.activations.values())
+
+
+def test_gradients_repr_is_a_few_lines_not_every_number():
+    """Issue 37: print(model.loss_and_grads(t)) printed every array (5,150 lines for the embedded
+    model); it is a summary: the loss, how many gradients of what, the shapes, the dtype."""
+    cfg = Config(d_model=8, n_layers=2, n_heads=2, d_mlp=16, d_vocab=11, n_ctx=6)
+    g = loss_and_grads(build(cfg, 3), [[1, 2, 3, 4, 5, 6]])
+    text = repr(g)
+    assert len(text.splitlines()) <= 5 and len(text) < 600, text
+    assert f"loss={g.loss:.9g}" in text and "dtype=float64" in text
+    assert f"params: {len(g.params)} " in text and f"activations: {len(g.activations)} " in text
+    assert "embed.W_E" in text and "logits: [1, 6, 11]" in text and "(5 used)" in text
+    assert str(g) == text
 
 
 def test_bad_targets_name_the_fault():
@@ -352,6 +367,7 @@ def test_softmax_cross_entropy_gradient_is_softmax_minus_onehot_over_count():
 # ---- 2. torch autograd on HF's GPT-2 ------------------------------------------------------------
 
 
+@pytest.mark.peer
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cfg=configs(max_layers=3, max_width=16, act_fns=["gelu_new", "gelu", "gelu_fast", "quick_gelu", "relu", "silu"]),
        seed=st.integers(0, 2**32 - 1), data=st.data())
@@ -414,7 +430,7 @@ def test_llmc_debug_state_holds_every_gradient_in_llmc_order_and_layout(tmp_path
     model = build(cfg, seed=4)
     tokens = np.random.default_rng(4).integers(0, 20, size=(2, 6))
     path = llmc.write_debug_state(tmp_path / "state.bin", model, tokens)
-    state = llmc.read_debug_state(path, cfg.d_vocab)
+    state = llmc.read_debug_state(path, cfg.d_vocab, cfg)
     Vp = llmc.padded_vocab(cfg.d_vocab)
     shapes = llmc.parameter_shapes(cfg.n_ctx, Vp, cfg.n_layers, cfg.d_model)
     assert state.grads.size == sum(int(np.prod(s)) for s in shapes.values())

@@ -30,6 +30,7 @@ def stream_into(cache, n_layers, layer, mlp_input=False):
 layers = st.tuples(model_and_tokens(), st.integers(0, 3), st.booleans(), st.booleans())
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None)
 @given(layers)
 def test_full_resid_decomposition_sums_to_the_stream(drawn):
@@ -59,6 +60,7 @@ def test_remainders_complete_the_stream(drawn):
     assert rel_err(cache.stack_neuron_results(layer, incl_remainder=True).sum(0), stream) <= TOL
 
 
+@pytest.mark.slow
 @settings(max_examples=30, deadline=None)
 @given(model_and_tokens(), st.booleans(), st.integers(0, 2**32 - 1))
 def test_projection_inside_layernorm_equals_projection_after(model_tokens, mlp_input, seed):
@@ -76,6 +78,7 @@ def test_projection_inside_layernorm_equals_projection_after(model_tokens, mlp_i
     assert rel_err(raw, cache.get_full_resid_decomposition(layer, mlp_input=mlp_input) @ project) <= TOL
 
 
+@pytest.mark.slow
 @settings(max_examples=30, deadline=None)
 @given(model_and_tokens(), st.integers(0, 2**32 - 1))
 def test_stacks_reach_the_logits_only_once_ln_final_is_folded(model_tokens, seed):

@@ -216,6 +216,7 @@ def test_load_default_gives_the_embedded_model_in_either_dtype(dtype):
     assert logits.dtype == np.dtype(dtype) and np.all(np.isfinite(logits))
 
 
+@pytest.mark.peer
 def test_hf_reads_the_default_model_and_agrees(model):
     """It is an ordinary HF GPT-2 directory: transformers loads it and gives refgpt's logits."""
     torch = pytest.importorskip("torch", reason="peer test: needs the peers extra")
@@ -241,6 +242,7 @@ def test_default_vocabulary_is_the_bytes_the_merges_and_endoftext(model):
     assert [tok.decode_bytes([i]) for i in model.to_tokens("Hello", prepend_bos=False)[0]] == [b"H", b"ell", b"o"]
 
 
+@pytest.mark.slow
 @settings(max_examples=100, deadline=None)
 @given(st.text())
 def test_default_tokenizer_round_trips_any_text(text):
@@ -275,6 +277,7 @@ def test_refgpt_predict_prints_be_first(refgpt_cli):
     assert [re.split(r"\s{2,}", row.strip())[2] for row in rows] == ["' be'", "' the'", "' say'"]
 
 
+@pytest.mark.slow
 def test_the_shipped_weights_reproduce_the_recorded_samples(model, log):
     """TRAINING.md's top-5 tables and greedy continuations come from these files. The run computed
     them in float64 from its own arrays (W_U a view of W_Eᵀ); loaded from disk they agree within

@@ -56,6 +56,7 @@ API = ["tokens", "decode", "cache_key", "act_name", "add_vector", "patch", "inje
        "pad_token", "generate", "to_single_token_id"]
 
 
+@pytest.mark.slow
 @fuzz_settings(80)
 @given(data=st.data())
 def test_the_api_takes_any_number_or_refuses_it_in_one_line(shared, data):

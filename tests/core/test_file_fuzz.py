@@ -71,6 +71,7 @@ CONFIG_KEYS = ["n_embd", "n_layer", "n_head", "n_inner", "vocab_size", "n_positi
                "reorder_and_upcast_attn", "tie_word_embeddings", "add_cross_attention", "model_type"]
 
 
+@pytest.mark.slow
 @fuzz_settings(120)
 @given(data=st.data())
 def test_any_config_json_loads_or_is_refused_in_one_line(base, tmp_path, data):
@@ -82,6 +83,7 @@ def test_any_config_json_loads_or_is_refused_in_one_line(base, tmp_path, data):
     count("config.json", refused_cleanly(lambda: refgpt.load(directory)))
 
 
+@pytest.mark.slow
 @fuzz_settings(80)
 @given(data=st.data())
 def test_any_shard_index_loads_or_is_refused_in_one_line(base, tmp_path, data):
@@ -101,6 +103,7 @@ def test_any_shard_index_loads_or_is_refused_in_one_line(base, tmp_path, data):
     count("shard index", refused_cleanly(lambda: refgpt.load(directory)))
 
 
+@pytest.mark.slow
 @fuzz_settings(120)
 @given(data=st.data())
 def test_any_vocab_or_merges_loads_or_is_refused_in_one_line(base, tmp_path, data):

@@ -70,6 +70,7 @@ def test_last_only_is_the_last_row_of_the_plain_forward(model, pos):
     assert rel_err(model(tokens, last_only=True), model(tokens)[:, -1:]) <= TOL[model.dtype.name]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("batch", [None, 2])
 @pytest.mark.parametrize("chunks", [(1,) * N_CTX, (3, 130, 7), (64, 1, 64, 11), (63, 2, 75)])
 def test_kv_cached_forward_equals_the_full_forward(model, chunks, batch):

@@ -70,6 +70,7 @@ def test_cache_dir_is_huggingface_hubs(env, expected, monkeypatch):
         assert hf.stdout.strip() == str(cache_dir())
 
 
+@pytest.mark.slow
 def test_loading_a_directory_loads_no_http_machinery_and_refgpt_hub_loads_on_first_use():
     code = ("import sys, refgpt; refgpt.load_default(); "
             "print(sorted(m for m in ('refgpt.files.hub', 'refgpt.files.hf_cache', 'urllib.request', 'http.client') "
@@ -105,6 +106,7 @@ def test_the_spelling_asked_for_comes_first(hf_env, monkeypatch):
     assert refgpt.load("openai-community/gpt2").source == moved
 
 
+@pytest.mark.slow
 def test_a_revision_is_a_ref_or_a_commit(hf_env, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     main = fabricate_cache(hf_env, "models--owner--tiny", tiny_gpt2_files(seed=4), refs=("main",))
@@ -363,6 +365,7 @@ def test_offline_download_is_refused(monkeypatch):
         download("gpt2")
 
 
+@pytest.mark.slow
 def test_a_sharded_checkpoint_is_downloaded_with_its_index(hf_env, hub):
     sharded = tiny_gpt2_files(seed=8, sharded=True)
     commit = hub.add_commit("owner/sharded", sharded)
@@ -390,6 +393,7 @@ def test_a_hostile_shard_name_is_refused(hf_env, hub, hub_files):
 
 # ---- huggingface_hub, the peer, reads what refgpt writes and writes what refgpt reads ----------
 
+@pytest.mark.peer
 def test_huggingface_hub_reads_the_cache_refgpt_wrote(hf_env, hub, hub_files):
     huggingface_hub = pytest.importorskip("huggingface_hub")
     download("gpt2")
@@ -400,6 +404,7 @@ def test_huggingface_hub_reads_the_cache_refgpt_wrote(hf_env, hub, hub_files):
         assert Path(path).read_bytes() == hub_files[filename]
 
 
+@pytest.mark.peer
 def test_refgpt_reads_the_cache_huggingface_hub_wrote(hf_env, hub, hub_files, monkeypatch):
     huggingface_hub = pytest.importorskip("huggingface_hub")
     for filename in hub_files:
@@ -409,6 +414,7 @@ def test_refgpt_reads_the_cache_huggingface_hub_wrote(hf_env, hub, hub_files, mo
     assert model.source == hf_env / "models--openai-community--gpt2" / "snapshots" / hub.commit
 
 
+@pytest.mark.peer
 def test_transformers_loads_by_name_what_refgpt_downloaded(hf_env, hub, monkeypatch):
     """``refgpt download gpt2`` puts the files where transformers' from_pretrained("gpt2") looks."""
     torch = pytest.importorskip("torch", reason="the peer test needs the 'peers' extra")
@@ -427,6 +433,7 @@ def test_transformers_loads_by_name_what_refgpt_downloaded(hf_env, hub, monkeypa
     assert np.max(np.abs(ours - hf_logits)) / max(1.0, np.max(np.abs(hf_logits))) <= 1e-12  # tests/peers.py F64_TOL
 
 
+@pytest.mark.peer
 def test_transformer_lens_loads_by_name_what_refgpt_downloaded(hf_env, hub, monkeypatch):
     """TransformerLens 3.9's from_pretrained("gpt2") finds refgpt's download in the HF cache and loads
     the same weights, bit for bit. TL's gpt2 assumes d_mlp = 4·d_model and reads n_ctx from

@@ -73,6 +73,7 @@ def test_the_misspelled_hash_key_of_the_hosted_lenses_is_read_and_reported(tmp_p
     assert any("'extra'" in n and "ignored" in n for n in lens.notes)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("edit, message", [
     (lambda c: c.pop("d_model"), "'d_model' is missing"),
     (lambda c: c.update(d_model="6"), "'d_model' is '6', expected int"),

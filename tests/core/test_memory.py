@@ -62,6 +62,7 @@ def test_what_a_pass_returns_is_never_reused(model):
     assert np.array_equal(model(a), kept)
 
 
+@pytest.mark.slow
 def test_a_pass_inside_a_hook_and_passes_on_two_threads(model):
     a, b = random_tokens(CFG, 45, seed=3), random_tokens(CFG, 45, seed=4)
     want_a, want_b = model(a), model(b)
@@ -101,6 +102,7 @@ def pool(monkeypatch):
     memory.release()
 
 
+@pytest.mark.slow
 def test_an_array_lives_while_a_view_does_then_its_memory_is_reused(pool):
     a = memory.empty((3, 200, 1000), np.float64)  # 4.6 MiB
     assert memory.recycled(a) and a.shape == (3, 200, 1000) and a.dtype == np.float64
@@ -126,6 +128,7 @@ def test_small_arrays_are_plain_and_shapes_of_every_kind(pool):
         assert memory.recycled(a) and a.shape == np.empty(shape, np.uint8).shape
 
 
+@pytest.mark.slow
 def test_the_pool_is_bounded_and_released(pool, monkeypatch):
     monkeypatch.setattr(memory, "RETAIN_BYTES", 4 * MiB)
     arrays = [memory.empty(3 * MiB, np.uint8) for _ in range(3)]  # 4 MiB mappings: one fits
@@ -136,6 +139,7 @@ def test_the_pool_is_bounded_and_released(pool, monkeypatch):
     assert memory.release() == 4 * MiB and pool.held == 0
 
 
+@pytest.mark.slow
 def test_the_pool_is_unmapped_after_the_last_pass(pool, monkeypatch):
     monkeypatch.setattr(memory, "RETAIN_SECONDS", 0.05)
     with memory.passing():
@@ -152,6 +156,7 @@ def test_the_pool_is_unmapped_after_the_last_pass(pool, monkeypatch):
     assert pool.held == 0
 
 
+@pytest.mark.slow
 def test_the_cache_and_the_logits_are_recycled_memory(pool):
     cfg = Config(d_model=16, n_layers=1, n_heads=2, d_mlp=40, d_vocab=2000, n_ctx=400)
     model = random_model(cfg, seed=1)
@@ -172,6 +177,7 @@ def test_the_cache_and_the_logits_are_recycled_memory(pool):
 # ---- what the user holds is never written by a later pass ---------------------------------------------
 
 
+@pytest.mark.slow
 def test_views_and_kept_activations_are_never_overwritten(pool):
     """Views of the logits and of cache entries outlive their arrays, and a hook keeps references
     to every activation it is shown (on recycled memory here: [1, 400, 2000] logits are 6 MiB);
@@ -204,6 +210,7 @@ def test_views_and_kept_activations_are_never_overwritten(pool):
         assert np.array_equal(kept[k], want[k]), k
 
 
+@pytest.mark.slow
 def test_threads_taking_and_dropping_recycled_memory_never_share(pool):
     """Four threads allocate, fill, check and drop arrays of two sizes at once: no array ever sees
     another's writes (the pool hands a mapping to one array at a time)."""

@@ -99,6 +99,7 @@ def draw_ln(n, seed):
     return rng, w, b
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(vectors, st.floats(1.0, 1e12), st.sampled_from([1e-5, 1e-3, 0.1, 1.0]), st.floats(1e-3, 1e3))
 def test_layernorm_converges_within_derived_bound(n_seed, k, eps, s_size):
@@ -114,6 +115,7 @@ def test_layernorm_converges_within_derived_bound(n_seed, k, eps, s_size):
     assert err <= bound + ln_rounding(x, w, b, eps) + ln_rounding(d, w, b, 0.0)
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(vectors, st.floats(1e-6, 1e12), st.sampled_from([1e-5, 1e-3, 0.1, 1.0]))
 def test_layernorm_of_scaled_input_is_layernorm_with_smaller_eps(n_seed, k, eps):
@@ -125,6 +127,7 @@ def test_layernorm_of_scaled_input_is_layernorm_with_smaller_eps(n_seed, k, eps)
     assert err <= ln_rounding(k * x, w, b, eps) + ln_rounding(x, w, b, eps / k**2)
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(vectors, st.floats(-1e6, 1e6), st.sampled_from([1e-5, 1e-3, 0.1]))
 def test_layernorm_ignores_constant_shift(n_seed, t, eps):
@@ -136,6 +139,7 @@ def test_layernorm_ignores_constant_shift(n_seed, t, eps):
     assert err <= ln_rounding(x + t, w, b, eps) + ln_rounding(x, w, b, eps)
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(st.integers(1, 800), st.integers(0, 2**32 - 1), st.sampled_from([np.float64, np.float32]),
        st.floats(-60, 160), st.sampled_from([0.0, 1e-5, 1e-3, 0.1]))

@@ -49,6 +49,7 @@ def rel(a, b):
 texts = st.lists(st.text(alphabet="abc xyz!", min_size=1, max_size=10), min_size=2, max_size=4)
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None)
 @given(texts=texts, side=st.sampled_from(["left", "right"]), bos=st.booleans())
 def test_a_padded_batch_equals_each_row_alone(texts, side, bos):

@@ -19,6 +19,7 @@ import pytest
 from peers import require_peers
 
 torch, transformers, transformer_lens = require_peers()
+pytestmark = pytest.mark.peer  # every test here compares with a peer (the peers extra)
 
 import peers as P  # noqa: E402  (after the importorskip)
 

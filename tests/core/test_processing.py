@@ -59,6 +59,7 @@ def draw(models_draw):
     return (with_b_U(model, seed) if bias else model), tokens
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None)
 @given(models)
 def test_fold_ln_leaves_logits_unchanged(drawn):
@@ -74,6 +75,7 @@ def test_fold_ln_leaves_logits_unchanged(drawn):
     assert "unembed.b_U" in folded.params  # ln_final.b·W_U lives here now
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None)
 @given(models)
 def test_center_writing_weights_moves_the_stream_along_ones_only(drawn):
@@ -96,6 +98,7 @@ def test_center_writing_weights_moves_the_stream_along_ones_only(drawn):
             assert rel_err(new_cache[name], cache[name] - cache[name].mean(-1, keepdims=True)) <= TOL, name
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None)
 @given(models)
 def test_center_unembed_shifts_logits_by_a_constant_per_position(drawn):
@@ -107,6 +110,7 @@ def test_center_unembed_shifts_logits_by_a_constant_per_position(drawn):
     assert rel_err(new_logits, logits - logits.mean(-1, keepdims=True)) <= TOL
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None)
 @given(models)
 def test_fold_value_biases_leaves_logits_unchanged(drawn):
@@ -117,6 +121,7 @@ def test_fold_value_biases_leaves_logits_unchanged(drawn):
     assert all(np.all(folded.params[f"blocks.{L}.attn.b_V"] == 0) for L in range(model.cfg.n_layers))
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None)
 @given(models)
 def test_refactor_factored_attn_matrices_keeps_the_circuits(drawn):
@@ -150,6 +155,7 @@ def test_refactor_factored_attn_matrices_keeps_the_circuits(drawn):
     assert rel_err(new(tokens), model(tokens)) <= bound
 
 
+@pytest.mark.slow
 @settings(max_examples=30, deadline=None)
 @given(models, st.sets(st.sampled_from(STEPS)))
 def test_any_combination_of_steps_keeps_log_probs(drawn, steps):

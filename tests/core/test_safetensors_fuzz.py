@@ -193,6 +193,7 @@ def check_agreement(path) -> str:
 OUTCOMES: dict[str, int] = {}
 
 
+@pytest.mark.slow
 @fuzz_settings(300)
 @given(data=mutated_file())
 def test_refgpt_accepts_iff_the_reference_does_and_reads_the_same_bytes(data, tmp_path):

@@ -114,6 +114,7 @@ def test_a_failed_write_leaves_no_file_and_no_temporary(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.peer
 def test_hf_reads_what_save_writes_and_computes_the_same_logits(tmp_path):
     from peers import require_peers
 

@@ -55,6 +55,7 @@ def _count_in_subprocess(**env):
     return json.loads(done.stdout)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variable", ["OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"])
 def test_one_blas_thread_means_one_thread(variable):
     blas, count, tp, found = _count_in_subprocess(**{variable: "1"})
@@ -147,6 +148,7 @@ def _both(fn):
     return one, many
 
 
+@pytest.mark.slow
 def test_forward_and_cache_are_the_same_on_any_number_of_threads(model):
     tokens = random_tokens(CFG, 70)
     with threads.limit(1):  # the default blocks, mostly one per array: the whole-array numbers
@@ -277,6 +279,7 @@ print(threads.count(), digest.hexdigest())
 """
 
 
+@pytest.mark.slow
 def test_one_thread_for_everything_gives_the_same_bits():
     """The whole process on one thread (OMP_NUM_THREADS=1: the BLAS's products too, and refgpt's
     blocks follow it) and on the BLAS's default count give the same logits and cache, bit for bit,

@@ -14,6 +14,7 @@ import pytest
 import peers as P
 
 torch, transformers, transformer_lens = P.require_peers()
+pytestmark = pytest.mark.peer  # every test here compares with a peer (the peers extra)
 
 import tl_port  # noqa: E402
 from tl_port import N  # noqa: E402

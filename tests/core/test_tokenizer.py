@@ -135,6 +135,7 @@ def test_known_gpt2_vectors(gpt2, text, ids):
     assert gpt2.decode(ids) == text
 
 
+@pytest.mark.peer
 @pytest.mark.parametrize("name", sorted(CORPUS))
 def test_encode_matches_tiktoken_on_real_text(gpt2, tiktoken_gpt2, name):
     text = CORPUS[name]
@@ -142,17 +143,20 @@ def test_encode_matches_tiktoken_on_real_text(gpt2, tiktoken_gpt2, name):
     assert gpt2.decode(gpt2.encode(text)) == text
 
 
+@pytest.mark.peer
 def test_encode_matches_tiktoken_on_the_whole_corpus_at_once(gpt2, tiktoken_gpt2):
     text = "\n".join(CORPUS.values()) * 3
     assert gpt2.encode(text) == tiktoken_gpt2.encode_ordinary(text)
 
 
+@pytest.mark.peer
 @fixture_settings
 @given(text=st.text())
 def test_encode_matches_tiktoken_on_arbitrary_text(gpt2, tiktoken_gpt2, text):
     assert gpt2.encode(text) == tiktoken_gpt2.encode_ordinary(text)
 
 
+@pytest.mark.peer
 @fixture_settings
 @given(text=st.text(alphabet=st.sampled_from(" \t\n'sltvredmI0123456789aZé日👍\u200d.,!-")))
 def test_encode_matches_tiktoken_on_text_dense_in_tricky_characters(gpt2, tiktoken_gpt2, text):
@@ -188,6 +192,7 @@ def test_a_tiny_cache_gives_the_same_ids_and_stays_bounded(gpt2_dir, gpt2):
 
 # ---- special tokens ------------------------------------------------------------------------
 
+@pytest.mark.peer
 def test_endoftext_is_ordinary_text_by_default(gpt2, tiktoken_gpt2):
     ids = gpt2.encode(f"a{EOT}b")
     assert 50256 not in ids
@@ -195,6 +200,7 @@ def test_endoftext_is_ordinary_text_by_default(gpt2, tiktoken_gpt2):
     assert gpt2.decode(ids) == f"a{EOT}b"
 
 
+@pytest.mark.peer
 @pytest.mark.parametrize("allowed", ["all", {EOT}, [EOT], EOT])
 def test_allowed_special_maps_endoftext_to_its_id(gpt2, tiktoken_gpt2, allowed):
     text = f"Hello{EOT} world{EOT}{EOT}<|endof"

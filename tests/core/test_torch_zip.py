@@ -61,6 +61,7 @@ def test_refgpt_reads_back_what_it_writes_and_writes_the_same_bytes_twice(tmp_pa
         assert (info.header_offset + 30 + name_length + extra_length) % 64 == 0, info.filename
 
 
+@pytest.mark.peer
 def test_torch_reads_what_refgpt_writes(tmp_path):
     torch = pytest.importorskip("torch", reason="peer test: needs torch (the 'peers' extra)")
     tensors = tensors_example()
@@ -108,6 +109,7 @@ def _numpy(t):
     return (t.float() if t.dtype == torch.bfloat16 else t).numpy()
 
 
+@pytest.mark.peer
 @fuzz_settings(25)
 @given(torch_state_dicts())
 def test_refgpt_reads_what_torch_writes(state):
@@ -122,6 +124,7 @@ def test_refgpt_reads_what_torch_writes(state):
     assert all(np.array_equal(read[k], np.zeros_like(read[k])) for k in read)
 
 
+@pytest.mark.peer
 def test_a_module_state_dict_with_its_metadata_and_legacy_names(tmp_path):
     """nn.ModuleList's state_dict (what the tuned-lens package saves) carries _metadata (BUILD)."""
     torch = pytest.importorskip("torch", reason="peer test: needs torch (the 'peers' extra)")
@@ -165,6 +168,7 @@ def test_a_params_pt_calling_os_system_is_refused_by_name_and_never_runs(tmp_pat
     assert not marker.exists()
 
 
+@pytest.mark.peer
 def test_torch_written_hostile_pickle_is_refused_as_torch_refuses_it(tmp_path):
     """The same attack through torch.save itself (a real params.pt): refgpt refuses it by name, and
     torch.load(weights_only=True), the judge, refuses it too."""

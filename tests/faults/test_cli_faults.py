@@ -52,6 +52,7 @@ def one_error_line(stderr: bytes) -> str:
 DELAYS = [i / 100 for i in range(60)] + [0.8, 1.2] if LONG else [0.0, 0.03, 0.15, 0.5]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", [["inspect", TEXT], ["golden", TEXT, "-o", "{out}"]])
 def test_ctrl_c_at_any_moment_is_status_130_and_nothing_printed(tmp_path, command):
     """Imports (numpy and the rest take most of a second), loading, the forward pass, writing a
@@ -75,6 +76,7 @@ def test_ctrl_c_at_any_moment_is_status_130_and_nothing_printed(tmp_path, comman
 # ---- standard output -----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_closed_stdout_is_an_error_before_any_work(tmp_path):
     done = subprocess.run(["sh", "-c", f'exec "$0" -m refgpt golden "{TEXT}" -o "$1" >&-', sys.executable,
                            str(tmp_path / "g.safetensors")], stderr=subprocess.PIPE, env=env(), timeout=120)
@@ -82,6 +84,7 @@ def test_a_closed_stdout_is_an_error_before_any_work(tmp_path):
     assert not (tmp_path / "g.safetensors").exists()  # refused before the work, not after
 
 
+@pytest.mark.slow
 def test_a_full_stdout_is_status_1_and_one_line():
     with open("/dev/full", "w") as full:
         done = run("inspect", TEXT, stdout=full)
@@ -89,6 +92,7 @@ def test_a_full_stdout_is_status_1_and_one_line():
     assert "cannot write the answer to standard output (No space left on device)" in one_error_line(done.stderr)
 
 
+@pytest.mark.slow
 def test_a_reader_that_leaves_is_not_an_error():
     """`refgpt inspect … | head -1`: EPIPE is the reader's choice, status 0 and nothing on stderr."""
     p = subprocess.Popen([sys.executable, "-m", "refgpt", "inspect", TEXT], stdout=subprocess.PIPE,
@@ -130,6 +134,7 @@ def in_encoding(argv, encoding):
 ENCODINGS = ["latin-1", "ascii", "cp1252", "cp437"] if LONG else ["latin-1", "ascii"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("encoding", ENCODINGS)
 @pytest.mark.parametrize("command", COMMANDS, ids=[c[0] for c in COMMANDS])
 def test_any_output_encoding_gives_the_answer(golden_file, encoding, command):
@@ -155,6 +160,7 @@ def test_a_process_with_a_narrow_stdout_encoding_answers(golden_file, encoding):
         done.stdout.decode(encoding)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", [["predict", TEXT + " é — ∑"], ["inspect", TEXT]], ids=["predict", "inspect"])
 def test_json_on_an_ascii_stdout_is_the_same_json(command):
     status, text, _ = in_encoding([*command, "--json"], "ascii")
@@ -169,6 +175,7 @@ def limited(megabytes):
     return lambda: resource.setrlimit(resource.RLIMIT_AS, (megabytes * 2**20, resource.RLIM_INFINITY))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("megabytes, message", [(150, "cannot load refgpt's modules"),
                                                 (200, "its address-space limit, RLIMIT_AS")])
 def test_an_address_space_limit_is_one_line_not_openblas_ending_the_process(megabytes, message):
@@ -179,6 +186,7 @@ def test_an_address_space_limit_is_one_line_not_openblas_ending_the_process(mega
 # ---- a mapped file that shrinks -----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_golden_file_truncated_while_compared_is_an_error_not_sigbus(tmp_path, golden_file):
     """compare maps the golden file; another process truncating it made the next read a SIGBUS that
     ended the process without a word. The size is checked before each tensor is read."""

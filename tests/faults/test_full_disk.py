@@ -51,6 +51,7 @@ def free_bytes(mount) -> int:
     return st.f_bavail * st.f_frsize
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", SINGLE)
 def test_a_full_disk_is_one_line_and_keeps_the_old_output(tmpfs, tmp_path, name):
     w = next(w for w in WRITERS if w.name == name).prepare(tmp_path / "ref")

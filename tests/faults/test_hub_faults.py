@@ -65,6 +65,7 @@ HOSTILE = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("what, status, headers, message", HOSTILE, ids=[h[0] for h in HOSTILE])
 def test_a_hostile_hub_answer_is_one_line_with_status_1(refgpt_cli, hub, hf_env, what, status, headers, message):
     hub.answer["config.json"] = (status, headers)
@@ -93,6 +94,7 @@ def test_a_malformed_endpoint_is_one_line(refgpt_cli, hf_env, monkeypatch):
 # ---- a download killed at every event --------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_download_killed_at_any_event_leaves_a_sound_cache_and_the_next_one_completes(hub, hf_env, hub_files):
     n, log = count_events(lambda: download(REPO), hf_env)
     assert n > 10, log

@@ -39,6 +39,7 @@ def together(*actions) -> list[int]:
     return [os.waitpid(pid, 0)[1] for pid in pids]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["golden.write_streamed", "refgpt.save", "save_tokenizer", "llmc.write_model",
                                   "lens.save_translators", "lens_directory.write_lens"])
 def test_two_writers_leave_one_whole_result(tmp_path, name):

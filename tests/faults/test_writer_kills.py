@@ -109,6 +109,7 @@ def tally(w, what):
     RESULTS[w.name][what] += 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [w.name for w in WRITERS])
 def test_a_kill_at_any_event_leaves_the_old_result_or_the_new(prepared, tmp_path, name):
     w = prepared[name]
@@ -126,6 +127,7 @@ def test_a_kill_at_any_event_leaves_the_old_result_or_the_new(prepared, tmp_path
         tally(w, "killed")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [w.name for w in WRITERS])
 def test_a_file_system_that_fails_at_any_byte_leaves_the_old_result_and_one_line(prepared, tmp_path, name):
     w = prepared[name]

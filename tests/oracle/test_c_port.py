@@ -21,7 +21,8 @@ import c_port
 import port_cases
 from refgpt.oracle import comparison as oracle
 
-pytestmark = pytest.mark.skipif(c_port.compiler() is None, reason="no C compiler (cc, gcc or clang)")
+pytestmark = [pytest.mark.skipif(c_port.compiler() is None, reason="no C compiler (cc, gcc or clang)"),
+              pytest.mark.slow]  # each test compiles and runs the port: seconds to a minute
 
 
 @pytest.fixture(scope="module")

@@ -27,6 +27,7 @@ def _check(summary, simulated_rate):
             assert r["false_alarms"] == 0, (port, kind, r)
 
 
+@pytest.mark.slow
 def test_a_small_calibration_flags_no_correct_port():
     import c_port
 

@@ -59,6 +59,7 @@ def test_compare_prints_the_golden_error_beside_the_candidates(tmp_path):
     assert "The golden's own error at blocks.1.mlp.hook_post is ≤" in text and "yours is" in text
 
 
+@pytest.mark.slow
 def test_golden_cli_certify(tmp_path):
     from refgpt.oracle import llmc
 

@@ -122,6 +122,7 @@ def test_a_reference_near_float64s_maximum_is_judged_without_a_warning(reference
 
 
 
+@pytest.mark.slow
 def test_a_broken_npz_closes_its_file(tmp_path):
     """np.load(path) leaves its file to be closed at deallocation when the zip is broken (a
     ResourceWarning, "unclosed file"); refgpt opens the file itself and closes it."""

@@ -57,6 +57,7 @@ def f32_decode(golden, past=None):
 # ---- clean decodes pass ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["plain", "padded"])
 def test_refgpts_float32_decode_passes_and_every_step_is_judged(goldens, kind):
     g = goldens[kind]
@@ -156,6 +157,7 @@ class PadsAttended(KVCache):
         return np.ones_like(super().attention_mask(new_mask, new))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bug, kind, step, tensor, row", [
     ("position off by one", "plain", 1, "hook_pos_embed", 0),
     (AppendedTwice, "plain", 1, "blocks.0.attn.cache_k", None),
@@ -261,6 +263,7 @@ def hf_decode(torch, hf, prompt, mask, steps, bug=None):
     return out
 
 
+@pytest.mark.peer
 def test_hf_generate_outputs_pass_under_the_hf_decode_map(goldens, tmp_path):
     torch, hf = _hf(tmp_path)
     for kind, prompt, mask in (("plain", PROMPT[:1], None), ("padded", PROMPT, MASK)):
@@ -282,6 +285,7 @@ def test_hf_generate_outputs_pass_under_the_hf_decode_map(goldens, tmp_path):
                 f"step.{STEPS - 1}.blocks.1.attn.cache_v", "step.3.blocks.0.attn.hook_pattern"} <= judged
 
 
+@pytest.mark.peer
 @pytest.mark.parametrize("bug, kind, step, tensor, row", [
     ("position off by one", "plain", 1, "blocks.0.hook_resid_pre", 0),
     ("appended twice", "plain", 1, "blocks.0.attn.cache_k", None),

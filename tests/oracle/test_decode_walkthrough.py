@@ -21,6 +21,8 @@ import refgpt
 from doc_pages import DOCS
 from refgpt.oracle import decode, golden
 
+pytestmark = pytest.mark.peer  # the page's HF command needs the peers extra
+
 ROOT = DOCS.parent
 SECTION = "## A failing `generate`"
 

@@ -32,6 +32,7 @@ def flagged_case(index):
     return bench.llmc_case(rng)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(c_port.compiler() is None, reason="no C compiler (cc, gcc or clang)")
 @pytest.mark.parametrize("index, build", [(108, "Ofast"), (149, "O3"), (149, "O3-reversed"), (149, "O3-fma")])
 def test_the_correct_c_ports_once_flagged_at_d_model_2_pass(tmp_path, index, build):

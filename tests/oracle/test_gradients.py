@@ -123,6 +123,7 @@ BACKWARD_BUGS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bug", BACKWARD_BUGS, ids=[b[0] for b in BACKWARD_BUGS])
 def test_a_bug_planted_in_one_ops_backward_is_named_at_that_op(ref, bug, monkeypatch):
     what, module, function, old, new, (target, attr), expected, words = bug
@@ -172,6 +173,7 @@ def _hf_candidate(torch, hf, tokens, act=None):
     return cand
 
 
+@pytest.mark.peer
 def test_hf_torch_gradients_pass_and_a_wrong_custom_autograd_gelu_is_named_at_the_mlp(tmp_path):
     torch, peers = _torch_peers()
     import refgpt
@@ -247,6 +249,7 @@ def test_gelu_with_pi_314_is_named_at_mlp_hook_post(monkeypatch):
     assert "a systematic error" in report.table()
 
 
+@pytest.mark.slow
 def test_a_correct_float32_port_of_the_trained_default_model_passes():
     from refgpt import load_default
 

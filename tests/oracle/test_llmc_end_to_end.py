@@ -52,15 +52,17 @@ def run_tensors(g, dtype="float32", fwd_hooks=()):
     return llmc_dump.llmc_tensors_of_golden(t, CFG)
 
 
+@pytest.mark.slow
 def test_golden_reads_llmc_checkpoint_and_debug_state_tokens_with_their_targets(files):
     tmp, model, tokens, g, stdout = files
     assert np.array_equal(g.tensors["tokens"], tokens[:, :-1]) and np.array_equal(g.tensors["targets"], tokens[:, 1:])
     assert g.tensors["loss"].shape == (B, T) and "grad.tied_W_E" in g.tensors
-    state = llmc.read_debug_state(tmp / "state.bin", CFG.d_vocab)
+    state = llmc.read_debug_state(tmp / "state.bin", CFG.d_vocab, CFG)
     assert float(g.tensors["loss_mean"]) == pytest.approx(state.loss, rel=1e-6)
     assert "debug state" in stdout and "backward: mean loss" in stdout
 
 
+@pytest.mark.slow
 def test_a_dump_of_a_correct_float32_run_passes_forward_and_backward(files):
     tmp, model, tokens, g, _ = files
     path = llmc_dump.write_dump(tmp / "dump.bin", CFG, run_tensors(g))
@@ -75,6 +77,7 @@ def test_a_dump_of_a_correct_float32_run_passes_forward_and_backward(files):
     assert r.returncode == 0 and "OK: all" in r.stdout, r.stdout + r.stderr
 
 
+@pytest.mark.slow
 def test_planted_bugs_in_an_llmc_dump_are_named_forward_and_backward(files):
     tmp, model, tokens, g, _ = files
     run = run_tensors(g)
@@ -111,6 +114,7 @@ def test_the_debug_state_itself_compares_as_a_candidate(files):
     assert {"logits", "loss_mean", "grad.tied_W_E", "grad.blocks.1.mlp.W_out"} <= {t.name for t in report.tensors}
 
 
+@pytest.mark.slow
 def test_debug_state_writer_says_which_token_convention_it_got(files):
     tmp, model, tokens, g, _ = files
     x, y, said = llmc.debug_state_tokens(tokens)
@@ -127,6 +131,7 @@ def test_debug_state_writer_says_which_token_convention_it_got(files):
     assert (tmp / "state2.bin").read_bytes()[: 4 * 4 * B * T] == (tmp / "state.bin").read_bytes()[: 4 * 4 * B * T]
 
 
+@pytest.mark.slow
 def test_golden_tokens_from_a_data_shard_and_raw_files(tmp_path, files):
     tmp, model, tokens, g, _ = files
     ids = np.random.default_rng(1).integers(0, CFG.d_vocab, size=40)
@@ -153,6 +158,7 @@ def test_golden_tokens_from_a_data_shard_and_raw_files(tmp_path, files):
     assert r.returncode == 1 and "--tokens" in r.stderr and r.stderr.count("\n") == 1
 
 
+@pytest.mark.slow
 def test_golden_with_llmc_tokenizer_names_the_text(tmp_path, files):
     tmp, model, tokens, g, _ = files
 
@@ -170,6 +176,7 @@ def test_golden_with_llmc_tokenizer_names_the_text(tmp_path, files):
     assert r.returncode == 1 and "cannot encode TEXT" in r.stderr
 
 
+@pytest.mark.slow
 def test_hints_for_swapped_arguments_and_llmc_names_without_the_map(files, tmp_path):
     tmp, model, tokens, g, _ = files
     path = llmc_dump.write_dump(tmp_path / "dump.bin", CFG, run_tensors(g))
@@ -192,6 +199,7 @@ def test_gradients_over_other_targets_are_refused_with_the_fix(files, tmp_path):
         oracle.compare(next_token, path, name_map="llmc")
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_a_fuzzed_llmc_dump_without_map_gets_the_hint(files, tmp_path_factory, data):

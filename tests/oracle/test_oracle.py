@@ -46,6 +46,7 @@ INJECTABLE = ["hook_embed", "hook_pos_embed"] + [
         "hook_mlp_out", "hook_resid_post")] + ["ln_final.hook_scale", "ln_final.hook_normalized"]
 
 
+@pytest.mark.slow
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data(), hook=st.sampled_from(INJECTABLE), layer=st.integers(0, CFG.n_layers - 1),
        magnitude=st.sampled_from([1e-3, 1e-2, 0.1, 1.0, 10.0]))
@@ -100,6 +101,7 @@ def test_report_names_layer_position_and_index_in_words(setup):
 # ---- no false alarms ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None, derandomize=True)
 @given(case=model_and_tokens(), fmt=st.sampled_from(["float32", "bfloat16", "float16"]), seed=st.integers(0, 2**16))
 def test_profile_accepts_an_independent_implementation_in_its_format(case, fmt, seed):
@@ -115,6 +117,7 @@ def test_profile_accepts_an_independent_implementation_in_its_format(case, fmt, 
     assert report.ok, report.table()
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None, derandomize=True)
 @given(case=model_and_tokens())
 def test_float32_profile_does_not_flag_refgpt_float32_against_float64(case):
@@ -323,6 +326,7 @@ def _hf_setup(tmp_path, peers, seed=11):
     return cfg, hf, tokens
 
 
+@pytest.mark.peer
 def test_hf_hidden_states_from_a_real_hf_model_match_the_golden_file(tmp_path):
     torch, peers = _peers()
     dump = load_script(ROOT / "benchmarks" / "dump_hf_tl.py")
@@ -345,6 +349,7 @@ def test_hf_hidden_states_from_a_real_hf_model_match_the_golden_file(tmp_path):
     assert report.first_divergence.name == "blocks.0.hook_resid_pre"
 
 
+@pytest.mark.peer
 def test_transformer_lens_cache_matches_the_golden_file_under_the_tl_map(tmp_path):
     torch, peers = _peers()
     pytest.importorskip("transformer_lens", reason="TL name-map test needs the 'peers' extra (transformer_lens)")

@@ -64,6 +64,7 @@ def byte_mutation(draw, data: bytes) -> bytes:
     return data[:i] + bytes([data[i] ^ draw(st.integers(1, 255))]) + data[i + 1:]
 
 
+@pytest.mark.slow
 @fuzz_settings(100)
 @given(data=st.data())
 def test_llmc_files_read_or_are_refused_in_one_line(files, tmp_path, data):
@@ -80,6 +81,7 @@ def test_llmc_files_read_or_are_refused_in_one_line(files, tmp_path, data):
 GOLDEN_KEYS = ["config", "conditioning", "format", "dtype"]
 
 
+@pytest.mark.slow
 @fuzz_settings(100)
 @given(data=st.data())
 def test_golden_files_compare_or_are_refused_in_one_line(files, tmp_path, data):

@@ -141,6 +141,7 @@ def test_pads_that_no_real_position_sees_are_not_a_divergence(goldens, monkeypat
     assert t.name == "hook_pos_embed" and t.first_bad.index[:2] == (2, LENGTHS[2])
 
 
+@pytest.mark.peer
 def test_hf_with_its_pad_position_convention_passes_and_without_position_ids_is_named(goldens, tmp_path):
     torch = pytest.importorskip("torch", reason="needs the 'peers' extra (torch)")
     pytest.importorskip("transformers", reason="needs the 'peers' extra (transformers)")

@@ -45,6 +45,7 @@ def ref(tmp_path_factory):
     return path, model
 
 
+@pytest.mark.slow
 def test_one_logit_plus_a_half_is_named_at_its_index_with_the_files_values(ref, tmp_path):
     path, _ = ref
     g = golden.read(path)
@@ -79,6 +80,7 @@ def test_a_softmax_row_off_by_more_than_its_one_sum_can_be_says_so_with_the_sums
     assert "(exp of the golden's log_probs)" in text and "factor 1.01" in text
 
 
+@pytest.mark.slow
 def test_gradients_against_a_golden_without_them_fail_unless_forward_only(ref, tmp_path):
     path, model = ref
     forward = tmp_path / "forward.safetensors"

@@ -17,6 +17,7 @@ from refgpt.oracle import comparison as oracle
 from refgpt.oracle import golden, sequential
 
 
+@pytest.mark.slow
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(mt=model_and_tokens(), own_targets=st.booleans())
 def test_in_float64_it_computes_every_golden_tensor(mt, own_targets):
@@ -55,6 +56,7 @@ def test_sums_run_in_index_order():
     assert sequential.sequential_sum(x[:, ::-1].copy())[0, 0] == np.float32(1.0 + 2.0**-22)  # small ones first: kept
 
 
+@pytest.mark.slow
 def test_the_golden_error_model_is_the_larger_of_both_orders():
     """On the trained model with random tokens (flat predictions: the vocabulary softmax sums 8,192
     similar terms) the sequential pass's row factors are far larger than refgpt's pairwise ones,

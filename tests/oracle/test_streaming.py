@@ -27,6 +27,7 @@ CFG = Config(d_model=16, n_layers=3, n_heads=2, d_mlp=32, d_vocab=20, n_ctx=8)
 TOKENS = np.array([[3, 1, 4, 1, 5, 9, 2, 6], [5, 3, 5, 8, 9, 7, 9, 3]])
 
 
+@pytest.mark.slow
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(case=model_and_tokens(), dtype=st.sampled_from(["float64", "float32"]),
        names=st.sampled_from([None, ["blocks.*.hook_resid_post"], ["*ln1*", "blocks.0.*"], ["*attn_scores"]]))

@@ -19,6 +19,8 @@ import port_cases
 from random_models import save_checkpoint
 from refgpt.oracle import comparison as oracle
 
+pytestmark = pytest.mark.peer  # every test here runs an HF or TransformerLens port
+
 
 def _torch():
     torch = pytest.importorskip("torch", reason="needs the 'peers' extra (torch)")

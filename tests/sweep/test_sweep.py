@@ -83,6 +83,7 @@ def test_record_names_are_injective_and_short():
 # ---- each task's record is what refgpt.load gives for that prompt -------------------------------
 
 
+@pytest.mark.slow
 def test_loss_records_are_the_models_per_token_loss(serial, model):
     out, result = serial("loss")
     for prompt_id, r in records(out).items():
@@ -103,6 +104,7 @@ def test_text_prompts_are_tokenized_as_the_model_does(serial, model):
             assert r["provenance"]["tokens"] == TOKENS["tok"]
 
 
+@pytest.mark.slow
 def test_lens_records_are_the_logit_lens_of_refgpt_analysis(serial, model):
     for r in records(serial("lens")[0]).values():
         if r["status"] != "ok":
@@ -120,6 +122,7 @@ def test_lens_records_are_the_logit_lens_of_refgpt_analysis(serial, model):
         assert got["kl_sum"][-1] < 1e-12  # the final stream's logit lens is the model's own prediction
 
 
+@pytest.mark.slow
 def test_the_translator_lens_and_a_plug_in_lens_are_the_tuned_lens_of_refgpt_analysis(tmp_path, model):
     _, cache = model.run_with_cache(model.to_tokens(TEXTS["1"], prepend_bos=False))
     path = save_translators(tmp_path / "lens.safetensors", fit_least_squares_translators(cache))
@@ -144,6 +147,7 @@ def test_the_translator_lens_and_a_plug_in_lens_are_the_tuned_lens_of_refgpt_ana
         assert list(r["result"]["lenses"]) == ["logit lens", name]
 
 
+@pytest.mark.slow
 def test_attribute_records_are_refgpt_attribute_of_each_next_token(serial, model):
     for r in records(serial("attribute")[0]).values():
         if r["status"] != "ok":
@@ -157,6 +161,7 @@ def test_attribute_records_are_refgpt_attribute_of_each_next_token(serial, model
         assert r["result"]["n_positions"] == len(tokens) - 1
 
 
+@pytest.mark.slow
 def test_attribute_records_of_a_target_at_the_last_position(serial, model):
     out, result = serial("attribute-target")
     target, against = model.to_single_token(" the"), model.to_single_token(" a")
@@ -171,6 +176,7 @@ def test_attribute_records_of_a_target_at_the_last_position(serial, model):
     assert "one" not in dict(result.failed)  # a target needs no next token
 
 
+@pytest.mark.slow
 def test_golden_files_hold_what_golden_compute_gives(serial, model):
     out, result = serial("golden")
     for r in records(out).values():
@@ -185,6 +191,7 @@ def test_golden_files_hold_what_golden_compute_gives(serial, model):
     assert result.summary["result"]["files"] == len(list((out / "goldens").iterdir()))
 
 
+@pytest.mark.slow
 def test_compare_against_the_sweeps_own_goldens_passes_and_an_edited_one_fails_first_where_edited(serial, corpus,
                                                                                                   tmp_path):
     goldens = serial("golden")[0] / "goldens"
@@ -219,6 +226,7 @@ def test_failing_prompts_are_recorded_with_their_one_line_error_and_the_others_r
     assert result.summary["failed"] == len(failed) and result.summary["ok"] == len(manifest) - len(failed)
 
 
+@pytest.mark.slow
 def test_the_command_exits_1_with_the_count_of_failed_prompts(refgpt_cli, corpus, tmp_path):
     r = refgpt_cli.in_process("sweep", corpus, "--task", "loss", "-o", tmp_path / "o", "--workers", "0")
     assert r.returncode == 1
@@ -238,6 +246,7 @@ def test_a_sweep_without_failures_exits_0(refgpt_cli, tmp_path):
 # ---- resumption, interruption, OUT --------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_rerun_runs_only_the_prompts_without_a_verified_record(serial, corpus, tmp_path):
     out, first = serial("golden")
     copy = tmp_path / "copy"
@@ -255,6 +264,7 @@ def test_a_rerun_runs_only_the_prompts_without_a_verified_record(serial, corpus,
     assert (copy / "summary.json").read_bytes() == (out / "summary.json").read_bytes()
 
 
+@pytest.mark.slow
 def test_ctrl_c_leaves_only_complete_records_and_a_rerun_finishes_the_same(serial, corpus, tmp_path):
     out = tmp_path / "o"
     seen = []
@@ -276,6 +286,7 @@ def test_ctrl_c_leaves_only_complete_records_and_a_rerun_finishes_the_same(seria
     assert (out / "summary.json").read_bytes() == (serial("golden")[0] / "summary.json").read_bytes()
 
 
+@pytest.mark.slow
 def test_the_summary_does_not_depend_on_the_order_of_the_prompts_file(serial, tmp_path):
     shuffled = write_corpus(tmp_path / "shuffled.jsonl", order=np.random.default_rng(3).permutation(11).tolist())
     run_sweep(shuffled, "lens", tmp_path / "o", workers=0)
@@ -356,6 +367,7 @@ def test_without_dask_the_command_says_which_extra_to_install(refgpt_cli, tmp_pa
                                  "--workers", "0").returncode == 0
 
 
+@pytest.mark.slow
 def test_the_golden_size_formula_of_docs_sweep_md_counts_every_number(serial, model):
     """docs/sweep.md §5: T·(L·(13d + 2·d_mlp) + 4d + 2V) + 2·L·H·T² numbers; the rest of the file is
     the header and the small tensors (tokens, targets, loss, each LayerNorm's mean and scale)."""

@@ -16,6 +16,7 @@ import time
 import pytest
 
 pytest.importorskip("distributed")
+pytestmark = pytest.mark.slow  # a Dask cluster takes seconds to start, each test seconds more
 
 from conftest import TASK_OPTIONS, long_prompts, records  # noqa: E402
 from refgpt.sweep import run_sweep  # noqa: E402

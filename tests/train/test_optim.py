@@ -20,6 +20,7 @@ def _problem(seed=0):
     return params, grads
 
 
+@pytest.mark.peer
 def test_adamw_matches_torch_adamw_step_by_step():
     """Six steps with changing learning rates, decay on some parameters only, float64."""
     torch = pytest.importorskip("torch", reason="peer test: needs torch (the 'peers' extra)")
@@ -49,6 +50,7 @@ def side_by_side(torch, opt, t_opt, mine, theirs, steps):
             assert rel_err(mine[k], theirs[k].detach().numpy()) <= TORCH_TOL, k
 
 
+@pytest.mark.peer
 def test_sgd_is_torch_sgd_with_nesterov_momentum_and_weight_decay():
     """SGD (refgpt.train.optim) as the tuned-lens package uses it — Nesterov momentum 0.9, weight
     decay 1e-3 — and with plain momentum, and without: five steps with a decaying lr, float64."""

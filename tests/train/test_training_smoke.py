@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
 import refgpt
 from refgpt import Config, load
@@ -49,6 +50,7 @@ def test_every_parameter_gets_a_gradient_at_initialisation(tmp_path):
     assert np.all(np.any(grads["pos_embed.W_pos"] != 0, axis=1))
 
 
+@pytest.mark.slow
 def test_a_few_steps_on_a_few_kilobytes_lower_the_loss(tmp_path):
     tok, cfg, train_ids, val_ids = setup(tmp_path)
     params, record = T.train(cfg, train_ids, val_ids, HYPER, seed=0, log=lambda *_: None)

@@ -51,6 +51,7 @@ def torch_objective(torch, model, h, log_p, W, b):
     return loss.item(), tW.grad.numpy(), tb.grad.numpy()
 
 
+@pytest.mark.peer
 @settings(max_examples=12, deadline=None)
 @given(configs(max_layers=2), st.integers(0, 2**32 - 1), st.booleans(), st.sampled_from([0.0, 0.3, 2.0]))
 def test_the_analytic_gradient_is_torch_autograds(cfg, seed, b_U, size):
@@ -74,6 +75,7 @@ def test_the_analytic_gradient_is_torch_autograds(cfg, seed, b_U, size):
         assert rel(gW, ref_W) <= GRADIENT_TOL and rel(gb, ref_b) <= GRADIENT_TOL, (rel(gW, ref_W), rel(gb, ref_b))
 
 
+@pytest.mark.peer
 def test_a_steps_gradient_sums_micro_batches_and_is_autograds(monkeypatch):
     """lens_step_gradients over 5 windows, split into micro-batches of 2 windows, = autograd of the
     mean KL over all of them, translator by translator, at resid_pre and resid_mid."""
@@ -94,6 +96,7 @@ def test_a_steps_gradient_sums_micro_batches_and_is_autograds(monkeypatch):
             assert rel(grads[f"{i}.weight"], gW) <= GRADIENT_TOL and rel(grads[f"{i}.bias"], gb) <= GRADIENT_TOL
 
 
+@pytest.mark.peer
 def test_clipping_is_clip_grad_norm_and_the_schedule_is_transformers_linear_decay():
     torch = pytest.importorskip("torch", reason="peer test: needs torch (the 'peers' extra)")
     transformers = pytest.importorskip("transformers", reason="peer test: needs transformers (the 'peers' extra)")
@@ -133,6 +136,7 @@ def package_pair(tmp_path_factory):
     return hf, model, [rng.integers(0, 40, (2, 16)) for _ in range(8)]
 
 
+@pytest.mark.peer
 def test_refgpt_trains_what_the_package_trains_on_the_same_windows(package_pair, tmp_path):
     """The package's own Train.execute (its lens, SGD, scheduler, loss, clipping) and refgpt, on a
     float64 GPT-2 and the same windows in the same order, 4 steps, clipped and unclipped ones:
@@ -157,6 +161,7 @@ def test_refgpt_trains_what_the_package_trains_on_the_same_windows(package_pair,
             assert 1e-9 <= rel(mine.translators[i][k], as_is.translators[i][k]) <= 1e-6
 
 
+@pytest.mark.peer
 def test_the_package_stops_silently_where_refgpt_refuses(package_pair, tmp_path):
     """tuned-lens #113 (open in 0.2.0): Train.execute zips its step counter with the data loader, so
     a loader that runs dry ends the training early, and the lens is saved as if nothing happened.
@@ -266,18 +271,21 @@ def test_text_windows_are_the_packages_chunks():
         T.text_windows(tok, [], 4)
 
 
-def test_refgpt_lens_train_and_eval_help_examples_run_as_printed(refgpt_cli, tmp_path, monkeypatch):
-    """`refgpt lens train --help` and `refgpt lens eval --help` end with examples that run as printed
-    (tests/cli_examples.py), in a directory holding only the text a user brings."""
+@pytest.mark.slow
+def test_refgpt_train_lens_and_eval_lens_help_examples_run_as_printed(refgpt_cli, tmp_path, monkeypatch):
+    """`refgpt train-lens --help` and `refgpt eval-lens --help` end with examples that run as printed
+    (tests/cli_examples.py), in a directory holding only the text a user brings (and, for eval-lens,
+    a lens directory: here the one train-lens wrote)."""
     from cli_examples import run_line
-    from refgpt.cli.lens import EVAL_EXAMPLES, TRAIN_EXAMPLES
+    from refgpt.cli.eval_lens import EXAMPLES as EVAL_EXAMPLES
+    from refgpt.cli.train_lens import EXAMPLES as TRAIN_EXAMPLES
 
     text = (__import__("pathlib").Path(__file__).parents[1] / "data" / "macbeth_act1.txt").read_text()[:6000]
     (tmp_path / "macbeth.txt").write_text(text)
     monkeypatch.chdir(tmp_path)
-    for action, examples in (("train", TRAIN_EXAMPLES), ("eval", EVAL_EXAMPLES)):
-        shown = refgpt_cli.in_process("lens", action, "--help").stdout
-        assert shown.startswith(f"usage: refgpt lens {action}") and shown.endswith(
+    for name, examples in (("train-lens", TRAIN_EXAMPLES), ("eval-lens", EVAL_EXAMPLES)):
+        shown = refgpt_cli.in_process(name, "--help").stdout
+        assert shown.startswith(f"usage: refgpt {name}") and shown.endswith(
             "examples:\n" + "".join(f"  {line}\n" for line in examples))
     trained, mid = (run_line(refgpt_cli, line, monkeypatch)[0] for line in TRAIN_EXAMPLES)
     assert trained.stderr.count("lens step") == 2 and "lens step 2/2" in trained.stderr and "KL per translator" in trained.stderr
@@ -285,6 +293,7 @@ def test_refgpt_lens_train_and_eval_help_examples_run_as_printed(refgpt_cli, tmp
     config = json.loads((tmp_path / "my-lens" / "config.json").read_text())
     assert config["base_model_name_or_path"] == "refgpt.weights/default" and config["num_hidden_layers"] == 4
     assert json.loads(mid.stdout)["stream"] == "resid_mid"
+    (tmp_path / "lens-dir").symlink_to(tmp_path / "my-lens")
     shipped, mine = (run_line(refgpt_cli, line, monkeypatch)[0] for line in EVAL_EXAMPLES)
     assert "nats per token" in shipped.stdout and "bits per byte" in shipped.stdout and "default_lens" in shipped.stdout
     answer = json.loads(mine.stdout)
@@ -295,14 +304,14 @@ def test_refgpt_lens_train_and_eval_help_examples_run_as_printed(refgpt_cli, tmp
 def test_refgpt_lens_train_and_eval_errors_are_one_line(refgpt_cli, tmp_path):
     text = tmp_path / "act1.txt"
     text.write_text((__import__("pathlib").Path(__file__).parents[1] / "data" / "macbeth_act1.txt").read_text()[:3000])
-    too_much = refgpt_cli.in_process("lens", "train", "--text", text, "-o", tmp_path / "x", "--steps", "500")
+    too_much = refgpt_cli.in_process("train-lens", "--text", text, "-o", tmp_path / "x", "--steps", "500")
     assert too_much.returncode == 1 and "the data cannot supply the budget" in too_much.stderr
     assert too_much.stderr.count("\n") == 2 and not (tmp_path / "x").exists()  # the announcement, then one error line
-    missing = refgpt_cli.in_process("lens", "train", "--text", tmp_path / "none.txt", "-o", tmp_path / "x")
+    missing = refgpt_cli.in_process("train-lens", "--text", tmp_path / "none.txt", "-o", tmp_path / "x")
     assert missing.returncode == 1 and "--text" in missing.stderr and "not found" in missing.stderr
-    usage = refgpt_cli.in_process("lens", "train", "--text", text)
+    usage = refgpt_cli.in_process("train-lens", "--text", text)
     assert usage.returncode == 2 and "-o/--output" in usage.stderr
-    bos = refgpt_cli.in_process("lens", "train", "--text", text, "-o", tmp_path / "x", "--bos")
+    bos = refgpt_cli.in_process("train-lens", "--text", text, "-o", tmp_path / "x", "--bos")
     assert bos.returncode == 2 and "takes no --bos" in bos.stderr
-    short = refgpt_cli.in_process("lens", "eval", "--text", text, "--max-tokens", "5")
+    short = refgpt_cli.in_process("eval-lens", "--text", text, "--max-tokens", "5")
     assert short.returncode == 2 and "less than one window" in short.stderr
