@@ -229,14 +229,18 @@ class _Short(Exception):
 
 # ---- GPT-2 in GGUF ---------------------------------------------------------------------------------------
 
-#: GGUF name → (HF GPT2LMHeadModel key, transposed?) for block L; GGUF stores HF's Conv1D weights transposed.
+#: GGUF name → (HF GPT2LMHeadModel key, transposed?, shape in NumPy order from (d_model, d_mlp)) for
+#: block L; GGUF stores HF's Conv1D weights transposed, as [out, in].
 _BLOCK = {
-    "attn_norm.weight": ("ln_1.weight", False), "attn_norm.bias": ("ln_1.bias", False),
-    "attn_qkv.weight": ("attn.c_attn.weight", True), "attn_qkv.bias": ("attn.c_attn.bias", False),
-    "attn_output.weight": ("attn.c_proj.weight", True), "attn_output.bias": ("attn.c_proj.bias", False),
-    "ffn_norm.weight": ("ln_2.weight", False), "ffn_norm.bias": ("ln_2.bias", False),
-    "ffn_up.weight": ("mlp.c_fc.weight", True), "ffn_up.bias": ("mlp.c_fc.bias", False),
-    "ffn_down.weight": ("mlp.c_proj.weight", True), "ffn_down.bias": ("mlp.c_proj.bias", False),
+    "attn_norm.weight": ("ln_1.weight", False, lambda d, m: (d,)), "attn_norm.bias": ("ln_1.bias", False, lambda d, m: (d,)),
+    "attn_qkv.weight": ("attn.c_attn.weight", True, lambda d, m: (3 * d, d)),
+    "attn_qkv.bias": ("attn.c_attn.bias", False, lambda d, m: (3 * d,)),
+    "attn_output.weight": ("attn.c_proj.weight", True, lambda d, m: (d, d)),
+    "attn_output.bias": ("attn.c_proj.bias", False, lambda d, m: (d,)),
+    "ffn_norm.weight": ("ln_2.weight", False, lambda d, m: (d,)), "ffn_norm.bias": ("ln_2.bias", False, lambda d, m: (d,)),
+    "ffn_up.weight": ("mlp.c_fc.weight", True, lambda d, m: (m, d)), "ffn_up.bias": ("mlp.c_fc.bias", False, lambda d, m: (m,)),
+    "ffn_down.weight": ("mlp.c_proj.weight", True, lambda d, m: (d, m)),
+    "ffn_down.bias": ("mlp.c_proj.bias", False, lambda d, m: (d,)),
 }
 _GLOBAL = {"token_embd.weight": "wte.weight", "position_embd.weight": "wpe.weight",
            "output_norm.weight": "ln_f.weight", "output_norm.bias": "ln_f.bias", "output.weight": "lm_head.weight"}
@@ -244,11 +248,21 @@ _GLOBAL = {"token_embd.weight": "wte.weight", "position_embd.weight": "wpe.weigh
 _ALWAYS_F32 = {"position_embd.weight"}
 
 
+def _shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
+    """Every GGUF tensor of a GPT-2 with this config → its shape in NumPy order (GGUF's dims reversed)."""
+    d, m = cfg.d_model, cfg.d_mlp
+    shapes = {"token_embd.weight": (cfg.d_vocab, d), "position_embd.weight": (cfg.n_ctx, d), "output_norm.weight": (d,),
+              "output_norm.bias": (d,), "output.weight": (cfg.d_vocab, d)}
+    for L in range(cfg.n_layers):
+        shapes.update({f"blk.{L}.{name}": shape(d, m) for name, (_, _, shape) in _BLOCK.items()})
+    return shapes
+
+
 def gguf_names(n_layers: int) -> dict[str, tuple[str, bool]]:
     """Every GGUF tensor name of a GPT-2 → (HF key, transposed?)."""
     names = {name: (hf, False) for name, hf in _GLOBAL.items()}
     for L in range(n_layers):
-        names.update({f"blk.{L}.{name}": (f"h.{L}.{hf}", t) for name, (hf, t) in _BLOCK.items()})
+        names.update({f"blk.{L}.{name}": (f"h.{L}.{hf}", t) for name, (hf, t, _) in _BLOCK.items()})
     return names
 
 
@@ -289,7 +303,7 @@ def read_model(path, dtype: np.dtype, tokenizer: bool = True):
             raise RefGPTError(f"{g.path}: unexpected tensor {name!r}: not part of a GPT-2 with "
                               f"gpt2.block_count={cfg.n_layers}")
     cfg.check_fits_in_memory(dtype.itemsize, source=str(g.path))
-    hf_shapes = _expected_shapes(cfg)
+    shapes = _shapes(cfg)
     tensors, types = {}, {}
     for name, (hf, transposed) in names.items():
         if name not in g.tensors:
@@ -297,7 +311,7 @@ def read_model(path, dtype: np.dtype, tokenizer: bool = True):
                 continue
             raise RefGPTError(f"{g.path}: tensor {name!r} is missing from the GGUF file")
         entry = g.tensors[name]
-        stored = tuple(reversed(hf_shapes[hf])) if transposed else hf_shapes[hf]
+        stored = shapes[name]
         if entry.shape != stored:
             raise RefGPTError(f"{g.path}: tensor {name!r} has shape {list(entry.shape)} (GGUF dims "
                               f"{list(reversed(entry.shape))}), expected {list(stored)} from the hyperparameters")
@@ -310,16 +324,13 @@ def read_model(path, dtype: np.dtype, tokenizer: bool = True):
     return cfg, tensors, (_tokenizer(g, cfg) if tokenizer else None), types
 
 
+def untied(cfg: Config) -> Config:
+    """``cfg`` with its own lm_head (what a GGUF file stores as ``output``)."""
+    return Config(**{**_fields(cfg), "tie_word_embeddings": False})
+
+
 def _fields(cfg: Config) -> dict:
     return {name: getattr(cfg, name) for name in ("d_model", "n_layers", "n_heads", "d_mlp", "d_vocab", "n_ctx", "eps")}
-
-
-def _expected_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
-    from .checkpoint import expected_shapes  # one list of GPT-2's HF shapes
-
-    shapes = expected_shapes(cfg)
-    shapes["lm_head.weight"] = (cfg.d_vocab, cfg.d_model)
-    return shapes
 
 
 def _tokenizer(g: GGUFFile, cfg: Config):
@@ -351,8 +362,10 @@ def _tokenizer(g: GGUFFile, cfg: Config):
         raise RefGPTError(f"{g.path}: tokenizer: {error}") from None
 
 
-def write_model(model, path, type: str = "F32") -> Path:
-    """Write ``model`` as llama.cpp's GPT-2 GGUF with its weights of ``type``; returns the path."""
+def write_model(model, path, hf: dict[str, np.ndarray], type: str = "F32") -> Path:
+    """Write ``model`` as llama.cpp's GPT-2 GGUF with its weight matrices of ``type``; returns the path.
+    ``hf``: its tensors under bare HF keys and layouts, ``lm_head.weight`` included
+    (refgpt/files/checkpoint.py, ``hf_tensors`` of the untied config)."""
     kind = type_named(type)
     cfg, p = model.cfg, model.params
     if (cfg.act_fn, cfg.use_attn_scale, cfg.scale_attn_by_inverse_layer_idx) != ("gelu_new", True, False):
@@ -361,9 +374,6 @@ def write_model(model, path, type: str = "F32") -> Path:
                           f"scale_attn_by_inverse_layer_idx={cfg.scale_attn_by_inverse_layer_idx}")
     if "unembed.b_U" in p and np.any(p["unembed.b_U"]):
         raise RefGPTError("save: the model has an unembedding bias b_U, which a GPT-2 GGUF cannot hold")
-    from .checkpoint import hf_tensors
-
-    hf = hf_tensors(Config(**{**_fields(cfg), "tie_word_embeddings": False}), p, prefix="")
     tensors = []
     for name, (key, transposed) in gguf_names(cfg.n_layers).items():
         values = np.asarray(hf[key], dtype=np.float32)  # the converter rounds to float32 first
@@ -431,4 +441,4 @@ def _write_file(path: Path, metadata, tensors) -> None:
             f.write(b"\0" * (-data.nbytes % ALIGNMENT))
 
 
-__all__ = ["GGUFFile", "TensorEntry", "gguf_names", "read_model", "write_model"]
+__all__ = ["GGUFFile", "TensorEntry", "gguf_names", "read_model", "untied", "write_model"]

@@ -66,9 +66,10 @@ def save(model, directory, dtype=None, config: dict | None = None, type: str | N
     if directory.suffix.lower() == ".gguf":
         if dtype is not None or config:
             raise RefGPTError("save: a GGUF file takes type= (F32, F16, Q8_0, Q4_0, …), not dtype= or config=")
-        from .gguf_file import write_model
+        from .gguf_file import untied, write_model
 
-        return write_model(model, directory, "F32" if type is None else type)
+        hf = hf_tensors(untied(model.cfg), model.params, prefix="")
+        return write_model(model, directory, hf, "F32" if type is None else type)
     if type is not None:
         raise RefGPTError(f"save: type={type!r} is for GGUF files (a path ending in .gguf); "
                           f"{str(directory)!r} is an HF checkpoint directory (use dtype=)")
