@@ -155,8 +155,12 @@ class SplitReport:
         return self.first_failure is None
 
     def to_dict(self) -> dict:
+        """Strict JSON's values: a non-finite number as its name ('inf'), as refgpt's JSON writes them."""
+        def clean(d):
+            return {k: (str(v) if isinstance(v, float) and not math.isfinite(v) else v) for k, v in d.items()}
+
         return {"ok": self.ok, "quantization": self.quantization,
-                "tensors": [t.__dict__ for t in self.tensors], "ops": [dict(o.__dict__, ok=o.ok) for o in self.ops]}
+                "tensors": [clean(t.__dict__) for t in self.tensors], "ops": [clean(dict(o.__dict__, ok=o.ok)) for o in self.ops]}
 
 
 #: Each matrix product of a GPT-2: (its input, its outputs, the GGUF weight, refgpt's weight and bias names)

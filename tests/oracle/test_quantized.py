@@ -79,3 +79,25 @@ def test_the_bound_holds_for_ggml_rounding_and_is_tight(setup):
     assert np.all(np.abs(plain - reference) > 0)
     assert np.median(np.abs(plain - reference) / bound) > 100
     assert nmse(reference, plain) > 0
+
+
+def test_compare_on_the_command_line_splits_the_two_errors(setup, tmp_path, capsys):
+    from refgpt.cli import main
+
+    float_golden, files = setup
+    path, model, quantized_golden = files["Q4_0"]
+    golden.write(tmp_path / "float.safetensors", float_golden)
+    golden.write(tmp_path / "q.safetensors", quantized_golden)
+    for bugs, status in (([], 0), (["nibble_order"], 1)):
+        np.savez(tmp_path / "port.npz", **QuantizedPort(path, bugs=bugs).run(TOKENS))
+        argv = ["compare", str(tmp_path / "q.safetensors"), str(tmp_path / "port.npz"),
+                "--float-golden", str(tmp_path / "float.safetensors"), "--gguf", str(path)]
+        assert main(argv) == status
+        out = capsys.readouterr().out
+        assert ("every product within its bound" in out) == (status == 0)
+        assert main(argv + ["--json"]) == status
+        report = json.loads(capsys.readouterr().out)
+        assert report["ok"] == (status == 0) and report["quantization"]["blk.0.attn_qkv.weight"] == "Q4_0"
+    with pytest.raises(SystemExit) as usage:
+        main(["compare", str(tmp_path / "q.safetensors"), str(tmp_path / "port.npz"), "--gguf", str(path)])
+    assert usage.value.code == 2 and "--float-golden and --gguf go together" in capsys.readouterr().err
