@@ -29,7 +29,8 @@ from ._output import shown
 
 def _add_model(p):
     p.add_argument("--model", metavar="DIR", default=None,
-                   help="HF GPT-2 directory (config.json + model.safetensors), or a hub name found in "
+                   help="HF GPT-2 directory (config.json + model.safetensors), a llama.cpp GPT-2 GGUF file "
+                   "(*.gguf, dequantized as ggml defines it), or a hub name found in "
                    "the HF cache or downloaded (gpt2, openai-community/gpt2@REVISION; see refgpt download); "
                    "default: the embedded model")
 

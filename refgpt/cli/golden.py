@@ -238,13 +238,13 @@ def padded(tokens, side, pad_id):
 
 
 def load_model(args):
-    """(model, llm.c tokenizer or None): ``--model`` an HF directory (load_chosen) or an llm.c
-    checkpoint file; ``--tokenizer`` a directory (the model's tokenizer) or llm.c's (decodes only)."""
+    """(model, llm.c tokenizer or None): ``--model`` an HF directory or a GGUF file (load_chosen) or
+    an llm.c checkpoint file; ``--tokenizer`` a directory (the model's tokenizer) or llm.c's (decodes only)."""
     from ..oracle import llmc
     from ..gpt2.tokenizer import Tokenizer
 
     path = Path(args.model) if args.model is not None else None
-    if path is not None and path.is_file():
+    if path is not None and path.is_file() and path.suffix.lower() != ".gguf":
         model = llmc.read_model(path, dtype=args.dtype)
         model.source = path
     else:
