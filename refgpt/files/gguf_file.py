@@ -41,6 +41,7 @@ from ..errors import RefGPTError, as_path
 from ..gpt2.config import Config
 from ..gpt2.tokenizer import Tokenizer
 from .atomic_write import refuse_temporary, write_atomically
+from .whole_file import refusal
 from .ggml_blocks import BY_CODE, OTHER_NAMES, TYPES, BlockType, dequantize, quantize, type_named
 
 MAGIC = b"GGUF"
@@ -77,12 +78,8 @@ class GGUFFile:
                 if size == 0:
                     raise RefGPTError(f"{self.path}: GGUF file is empty")
                 self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        except FileNotFoundError:
-            raise RefGPTError(f"{self.path}: GGUF file not found") from None
-        except IsADirectoryError:
-            raise RefGPTError(f"{self.path}: is a directory, not a GGUF file") from None
         except OSError as error:
-            raise RefGPTError(f"{self.path}: cannot read GGUF file ({error.strerror or error})") from None
+            raise refusal(self.path, "GGUF file", error) from None
         self._at = 0
         try:
             self._parse()

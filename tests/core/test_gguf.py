@@ -259,3 +259,10 @@ def test_load_gguf_from_the_command_line(tmp_path, capsys):
     path = refgpt.save(refgpt.load_default(), tmp_path / "d.gguf", type="Q8_0")
     assert main(["predict", "To be, or not to", "--model", str(path), "--top-k", "2"]) in (0, None)
     assert "d.gguf" in capsys.readouterr().out
+
+
+def test_a_missing_file_or_a_directory_is_refused_in_one_line(tmp_path):
+    (tmp_path / "d.gguf").mkdir()
+    for path, says in ((tmp_path / "none.gguf", "GGUF file not found"), (tmp_path / "d.gguf", "is a directory, not a GGUF file")):
+        with pytest.raises(RefGPTError, match=says):
+            refgpt.load(path)
