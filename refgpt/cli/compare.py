@@ -65,7 +65,7 @@ def add_parser(subparsers):
     p.add_argument("--failing", action="store_true", help="show only tensors out of tolerance")
     p.add_argument("--float-golden", metavar="FLOAT_GOLDEN",
                    help="a quantized port: the float checkpoint's golden (REFERENCE is then the quantized file's, "
-                        "made by `refgpt golden --model FILE.gguf`): split the error into quantization and implementation")
+                        "made by `refgpt golden` from the GGUF file): split the error into quantization and implementation")
     p.add_argument("--gguf", metavar="FILE", help="with --float-golden: the GGUF file the port ran (its weights and types)")
     return p
 
