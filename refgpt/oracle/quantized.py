@@ -214,6 +214,35 @@ def judge_products(model, candidate: dict, quantization: dict[str, str]) -> list
     return verdicts
 
 
+#: llama.cpp's graph tensor names (what its eval callback, ``cb_eval``, sees) → refgpt's, for GPT-2
+#: (llama.cpp's src/models/gpt2.cpp and llama-graph.cpp); ``wqkv_b-L`` is split into q, k and v.
+LLAMA_CPP_NAMES = {"attn_norm": "ln1.out", "kqv_out": "attn.hook_z", "ffn_inp": "hook_resid_mid",
+                   "ffn_norm": "ln2.out", "ffn_up_b": "mlp.hook_pre", "ffn_gelu": "mlp.hook_post",
+                   "ffn_out": "hook_mlp_out", "l_out": "hook_resid_post"}
+
+
+def from_llama_cpp(captured: dict[str, np.ndarray], cfg) -> dict[str, np.ndarray]:
+    """llama.cpp's tensors of one sequence (name → float32 array [pos, width], as ggml lays out
+    ne = [width, pos]) under refgpt's names, batch 1; names refgpt has no counterpart for are left out."""
+    out = {}
+    d, h = cfg.d_model, cfg.n_heads
+    for name, value in captured.items():
+        value = np.asarray(value)
+        value = value.reshape(-1, value.shape[-1]) if value.ndim > 1 else value  # [pos, width]
+        base, _, layer = name.rpartition("-")
+        if name == "result_norm":
+            out["ln_final.out"] = value[None]
+        elif name == "result_output":
+            out["logits"] = value[None]
+        elif base == "wqkv_b" and layer.isdigit():
+            for i, x in enumerate("qkv"):
+                out[f"blocks.{layer}.attn.hook_{x}"] = value[None, :, i * d:(i + 1) * d].reshape(1, -1, h, d // h)
+        elif base in LLAMA_CPP_NAMES and layer.isdigit():
+            target = f"blocks.{layer}.{LLAMA_CPP_NAMES[base]}"
+            out[target] = value.reshape(1, -1, h, d // h) if base == "kqv_out" else value[None]
+    return out
+
+
 def split(float_golden, quantized_golden, candidate, model) -> SplitReport:
     """The two errors per tensor and the local verdict of every product (module docstring).
 
@@ -264,5 +293,5 @@ def format_split(report: SplitReport, limit: int | None = None) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["OpVerdict", "SplitReport", "TensorSplit", "format_split", "judge_products", "linear_bound", "nmse",
+__all__ = ["LLAMA_CPP_NAMES", "OpVerdict", "from_llama_cpp", "SplitReport", "TensorSplit", "format_split", "judge_products", "linear_bound", "nmse",
            "products", "round_activations", "snr_db", "split"]

@@ -101,3 +101,28 @@ def test_compare_on_the_command_line_splits_the_two_errors(setup, tmp_path, caps
     with pytest.raises(SystemExit) as usage:
         main(["compare", str(tmp_path / "q.safetensors"), str(tmp_path / "port.npz"), "--gguf", str(path)])
     assert usage.value.code == 2 and "--float-golden and --gguf go together" in capsys.readouterr().err
+
+
+def test_llama_cpp_names_map_to_refgpts(setup):
+    """llama.cpp's graph names, as its eval callback sees them ([pos, width]), → refgpt's: the port's
+    own tensors renamed to llama.cpp's come back unchanged, and the products judge the same."""
+    from refgpt.oracle.quantized import LLAMA_CPP_NAMES, from_llama_cpp, judge_products
+
+    _, files = setup
+    path, model, _ = files["Q8_0"]
+    ours = QuantizedPort(path).run(TOKENS)
+    back = {v: k for k, v in LLAMA_CPP_NAMES.items()}
+    captured = {"result_norm": ours["ln_final.out"][0], "result_output": ours["logits"][0]}
+    for L in range(CFG.n_layers):
+        a = f"blocks.{L}."
+        captured[f"wqkv_b-{L}"] = np.concatenate([ours[a + f"attn.hook_{x}"][0].reshape(len(TOKENS), -1) for x in "qkv"], 1)
+        for refgpt_name, llama_name in back.items():
+            captured[f"{llama_name}-{L}"] = ours[a + refgpt_name][0].reshape(len(TOKENS), -1)
+    mapped = from_llama_cpp(captured, CFG)
+    for name, value in mapped.items():
+        assert np.array_equal(value, ours[name]), name
+    verdicts = judge_products(model, mapped, model.quantization)
+    # llama.cpp names no tensor after W_O and b_O: every other product is judged
+    expected = [v.op for v in judge_products(model, ours, model.quantization) if not v.op.endswith("hook_attn_out")]
+    assert [v.op for v in verdicts] == expected and len(expected) == 3 * CFG.n_layers + 1
+    assert all(v.ok for v in verdicts)
