@@ -73,11 +73,11 @@ class GGUFFile:
         self.path = as_path(path, "GGUF path")
         refuse_temporary(self.path)
         try:
-            with open(self.path, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                if size == 0:
-                    raise RefGPTError(f"{self.path}: GGUF file is empty")
-                self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            self._file = open(self.path, "rb")  # kept: its size is checked before every tensor is read
+            if os.fstat(self._file.fileno()).st_size == 0:
+                self._file.close()
+                raise RefGPTError(f"{self.path}: GGUF file is empty")
+            self._map = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
         except OSError as error:
             raise refusal(self.path, "GGUF file", error) from None
         self._at = 0
@@ -86,6 +86,11 @@ class GGUFFile:
         except _Short as short:
             raise RefGPTError(f"{self.path}: truncated GGUF file: {short} at byte {self._at} runs past its "
                               f"end ({len(self._map)} bytes)") from None
+
+    def __del__(self):
+        file = getattr(self, "_file", None)
+        if file is not None:
+            file.close()
 
     # ---- the header ----------------------------------------------------------------------------------
 
@@ -205,7 +210,12 @@ class GGUFFile:
     # ---- tensors ---------------------------------------------------------------------------------------
 
     def raw(self, name: str) -> np.ndarray:
-        """The tensor's bytes as stored: a read-only uint8 view of the mapped file."""
+        """The tensor's bytes as stored: a read-only uint8 view of the mapped file. A file that
+        shrank since it was mapped (rewritten in place) is an error, not a SIGBUS (docs/files.md)."""
+        size = os.fstat(self._file.fileno()).st_size
+        if size < len(self._map):
+            raise RefGPTError(f"{self.path}: the file shrank from {len(self._map)} to {size} bytes while refgpt was "
+                              "reading it: another process truncated or rewrote it in place")
         entry = self.tensors[name]
         return np.frombuffer(self._map, dtype=np.uint8, count=entry.nbytes, offset=entry.offset)
 

@@ -266,3 +266,12 @@ def test_a_missing_file_or_a_directory_is_refused_in_one_line(tmp_path):
     for path, says in ((tmp_path / "none.gguf", "GGUF file not found"), (tmp_path / "d.gguf", "is a directory, not a GGUF file")):
         with pytest.raises(RefGPTError, match=says):
             refgpt.load(path)
+
+
+def test_a_file_truncated_while_it_is_read_is_one_line_not_a_sigbus(tmp_path):
+    path = refgpt.save(_model(), tmp_path / "m.gguf", type="Q8_0")
+    g = GGUFFile(path)
+    with open(path, "r+b") as f:  # rewritten in place by another process
+        f.truncate(len(path.read_bytes()) // 2)
+    with pytest.raises(RefGPTError, match="the file shrank from"):
+        g.tensor("output.weight")
