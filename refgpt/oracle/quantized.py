@@ -203,6 +203,10 @@ def judge_products(model, candidate: dict, quantization: dict[str, str]) -> list
         weight_type = quantization.get(gguf_name, "F32")
         W, b = _weights(model, weights, biases)
         x = np.asarray(candidate[x_name], np.float64)
+        if x.size % W.shape[0] or any(np.size(candidate[n]) * W.shape[0] != x.size * w for n, w in
+                                      zip(y_names, [W.shape[1] // len(y_names)] * len(y_names))):
+            raise RefGPTError(f"{x_name} {list(x.shape)} → {', '.join(y_names)}: shapes that do not fit a product "
+                              f"with {gguf_name} [{W.shape[0]} → {W.shape[1]}]")
         rows = x.reshape(-1, W.shape[0])  # [rows, d_in]
         y = np.concatenate([np.asarray(candidate[n], np.float64).reshape(rows.shape[0], -1) for n in y_names], axis=1)
         reference, bound = linear_bound(rows, W, b, weight_type)  # [rows, d_out]
@@ -261,10 +265,17 @@ def split(float_golden, quantized_golden, candidate, model) -> SplitReport:
         if recorded != quantization:
             raise RefGPTError("the quantized golden records other tensor types than the model's file: "
                               "make the golden from the same file")
+    for what, other in (("the float golden", fg), ("the candidate", cand)):
+        if "tokens" in other and "tokens" in qg and not np.array_equal(np.asarray(other["tokens"]), np.asarray(qg["tokens"])):
+            raise RefGPTError(f"{what} ran other tokens than the quantized golden: the three must run the same text")
     tensors = []
     for name, r in qg.items():
         if name in ("tokens", "targets") or not np.issubdtype(np.asarray(r).dtype, np.floating):
             continue
+        for what, other in (("the float golden", fg), ("the candidate", cand)):
+            if name in other and np.shape(other[name]) != np.shape(r):
+                raise RefGPTError(f"{name}: {what} has shape {list(np.shape(other[name]))}, the quantized golden "
+                                  f"{list(np.shape(r))}")
         finite = np.isfinite(r)
         q_err = nmse(np.where(finite, fg[name], 0), np.where(finite, r, 0)) if name in fg else None
         i_err = nmse(np.where(finite, r, 0), np.where(finite, cand[name], 0)) if name in cand else None

@@ -126,3 +126,17 @@ def test_llama_cpp_names_map_to_refgpts(setup):
     expected = [v.op for v in judge_products(model, ours, model.quantization) if not v.op.endswith("hook_attn_out")]
     assert [v.op for v in verdicts] == expected and len(expected) == 3 * CFG.n_layers + 1
     assert all(v.ok for v in verdicts)
+
+
+def test_goldens_and_candidates_that_do_not_fit_are_refused(setup):
+    from refgpt import RefGPTError
+
+    float_golden, files = setup
+    path, model, quantized_golden = files["Q8_0"]
+    ours = QuantizedPort(path).run(TOKENS)
+    with pytest.raises(RefGPTError, match="the candidate ran other tokens"):
+        split(float_golden, quantized_golden, {**ours, "tokens": TOKENS[None] + 1}, model)
+    with pytest.raises(RefGPTError, match="blocks.0.mlp.hook_pre: the candidate has shape"):
+        split(float_golden, quantized_golden, {**ours, "blocks.0.mlp.hook_pre": ours["blocks.0.mlp.hook_pre"][:, :3]}, model)
+    with pytest.raises(RefGPTError, match="other tensor types"):
+        split(float_golden, quantized_golden, ours, files["Q4_0"][1])
