@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import refgpt
-from random_models import random_model
+from random_models import random_model, tied_model
 from refgpt import Config, RefGPTError
 from refgpt.files.ggml_blocks import TYPES, dequantize, quantize
 from refgpt.files.gguf_file import GGUFFile
@@ -60,27 +60,8 @@ def test_quantize_and_dequantize_bit_for_bit_as_ggml(name):
             assert np.array_equal(dequantize(data, kind, x.size).view(np.uint32), expected.view(np.uint32)), (name, seed)
 
 
-def _tied(cfg=CFG, seed=1):
-    """A random GPT-2 whose W_U is W_Eᵀ, as its tie_word_embeddings says (random_model draws both)."""
-    from random_models import random_params
-
-    params = random_params(cfg, seed)
-    params["unembed.W_U"] = params["embed.W_E"].T.copy()  # [d_model, d_vocab]
-    return refgpt.Model(cfg, params)
-
-
 def _model():
-    model = _tied()
-    model.tokenizer = refgpt.Tokenizer(_vocab(), [("Ġ", "t"), ("Ġt", "h")])
-    return model
-
-
-def _vocab() -> dict[str, int]:
-    from refgpt.gpt2.tokenizer import bytes_to_unicode
-
-    tokens = list(bytes_to_unicode().values()) + ["Ġt", "Ġth"]
-    tokens += [f"tok{i}" for i in range(CFG.d_vocab - len(tokens) - 1)] + ["<|endoftext|>"]
-    return {t: i for i, t in enumerate(tokens)}
+    return tied_model(CFG, seed=1, tokenizer=True)
 
 
 @pytest.mark.parametrize("name", ["F32", "F16", "BF16", *QUANTIZED])
@@ -160,7 +141,7 @@ def _converter_file(model, path, qtype):
 
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0"])
 def test_a_file_written_as_the_converter_writes_it_loads_as_its_dequantized_weights(tmp_path, qtype):
-    model = _tied(seed=2)
+    model = tied_model(CFG, seed=2)
     code = gguf.GGMLQuantizationType[qtype]
     _converter_file(model, tmp_path / "c.gguf", code)
     back = refgpt.load(tmp_path / "c.gguf")
@@ -228,7 +209,7 @@ def test_files_that_are_not_gpt2_or_whose_tokenizer_disagrees_are_refused(tmp_pa
 
     refused(lambda d: d.replace(_s("gpt2"), _s("gptj"), 1), "refgpt reads GPT-2 ('gpt2') only")
     # (edits of equal length: the data section stays where it was)
-    refused(lambda d: d.replace(_s("tok10"), _s("tok11"), 1), "is both id")
+    refused(lambda d: d.replace(_s("w10"), _s("w11"), 1), "is both id")
     refused(lambda d: d.replace(_s("Ġ t"), _s("Ġtt"), 1), "not two symbols separated by one space")
     refused(lambda d: d.replace(_s("Ġ t"), _s("Ġ ~"), 1), "tokenizer: ")
     refused(lambda d: d.replace(_s("blk.1.ffn_up.bias"), _s("blk.7.ffn_up.bias"), 1), "unexpected tensor 'blk.7.ffn_up.bias'")

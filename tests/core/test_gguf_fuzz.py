@@ -31,16 +31,10 @@ CFG = Config(d_model=32, n_layers=1, n_heads=2, d_mlp=64, d_vocab=259, n_ctx=4)
 
 
 def _bases(tmp) -> list[bytes]:
-    from random_models import random_params
-    from refgpt.gpt2.tokenizer import bytes_to_unicode
+    from random_models import tied_model
 
-    params = random_params(CFG, 5)
-    params["unembed.W_U"] = params["embed.W_E"].T.copy()  # [d_model, d_vocab]: tied, as the config says
-    model = refgpt.Model(CFG, params)
-    tokens = list(bytes_to_unicode().values()) + ["Ġt", "Ġth", "<|endoftext|>"]
-    plain = refgpt.save(model, tmp / "plain.gguf", type="Q4_0").read_bytes()
-    model.tokenizer = refgpt.Tokenizer({t: i for i, t in enumerate(tokens)}, [("Ġ", "t"), ("Ġt", "h")])
-    return [plain, refgpt.save(model, tmp / "tok.gguf", type="F16").read_bytes()]
+    plain = refgpt.save(tied_model(CFG, 5), tmp / "plain.gguf", type="Q4_0").read_bytes()
+    return [plain, refgpt.save(tied_model(CFG, 5, tokenizer=True), tmp / "tok.gguf", type="F16").read_bytes()]
 
 
 @pytest.fixture(scope="module")

@@ -23,16 +23,11 @@ TOKENS = [5, 200, 17, 42, 280, 9, 77, 1]
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory):
     from ctranslate2.converters import TransformersConverter
-    from random_models import random_params
-    from refgpt.gpt2.tokenizer import bytes_to_unicode
+    from random_models import tied_model
 
     tmp = tmp_path_factory.mktemp("ct2")
-    params = random_params(CFG, 3)
-    params["unembed.W_U"] = params["embed.W_E"].T.copy()  # [d_model, d_vocab]
-    model = refgpt.Model(CFG, params)
-    tokens = list(bytes_to_unicode().values()) + ["Ġt", "Ġth"]
-    tokens += [f"w{i}" for i in range(CFG.d_vocab - len(tokens) - 1)] + ["<|endoftext|>"]
-    model.tokenizer = refgpt.Tokenizer({t: i for i, t in enumerate(tokens)}, [("Ġ", "t"), ("Ġt", "h")])
+    model = tied_model(CFG, 3, tokenizer=True)
+    tokens = sorted(model.tokenizer.encoder, key=model.tokenizer.encoder.get)
     refgpt.save(model, tmp / "hf", dtype="float32")
     for kind in ("int8", "float32"):
         TransformersConverter(str(tmp / "hf")).convert(str(tmp / kind), quantization=kind, force=True)

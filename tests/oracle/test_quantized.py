@@ -12,7 +12,7 @@ import pytest
 
 import refgpt
 from quantized_port import QuantizedPort
-from random_models import random_params
+from random_models import tied_model
 from refgpt import Config
 from refgpt.oracle import golden
 from refgpt.oracle.quantized import format_split, linear_bound, nmse, split
@@ -24,9 +24,7 @@ TOKENS = np.array([3, 17, 42, 5, 88, 1, 60, 9])
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("quantized")
-    params = random_params(CFG, 11)
-    params["unembed.W_U"] = params["embed.W_E"].T.copy()  # [d_model, d_vocab]
-    model = refgpt.Model(CFG, params)
+    model = tied_model(CFG, 11)
     float_golden = golden.make(model, TOKENS[None], command=["test"])
     files = {}
     for kind in ("Q8_0", "Q4_0"):
