@@ -65,3 +65,18 @@ def test_ctranslate2_float32_is_refgpts_model_to_float32_rounding(converted):
     error = nmse(reference, _logits(tmp / "float32", tokens, "float32"))
     print(f"CTranslate2 float32 logits: NMSE {error:.3e}")
     assert error < 1e-10  # docs/oracle.md
+
+
+def test_a_damaged_model_bin_is_refused_in_one_line(converted, tmp_path):
+    from refgpt import RefGPTError
+
+    tmp, _ = converted
+    data = (tmp / "int8" / "model.bin").read_bytes()
+    for edit, says in ((lambda d: d[: len(d) // 2], "truncated CTranslate2 model"),
+                       (lambda d: b"\x07" + d[1:], "binary version 7"),
+                       (lambda d: d + b"\0", "1 bytes after the model's last entry"),
+                       (lambda d: d.replace(b"TransformerDecoderSpec", b"TransformerEncoderSpec", 1), "refgpt reads CTranslate2's GPT-2")):
+        (tmp_path / "model.bin").write_bytes(edit(data))
+        with pytest.raises(RefGPTError) as caught:
+            read_model(tmp_path)
+        assert says in str(caught.value) and "\n" not in str(caught.value), str(caught.value)
