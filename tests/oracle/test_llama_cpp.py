@@ -1,9 +1,9 @@
 """llama.cpp's GPT-2 judged as a quantized port (REFGPT_LLAMA_CPP=long).
 
 llama-cpp-python is a source package: installing it builds its vendored llama.cpp with cmake,
-which took 40+ minutes on this project's two shared cores (the CHANGELOG records the measurement),
-so these tests run only with REFGPT_LLAMA_CPP=long, where `.ci/run` installs it; the default suite
-stays C-free (tests/oracle/test_quantized.py judges a NumPy port computing as ggml does).
+measured at 2,660 s (44 minutes: llama-cpp-python 0.3.36, one compile job at low priority on this
+project's two cores, shared with five other sessions), so these tests run only with
+REFGPT_LLAMA_CPP=long, where `.ci/run` installs it; the default suite stays C-free (tests/oracle/test_quantized.py judges a NumPy port computing as ggml does).
 
 For F32, F16, Q8_0 and Q4_0 files refgpt writes, llama.cpp runs one sequence with every graph
 tensor captured through its eval callback (tests/llama_cpp_capture.py), mapped to refgpt's names
