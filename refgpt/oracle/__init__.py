@@ -10,6 +10,9 @@
 - ``name_maps`` — other implementations' tensor names (HF, TransformerLens, llm.c) → refgpt's.
 - ``llmc`` — llm.c's binary checkpoint, tokenizer, debug-state and data-shard formats, read and written.
 - ``llmc_dump`` — a dump of an llm.c run (tokens, activations, gradients), and llm.c's gradient names.
+- ``quantized`` — a quantized port's error split into the file's quantization and the port's implementation,
+  every matrix product judged against ggml's activation rounding and a derived bound; llama.cpp's names.
+- ``ctranslate2_file`` — CTranslate2's converted GPT-2 (``model.bin``), its int8 weights read back into a golden.
 
 ``refgpt.oracle.compare(reference, candidate)`` is ``comparison.compare``.
 """
