@@ -13,6 +13,8 @@ from refgpt.oracle import golden
 from refgpt.oracle.ctranslate2_file import read_model
 from refgpt.oracle.quantized import nmse
 
+pytestmark = pytest.mark.peer  # CTranslate2 (the peers extra) converts and runs the model
+
 ctranslate2 = pytest.importorskip("ctranslate2", reason="CTranslate2 (the peers extra) is the runtime judged")
 pytest.importorskip("transformers", reason="CTranslate2's converter reads the checkpoint with transformers")
 
