@@ -52,10 +52,11 @@ _LAZY = {
     "sweep": "refgpt.sweep",
     "attribute": "refgpt.analysis.attribution", "Attribution": "refgpt.analysis.attribution",
     "download": "refgpt.files.hub",
+    "sae": "refgpt.sae", "load_sae": "refgpt.sae.folder",
 }
 
 __all__ = ["ActivationCache", "Attribution", "Config", "Model", "RefGPTError", "Tokenizer", "__version__",
-           "act_name", "analysis", "attribute", "default_model_path", "download", "load", "load_default", "oracle",
+           "act_name", "analysis", "attribute", "default_model_path", "download", "load", "load_default", "load_sae", "oracle", "sae",
            "save", "sweep", "train"]
 
 
