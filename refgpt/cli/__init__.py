@@ -23,10 +23,10 @@ import warnings
 
 from ..errors import RefGPTError, one_line
 from ..version import __version__
-from . import _output, attribute, compare, download, explore, generate, golden, inspect, lens, predict, steer, sweep
+from . import _output, attribute, compare, download, explore, generate, golden, inspect, lens, predict, sae, steer, sweep
 
 # The subcommands, in the order `refgpt --help` lists them.
-COMMANDS = (predict, inspect, generate, attribute, golden, compare, steer, lens, explore, sweep, download)
+COMMANDS = (predict, inspect, generate, attribute, golden, compare, steer, lens, explore, sae, sweep, download)
 
 
 class _Parser(argparse.ArgumentParser):

@@ -31,6 +31,7 @@ BASE = {
     "steer": ["steer", "To be", "--plus", "a", "--minus", "b", "--layer", "1"],
     "lens": ["lens", "To be"],
     "explore": ["explore", "To be", "-o", "page.html"],
+    "sae": ["sae", "eval", "default", "To be, or not to be"],
     "sweep": ["sweep", "prompts.txt", "--task", "loss", "--workers", "0", "-o", "{out}"],
     "download": ["download", "gpt2"],
 }
