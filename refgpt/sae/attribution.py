@@ -142,3 +142,23 @@ def _into_sae_output(model, hook, u):
     W_O = model.params[f"blocks.{int(_HOOK.match(hook).group(1))}.attn.W_O"]  # [head, d_head, d_model]
     flat = W_O.reshape(-1, W_O.shape[-1])  # [head·d_head, d_model]
     return u @ flat.T  # [head·d_head] or [batch, pos, head·d_head]
+
+
+def feature_logits(model, sae: SAE, feature: int) -> np.ndarray:
+    """What one unit of feature ``feature`` adds to every logit through the frozen final LayerNorm,
+    times σ: W_dec[i] (through W_O for attn.hook_z) · P(w ⊙ W_U) [d_vocab]. Divided by a position's
+    cached σ it is the feature's direct effect there per unit of activation; its largest and
+    smallest entries are the tokens the feature promotes and suppresses."""
+    if not 0 <= feature < sae.d_sae:
+        raise RefGPTError(f"feature {feature} is outside the SAE's [0, {sae.d_sae})")
+    hook = sae.hook_name_out
+    if hook is None or _HOOK.match(hook) is None:
+        raise RefGPTError(f"feature logits: an SAE writing {hook!r} is not a write to the residual stream")
+    p = model.params
+    row = sae.W_dec[feature]  # [d_out]
+    if hook.endswith("attn.hook_z"):
+        W_O = p[f"blocks.{int(_HOOK.match(hook).group(1))}.attn.W_O"]  # [head, d_head, d_model]
+        row = row @ W_O.reshape(-1, W_O.shape[-1])  # [d_model]
+    u = p["ln_final.w"][:, None] * p["unembed.W_U"]  # [d_model, d_vocab]
+    u = u - u.mean(0, keepdims=True)  # P(w ⊙ W_U)
+    return row @ u  # [d_vocab]

@@ -148,6 +148,9 @@ def _checked(cfg: dict, where: str) -> dict:
         raise RefGPTError(f"{where}: normalize_activations {normalize!r} is not one refgpt computes ({', '.join(NORMALIZATIONS)})")
     if cfg.get("reshape_activations", "none") not in ("none", "hook_z"):
         raise RefGPTError(f"{where}: reshape_activations {cfg['reshape_activations']!r} is not 'none' or 'hook_z'")
+    if normalize == "layer_norm" and cfg["d_in"] < 2:
+        raise RefGPTError(f"{where}: normalize_activations 'layer_norm' with d_in = 1: the unbiased standard deviation "
+                          "of one number is undefined")
     if "transcoder" in architecture and normalize != "none":
         raise RefGPTError(f"{where}: normalize_activations {normalize!r} in a transcoder (SAELens applies it only one way)")
     dtype = cfg.get("dtype", "float32")

@@ -112,7 +112,11 @@ class SAE:
         """(normalised x, state for norm_out): SAELens's run-time activation normalisation."""
         kind = self.cfg.get("normalize_activations", "none")
         if kind == "constant_norm_rescale":
-            coefficient = np.sqrt(self.d_in) / np.linalg.norm(x, axis=-1, keepdims=True)  # [..., 1]
+            norm = np.linalg.norm(x, axis=-1, keepdims=True)  # [..., 1]
+            if not np.all(norm > 0):
+                raise RefGPTError(f"SAE at {self.hook_name}: normalize_activations 'constant_norm_rescale' divides by "
+                                  "the input's norm, which is 0 at some position")
+            coefficient = np.sqrt(self.d_in) / norm  # [..., 1]
             return x * coefficient, (1 / coefficient, 0.0)
         if kind == "layer_norm":
             mu = x.mean(-1, keepdims=True)  # [..., 1]

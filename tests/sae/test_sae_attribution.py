@@ -51,8 +51,9 @@ def cases(draw):
     extra = {}
     if arch == "topk":
         extra = {"k": draw(st.integers(1, d_sae)), "rescale_acts_by_decoder_norm": draw(st.booleans())}
-    if not hook.endswith("hook_z"):
-        extra["normalize_activations"] = draw(st.sampled_from(["none", "constant_norm_rescale", "layer_norm"]))
+    if not hook.endswith("hook_z"):  # (layer_norm needs d_in ≥ 2: load_sae refuses d_in = 1)
+        extra["normalize_activations"] = draw(st.sampled_from(["none", "constant_norm_rescale"]
+                                                              + (["layer_norm"] if d_in > 1 else [])))
     sae = random_sae(arch, d_in, d_sae, hook, draw(st.integers(0, 2**16)), **extra)
     tokens = np.random.default_rng(draw(st.integers(0, 99))).integers(0, cfg.d_vocab, (2, draw(st.integers(1, 8))))
     return model, sae, tokens, draw(st.sampled_from(["layer", "head", "neuron"]))
