@@ -40,9 +40,8 @@ USES = ("--model", "--dtype", "--json", "--bos")
 
 EXAMPLES = (
     'refgpt attribute "To be, or not to" --target " be"',
-    'refgpt attribute "To be, or not to" --target " be" --against " the" --granularity head',
     'refgpt attribute "My lord, I" --target "#11" --granularity neuron --top 10 --json',
-    'refgpt attribute "To be, or not to" --target " be" --sae default     # which SAE features wrote it',
+    'refgpt attribute "To be, or not to" --target " be" --against " the" --sae default   # which SAE features',
     'refgpt attribute "The capital of France is" --target " Paris" --model gpt2',
 )
 

@@ -1,6 +1,6 @@
-"""``refgpt sae eval [DIR] [TEXT…]``: what an SAE does on text, and whether it is loaded right.
+"""``refgpt sae eval DIR [TEXT…]``: what an SAE does on text, and whether it is loaded right.
 
-DIR is an SAELens folder (cfg.json + sae_weights.safetensors), or ``default`` (the default): the
+DIR is an SAELens folder (cfg.json + sae_weights.safetensors), or ``default``: the
 SAE trained for the embedded model (weights/default_sae/). The model (``--model``, default the
 embedded one) runs on each TEXT and on each ``--text FILE`` cut into windows of its context, and
 the activations at the SAE's hook are measured (refgpt.sae.evaluation): L0, explained variance
@@ -31,8 +31,8 @@ USES = ("--model", "--dtype", "--json")
 
 EXAMPLES = (
     'refgpt sae eval default "To be, or not to be, that is the question"',
-    "refgpt sae eval default --text macbeth.txt --json",
-    "refgpt sae eval --text macbeth.txt --process     # the embedded SAE on processed weights: flagged",
+    'refgpt sae eval default "My lord, I" "O Romeo, Romeo, wherefore art thou Romeo?" --json',
+    'refgpt sae eval default "To be, or not to be" --process     # processed weights, unlike the SAE\'s: flagged',
 )
 
 
@@ -40,8 +40,7 @@ def add_parser(subparsers):
     p = add_subcommand(subparsers, "sae", run, uses=USES, help="sparse autoencoders: sae eval measures one on text",
                        description=DESCRIPTION, examples=EXAMPLES)
     p.add_argument("action", choices=["eval"], help="eval: measure the SAE on text")
-    p.add_argument("sae", metavar="DIR", nargs="?", default="default",
-                   help="an SAELens folder, or 'default' (the embedded model's SAE; the default)")
+    p.add_argument("sae", metavar="DIR", help="an SAELens folder, or 'default': the embedded model's SAE")
     p.add_argument("text", metavar="TEXT", nargs="*", help="texts to run (each from <|endoftext|> when the SAE's "
                    "prepend_bos, as SAELens runs them)")
     p.add_argument("--text", dest="files", action="append", default=[], metavar="FILE",

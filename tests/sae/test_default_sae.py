@@ -23,6 +23,14 @@ MACBETH = REPO / "tests" / "data" / "macbeth_act1.txt"
 
 
 @pytest.fixture(scope="module")
+def short_text(tmp_path_factory):
+    """The first 6,000 characters of macbeth_act1.txt (about 13 windows): enough to measure on, fast."""
+    path = tmp_path_factory.mktemp("text") / "macbeth.txt"
+    path.write_text(MACBETH.read_text(encoding="utf-8")[:6000], encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
 def rows():
     script, page = doc_script("make_sae_numbers.py", "sae.md")
     return script.numbers(), page
@@ -71,34 +79,34 @@ def test_attribute_with_the_default_sae(refgpt_cli):
     assert "features active here" in text.stdout and "|sum − logit|" in text.stdout
 
 
-def test_sae_eval_says_nothing_wrong_about_the_default_sae(refgpt_cli):
-    out = refgpt_cli.in_process("sae", "eval", "default", "--text", MACBETH, "--json")
+def test_sae_eval_says_nothing_wrong_about_the_default_sae(refgpt_cli, short_text):
+    out = refgpt_cli.in_process("sae", "eval", "default", "--text", short_text, "--json")
     assert out.returncode == 0, out
     answer = json.loads(out.stdout)
     assert answer["warnings"] == [] and answer["explained_variance"] > 0.5
 
 
-def test_sae_eval_flags_processed_weights(refgpt_cli):
-    out = refgpt_cli.in_process("sae", "eval", "default", "--text", MACBETH, "--process", "--json")
+def test_sae_eval_flags_processed_weights(refgpt_cli, short_text):
+    out = refgpt_cli.in_process("sae", "eval", "default", "--text", short_text, "--process", "--json")
     assert out.returncode == 0, out
     assert any("center_writing_weights=False" in w for w in json.loads(out.stdout)["warnings"])
     refused = refgpt_cli.in_process("attribute", "To be", "--target", " be", "--sae", "default", "--process")
     assert refused.returncode == 1 and "center_writing_weights" in refused.stderr
 
 
-def test_sae_eval_flags_a_topk_sae_read_as_relu(refgpt_cli, tmp_path):
+def test_sae_eval_flags_a_topk_sae_read_as_relu(refgpt_cli, tmp_path, short_text):
     """SAELens #553: a TopK SAE (trained here, briefly, on the embedded model) saved as "standard"."""
     model = refgpt.load_default()
     cfg = {"d_in": 144, "d_sae": 288, "architecture": "topk", "k": 16, "apply_b_dec_to_input": True,
            "normalize_activations": "none", "reshape_activations": "none",
            "metadata": {"hook_name": "blocks.2.hook_resid_pre", "prepend_bos": True}}
     stub = SAE(cfg, {})
-    x, _ = activations(model, stub, token_rows(model, stub, documents=[MACBETH.read_text("utf-8")]))
+    x, _ = activations(model, stub, token_rows(model, stub, documents=[short_text.read_text("utf-8")]))
     params, _ = train(x, SAESettings(d_sae=288, k=16, steps=150, batch=256))
     save_sae(SAE(cfg, params), tmp_path / "topk")
     save_sae(SAE({**{k: v for k, v in cfg.items() if k != "k"}, "architecture": "standard"}, params), tmp_path / "as_relu")
-    right = json.loads(refgpt_cli.in_process("sae", "eval", tmp_path / "topk", "--text", MACBETH, "--json").stdout)
-    wrong = json.loads(refgpt_cli.in_process("sae", "eval", tmp_path / "as_relu", "--text", MACBETH, "--json").stdout)
+    right = json.loads(refgpt_cli.in_process("sae", "eval", tmp_path / "topk", "--text", short_text, "--json").stdout)
+    wrong = json.loads(refgpt_cli.in_process("sae", "eval", tmp_path / "as_relu", "--text", short_text, "--json").stdout)
     assert right["warnings"] == [] and right["l0"] == 16
     assert wrong["l0"] > 0.25 * 288 and wrong["explained_variance"] < right["explained_variance"]
     assert any("TopK SAE loaded as ReLU" in w for w in wrong["warnings"]), wrong["warnings"]
