@@ -137,3 +137,32 @@ def test_a_hook_the_model_lacks_or_another_dtype_is_refused(tmp_path, pair):
     _, sae = _both(tmp_path, model, "blocks.1.hook_resid_pre")
     with pytest.raises(RefGPTError, match="float32, the model float64"):
         in_model.run_with_saes(model, np.arange(3)[None], saes=[refgpt.load_sae(tmp_path / "sae", "float32")])
+
+
+@pytest.mark.parametrize("architecture", ["transcoder", "jumprelu_transcoder", "skip_transcoder"])
+def test_transcoders_in_the_model_agree_with_sae_lens(tmp_path, pair, architecture):
+    """A transcoder from blocks.0.hook_resid_mid to blocks.0.hook_mlp_out, spliced in. SAELens 6.54's
+    HookedSAETransformer runs ``decode(encode(x))``, which for a skip transcoder leaves out
+    x·W_skipᵀ (only SkipTranscoder.forward adds it); refgpt runs the transcoder's forward, so there
+    the two differ by exactly that term, carried through the rest of the model."""
+    import torch
+
+    model, hooked = pair
+    peer = sae_lens_sae(architecture, model.cfg.d_model, 12, seed=6, hook_name="blocks.0.hook_resid_mid",
+                        hook_name_out="blocks.0.hook_mlp_out")
+    peer.save_model(tmp_path / "tc")
+    tc = refgpt.load_sae(tmp_path / "tc")
+    tokens = np.random.default_rng(7).integers(0, model.cfg.d_vocab, (2, 5))
+    with torch.no_grad():
+        theirs, their_cache = hooked.run_with_cache_with_saes(torch.tensor(tokens), saes=[peer])
+    ours, cache = in_model.run_with_cache_with_saes(model, tokens, saes=[tc], check=False)
+    acts = "blocks.0.hook_mlp_out.hook_sae_acts_post"
+    assert rel(cache[acts], their_cache[acts].numpy()) <= TOL
+    if architecture != "skip_transcoder":
+        assert rel(ours, theirs.numpy()) <= TOL
+        return
+    skip = cache["blocks.0.hook_resid_mid"] @ tc.W_skip.T  # [batch, pos, d_model]
+    output = "blocks.0.hook_mlp_out.hook_sae_output"
+    assert np.array_equal(cache[output], cache["blocks.0.hook_mlp_out"])  # what flowed on
+    assert rel(cache[output] - skip, their_cache[output].numpy()) <= TOL
+    assert rel(ours, theirs.numpy()) > 1e-3  # and so the logits differ
