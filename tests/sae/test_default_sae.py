@@ -111,3 +111,21 @@ def test_sae_eval_flags_a_topk_sae_read_as_relu(refgpt_cli, tmp_path, short_text
     assert wrong["l0"] > 0.25 * 288 and wrong["explained_variance"] < right["explained_variance"]
     assert any("TopK SAE loaded as ReLU" in w for w in wrong["warnings"]), wrong["warnings"]
     assert right["alternatives"]["read as ReLU"]["explained_variance"] == pytest.approx(wrong["explained_variance"])
+
+
+def test_an_sae_that_claims_centred_weights_is_measured_both_ways():
+    """#405: the cfg says center_writing_weights, the model is raw: the warning, and the measures on
+    the stream centred (x − mean(x) along d_model, the stream centred writing weights give)."""
+    from refgpt.sae.evaluation import diagnose
+
+    model = refgpt.load_default()
+    sae = refgpt.load_sae(default_sae_path())
+    sae.cfg["metadata"]["model_from_pretrained_kwargs"] = {"center_writing_weights": True}
+    result = diagnose(model, sae, token_rows(model, sae, ["To be, or not to be, that is the question"]))
+    assert any("center_writing_weights=True" in w for w in result.warnings)
+    centred = result.alternatives["the stream centred"]
+    processed = refgpt.tl.processing.process(model, ["center_writing_weights"])
+    x, _ = activations(processed, sae, token_rows(processed, sae, ["To be, or not to be, that is the question"]))
+    from refgpt.sae.evaluation import measure
+    # the two streams differ by float64 rounding of the same sums: measured 1.2e-16 relative here
+    assert centred.explained_variance == pytest.approx(measure(sae, x).explained_variance, rel=1e-13)
