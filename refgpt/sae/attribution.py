@@ -90,6 +90,9 @@ def attribute_features(cache, sae: SAE, target, against=None, granularity="layer
                           "refgpt attributes SAEs at blocks.L.hook_resid_pre/mid/post, hook_attn_out, hook_mlp_out "
                           "and attn.hook_z")
     model = cache.model
+    if f"{hook}.hook_sae_output" in cache and f"{hook}.hook_sae_error" not in cache:
+        raise RefGPTError(f"feature attribution: the cache is of a pass with the SAE at {hook} spliced in (its "
+                          "output replaced the activation); attribute a plain pass, or one with use_error_term=True")
     if sae.dtype != model.dtype:
         raise RefGPTError(f"feature attribution: the SAE is {sae.dtype}, the model {model.dtype}")
     base = attribute(cache, target, against, granularity, logits)

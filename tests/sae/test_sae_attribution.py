@@ -95,3 +95,19 @@ def test_a_hook_that_is_no_write_is_refused():
     logits, cache = model.run_with_cache(np.arange(3)[None])
     with pytest.raises(RefGPTError, match="not a write to the residual stream"):
         attribute_features(cache, sae, 1)
+
+
+def test_a_spliced_pass_is_refused_and_an_error_term_pass_attributes_the_same():
+    from refgpt.sae import in_model
+
+    cfg = Config(d_model=6, n_layers=2, n_heads=2, d_mlp=10, d_vocab=20, n_ctx=8)
+    model = random_model(cfg, seed=8, scale=1.0)
+    sae = random_sae("jumprelu", 6, 9, "blocks.1.hook_resid_pre", seed=9)
+    tokens = np.random.default_rng(10).integers(0, 20, (1, 5))
+    logits, cache = in_model.run_with_cache_with_saes(model, tokens, saes=[sae], check=False)
+    with pytest.raises(RefGPTError, match="spliced in"):
+        attribute_features(cache, sae, 3, logits=logits)
+    logits, cache = in_model.run_with_cache_with_saes(model, tokens, saes=[sae], use_error_term=True, check=False)
+    plain_logits, plain = model.run_with_cache(tokens, names=hooks_needed(model, sae))
+    ours = attribute_features(cache, sae, 3, logits=logits)
+    assert np.array_equal(ours.values, attribute_features(plain, sae, 3, logits=plain_logits).values)
