@@ -111,3 +111,18 @@ def test_a_spliced_pass_is_refused_and_an_error_term_pass_attributes_the_same():
     plain_logits, plain = model.run_with_cache(tokens, names=hooks_needed(model, sae))
     ours = attribute_features(cache, sae, 3, logits=logits)
     assert np.array_equal(ours.values, attribute_features(plain, sae, 3, logits=plain_logits).values)
+
+
+def test_a_transcoder_is_measured_against_its_output_hook():
+    from refgpt.sae.evaluation import diagnose, explained_variance
+
+    cfg = Config(d_model=6, n_layers=2, n_heads=2, d_mlp=10, d_vocab=20, n_ctx=8)
+    model = random_model(cfg, seed=11, scale=1.0)
+    tc = random_sae("transcoder", 6, 9, "blocks.1.hook_resid_mid", seed=12)
+    tc.cfg["metadata"]["hook_name_out"] = "blocks.1.hook_mlp_out"
+    rows = [np.arange(1, 8), np.arange(8, 15)]
+    result = diagnose(model, tc, rows)
+    _, cache = model.run_with_cache(np.stack(rows), names=["blocks.1.hook_resid_mid", "blocks.1.hook_mlp_out"])
+    x = cache["blocks.1.hook_resid_mid"][:, 1:].reshape(-1, 6)  # position 0 (prepend_bos) left out
+    out = cache["blocks.1.hook_mlp_out"][:, 1:].reshape(-1, 6)
+    assert result.measures.n == 12 and result.measures.explained_variance == explained_variance(out, tc.forward(x))
