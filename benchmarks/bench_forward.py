@@ -1,5 +1,5 @@
 """GPT-2 small's forward pass: refgpt next to HF transformers (PyTorch) and the plain NumPy forward
-(refgpt/gpt2/plain.py, the reading copy: the textbook formulas, no thought for speed).
+(refgpt/reference/gpt2.py, the reading copy: the textbook formulas, no thought for speed).
 
 One process, one run, the same random GPT-2-small-shaped weights for all three (no download),
 the same thread count for NumPy's BLAS and for torch. Also measured here: the GEMM peak of this
@@ -33,7 +33,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 sys.path.insert(0, str(REPO))
 
 import refgpt  # noqa: E402
-from refgpt.gpt2 import plain  # noqa: E402
+from refgpt.reference import gpt2 as plain  # noqa: E402
 
 GPT2_SMALL = dict(n_embd=768, n_layer=12, n_head=12, n_positions=1024, vocab_size=50257)
 LENGTHS = (1, 64, 256, 1024)

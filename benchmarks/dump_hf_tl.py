@@ -101,7 +101,7 @@ def main(argv=None) -> int:
     from safetensors.numpy import save_file
     from transformers import GPT2LMHeadModel
 
-    from refgpt.cli.golden import read_tokens
+    from refgpt.oracle.token_files import read_tokens
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--hf", metavar="DIR", required=True, help="HF GPT-2 directory (or hub name, if you are online)")
@@ -124,9 +124,9 @@ def main(argv=None) -> int:
     else:
         tokens = read_tokens(args.tokens, ragged=args.generate is not None)[0]
     if args.generate:
-        from refgpt.cli.golden import padded
+        from refgpt.gpt2.padding import pad_rows
 
-        prompt, mask = padded(tokens, "left", int(hf.config.eos_token_id or 0))
+        prompt, mask = pad_rows(tokens, "left", int(hf.config.eos_token_id or 0))
         tensors = hf_generate_candidate(hf, prompt, args.generate, mask)
     elif args.tl:
         from transformer_lens import HookedTransformer

@@ -83,7 +83,7 @@ _PADDING = ["tests/core/test_padding.py", "tests/core/test_tl_ported_padding.py"
 NEW = {*_LOADING, *_PADDING, "tests/core/test_forward_paths.py", "tests/core/test_plain.py", "tests/core/test_activations.py",
        "tests/core/test_config.py",
        "tests/core/test_checkpoint.py", "tests/core/test_fused_qkv.py", *_NEW_PEERS, *_LATER_FAST, *_LATER_PEERS}
-# Every fast path against the plain reading copy (refgpt/gpt2/plain.py), then the paths against each other.
+# Every fast path against the plain reading copy (refgpt/reference/gpt2.py), then the paths against each other.
 _PATHS = ["tests/core/test_plain.py", "tests/core/test_forward_paths.py"]
 # The backward is also judged by plain.backward and the backward hooks (NumPy-only) and by TL's torch gradients (peers).
 _BACKWARD_TESTS = [["tests/core/test_backward.py", "tests/core/test_plain.py", "tests/oracle/test_gradients.py",

@@ -112,7 +112,7 @@ def main():
 
     parser = argparse.ArgumentParser(description="every benchmark in one run")
     parser.add_argument("--quick", action="store_true",
-                        help="no plain forward (refgpt/gpt2/plain.py), tokenizer or attribution benchmarks")
+                        help="no plain forward (refgpt/reference/gpt2.py), tokenizer or attribution benchmarks")
     parser.add_argument("--avx2", action="store_true",
                         help="AVX2 kernels on an AVX-512 machine: OpenBLAS's Haswell kernel, torch limited to AVX2 "
                              "(run in a child process with " + " ".join(f"{k}={v}" for k, v in

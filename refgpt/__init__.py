@@ -1,7 +1,7 @@
 """refgpt: a pure-NumPy reference implementation of GPT-2.
 
 Exact enough to be the oracle other implementations check themselves against (float64 by
-default), and written to be read: start with ``refgpt/gpt2/plain.py``, GPT-2's forward and
+default), and written to be read: start with ``refgpt/reference/gpt2.py``, GPT-2's forward and
 backward pass written plainly, the specification every fast path here is tested against.
 
     import refgpt

@@ -59,7 +59,7 @@ from .gpt2.loss import check_targets, next_token_targets, softmax_cross_entropy
 from .gpt2.mlp import mlp_backward
 
 
-@dataclass
+@dataclass(repr=False)
 class Gradients:
     """One backward pass: the loss, and ∂loss/∂ every parameter, activation and logit (for
     ``backward_from``, ∂ of whatever the caller's ∂logits came from; ``loss`` and ``targets`` None)."""
@@ -76,6 +76,19 @@ class Gradients:
     def tied_W_E(self) -> np.ndarray:
         """The gradient of W_E as one matrix used twice (embed and W_U = W_Eᵀ): [d_vocab, d_model]."""
         return self.params["embed.W_E"] + self.params["unembed.W_U"].T
+
+    def __repr__(self) -> str:
+        """A few lines (loss, how many gradients of what, shapes, dtype), not every number: the
+        arrays themselves are ``.params``, ``.activations``, ``.logits``."""
+        loss = "None (backward_from)" if self.loss is None else f"{self.loss:.9g}"
+        targets = "None" if self.targets is None else f"{list(self.targets.shape)} ({int((self.targets != -100).sum())} used)"
+        def names(d):  # the first two names and the last
+            keys = list(d)
+            return ", ".join(keys[:2] + (["…"] if len(keys) > 3 else []) + keys[2:][-1:])
+        return (f"Gradients(loss={loss}, dtype={self.logits.dtype.name}, tied={self.tied},\n"
+                f"  params: {len(self.params)} ({sum(int(g.size) for g in self.params.values()):,} numbers: {names(self.params)}),\n"
+                f"  activations: {len(self.activations)} ({names(self.activations)}),\n"
+                f"  ln_out: {len(self.ln_out)}, logits: {list(self.logits.shape)}, targets: {targets})")
 
 
 def loss_and_grads(model, tokens, targets=None) -> Gradients:

@@ -10,8 +10,9 @@ A value of the wrong *type* (``decode([True])``, a string where a number belongs
 catches every bad input refgpt refuses, and code written for Python's convention (``except
 TypeError``) keeps working. A value of the right type but out of range is a plain ``RefGPTError``
 (a ``ValueError``). ``real_number``, ``whole_number`` and ``as_path`` are how the Python API checks
-a numeric or path argument. ``one_line`` is how an error is shown in one line (the CLI's ``refgpt:
-error: …``, a failed prompt's record in a sweep).
+a numeric or path argument; ``size_shown`` is how a number of bytes is printed, everywhere.
+``one_line`` is how an error is shown in one line (the CLI's ``refgpt: error: …``, a failed
+prompt's record in a sweep).
 """
 
 import math
@@ -45,6 +46,17 @@ def shown(value, limit: int = 60) -> str:
     """``repr(value)`` on one line (an array's repr spans several), cut to ``limit`` characters."""
     text = " ".join(repr(value).split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def size_shown(nbytes) -> str:
+    """A number of bytes in the unit that fits, for people: bytes below 1 KiB ("512 bytes"), else the
+    largest of KiB, MiB, GiB, TiB it holds at least one of, to a tenth ("50.8 KiB", "3.2 GiB")."""
+    nbytes = int(nbytes)
+    if abs(nbytes) < 2**10:
+        return f"{nbytes:,} byte{'s' if nbytes != 1 else ''}"
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(nbytes) >= size:
+            return f"{nbytes / size:,.1f} {unit}"
 
 
 def whole_number(value, what: str, *, least: int | None = None, below: int | None = None) -> int:

@@ -12,7 +12,7 @@ the second means every block sees the stream's direction, not its size. refgpt's
 (docs/layernorm.md) follow from these two lines.
 
 This is the fast, hookable copy; GPT-2 written plainly, the specification it is tested against, is
-refgpt/gpt2/plain.py. Computation is in float64 by default, or float32 on request, end to end: no
+refgpt/reference/gpt2.py. Computation is in float64 by default, or float32 on request, end to end: no
 intermediate is ever promoted or demoted. Every hook point is named as in TransformerLens. The
 elementwise work runs by blocks of rows on the BLAS's threads (refgpt/threads.py), what no hook or
 cache watches is written into scratch buffers reused from block to block and pass to pass, and
@@ -111,7 +111,7 @@ class Model(TextMethods, HookRegistry, CircuitMethods):
             past.advance(pos)
         if stop_at_layer is not None:
             return run_hooks.handed_out(resid) if hasattr(run_hooks, "handed_out") else resid  # never a scratch buffer
-        return self.unembed(resid, run_hooks, last_only)  # [batch, pos, d_vocab]
+        return self.logits_from_resid(resid, run_hooks, last_only)  # [batch, pos, d_vocab]
 
     def embed(self, tokens, run_hooks, start=0, padding=None):
         """The stream entering block 0: W_E[tokens] + W_pos[positions]. Positions run from
@@ -173,18 +173,21 @@ class Model(TextMethods, HookRegistry, CircuitMethods):
             inputs_ = [attn_in] * 3
         return tuple(layer_norm(x, ln["ln1.w"], ln["ln1.b"], cfg.eps, run_hooks.scope(b + "ln1.")) for x in inputs_)
 
-    def unembed(self, resid, run_hooks, last_only=False):
-        """Logits from the final stream: ln_final(resid)·W_U (+ b_U if the model has one)."""
+    def logits_from_resid(self, resid, run_hooks, last_only=False):
+        """Logits from the final stream: ln_final, then ``unembed``: ln_final(resid)·W_U (+ b_U if the
+        model has one)."""
         p = self.params
         final = layer_norm(resid, p["ln_final.w"], p["ln_final.b"], self.cfg.eps, run_hooks.scope("ln_final."),
                            out=buffer(run_hooks, "ln_out", resid.shape, resid.dtype))  # [batch, pos, d_model]
         if last_only:
             final = final[:, -1:]  # [batch, 1, d_model]
-        return self.unembedding(final, run_hooks)
+        return self.unembed(final, run_hooks)
 
-    def unembedding(self, final, run_hooks):
+    def unembed(self, final, run_hooks=None):
         """ln_final's output [batch, pos, d_model] · W_U (+ b_U): the logits [batch, pos, d_vocab].
-        (The torch-facing model's adds TransformerLens's unembed.hook_in/hook_out here.)"""
+        TransformerLens's ``model.unembed(x)``: the product alone, no ln_final (that is
+        ``logits_from_resid``). ``run_hooks`` is for the torch-facing model, which adds
+        TransformerLens's unembed.hook_in/hook_out here."""
         p = self.params
         logits = np.matmul(final, p["unembed.W_U"], out=memory.empty((*final.shape[:-1], self.cfg.d_vocab), final.dtype))  # [batch, pos, d_vocab], on recycled memory
         if "unembed.b_U" in p:

@@ -160,10 +160,12 @@ def _cpus() -> int:
 # ---- blocks of rows, on the threads ----------------------------------------------------------------
 
 
-def row_blocks(rows: int, row_bytes: int) -> list[tuple[int, int]]:
-    """(start, stop) of consecutive blocks of whole rows, each at most ``block_bytes`` (at least one
-    row): a function of the shape only, so every thread count runs the same blocks."""
-    step = max(1, _tuning.get().block_bytes // max(1, row_bytes))
+def row_blocks(rows: int, row_bytes: int, block_bytes: int | None = None) -> list[tuple[int, int]]:
+    """(start, stop) of consecutive blocks of whole rows, each at most ``block_bytes`` (default: the
+    ``limit``'s, ``BLOCK_BYTES``; at least one row): a function of the shape only, so every thread
+    count runs the same blocks. No rows, no blocks."""
+    block_bytes = _tuning.get().block_bytes if block_bytes is None else block_bytes
+    step = max(1, block_bytes // max(1, row_bytes))
     return [(a, min(a + step, rows)) for a in range(0, rows, step)]
 
 

@@ -66,13 +66,15 @@ def user_files(directory: Path) -> None:
     """The files examples read that a user brings, made from the embedded model in ``directory``:
     ``ids.txt`` (token ids), llm.c's ``gpt2_124M.bin`` and ``gpt2_124M_debug_state.bin``,
     tuned-lens translators ``lens.safetensors`` and a lens directory ``lens-dir`` (config.json +
-    params.pt, as the tuned-lens package writes one), and a corpus ``prompts.txt`` (one prompt per line)."""
+    params.pt, as the tuned-lens package writes one), a corpus ``prompts.txt`` (one prompt per line)
+    and a text ``macbeth.txt`` (the first 6,000 characters of tests/data/macbeth_act1.txt)."""
     import refgpt
     from refgpt.analysis.lens import TunedLens, save_translators
     from refgpt.oracle import llmc
 
     model = refgpt.load_default()
     (directory / "ids.txt").write_text("1 2 3\n")
+    (directory / "macbeth.txt").write_text((Path(__file__).parent / "data" / "macbeth_act1.txt").read_text()[:6000])
     (directory / "prompts.txt").write_text("To be, or not to be, that is the question\nMy lord, I\nO Romeo, Romeo\n")
     llmc.write_model(directory / "gpt2_124M.bin", model)
     llmc.write_debug_state(directory / "gpt2_124M_debug_state.bin", model, model.to_tokens("To be, or not to be")[:, :6])

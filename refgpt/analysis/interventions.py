@@ -43,6 +43,8 @@ is indexed by column, the run's rows by position.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from ..errors import RefGPTError, whole_number, whole_numbers
@@ -83,6 +85,15 @@ class Intervention:
         return f"Intervention({self.description}, {len(self.hooks)} hook(s))"
 
 
+class PromptPadding(NamedTuple):
+    """How ``steering_vector`` padded the shorter of its two prompts: ``prompt`` ("plus" or
+    "minus") got ``count`` copies of token ``token`` on its right."""
+
+    prompt: str
+    count: int
+    token: int
+
+
 class SteeringVector(Intervention):
     """An ActAdd steering vector: ``vector`` [pos, d_model], already multiplied by ``coeff``.
 
@@ -92,10 +103,11 @@ class SteeringVector(Intervention):
     count them: a left-padded row is steered where it would be steered alone, not at its pads.
     """
 
-    def __init__(self, model, vector, layer: int, coeff: float, plus, minus):
+    def __init__(self, model, vector, layer: int, coeff: float, plus, minus, padding=None):
         self.vector = vector  # [pos, d_model]
         self.layer, self.coeff = layer, coeff
         self.plus_tokens, self.minus_tokens = plus, minus  # [pos] each, after padding
+        self.padding = padding  # None, or how the shorter prompt was padded (PromptPadding)
         hook = _adder(vector, np.arange(len(vector)), f"steering vector ({len(vector)} positions)")
         super().__init__(model, [(resid_pre_name(model, layer), hook)],
                          f"ActAdd at layer {layer}, coeff {coeff:g}")
@@ -124,20 +136,24 @@ def steering_vector(model, plus, minus, layer: int, coeff: float = 1.0, *, prepe
 
     ``plus`` and ``minus`` are text (tokenized with the model's tokenizer, ``<|endoftext|>`` first
     if ``prepend_bos``) or token ids [pos]. The shorter is padded on the right with ``pad_token``
-    (default: the space token, which needs a tokenizer).
+    (default: the space token, which needs a tokenizer); the vector's ``padding`` says so
+    (a ``PromptPadding``, or None when the prompts have one length).
     """
     name = resid_pre_name(model, layer)
     plus_ids, minus_ids = (_prompt_tokens(model, p, prepend_bos, what) for p, what in ((plus, "plus"), (minus, "minus")))
+    padding = None
     if len(plus_ids) != len(minus_ids):
         pad = space_token(model) if pad_token is None else whole_number(pad_token, "pad_token", least=0,
                                                                          below=model.cfg.d_vocab)
         length = max(len(plus_ids), len(minus_ids))
+        padding = PromptPadding("plus" if len(plus_ids) < length else "minus",
+                                length - min(len(plus_ids), len(minus_ids)), pad)
         plus_ids, minus_ids = (np.concatenate([t, np.full(length - len(t), pad, np.int64)]) for t in (plus_ids, minus_ids))
     # Two separate passes of the same shape, not one batch: each row is then computed by exactly
     # the same arithmetic, so equal prompts (or an equal first token) give an exactly zero row.
     resid_plus, resid_minus = (model.run_with_cache(ids[None], names=[name])[1][name][0] for ids in (plus_ids, minus_ids))
     vector = _scaled(coeff, resid_plus - resid_minus, model.dtype, "steering vector")  # [pos, d_model]
-    return SteeringVector(model, vector, int(layer) % model.cfg.n_layers, coeff, plus_ids, minus_ids)
+    return SteeringVector(model, vector, int(layer) % model.cfg.n_layers, coeff, plus_ids, minus_ids, padding)
 
 
 def add_vector(model, tokens, vector, layer: int, positions="front", coeff: float = 1.0) -> Intervention:

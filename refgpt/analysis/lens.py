@@ -41,7 +41,7 @@ a lens trained for another model is refused unless ``check_unembed_hash=False``.
 
 ``evaluate_lenses`` reports, per layer, KL(final ‖ lens), the cross-entropy of the next token and
 the entropy of the logit and tuned lenses over windows of a text, in nats and bits per byte, as the
-package's evaluation loop does. Training is refgpt.train.tuned_lens (refgpt lens train).
+package's evaluation loop does. Training is refgpt.train.tuned_lens (refgpt train-lens).
 ``fit_least_squares_translators`` computes translators in closed form: the affine map that best
 predicts the final stream from stream M in the least-squares sense — a linear-regression baseline,
 not a trained tuned lens (which minimises a KL divergence to the model's own predictions).
@@ -182,7 +182,7 @@ class TunedLens:
         if path is None:
             if not is_default_model(model.source):
                 raise RefGPTError("TunedLens.load: the shipped tuned lens is for the embedded model only; pass the "
-                                  f"lens directory trained for {model.source} (refgpt lens train makes one)")
+                                  f"lens directory trained for {model.source} (refgpt train-lens makes one)")
             path = default_lens_path()
         files = read_lens(path)
         where = str(files.source)

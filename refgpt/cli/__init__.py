@@ -23,10 +23,17 @@ import warnings
 
 from ..errors import RefGPTError, one_line
 from ..version import __version__
-from . import _output, attribute, compare, download, explore, generate, golden, inspect, lens, predict, sae, steer, sweep
+from . import (_output, attribute, compare, download, eval_lens, explore, generate, golden, inspect, lens, predict, sae,
+               steer, sweep, train_lens)
 
 # The subcommands, in the order `refgpt --help` lists them.
-COMMANDS = (predict, inspect, generate, attribute, golden, compare, steer, lens, explore, sae, sweep, download)
+COMMANDS = (predict, inspect, generate, attribute, golden, compare, steer, lens, train_lens, eval_lens, explore, sae, sweep,
+            download)
+
+
+def name_of(command) -> str:
+    """A subcommand's name: its module's (``predict``), or its ``NAME`` (``train-lens``)."""
+    return getattr(command, "NAME", command.__name__.rpartition(".")[2])
 
 
 class _Parser(argparse.ArgumentParser):
@@ -80,10 +87,9 @@ def _fail(line: str, status: int) -> int:
 
 def _main(argv) -> int:
     words = sys.argv[1:] if argv is None else list(argv)
-    if words[:1] == ["lens"] and words[1:2] and words[1] in lens.ACTIONS:  # refgpt lens train|eval …
-        args = lens.build_action_parser(words[1], _Parser).parse_args(words[1:])
-    else:
-        args = build_parser().parse_args(argv)
+    if moved := lens.old_spelling(words):  # refgpt lens train|eval --text …: the command moved (issue 37)
+        _Parser(prog="refgpt lens").error(moved)
+    args = build_parser().parse_args(words)
     if getattr(args, "json", False):
         _output.set_json()
     return args.run(args)

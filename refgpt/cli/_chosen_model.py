@@ -1,7 +1,9 @@
 """The model a subcommand runs on, the text it reads, and the options several subcommands share.
 
 The shared options are ``--model DIR`` or a hub name such as ``--model gpt2``
-(refgpt.files.hub.resolve; default: the embedded model, ``refgpt.default_model_path()``),
+(refgpt.files.hub.resolve; default: the embedded model, ``refgpt.default_model_path()``) — one
+meaning in every subcommand: a path that exists is read from the disk, never looked up on the hub,
+and a file is an llm.c checkpoint in ``refgpt golden`` and an error elsewhere (``MODEL_HELP``),
 ``--dtype float64|float32``, ``--json``, and TEXT with ``--bos``. Each subcommand declares the
 ones it uses (``USES`` in its module, passed to :func:`add_subcommand`); any other shared option
 is refused when given, a usage error (exit status 2), never accepted and ignored:
@@ -16,6 +18,7 @@ way: :func:`header` for tables, :func:`print_json` for ``--json``.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import numpy as np
 
@@ -23,15 +26,19 @@ from .. import strict_json
 from ..files.checkpoint import load
 from ..dtypes import COMPUTE_DTYPES
 from ..files.default_model import default_model_path, is_untrained
+from ..files.hf_cache import not_a_model_directory
 from ..errors import RefGPTError
 from ._output import shown
 
 
+MODEL_HELP = ("an HF GPT-2 directory (config.json + model.safetensors; refgpt golden also reads an llm.c "
+              "checkpoint file, gpt2_124M.bin), or a hub name found in the HF cache or downloaded (gpt2, "
+              "openai-community/gpt2@REVISION; see refgpt download). A path that exists is always read from "
+              "the disk, never looked up on the hub; default: the embedded model")
+
+
 def _add_model(p):
-    p.add_argument("--model", metavar="DIR", default=None,
-                   help="HF GPT-2 directory (config.json + model.safetensors), or a hub name found in "
-                   "the HF cache or downloaded (gpt2, openai-community/gpt2@REVISION; see refgpt download); "
-                   "default: the embedded model")
+    p.add_argument("--model", metavar="MODEL", default=None, help=MODEL_HELP)
 
 
 def _add_dtype(p):
@@ -102,10 +109,39 @@ def add_subcommand(subparsers, name, run, *, uses, help, description, examples, 
     return p
 
 
-def load_chosen(args):
+def load_chosen(args, *, llmc_checkpoint: bool = False):
     """The model ``--model`` names (default: the embedded one) in ``--dtype`` (checked by argparse),
-    with its tokenizer."""
-    return load(args.model if args.model is not None else default_model_path(), dtype=args.dtype)
+    with its tokenizer: the same meaning in every subcommand (``MODEL_HELP``). A path that exists is
+    read from the disk, never sent to the hub: a directory as an HF checkpoint; a file as an llm.c
+    checkpoint where the subcommand reads one (``llmc_checkpoint``: refgpt golden, whose token ids
+    need no tokenizer), else refused naming what is read."""
+    if args.model is None:
+        return load(default_model_path(), dtype=args.dtype)
+    if is_llmc_checkpoint(args.model, llmc_checkpoint=llmc_checkpoint):
+        from ..oracle import llmc
+
+        model = llmc.read_model(args.model, dtype=args.dtype)
+        model.source = Path(args.model)
+        return model
+    return load(args.model, dtype=args.dtype)
+
+
+def is_llmc_checkpoint(model: str, *, llmc_checkpoint: bool = False) -> bool:
+    """Whether ``--model`` is an llm.c checkpoint file the subcommand reads (``llmc_checkpoint``);
+    any other file is a RefGPTError saying what --model is (a file is never taken for a hub name)."""
+    path = Path(model)
+    if not path.is_file():
+        return False
+    from ..oracle import llmc, llmc_dump
+
+    if llmc_dump.file_magic(path) == llmc.MODEL_MAGIC:
+        if llmc_checkpoint:
+            return True
+        raise RefGPTError(f"{path}: an llm.c checkpoint, which only refgpt golden reads (it holds no tokenizer); "
+                          f"here --model is an HF GPT-2 directory (config.json and model.safetensors) or a hub "
+                          f"name such as gpt2")
+    raise RefGPTError(not_a_model_directory(path) + (f", or an llm.c checkpoint (magic {llmc.MODEL_MAGIC}, e.g. "
+                                                     f"gpt2_124M.bin)" if llmc_checkpoint else ""))
 
 
 def untrained_note(model) -> str | None:

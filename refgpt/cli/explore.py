@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 
 from ..analysis.explorer import explore
+from ..errors import size_shown
 from ._arguments import add_token_argument, finite_float, token_argument
 from ._chosen_model import add_subcommand, load_chosen, print_json, token_json, tokens_of
 
@@ -97,5 +98,5 @@ def run(args) -> int:
                                   "heads": d["heads"], "tuned_lens": d["lens"]["tuned_source"], "schema": d["schema"]})
     tuned = d["lens"]["tuned_source"]
     print(f"wrote {path}: {len(tokens)} tokens, {len(d['layers'])} layers × {len(d['heads'])} heads, "
-          f"{model.dtype.name}, tuned lens: {'none' if tuned is None else tuned}, {size / 2**20:.1f} MiB")
+          f"{model.dtype.name}, tuned lens: {'none' if tuned is None else tuned}, {size_shown(size)}")
     return 0

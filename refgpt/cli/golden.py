@@ -7,7 +7,9 @@ gradient) to a golden file; with --generate, of a decoding loop, step by step.
     refgpt golden "The cat" "A dog barked at" --padding-side left -o padded.safetensors
     refgpt golden "The quick brown fox" --generate 32 -o decode.safetensors
 
-``--model`` is an HF directory or an llm.c checkpoint (``.bin``, refgpt/oracle/llmc.py). TEXT is
+``--model`` is an HF directory or an llm.c checkpoint (``.bin``, refgpt/oracle/llmc.py). This module
+parses and prints; reading token files and tokenizers is refgpt/oracle/token_files.py, padding a
+batch refgpt/gpt2/padding.py (``pad_rows``). TEXT is
 tokenized with the model's tokenizer (``--tokenizer DIR`` with vocab.json and merges.txt gives
 one to an llm.c checkpoint; llm.c's ``gpt2_tokenizer.bin`` only decodes, so it names the tokens
 in the output but cannot encode TEXT). ``--tokens FILE`` reads ids instead: a ``.npy`` integer
@@ -27,14 +29,14 @@ Progress goes to stderr when it is a terminal (``--progress``, ``--quiet``).
 from __future__ import annotations
 
 import argparse
-import re
 import sys
-from pathlib import Path
 
 import numpy as np
 
-from ..errors import RefGPTError
-from ..oracle import golden
+from ..errors import RefGPTError, size_shown
+from ..gpt2.padding import pad_rows
+from ..oracle import golden, token_files
+from ..oracle.token_files import pad_token_id
 from . import _progress
 from ._arguments import positive_int
 from ._chosen_model import add_subcommand, load_chosen, print_json, tokens_of, untrained_note
@@ -72,7 +74,7 @@ def add_parser(subparsers):
     p.add_argument("--names", metavar="PATTERN", action="append",
                    help="keep only tensors matching this glob (repeatable), e.g. 'blocks.*.hook_resid_post'; "
                         "tokens, logits, log_probs and loss are always kept")
-    p.add_argument("--tokens-dtype", choices=sorted(RAW_TOKEN_DTYPES),
+    p.add_argument("--tokens-dtype", choices=sorted(token_files.RAW_TOKEN_DTYPES),
                    help="--tokens FILE holds raw little-endian ids of this type (no header)")
     p.add_argument("--tokens-shape", metavar="B,T",
                    help="batch and length for raw ids and llm.c data shards (default: one sequence of all the "
@@ -106,7 +108,7 @@ def run(args) -> int:
     model, llmc_tokenizer = load_model(args)
     targets, source = None, "TEXT"
     if args.tokens:
-        tokens, targets, source = read_tokens(args.tokens, args.tokens_dtype, _shape(args), model.cfg,
+        tokens, targets, source = token_files.read_tokens(args.tokens, args.tokens_dtype, _shape(args), model.cfg,
                                               ragged=args.padding_side is not None or args.generate is not None)
     else:
         tokens = [tokens_of(model, argparse.Namespace(**{**vars(args), "text": t})) for t in args.text]
@@ -122,13 +124,8 @@ def run(args) -> int:
         progress.close()
 
 
-def _pad_id(model) -> int:
-    t = model.tokenizer
-    return int(t.pad_token_id) if t is not None and t.pad_token_id is not None else 0
-
-
 def _forward(args, model, llmc_tokenizer, tokens, targets, source, progress) -> int:
-    tokens, mask = padded(tokens, args.padding_side or "right", _pad_id(model))
+    tokens, mask = pad_rows(tokens, args.padding_side or "right", pad_token_id(model))
     if mask is not None and (args.backward or args.certify or targets is not None):
         raise RefGPTError("a padded batch's golden is forward only: no --backward or --certify, no llm.c targets; "
                           "give rows of one length for those")
@@ -136,7 +133,7 @@ def _forward(args, model, llmc_tokenizer, tokens, targets, source, progress) -> 
     command = ["refgpt", *sys.argv[1:]]
     if args.backward or args.certify or mask is not None:  # gradients, certificates and padding: made whole, then written
         g = golden.make(model, tokens, names, command=command, targets=targets, backward=args.backward,
-                        attention_mask=mask, padding_side=args.padding_side or "right", pad_token_id=_pad_id(model),
+                        attention_mask=mask, padding_side=args.padding_side or "right", pad_token_id=pad_token_id(model),
                         progress=progress)
         if args.certify:
             from ..oracle import certify
@@ -152,10 +149,10 @@ def _forward(args, model, llmc_tokenizer, tokens, targets, source, progress) -> 
     progress.close()
     size = path.stat().st_size
     shape = list(np.asarray(g.tensors["tokens"]).shape)
-    lines = [f"wrote {path}: {len(g.tensors)} tensors, {size / 2**20:.1f} MiB, tokens {shape}, {g.metadata['dtype']}",
+    lines = [f"wrote {path}: {len(g.tensors)} tensors, {size_shown(size)}, tokens {shape}, {g.metadata['dtype']}",
              f"tokens: {source}"]
     if mask is not None:
-        lines.append(f"padded on the {args.padding_side or 'right'} with id {_pad_id(model)}: real tokens per row "
+        lines.append(f"padded on the {args.padding_side or 'right'} with id {pad_token_id(model)}: real tokens per row "
                      f"{[int(n) for n in mask.sum(1)]}; attention_mask and position_ids written (pads at position 0)")
     if args.backward:
         lines.append(f"backward: mean loss {float(g.tensors['loss_mean']):.9g} over "
@@ -195,7 +192,7 @@ def _decode(args, model, tokens, source, progress) -> int:
                               f"--greedy continues the whole file instead")
         continuation = np.stack([r[-N:] for r in rows])  # [batch, N]
         tokens = [r[:-N] for r in rows] if len(rows) > 1 else rows[0][:-N]
-    prompt, mask = padded(tokens, "left", _pad_id(model))
+    prompt, mask = pad_rows(tokens, "left", pad_token_id(model))
     prompt = np.atleast_2d(prompt)
     g = decode.make(model, prompt, N, continuation, mask, command=["refgpt", *sys.argv[1:]], progress=progress)
     path = golden.write(args.output, g)
@@ -206,10 +203,10 @@ def _decode(args, model, tokens, source, progress) -> int:
         return print_json(model, {"path": str(path), "tensors": len(g.tensors), "bytes": path.stat().st_size,
                                   "prompt_shape": list(prompt.shape), "steps": N, "continuation": kind,
                                   "chosen": chosen.tolist(), "tokens_source": source})
-    lines = [f"wrote {path}: decode golden, {len(g.tensors)} tensors, {path.stat().st_size / 2**20:.1f} MiB, prompt "
+    lines = [f"wrote {path}: decode golden, {len(g.tensors)} tensors, {size_shown(path.stat().st_size)}, prompt "
              f"{list(prompt.shape)}, {N} steps ({kind}), {g.metadata['dtype']}", f"tokens: {source}"]
     if mask is not None:
-        lines.append(f"prompts padded on the left with id {_pad_id(model)}: real tokens per row "
+        lines.append(f"prompts padded on the left with id {pad_token_id(model)}: real tokens per row "
                      f"{[int(n) for n in mask.sum(1)]}")
     for b, row in enumerate(chosen):
         text = f" {shown(model.to_string(row))}" if model.tokenizer is not None else ""
@@ -220,50 +217,14 @@ def _decode(args, model, tokens, source, progress) -> int:
     return 0
 
 
-def padded(tokens, side, pad_id):
-    """(tokens [batch, pos], attention mask or None) from one sequence, an array, or a list of rows of
-    any lengths, padded with ``pad_id`` on ``side``: a mask only where some row is shorter."""
-    if not isinstance(tokens, list):
-        return tokens, None
-    rows = [np.asarray(r, np.int64).reshape(-1) for r in tokens]
-    T = max(len(r) for r in rows)
-    if all(len(r) == T for r in rows):
-        return np.stack(rows), None
-    out = np.full((len(rows), T), pad_id, np.int64)
-    mask = np.zeros((len(rows), T), np.int64)
-    for b, r in enumerate(rows):
-        at = slice(T - len(r), T) if side == "left" else slice(0, len(r))
-        out[b, at], mask[b, at] = r, 1
-    return out, mask
-
-
 def load_model(args):
-    """(model, llm.c tokenizer or None): ``--model`` an HF directory (load_chosen) or an llm.c
-    checkpoint file; ``--tokenizer`` a directory (the model's tokenizer) or llm.c's (decodes only)."""
-    from ..oracle import llmc
-    from ..gpt2.tokenizer import Tokenizer
-
-    path = Path(args.model) if args.model is not None else None
-    if path is not None and path.is_file():
-        model = llmc.read_model(path, dtype=args.dtype)
-        model.source = path
-    else:
-        model = load_chosen(args)
-    llmc_tokenizer = None
-    if args.tokenizer:
-        t = Path(args.tokenizer)
-        if t.is_dir():
-            model.tokenizer = Tokenizer.from_dir(t)
-        elif t.is_file():
-            llmc_tokenizer = llmc.read_tokenizer(t)
-            if len(llmc_tokenizer.tokens) != model.cfg.d_vocab:
-                raise RefGPTError(f"{t}: {len(llmc_tokenizer.tokens)} tokens, the model's vocabulary has "
-                                  f"{model.cfg.d_vocab}")
-        else:
-            raise RefGPTError(f"{t}: tokenizer not found")
+    """(model, llm.c tokenizer or None): ``--model`` (an llm.c checkpoint file too, load_chosen) with
+    ``--tokenizer``: a directory's tokenizer, or llm.c's (decodes only)."""
+    model = load_chosen(args, llmc_checkpoint=True)
+    llmc_tokenizer = token_files.with_tokenizer(model, args.tokenizer) if args.tokenizer else None
     if args.text and model.tokenizer is None:
         what = "an llm.c tokenizer holds each token's bytes, not the BPE merges: it decodes, it cannot encode TEXT"
-        raise RefGPTError(f"{path if path else 'the model'} has no tokenizer to encode TEXT"
+        raise RefGPTError(f"{args.model if args.model else 'the model'} has no tokenizer to encode TEXT"
                           f"{': ' + what if args.tokenizer else ''}; give --tokens FILE (e.g. llm.c's debug state), "
                           f"or --tokenizer DIR with vocab.json and merges.txt")
     return model, llmc_tokenizer
@@ -287,87 +248,3 @@ def _shape(args):
     if B < 1 or T < 1:
         args.usage_error(f"argument --tokens-shape: B and T must be ≥ 1, found {args.tokens_shape!r}")
     return B, T
-
-
-RAW_TOKEN_DTYPES = {"int32": "<i4", "uint16": "<u2", "int64": "<i8", "uint32": "<u4"}
-
-
-def read_tokens(path, dtype=None, shape=None, cfg=None, ragged=False):
-    """(tokens, targets or None, where they came from) from a token file (module docstring); with
-    ``ragged``, a text file's lines of different lengths come back as a list of rows."""
-    from ..oracle import llmc, llmc_dump
-
-    path = Path(path)
-    if not path.is_file():
-        raise RefGPTError(f"{path}: token file not found")
-    if dtype is not None:
-        return _raw_tokens(path, dtype, shape), None, f"raw {dtype} ids from {path}"
-    magic = llmc_dump.file_magic(path) if path.suffix != ".npy" else None
-    if shape is not None and magic != llmc.SHARD_MAGIC:  # refused, not ignored: the file holds its own shape
-        raise RefGPTError(f"{path}: --tokens-shape B,T is for raw ids (--tokens-dtype) and llm.c data shards; "
-                          f"this file's ids come in the shape it holds")
-    if magic == llmc.STATE_MAGIC:
-        s = llmc.read_debug_state(path, cfg.d_vocab, cfg)
-        return s.x, s.y, f"x [B, T] = {list(s.x.shape)} and its targets y of llm.c's debug state {path}"
-    if magic == llmc_dump.DUMP_MAGIC:
-        d = llmc_dump.read_dump(path, cfg)
-        return d["tokens"], d.get("targets"), f"the tokens{' and targets' if 'targets' in d else ''} of the dump {path}"
-    if magic == llmc.SHARD_MAGIC:
-        B, T = shape if shape is not None else (1, min(cfg.n_ctx, 64))
-        x, y = llmc.read_data_shard(path, B, T)
-        return x, y, f"llm.c's first batch B×T = {B}×{T} of the data shard {path}: x and targets y (B·T + 1 tokens)"
-    if magic in (llmc.MODEL_MAGIC, llmc.TOKENIZER_MAGIC):
-        raise RefGPTError(f"{path}: {llmc._WHAT[magic]}, not tokens"
-                          f"{': pass it as --model' if magic == llmc.MODEL_MAGIC else ': pass it as --tokenizer'}")
-    return _text_or_npy_tokens(path, ragged), None, f"{path}"
-
-
-def _raw_tokens(path, dtype, shape):
-    itemsize = np.dtype(RAW_TOKEN_DTYPES[dtype]).itemsize
-    size = path.stat().st_size
-    if size == 0 or size % itemsize:
-        raise RefGPTError(f"{path}: {size} bytes is not a whole number of {dtype} ids ({itemsize} bytes each)")
-    ids = np.fromfile(path, dtype=RAW_TOKEN_DTYPES[dtype]).astype(np.int64)  # [n]
-    if shape is None:
-        return ids
-    if ids.size != shape[0] * shape[1]:
-        raise RefGPTError(f"{path}: {ids.size} {dtype} ids, but --tokens-shape {shape[0]},{shape[1]} needs "
-                          f"{shape[0] * shape[1]}")
-    return ids.reshape(shape)
-
-
-def _text_or_npy_tokens(path, ragged=False):
-    """Token ids from a .npy file or from text: whitespace-separated whole numbers in ASCII digits
-    (not "١", "²" or "1_000", which Python's int() would take), one sequence per line."""
-    if path.suffix == ".npy":
-        try:
-            tokens = np.load(path, allow_pickle=False)
-        except (ValueError, OSError, EOFError) as error:
-            raise RefGPTError(f"{path}: not a readable .npy file ({str(error).splitlines()[0] if str(error) else 'truncated'})") from None
-        if tokens.dtype == bool or tokens.dtype.kind not in "iu":
-            raise RefGPTError(f"{path}: token ids must be integers, found {tokens.dtype}")
-        return tokens
-    try:
-        text = path.read_text(encoding="utf-8")
-        if "\x00" in text:
-            raise UnicodeDecodeError("utf-8", b"\x00", 0, 1, "NUL byte")
-    except UnicodeDecodeError:
-        raise RefGPTError(f"{path}: a binary file, not text ids: give --tokens-dtype int32|uint16 for raw ids, "
-                          f"or an llm.c debug state, data shard or dump, or a .npy array") from None
-    rows = []
-    for n, line in enumerate(text.splitlines(), 1):
-        words = line.split()
-        if not words:
-            continue
-        bad = next((w for w in words if not re.fullmatch(r"[0-9]{1,18}", w)), None)
-        if bad is not None:
-            raise RefGPTError(f"{path}, line {n}: {bad!r:.40} is not an integer token id")
-        rows.append([int(word) for word in words])
-    if not rows:
-        raise RefGPTError(f"{path}: no token ids")
-    if len({len(r) for r in rows}) != 1:
-        if ragged:
-            return [np.array(r, dtype=np.int64) for r in rows]
-        raise RefGPTError(f"{path}: sequences have different lengths {sorted({len(r) for r in rows})}; "
-                          "a batch needs one length, or --padding-side left|right to pad them")
-    return np.array(rows if len(rows) > 1 else rows[0], dtype=np.int64)

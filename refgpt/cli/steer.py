@@ -1,7 +1,8 @@
 """``refgpt steer TEXT --plus P --minus M --layer L --coeff C``: ActAdd steering, and what it did.
 
-The steering vector is C·(resid_pre_L(P) − resid_pre_L(M)), the shorter prompt padded with the
-space token; it is added to the first positions of TEXT's stream entering block L
+The steering vector is C·(resid_pre_L(P) − resid_pre_L(M)), the shorter prompt padded on the
+right with the space token, which the answer says (a ``padding:`` line, ``"padding"`` in --json;
+null when P and M have one length); it is added to the first positions of TEXT's stream entering block L
 (refgpt.analysis.interventions). The command prints, per position of TEXT, the clean and the steered top
 next token and KL(steered ‖ clean); and, per steered position, ‖v‖ and its ratio to the stream
 at layer L and at the end — the ratio tends to 1 as C grows (docs/steering.md). ``--plot FILE``
@@ -28,6 +29,8 @@ Steer the model with activation addition (ActAdd): add C·(resid(PLUS) − resid
 the stream entering block L, to the first positions of TEXT's stream at the same layer. Prints
 the clean and steered next-token predictions at each position with their KL divergence, and how
 large the added vector is against the stream. --bos puts <|endoftext|> before TEXT, PLUS and MINUS.
+If PLUS and MINUS differ in length, the shorter is padded on the right with the space token, and
+the answer says so.
 """
 
 USES = ("--model", "--dtype", "--json", "--bos")
@@ -78,6 +81,7 @@ def run(args) -> int:
     if args.json:
         answer = {
             "text": args.text, "tokens": [token_json(model, t) for t in tokens], "layer": sv.layer, "coeff": args.coeff,
+            "padding": _padding_json(model, sv.padding),
             "plus": [token_json(model, t) for t in sv.plus_tokens],
             "minus": [token_json(model, t) for t in sv.minus_tokens],
             "positions": [{"position": j, "token": token_json(model, tokens[j]),
@@ -104,6 +108,7 @@ def run(args) -> int:
         *header(model, args, tokens),
         f"steering: {args.coeff:g}·(resid({shown(args.plus)}) − resid({shown(args.minus)})) into blocks.{sv.layer}.hook_resid_pre, "
         f"positions 0..{m - 1}",
+        *([_padding_line(model, sv.padding)] if sv.padding else []),
         "",
         table(["pos", "token", "clean top", "p", "steered top", "p", "KL(steered‖clean)"], rows, align="><<><>>"),
         "",
@@ -113,6 +118,19 @@ def run(args) -> int:
         *([f"\nfigure: {args.plot}"] if args.plot else []),
     ]))
     return 0
+
+
+def _padding_line(model, padding) -> str:
+    """The line that says the shorter prompt was padded, and with what."""
+    n = padding.count
+    return (f"padding: {padding.prompt.upper()} is {n} token{'s' if n != 1 else ''} shorter; padded on the right "
+            f"with {n} × {token_text(model, padding.token)} (id {padding.token})")
+
+
+def _padding_json(model, padding) -> dict | None:
+    if padding is None:
+        return None
+    return {"prompt": padding.prompt, "count": padding.count, "token": token_json(model, padding.token)}
 
 
 def _generations_side_by_side(model, unsteered, steered) -> list[str]:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import sys
 
 from .. import strict_json
-from ..errors import RefGPTError, one_line
+from ..errors import RefGPTError, one_line, size_shown
 from ..sweep.driver import run_sweep
 from ..sweep.prompts import FORMATS
 from ..sweep.registry import TASKS
@@ -27,7 +27,7 @@ from ..analysis.attribution import GRANULARITIES
 from ..oracle.comparison import UNIT_ROUNDOFF
 from ..oracle.name_maps import MAPS
 from ._arguments import add_token_argument, count, non_negative_float, positive_int
-from ._chosen_model import add_subcommand
+from ._chosen_model import add_subcommand, is_llmc_checkpoint
 from ._table import table
 
 DESCRIPTION = """\
@@ -96,7 +96,7 @@ def add_parser(subparsers):
     lens = p.add_argument_group("lens")
     lens.add_argument("--translators", metavar="FILE", action="append",
                       help="also the lens of these translators: a lens directory (config.json + params.pt, as the "
-                           "tuned-lens package and refgpt lens train write it) or a .safetensors/.pt translator file "
+                           "tuned-lens package and refgpt train-lens write it) or a .safetensors/.pt translator file "
                            "(repeatable)")
     lens.add_argument("--lens", metavar="MODULE:FUNCTION[=PATH]", action="append",
                       help="also a plug-in lens: FUNCTION(PATH, model) returns it (refgpt/sweep/task_lens.py; repeatable)")
@@ -138,6 +138,8 @@ def task_options(args) -> dict:
 
 def run(args) -> int:
     options = task_options(args)
+    if args.model is not None:
+        is_llmc_checkpoint(args.model)  # a file is refused here, as in every subcommand: never a hub name
     try:
         result = run_sweep(args.prompts, args.task, args.output, options=options, model=args.model, dtype=args.dtype,
                            bos=args.bos, workers=args.workers, scheduler=args.scheduler, batch_size=args.batch_size,
@@ -204,7 +206,7 @@ def report_lines(args, result) -> list[str]:
                   table(["component", "mean", "mean |·|"], rows, align="<>>")]
     elif args.task == "golden" and s["files"]:
         worst = sorted(s["conditioning_max"].items(), key=lambda kv: -kv[1]["c_X"])[:5]
-        lines.append(f"{s['files']} golden files, {s['bytes'] / 2**20:.1f} MiB; mean loss {s['loss_mean']:.6g} "
+        lines.append(f"{s['files']} golden files, {size_shown(s['bytes'])}; mean loss {s['loss_mean']:.6g} "
                      f"over {s['targets']} targets")
         lines.append("largest conditioning c_X (units of float32's roundoff): "
                      + ", ".join(f"{name} {w['c_X']:.3g} (prompt {w['prompt']})" for name, w in worst))

@@ -35,6 +35,7 @@ from .manifest import check as check_manifest
 from .safetensors_file import SafetensorsFile
 from .whole_file import read_bytes
 from ..gpt2.tokenizer import Tokenizer
+from ..reference import weights
 
 # HF's non-parameter buffers: the causal mask and the masked fill value. Never weights.
 _BUFFER = re.compile(r"h\.\d+\.attn\.(bias|masked_bias)")
@@ -164,55 +165,15 @@ def _explain_shape(path, name, found, expected):
 
 
 def to_circuits(t: dict[str, np.ndarray], cfg: Config) -> dict[str, np.ndarray]:
-    """HF keys → TransformerLens state-dict names, as views wherever the layout allows."""
-    d, h, dh = cfg.d_model, cfg.n_heads, cfg.d_head
-    params = {"embed.W_E": t["wte.weight"], "pos_embed.W_pos": t["wpe.weight"]}
-    for L in range(cfg.n_layers):
-        hf, tl = f"h.{L}.", f"blocks.{L}."
-        W_qkv = t[hf + "attn.c_attn.weight"]  # [d_model, 3·d_model] = Q | K | V
-        b_qkv = t[hf + "attn.c_attn.bias"]  # [3·d_model]
-        for i, x in enumerate("QKV"):
-            cols = slice(i * d, (i + 1) * d)
-            params[tl + f"attn.W_{x}"] = W_qkv[:, cols].reshape(d, h, dh).transpose(1, 0, 2)  # [head, d_model, d_head]
-            params[tl + f"attn.b_{x}"] = b_qkv[cols].reshape(h, dh)  # [head, d_head]
-        params[tl + "attn.W_O"] = t[hf + "attn.c_proj.weight"].reshape(h, dh, d)  # [head, d_head, d_model]
-        params[tl + "attn.b_O"] = t[hf + "attn.c_proj.bias"]  # [d_model]
-        params[tl + "mlp.W_in"] = t[hf + "mlp.c_fc.weight"]  # [d_model, d_mlp]
-        params[tl + "mlp.b_in"] = t[hf + "mlp.c_fc.bias"]  # [d_mlp]
-        params[tl + "mlp.W_out"] = t[hf + "mlp.c_proj.weight"]  # [d_mlp, d_model]
-        params[tl + "mlp.b_out"] = t[hf + "mlp.c_proj.bias"]  # [d_model]
-        for n in (1, 2):
-            params[tl + f"ln{n}.w"] = t[hf + f"ln_{n}.weight"]  # [d_model]
-            params[tl + f"ln{n}.b"] = t[hf + f"ln_{n}.bias"]  # [d_model]
-    params["ln_final.w"] = t["ln_f.weight"]  # [d_model]
-    params["ln_final.b"] = t["ln_f.bias"]  # [d_model]
-    lm_head = t["wte.weight"] if cfg.tie_word_embeddings else t["lm_head.weight"]  # [d_vocab, d_model]
-    params["unembed.W_U"] = lm_head.T  # [d_model, d_vocab]
-    return params
+    """HF keys → TransformerLens state-dict names, as views wherever the layout allows: the
+    reference's map (refgpt/reference/weights.py)."""
+    return weights.to_circuits(t, cfg.n_layers, cfg.n_heads, cfg.tie_word_embeddings)
 
 
 def hf_tensors(cfg: Config, params, prefix: str = "transformer.") -> dict[str, np.ndarray]:
     """TransformerLens state-dict names → HF GPT2LMHeadModel keys and layouts: the inverse of
-    ``to_circuits``, bit for bit. ``lm_head.weight`` only when the embeddings are not tied (HF's
-    save_pretrained stores a tied lm_head once, as wte)."""
-    d, p = cfg.d_model, params
-    t = {"wte.weight": p["embed.W_E"], "wpe.weight": p["pos_embed.W_pos"]}
-    for L in range(cfg.n_layers):
-        tl, hf = f"blocks.{L}.", f"h.{L}."
-        for n in (1, 2):
-            t[hf + f"ln_{n}.weight"], t[hf + f"ln_{n}.bias"] = p[tl + f"ln{n}.w"], p[tl + f"ln{n}.b"]  # [d_model]
-        t[hf + "attn.c_attn.weight"] = np.concatenate(
-            [p[tl + f"attn.W_{x}"].transpose(1, 0, 2).reshape(d, d) for x in "QKV"], axis=1)  # [d_model, 3·d_model]
-        t[hf + "attn.c_attn.bias"] = np.concatenate([p[tl + f"attn.b_{x}"].reshape(d) for x in "QKV"])  # [3·d_model]
-        t[hf + "attn.c_proj.weight"] = p[tl + "attn.W_O"].reshape(d, d)  # [head·d_head, d_model]
-        t[hf + "attn.c_proj.bias"] = p[tl + "attn.b_O"]  # [d_model]
-        t[hf + "mlp.c_fc.weight"], t[hf + "mlp.c_fc.bias"] = p[tl + "mlp.W_in"], p[tl + "mlp.b_in"]
-        t[hf + "mlp.c_proj.weight"], t[hf + "mlp.c_proj.bias"] = p[tl + "mlp.W_out"], p[tl + "mlp.b_out"]
-    t["ln_f.weight"], t["ln_f.bias"] = p["ln_final.w"], p["ln_final.b"]
-    tensors = {prefix + k: v for k, v in t.items()}
-    if not cfg.tie_word_embeddings:
-        tensors["lm_head.weight"] = p["unembed.W_U"].T  # [d_vocab, d_model]
-    return tensors
+    ``to_circuits``, bit for bit (refgpt/reference/weights.py)."""
+    return weights.to_hf(params, cfg.n_layers, cfg.tie_word_embeddings, prefix)
 
 
 def load(path: str | Path, dtype="float64", tokenizer=True, process=None):

@@ -87,6 +87,15 @@ def parse_name(name: str) -> tuple[str, str] | None:
     return repo_id, revision or "main"
 
 
+def not_a_model_directory(path: Path) -> str:
+    """Why a path that exists but is not a directory is no model (a path that exists is never
+    looked up on the hub, so a file is refused, not taken for a repository name)."""
+    hint = (f"; give the directory it sits in, {path.parent}" if path.name.endswith(".safetensors") or
+            path.name == "config.json" else "")
+    return (f"{path}: a file, not a model directory: a model is an HF GPT-2 directory (config.json and "
+            f"model.safetensors) or a hub name such as gpt2{hint}")
+
+
 def check_revision(revision: str) -> str:
     """A branch, tag or commit name, refused if it could leave the cache folder as a path."""
     if not isinstance(revision, str) or not RELATIVE_NAME.fullmatch(revision):

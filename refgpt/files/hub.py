@@ -74,7 +74,7 @@ from urllib.parse import quote, urljoin, urlsplit
 
 from ..errors import RefGPTError
 from .hf_cache import (COMMIT, SHARD_INDEX, cache_dir, check_revision, find_snapshot, is_offline, link_into_snapshot,
-                       missing_files, parse_name, repo_folder, shard_names, write_ref)
+                       missing_files, not_a_model_directory, parse_name, repo_folder, shard_names, write_ref)
 from ..version import __version__
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
@@ -88,10 +88,14 @@ _ETAG = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")  # git blob sha1 | LFS sha256
 
 def resolve(name) -> Path:
     """The checkpoint directory ``name`` means: itself if it is a directory, else the cached (or,
-    unless offline, freshly downloaded) snapshot of the hub repository ``owner/name[@revision]``."""
+    unless offline, freshly downloaded) snapshot of the hub repository ``owner/name[@revision]``.
+    A path that exists is always read here, never looked up on the hub: a file (``gpt2_124M.bin``,
+    ``model.safetensors``) is refused, naming what is read."""
     directory = Path(name)
     if directory.is_dir():
         return directory
+    if directory.exists() or directory.is_symlink():
+        raise RefGPTError(not_a_model_directory(directory))
     parsed = parse_name(name) if isinstance(name, str) else None
     if parsed is None:
         raise RefGPTError(f"{directory}: model directory not found")

@@ -15,7 +15,8 @@ from pathlib import Path
 
 from .activations import ACTIVATIONS
 from .. import strict_json
-from ..errors import RefGPTError, as_path
+from ..errors import RefGPTError, as_path, size_shown
+from ..reference.gpt2 import score_scale as reference_score_scale
 
 MAX_SIZE = 2**31 - 1  # no dimension of a GPT-2 refgpt computes may exceed a 32-bit index
 
@@ -157,16 +158,16 @@ class Config:
         ``held``: bytes of weights this process already holds in the compute dtype (a Model built
         from arrays): memory already taken, which MemAvailable no longer counts."""
         needed, available = self.bytes_needed(itemsize) - held, available_memory()
-        where = f"the machine has {_gib(available)} available" if available is not None else None
+        where = f"the machine has {size_shown(available)} available" if available is not None else None
         headroom = address_space_left()
         if headroom is not None and (available is None or headroom < available):
             available = headroom
-            where = (f"this process may map only {_gib(headroom)} more (its address-space limit, RLIMIT_AS: "
+            where = (f"this process may map only {size_shown(headroom)} more (its address-space limit, RLIMIT_AS: "
                      f"ulimit -v)")
         if available is not None and needed > available:
-            more = f" more (besides {_gib(held)} of weights already in memory)" if held else ""
+            more = f" more (besides {size_shown(held)} of weights already in memory)" if held else ""
             raise RefGPTError(
-                f"{source}: this model needs at least {_gib(needed)}{more} for its weights and one forward "
+                f"{source}: this model needs at least {size_shown(needed)}{more} for its weights and one forward "
                 f"pass in {8 * itemsize}-bit floats ({self.n_params():,} parameters), but {where}"
             )
 
@@ -181,17 +182,9 @@ class Config:
         return self.d_head ** 0.5 if self.use_attn_scale else 1.0
 
     def score_scale(self, layer: int) -> float:
-        """The factor the attention scores QKᵀ of block ``layer`` are multiplied by.
-
-        HF folds both scalings into one factor, √d_head⁻¹ / (layer + 1), and multiplies; refgpt does
-        the same so that the scores agree with HF to the last bit in the common case.
-        """
-        scale = 1.0
-        if self.use_attn_scale:
-            scale = self.d_head ** -0.5
-        if self.scale_attn_by_inverse_layer_idx:
-            scale /= float(layer + 1)
-        return scale
+        """The factor the attention scores QKᵀ of block ``layer`` are multiplied by (its definition:
+        refgpt/reference/gpt2.py, ``score_scale``)."""
+        return reference_score_scale(self.d_head, layer, self.use_attn_scale, self.scale_attn_by_inverse_layer_idx)
 
     @classmethod
     def from_hf(cls, hf: dict, source: str = "config") -> "Config":
@@ -308,14 +301,6 @@ def address_space_left() -> int | None:
 #: OpenBLAS maps a work buffer of 32 MiB per thread at its first use (BUFFER_SIZE, measured here as
 #: the jump in VmSize at the first matrix product), and gives up with its own message if it cannot.
 _BLAS_BUFFER = 32 * 2**20
-
-
-def _gib(n: int) -> str:
-    """A size in GiB (MiB or KiB below a tenth of the unit above)."""
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20)):
-        if n >= size / 10:
-            return f"{n / size:,.1f} {unit}"
-    return f"{n / 2**10:,.1f} KiB"
 
 
 def _shown(value) -> str:

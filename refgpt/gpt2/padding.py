@@ -30,6 +30,25 @@ from ..errors import RefGPTError
 PADDING_SIDES = ("left", "right")
 
 
+def pad_rows(rows, side: str, pad_id: int):
+    """(tokens [batch, pos], attention mask [batch, pos] or None): a list of rows of token ids of any
+    lengths made one array, padded with ``pad_id`` on ``side`` ("left" or "right"); a mask (1 real,
+    0 pad) only where some row is shorter than the longest. An array (one sequence [pos], or a
+    batch) comes back as it is, without a mask."""
+    if isinstance(rows, np.ndarray):
+        return rows, None
+    rows = [np.asarray(r, np.int64).reshape(-1) for r in rows]  # [pos_b] each
+    T = max((len(r) for r in rows), default=0)
+    if all(len(r) == T for r in rows):
+        return np.stack(rows) if rows else np.zeros((0, 0), np.int64), None  # [batch, pos]
+    out = np.full((len(rows), T), pad_id, np.int64)  # [batch, pos]
+    mask = np.zeros((len(rows), T), np.int64)  # [batch, pos]
+    for b, r in enumerate(rows):
+        at = slice(T - len(r), T) if side == "left" else slice(0, len(r))
+        out[b, at], mask[b, at] = r, 1
+    return out, mask
+
+
 def check_padding_side(side, what="padding_side") -> str:
     if side not in PADDING_SIDES:
         raise RefGPTError(f"{what} must be 'left' or 'right', found {side!r}")

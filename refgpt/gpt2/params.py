@@ -18,23 +18,12 @@ import numpy as np
 from numpy.lib.array_utils import byte_bounds
 
 from ..errors import RefGPTError
+from ..reference import weights
 
 
 def param_shapes(cfg) -> dict[str, tuple[int, ...]]:
-    """Every parameter's TransformerLens name and shape."""
-    d, h, dh, m = cfg.d_model, cfg.n_heads, cfg.d_head, cfg.d_mlp
-    shapes = {"embed.W_E": (cfg.d_vocab, d), "pos_embed.W_pos": (cfg.n_ctx, d)}
-    for L in range(cfg.n_layers):
-        b = f"blocks.{L}."
-        shapes.update({b + "ln1.w": (d,), b + "ln1.b": (d,)})
-        for x in "QKV":
-            shapes.update({b + f"attn.W_{x}": (h, d, dh), b + f"attn.b_{x}": (h, dh)})
-        shapes.update({b + "attn.W_O": (h, dh, d), b + "attn.b_O": (d,)})
-        shapes.update({b + "ln2.w": (d,), b + "ln2.b": (d,)})
-        shapes.update({b + "mlp.W_in": (d, m), b + "mlp.b_in": (m,),
-                       b + "mlp.W_out": (m, d), b + "mlp.b_out": (d,)})
-    shapes.update({"ln_final.w": (d,), "ln_final.b": (d,), "unembed.W_U": (d, cfg.d_vocab)})
-    return shapes
+    """Every parameter's TransformerLens name and shape (refgpt/reference/weights.py)."""
+    return weights.param_shapes(cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.d_mlp, cfg.d_vocab, cfg.n_ctx)
 
 
 def checked_params(cfg, params: Mapping, dtype) -> dict[str, np.ndarray]:

@@ -9,6 +9,7 @@
 - ``comparison`` — a candidate's tensors against a golden: the first tensor out of tolerance.
 - ``name_maps`` — other implementations' tensor names (HF, TransformerLens, llm.c) → refgpt's.
 - ``llmc`` — llm.c's binary checkpoint, tokenizer, debug-state and data-shard formats, read and written.
+- ``token_files`` — a golden's tokens from files (ids, .npy, llm.c's), and the tokenizer an llm.c checkpoint lacks.
 - ``llmc_dump`` — a dump of an llm.c run (tokens, activations, gradients), and llm.c's gradient names.
 
 ``refgpt.oracle.compare(reference, candidate)`` is ``comparison.compare``.

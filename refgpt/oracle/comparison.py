@@ -49,16 +49,17 @@ from ..errors import RefGPTError, RefGPTTypeError, real_number
 from ..files.atomic_write import refuse_temporary
 from . import golden as golden_file
 from . import llmc, llmc_dump
+# The rule's constants and its row and bias rules are the reference's (refgpt/reference/compare.py);
+# this module judges the same way in blocks of rows, threaded and memory-mapped, and reports more.
+from ..reference.compare import (BIAS_FULL_ELEMENTS, BIAS_GROWTH, BIAS_MIN_ELEMENTS, F32_TINY, GROWTH,  # noqa: F401
+                                 MAX_ROW_FREEDOM, ROW_T, ROW_T_MIN_ROWS, UNIT_ROUNDOFF, bias_bound as _bias_bound,
+                                 is_zero_in_exact_arithmetic, row_adjusted, row_freedom_of, tensor_scale)
 from .name_maps import (GRAD, ModelShape, axes, backward_op, decode_to_refgpt, forward_key, forward_order, inner_name,
                         is_gradient, layer_of, split_step, to_refgpt)
 
-#: Unit roundoff of each format: half the distance from 1 to the next representable number.
-UNIT_ROUNDOFF = {"float64": 2.0**-53, "float32": 2.0**-24, "float16": 2.0**-11, "bfloat16": 2.0**-8}
-#: The growth factor G (module docstring; docs/oracle.md derives it).
-GROWTH = 64
 _PROFILE_OF_CODE = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16"}
 _PROFILE_OF_DTYPE = {"float64": "float64", "float32": "float32", "float16": "float16"}
-_F32_TINY = float(np.finfo(np.float32).tiny)
+
 
 
 @dataclass
@@ -86,7 +87,7 @@ class Element:
 
 @dataclass
 class RowFreedom:
-    """How a tensor judged up to one factor or shift per row (golden.row_freedom_of) used it."""
+    """How a tensor judged up to one factor or shift per row (row_freedom_of, refgpt/reference/compare.py) used it."""
 
     kind: str  # "factor" (softmax rows: Σ candidate / Σ reference) or "shift" (median of candidate − reference)
     bound: float | None  # the most |factor − 1| or |shift| may be (None: any shift is right, the logits)
@@ -721,9 +722,9 @@ def _as_rows(x):
 
 
 def _row_blocks(rows, last):
-    """(start, stop) of consecutive blocks of rows, each at most BLOCK_BYTES of float64 (at least one row)."""
-    step = max(1, BLOCK_BYTES // (8 * max(1, last)))
-    return [(a, min(a + step, rows)) for a in range(0, rows, step)] or [(0, 0)]
+    """threads.row_blocks of float64 rows of ``last`` numbers, each block at most BLOCK_BYTES (read at
+    each call: tests make it smaller); a tensor without rows is one empty block, judged like any other."""
+    return threads.row_blocks(rows, 8 * max(1, last), BLOCK_BYTES) or [(0, 0)]
 
 
 def _sum(parts) -> float:
@@ -738,7 +739,7 @@ def _sum(parts) -> float:
 
 
 class _RootMeanSquare:
-    """RMS of finite values given block by block: whole-tensor ``_rms(x)``, √mean(x²), equal to rounding.
+    """RMS of finite values given block by block: whole-tensor ``rms(x)`` (refgpt/reference/compare.py), √mean(x²), equal to rounding.
 
     Σx² is kept twice: plainly, and scaled by the largest |x| so far (rescaled when a larger one
     arrives), so that when the plain sum overflows, max|x|·√mean((x/max|x|)²) is still there."""
@@ -777,7 +778,7 @@ class _RootMeanSquare:
         plain = math.sqrt(_sum(self.plain) / self.n)
         if math.isfinite(plain):
             return plain
-        if not math.isfinite(self.top):  # as _rms: inf·√mean((x/inf)²) is NaN
+        if not math.isfinite(self.top):  # as rms: inf·√mean((x/inf)²) is NaN
             return math.nan
         return self.top * math.sqrt(self.scaled / self.n)
 
@@ -788,7 +789,7 @@ def _compare_tensor(name, r, c, tol, conditioning, ref, error_rms=None, row_free
 
     Whole-tensor, the judgement is (masked: not compared)
 
-        c′ = c up to its row's freedom (golden.row_adjusted): logits − the row's shift (free),
+        c′ = c up to its row's freedom (row_adjusted): logits − the row's shift (free),
              log_probs − its shift, probs and attention patterns / the row's factor (each bounded:
              |shift| or |factor − 1| ≤ G·u·(f_X + 1), f_X from ``row_freedom``; without it, c′ = c)
         err = |c′ − r|,  limit = atol + rtol·|r|,  bad = err > limit,  first/worst = first bad, largest err/limit
@@ -845,7 +846,7 @@ def _compare_tensor(name, r, c, tol, conditioning, ref, error_rms=None, row_free
     if causal:
         res.notes.append("∂pattern compared on the causal part (above the diagonal no loss depends on it through "
                          "the softmax; llm.c never computes it)")
-    freedom = golden_file.row_freedom_of(name)
+    freedom = row_freedom_of(name)
     if freedom is not None and freedom[1] and not (tol["profile"] and row_freedom and name in row_freedom):
         freedom = None  # a bounded freedom needs its measured f_X (a golden of format 2) and a profile
     if freedom is not None:
@@ -864,7 +865,7 @@ def _compare_tensor(name, r, c, tol, conditioning, ref, error_rms=None, row_free
         jc, free = c64, None
         if freedom is not None:
             with np.errstate(invalid="ignore", over="ignore"):
-                jc, free = golden_file.row_adjusted(name, r64, c64)  # [block, last], [block]
+                jc, free = row_adjusted(name, r64, c64)  # [block, last], [block]
             if res.row.bound is not None:  # a row beyond the bound, or no mere rescaling, gets no freedom
                 beyond = ~(np.abs(free) <= res.row.bound) & compared.any(-1)  # [block] (NaN: beyond)
                 unfree = beyond | ~(np.abs(free) <= MAX_ROW_FREEDOM[res.row.kind])  # judged as it is
@@ -907,17 +908,17 @@ def _compare_tensor(name, r, c, tol, conditioning, ref, error_rms=None, row_free
             jdiff = np.where(compared, np.abs(jc - r64), 0.0)  # [block, last] judged error
         jdiff = np.where(np.isnan(jdiff), np.inf, jdiff)  # a NaN candidate is infinitely wrong
         if probs and tol["profile"]:  # |Δp| ≤ p·(atol + rtol), and a flushed subnormal passes
-            limit = (res.atol + res.rtol) * np.abs(np.where(compared, r64, 0.0)) + _F32_TINY
+            limit = (res.atol + res.rtol) * np.abs(np.where(compared, r64, 0.0)) + F32_TINY
         else:
             limit = res.atol + res.rtol * np.abs(np.where(compared, r64, 0.0))  # [block, last]
         bad = jdiff > limit  # [block, last]
         part = {"max_abs": float(jdiff.max(initial=0.0)),
-                "max_over_tol": np.max(np.where(compared, jdiff / np.maximum(limit, _F32_TINY * _F32_TINY), 0.0),
+                "max_over_tol": np.max(np.where(compared, jdiff / np.maximum(limit, F32_TINY * F32_TINY), 0.0),
                                        initial=0.0),
                 "n": int(compared.sum()), "n_bad": int(bad.sum()), "worst": None, "first_bad": None, "rows": None}
         if res.row is not None and free is not None:  # rows with nothing judged (a pad's) have no factor to judge
             part["rows"] = _rows_part(res.row, np.where(compared.any(-1), row_free, 0.0), a, row_index, r64, c64)
-        ratio = np.where(bad, jdiff / np.maximum(limit, _F32_TINY), -1.0)  # [block, last]
+        ratio = np.where(bad, jdiff / np.maximum(limit, F32_TINY), -1.0)  # [block, last]
         if ratio.size:
             k = int(np.argmax(ratio))  # argmax: first of the largest (or first NaN)
             part["worst"] = (ratio.flat[k], element(a, k, np.unravel_index(k, bad.shape), r64, c64, limit, free))
@@ -985,11 +986,6 @@ def _row_means(diff, compared) -> np.ndarray:
     return diff.sum(axis=-1)[has] / count[has]  # [rows with anything compared]
 
 
-#: The bias bound flags a tensor only where its rows agree about the bias (``_check_systematic``):
-#: the rows' mean errors have a mean at least ROW_T standard errors from 0 — or there are fewer
-#: than ROW_T_MIN_ROWS rows to tell.
-ROW_T = 5.0
-ROW_T_MIN_ROWS = 4
 
 
 def row_consistency(means) -> float | None:
@@ -1008,13 +1004,6 @@ def row_consistency(means) -> float | None:
     if var <= 0.0:
         return math.copysign(math.inf, mean) if mean else 0.0
     return mean / math.sqrt(var / R)
-
-
-#: The most a row's factor − 1 or shift may be and still be taken out: a factor within [1/2, 2]
-#: (a shift within ±ln 2) rescales a row; beyond, the row has another shape — a 16-bit port's
-#: attention that picked another key at a near-tie of huge scores — and is judged as it is
-#: (it fails only if its factor is also beyond the bound, or its elements beyond their tolerance).
-MAX_ROW_FREEDOM = {"factor": 0.5, "shift": math.log(2.0)}
 
 
 def _rows_part(row: RowFreedom, free, a, row_index, r64, c64) -> dict | None:
@@ -1062,62 +1051,6 @@ def _row_note(row: RowFreedom) -> str:
              else " (any shift is right: logits are defined up to a constant per position)")
     out = f"; {row.rows_out} rows beyond it" if row.rows_out else ""
     return f"judged {what}: largest {size} {row.largest:.3g}{at}{bound}{out}"
-
-
-def tensor_scale(name, values, reference=None) -> float:
-    """S_X: max(1, max|X|) for an activation (rounding errors of O(1) terms stay O(u) at elements
-    near 0); max|X| for a gradient, whose natural size is 1/count, not 1 (the tolerance is
-    relative to each gradient's own scale).
-
-    ∂loss/∂b_K is 0 in exact arithmetic (softmax ignores a constant added to every score): its
-    values are rounding noise of the sum Σ_{batch, pos} ∂k, whose size is u·Σ|∂k|. Its scale is
-    therefore that sum's, max over (head, d_head) of Σ_{batch, pos} |∂k|, from ``reference``."""
-    top = float(np.max(np.abs(values), initial=0.0))
-    if is_zero_in_exact_arithmetic(name) and reference is not None:
-        k = GRAD + name[len(GRAD):-len("b_K")] + "hook_k"
-        if k in reference:
-            top = max(top, float(np.abs(np.asarray(reference[k], np.float64)).sum(axis=(0, 1)).max(initial=0.0)))
-    if is_gradient(name):
-        return top if top > 0 else _F32_TINY
-    return max(1.0, top)
-
-
-def is_zero_in_exact_arithmetic(name) -> bool:
-    """∂loss/∂b_K: softmax(s + c) = softmax(s), so no loss depends on b_K."""
-    return is_gradient(name) and name.endswith("attn.b_K")
-
-
-#: The bias bound: |mean(cand − ref)| ≤ BIAS_GROWTH·u·(r_X + RMS(ref))·max(1, √(BIAS_FULL_ELEMENTS/n))
-#: on tensors of n ≥ BIAS_MIN_ELEMENTS compared elements (docs/oracle.md; benchmarks/oracle_tolerance.py).
-BIAS_GROWTH = 4
-BIAS_MIN_ELEMENTS = 16
-BIAS_FULL_ELEMENTS = 128
-
-
-def bias_bound(u, r_X, r) -> float:
-    """The most a correct port's mean signed error at a tensor with reference values ``r`` may be
-    (``_check_systematic``); 0 when the tensor is too small or only rounding noise to judge."""
-    n = r.size
-    return _bias_bound(u, r_X, n, _rms(r) if n else 0.0)
-
-
-def _bias_bound(u, r_X, n, ref_rms) -> float:
-    """``bias_bound`` given the number of elements n and RMS(X_ref)."""
-    if n < BIAS_MIN_ELEMENTS or ref_rms <= r_X * 2.0**-24:  # only rounding noise: no bias to see
-        return 0.0
-    return BIAS_GROWTH * u * (r_X + ref_rms) * max(1.0, np.sqrt(BIAS_FULL_ELEMENTS / n))
-
-
-def _rms(x) -> float:
-    """√mean(x²) of finite values without overflow: the squares of values beyond ~1.3e154 overflow
-    float64, so then the RMS is computed as max|x|·√mean((x/max|x|)²) (the same number, scaled);
-    otherwise the plain formula, bit for bit."""
-    with np.errstate(over="ignore"):
-        plain = float(np.sqrt(np.mean(np.square(x))))
-    if np.isfinite(plain):
-        return plain
-    top = float(np.max(np.abs(x)))
-    return top * float(np.sqrt(np.mean(np.square(x / top))))
 
 
 def _check_systematic(res, n, finite, mean_error, rms, ref_rms, u, r_X, row_t=None) -> None:

@@ -86,6 +86,7 @@ from . import perturbed
 from ..files.safetensors_file import SafetensorsFile, SafetensorsWriter, header_bytes
 from ..version import __version__
 from .name_maps import forward_order, inner_name
+from ..reference.compare import F32_TINY, row_adjusted, row_freedom_of  # the row rule: one home
 
 FORMAT = "refgpt-golden"
 FORMAT_VERSION = "2"  # 2: c_X of the logits shift-invariant, row_freedom (issue 25)
@@ -279,7 +280,7 @@ def stream(model: Model, tokens, names=None, fwd_hooks=(), targets=None):
     for L in range(model.cfg.n_layers):
         resid = model.block(L, resid, run)  # [batch, pos, d_model]
         yield from _stage_tensors(model, run, wanted)
-    logits = model.unembed(resid, run)  # [batch, pos, d_vocab]
+    logits = model.logits_from_resid(resid, run)  # [batch, pos, d_vocab]
     yield from _stage_tensors(model, run, wanted)
     del resid
     if wanted & {"logits", "log_probs", "loss"}:
@@ -394,12 +395,6 @@ def float32_twin(model: Model) -> Model:
     return Model(model.cfg, params, dtype="float32")
 
 
-def as_rows(a: np.ndarray) -> np.ndarray:
-    """``a`` as a 2-D [rows, last axis] array (a view when ``a`` is contiguous; a scalar is [1, 1])."""
-    return a.reshape(int(np.prod(a.shape[:-1], dtype=np.int64)), a.shape[-1]) if a.ndim else a.reshape(1, 1)
-
-
-
 def check_golden_targets(model: Model, tokens, targets) -> np.ndarray:
     """``targets`` as int64 [batch, pos] (one per input, llm.c's y), or the next tokens
     [batch, pos − 1] when None."""
@@ -425,84 +420,6 @@ def conditioning(model: Model, tokens, names=None, targets=None, backward=False)
 
 #: Tensors judged up to a per-row freedom (module docstring): name → "factor" or "shift", and
 #: whether that freedom is bounded (by f_X) or free.
-def row_freedom_of(name: str):
-    """("factor" | "shift", bounded) for a normalised-row tensor (also a decode step's), None for any other."""
-    name = inner_name(name)
-    if name in ("logits", "next_logits"):
-        return "shift", False
-    if name == "log_probs":
-        return "shift", True
-    if name == "probs" or (name.endswith("attn.hook_pattern") and not name.startswith("grad.")):
-        return "factor", True
-    return None
-
-
-_F32_TINY = float(np.finfo(np.float32).tiny)
-
-
-#: A softmax row's factor is estimated from its FACTOR_ENTRIES largest reference entries.
-FACTOR_ENTRIES = 64
-
-
-def row_adjusted(name, r, x):
-    """(x with its per-row factor or shift relative to r taken out, the factor − 1 or shift per row)
-    for a normalised-row tensor ``name`` (``row_freedom_of``); (x, None) for any other.
-
-    Both are robust, so that an error in a few entries stays in those entries instead of moving the
-    whole row. The factor α is the median of x/r over the row's 64 largest reference entries,
-    weighted by r (``weighted_median_ratio``): what the row's large entries agree on, as the row's sum is
-    theirs; a tiny probability's own relative error, however large, moves nothing. The shift s is
-    the median of x − r over the entries where r is finite. A row with no positive reference entry
-    has factor 1, a NaN candidate entry among those used makes the factor NaN."""
-    freedom = row_freedom_of(name)
-    if freedom is None:
-        return x, None
-    kind, _ = freedom
-    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        if kind == "factor":
-            free = weighted_median_ratio(r, x)  # [..., 1]
-            return np.where(free != 0, x / np.where(free != 0, free, 1.0), x), (free - 1.0)[..., 0]
-        used = np.isfinite(r)
-        d = np.where(used, x - r, np.nan)  # [..., n]
-        if used.all():
-            free = np.median(d, axis=-1, keepdims=True)  # [..., 1]
-        else:
-            import warnings
-
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", RuntimeWarning)  # a row with nothing used: NaN, made 0 below
-                free = np.where(np.isnan(d) & used, np.nan, np.nanmedian(d, axis=-1, keepdims=True))
-            free = np.where(used.any(-1, keepdims=True), free, 0.0)
-        return x - free, free[..., 0]
-
-
-def weighted_median_ratio(r, x, k=FACTOR_ENTRIES):
-    """Per row (last axis): the median of x/r over the k largest entries of r with r > 0, each
-    weighted by r (the smallest ratio at which the weight of the ratios up to it reaches half);
-    1 for a row with no positive r; NaN if x is NaN at any of those entries. [..., n] → [..., 1]."""
-    rows_r = r.reshape(-1, r.shape[-1]) if r.ndim else r.reshape(1, 1)  # [rows, n]
-    rows_x = x.reshape(rows_r.shape)
-    n = rows_r.shape[-1]
-    clean = np.where(np.isfinite(rows_r) & (rows_r > 0), rows_r, 0.0)  # [rows, n]
-    if n > k:
-        top = np.argpartition(-clean, k - 1, axis=-1)[:, :k]  # [rows, k] the k largest
-    else:
-        top = np.broadcast_to(np.arange(n), clean.shape)  # [rows, n]
-    w = np.take_along_axis(clean, top, -1)  # [rows, k]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        ratio = np.where(w > 0, np.take_along_axis(rows_x, top, -1) / np.where(w > 0, w, 1.0), np.inf)  # [rows, k]
-    nan = (np.isnan(ratio) & (w > 0)).any(-1)  # [rows]
-    ratio = np.where(np.isnan(ratio), np.inf, ratio)
-    order = np.argsort(ratio, axis=-1, kind="stable")  # [rows, k]
-    w_sorted = np.take_along_axis(w, order, -1)  # [rows, k]
-    half = w_sorted.sum(-1, keepdims=True) / 2  # [rows, 1]
-    at = np.argmax(np.cumsum(w_sorted, -1) >= half, axis=-1)[:, None]  # [rows, 1]
-    median = np.take_along_axis(np.take_along_axis(ratio, order, -1), at, -1)  # [rows, 1]
-    median = np.where(half > 0, median, 1.0)
-    median = np.where(nan[:, None], np.nan, median)
-    return median.reshape(*r.shape[:-1], 1) if r.ndim else median.reshape(())
-
-
 def float32_errors(model: Model, tokens, names=None, targets=None, backward=False, reference=None,
                    attention_mask=None, progress=None):
     """(c_X, r_X, f_X) per float golden tensor X: the largest and the root-mean-square error of
@@ -582,7 +499,7 @@ def float32_error(name, r, x) -> tuple[float, float, float | None]:
         f = float(np.max(np.abs(freedom), initial=0.0) / F32_ROUNDOFF)
     finite = np.isfinite(r)  # attention scores: compare the causal part only
     if inner_name(name) == "probs":  # a decode step's too
-        finite &= r >= _F32_TINY
+        finite &= r >= F32_TINY
         err = np.abs(x[finite] - r[finite]) / r[finite]  # [n_compared] relative to p
     else:
         err = np.abs(x[finite] - r[finite])  # [n_compared]

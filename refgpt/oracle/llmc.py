@@ -392,10 +392,10 @@ def llmc_gradients(model: Model, x, y, padded_vocab_size: int | None = None) -> 
 
 
 def read_debug_state(path, vocab_size: int, cfg: Config | None = None) -> DebugState:
-    """Read a debug state; ``vocab_size`` V (not in its header) sizes the logits. With ``cfg`` (the
-    model's, d_vocab = V) what follows the loss must be nothing or exactly every parameter's
-    gradient (wte's padded to llm.c's Vp): a wrong V shifts every later byte, and would otherwise
-    read logits as gradients."""
+    """Read a debug state; ``vocab_size`` V (not in its header) sizes the logits. What follows the
+    loss must be nothing, or — read only with ``cfg`` (the model's, d_vocab = V) — exactly every
+    parameter's gradient (wte's padded to llm.c's Vp): a wrong V shifts every later byte, and would
+    otherwise read logits as gradients (V = 8191 of 8192 leaves B·T floats after the "loss")."""
     vocab_size = whole_number(vocab_size, "debug state: vocab_size", least=1)
     if cfg is not None and cfg.d_vocab != vocab_size:
         raise RefGPTError(f"debug state: vocab_size {vocab_size} is not the model's d_vocab {cfg.d_vocab}")
@@ -414,7 +414,15 @@ def read_debug_state(path, vocab_size: int, cfg: Config | None = None) -> DebugS
     rest = body[n:]
     if len(rest) % 4:
         raise RefGPTError(f"{path}: {len(rest)} bytes after the loss: not a whole number of float32 gradients")
-    if cfg is not None and rest:
+    if rest and cfg is None:  # nothing to count the gradients against: V cannot be told right from wrong
+        fits = len(rest) // 4 // (B * T) if len(rest) % (4 * B * T) == 0 else None  # V short by this much?
+        fits = fits if fits is not None and fits < vocab_size else None  # (more: gradients, more likely)
+        raise RefGPTError(f"{path}: {len(rest):,} bytes after the loss, where a debug state without gradients "
+                          f"ends (x, y, logits [{B}, {T}, {vocab_size}] for vocab_size {vocab_size})"
+                          f"{f' (vocab_size {vocab_size + fits} would fit one exactly)' if fits else ''}: is the "
+                          f"vocabulary size right? Gradients are read only against the model's config "
+                          f"(read_debug_state(path, V, cfg))")
+    if rest:
         n_grads = sum(math.prod(s) for s in parameter_shapes(cfg.n_ctx, padded_vocab(vocab_size), cfg.n_layers,
                                                              cfg.d_model).values())
         if len(rest) != 4 * n_grads:

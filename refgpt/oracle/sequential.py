@@ -20,7 +20,7 @@ softmax's backward sums, every sum over batch and positions) accumulates in inde
 (``sequential_sum``, NumPy's cumulative sum, which adds one term at a time), and the matrix
 products are BLAS's, which accumulate along the inner dimension in order too. Its errors enter c_X
 and r_X beside refgpt's own: a correct port's tolerance covers both orders. It is otherwise the
-plain formulas of refgpt/gpt2/plain.py, batched, for the names of a golden file, with padding
+plain formulas of refgpt/reference/gpt2.py, batched, for the names of a golden file, with padding
 (an attention mask) in the forward pass. Run in float64 it agrees with the golden to float64's
 rounding (tests/oracle/test_sequential.py), which is the check that it computes GPT-2.
 """

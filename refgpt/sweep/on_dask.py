@@ -70,7 +70,7 @@ from dask.system import CPU_COUNT
 from distributed import Client, LocalCluster, WorkerPlugin, as_completed, get_worker
 from distributed.scheduler import KilledWorker
 
-from ..errors import RefGPTError, one_line
+from ..errors import RefGPTError, one_line, size_shown
 from .prompts import Prompt
 from .worker import Sweeper, SweepSpec, blas_info, record
 
@@ -173,8 +173,8 @@ def local_size(spec: SweepSpec, prompts: list[Prompt], workers: int | None, blas
     fits = max(1, int(0.8 * available // max(need, 1)))
     chosen = workers if workers is not None else min(n_cores, fits)
     threads = blas_threads or max(1, n_cores // chosen)
-    why = (f"{n_cores} core{'s' if n_cores != 1 else ''}, ~{need / 2**30:.2f} GiB per worker estimated, "
-           f"{available / 2**30:.1f} GiB available")
+    why = (f"{n_cores} core{'s' if n_cores != 1 else ''}, ~{size_shown(need)} per worker estimated, "
+           f"{size_shown(available)} available")
     return chosen, threads, why
 
 

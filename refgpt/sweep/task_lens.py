@@ -15,7 +15,7 @@ stream). Built in:
   (refgpt.analysis.lens.read_out);
 - ``{"translators": PATH}`` — affine translators (refgpt.analysis.lens.load_translators): a lens
   directory as the tuned-lens package writes it (config.json + params.pt, e.g. the hub's or
-  ``refgpt lens train``'s), or a .safetensors/.pt file in either key spelling (``{M}.weight`` or
+  ``refgpt train-lens``'s), or a .safetensors/.pt file in either key spelling (``{M}.weight`` or
   ``layer_translators.{M}.weight``), a trained tuned lens or the least-squares baseline
   (fit_least_squares_translators);
   h + h·Aᵀ + b, then the logit lens's read-out; the final stream is not translated;

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from . import decomposition
-from ..errors import MissingActivation, RefGPTError, RefGPTTypeError, whole_number
+from ..errors import MissingActivation, RefGPTError, RefGPTTypeError, size_shown, whole_number
 from .hook_points import ATTN_HOOKS, LN_HOOKS, MLP_HOOKS
 
 _ALIASES = {"attn": "pattern", "attn_logits": "attn_scores", "key": "k", "query": "q",
@@ -205,7 +205,7 @@ class ActivationCache(Mapping):
         return sum(a.nbytes for a in self._store.values())
 
     def __repr__(self) -> str:
-        return f"ActivationCache({len(self)} activations, {self.nbytes / 2**20:.1f} MiB)"
+        return f"ActivationCache({len(self)} activations, {size_shown(self.nbytes)})"
 
     # ---- TransformerLens's decomposition API: refgpt/tl/decomposition.py does the work ------------
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import RefGPTError, RefGPTTypeError
-from ..gpt2.padding import check_padding_side
+from ..gpt2.padding import check_padding_side, pad_rows
 
 
 class TextMethods:
@@ -51,13 +51,7 @@ class TextMethods:
         width = max(len(r) for r in rows)
         if any(len(r) < width for r in rows) and tok.pad_token_id is None:
             raise RefGPTError("to_tokens: texts of different lengths need a pad token, and the vocabulary has no <|endoftext|>")
-        out = np.full((len(rows), width), tok.pad_token_id if tok.pad_token_id is not None else 0, dtype=np.int64)  # [batch, pos]
-        for i, r in enumerate(rows):
-            if side == "right":
-                out[i, :len(r)] = r
-            elif r:
-                out[i, -len(r):] = r
-        return out
+        return pad_rows(rows, side, tok.pad_token_id if tok.pad_token_id is not None else 0)[0]  # [batch, pos]
 
     def to_string(self, tokens):
         """Token ids → text: a str for [pos] (or one id), a list of str for [batch, pos]."""

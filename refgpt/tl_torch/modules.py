@@ -154,7 +154,7 @@ class Unembed(Component):
     def forward(self, residual):
         """residual·W_U + b_U: [batch, pos, d_vocab] (ln_final's output in, logits out)."""
         run = self._run()
-        return tensor(self._model._numpy.unembedding(array(residual), run))
+        return tensor(self._model._numpy.unembed(array(residual), run))
 
 
 def place_hook_points(model, points: dict) -> None:

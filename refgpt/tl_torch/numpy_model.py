@@ -31,12 +31,14 @@ class TLModel(Model):
     def hook_names(self) -> list[str]:
         return super().hook_names + list(UNEMBED_HOOKS)
 
-    def unembedding(self, final, run_hooks):
+    def unembed(self, final, run_hooks=None):
+        if run_hooks is None:  # called alone, as TransformerLens's model.unembed(x): no hook points run
+            return super().unembed(final)
         watched = getattr(run_hooks, "watched", None)
         if watched is not None and watched("unembed.hook_in"):  # ln_final's output may be a scratch buffer,
             final = run_hooks.handed_out(final)  # which the next pass overwrites: a hook or the cache may keep it
         final = run_hooks("unembed.hook_in", final)  # [batch, pos, d_model]
-        return run_hooks("unembed.hook_out", super().unembedding(final, run_hooks))  # [batch, pos, d_vocab]
+        return run_hooks("unembed.hook_out", super().unembed(final, run_hooks))  # [batch, pos, d_vocab]
 
 
 def writable_params(model: Model, dtype) -> dict[str, np.ndarray]:

@@ -12,9 +12,9 @@ import re
 import pytest
 
 from cli_examples import commands, needs_matplotlib, run_line, user_files
-from refgpt.cli import COMMANDS, build_parser
+from refgpt.cli import COMMANDS, name_of, build_parser
 
-NAMES = [command.__name__.rpartition(".")[2] for command in COMMANDS]
+NAMES = [name_of(command) for command in COMMANDS]
 
 
 def help_examples(cli, name: str) -> list[str]:

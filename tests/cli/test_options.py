@@ -14,10 +14,10 @@ import re
 
 import pytest
 
-from refgpt.cli import COMMANDS
+from refgpt.cli import COMMANDS, name_of
 from refgpt.cli._chosen_model import SHARED
 
-NAMES = {command.__name__.rpartition(".")[2]: command for command in COMMANDS}
+NAMES = {name_of(command): command for command in COMMANDS}
 GOLDEN = "g.safetensors"
 
 #: Each subcommand run cheaply on the embedded model, in a directory holding GOLDEN.
@@ -30,6 +30,9 @@ BASE = {
     "compare": ["compare", GOLDEN, GOLDEN],
     "steer": ["steer", "To be", "--plus", "a", "--minus", "b", "--layer", "1"],
     "lens": ["lens", "To be"],
+    "train-lens": ["train-lens", "--text", "prompts.txt", "-o", "{out}", "--steps", "1", "--tokens-per-step", "4",
+                   "--window", "4"],
+    "eval-lens": ["eval-lens", "--text", "prompts.txt", "--window", "4", "--no-tuned"],
     "explore": ["explore", "To be", "-o", "page.html"],
     "sae": ["sae", "eval", "default", "To be, or not to be"],
     "sweep": ["sweep", "prompts.txt", "--task", "loss", "--workers", "0", "-o", "{out}"],

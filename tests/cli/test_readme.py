@@ -112,8 +112,8 @@ def test_every_command_line_after_the_quick_start_runs_as_printed(refgpt_cli, hf
     assert {"golden.safetensors", "mine.safetensors"} <= {p.name for p in tmp_path.iterdir()}
 
 
-def test_read_gpt2_block_runs_and_the_fast_path_agrees_with_the_reading_copy(tmp_path, monkeypatch):
-    (block,) = blocks("python", section("Read GPT-2"))
+def test_the_reference_block_runs_and_the_fast_path_agrees_with_the_reference(tmp_path, monkeypatch):
+    (block,) = blocks("python", section("The reference"))
     monkeypatch.chdir(tmp_path)
     namespace: dict = {}
     exec(compile(block, "README.md", "exec"), namespace)
@@ -204,8 +204,8 @@ def test_the_facts_the_readme_states():
     n_params = sum(p.size for name, p in model.params.items() if name != "unembed.W_U")  # W_U is W_Eᵀ, tied
     assert model.cfg.n_layers == 4 and round(n_params / 1e6, 1) == 2.2
     assert "with 4 layers and 2.2 M parameters" in " ".join(README.split())
-    plain = (REPO / "refgpt" / "gpt2" / "plain.py").read_text(encoding="utf-8")
-    assert "def forward(" in plain and "def backward(" in plain
+    spec = (REPO / "refgpt" / "reference" / "gpt2.py").read_text(encoding="utf-8")
+    assert "def forward(" in spec and "def backward(" in spec
 
 
 def test_contributing_s_commands_are_the_readme_s_and_its_variables_exist():

@@ -216,6 +216,19 @@ def test_float32_gradients_stay_float32_and_agree_with_float64():
     assert all(a.dtype == np.float32 for a in g32.activations.values())
 
 
+def test_gradients_repr_is_a_few_lines_not_every_number():
+    """Issue 37: print(model.loss_and_grads(t)) printed every array (5,150 lines for the embedded
+    model); it is a summary: the loss, how many gradients of what, the shapes, the dtype."""
+    cfg = Config(d_model=8, n_layers=2, n_heads=2, d_mlp=16, d_vocab=11, n_ctx=6)
+    g = loss_and_grads(build(cfg, 3), [[1, 2, 3, 4, 5, 6]])
+    text = repr(g)
+    assert len(text.splitlines()) <= 5 and len(text) < 600, text
+    assert f"loss={g.loss:.9g}" in text and "dtype=float64" in text
+    assert f"params: {len(g.params)} " in text and f"activations: {len(g.activations)} " in text
+    assert "embed.W_E" in text and "logits: [1, 6, 11]" in text and "(5 used)" in text
+    assert str(g) == text
+
+
 def test_bad_targets_name_the_fault():
     cfg = Config(d_model=4, n_layers=1, n_heads=1, d_mlp=4, d_vocab=5, n_ctx=3)
     model = build(cfg, 0)
@@ -414,7 +427,7 @@ def test_llmc_debug_state_holds_every_gradient_in_llmc_order_and_layout(tmp_path
     model = build(cfg, seed=4)
     tokens = np.random.default_rng(4).integers(0, 20, size=(2, 6))
     path = llmc.write_debug_state(tmp_path / "state.bin", model, tokens)
-    state = llmc.read_debug_state(path, cfg.d_vocab)
+    state = llmc.read_debug_state(path, cfg.d_vocab, cfg)
     Vp = llmc.padded_vocab(cfg.d_vocab)
     shapes = llmc.parameter_shapes(cfg.n_ctx, Vp, cfg.n_layers, cfg.d_model)
     assert state.grads.size == sum(int(np.prod(s)) for s in shapes.values())

@@ -3,6 +3,9 @@ imports in a circle.
 
 refgpt/ holds a small top level and rooms named by idea, in layers from the bottom up:
 
+    reference refgpt/reference/: GPT-2 and the rule that judges a port, NumPy and the standard
+              library only: it imports nothing of refgpt, and the engine imports it (its weight map,
+              score scale, activations' formulas are the ones the engine uses)
     base      refgpt/errors.py, version.py, dtypes.py, strict_json.py, threads.py, memory.py: what everything needs
               (threads.py: the row-parallel work of every room's ops; memory.py: where their big arrays live)
     gpt2      refgpt/gpt2/: GPT-2's math (the plain reading copy, the fast ops, config, tokenizer)
@@ -49,9 +52,9 @@ MODEL = {"refgpt.model", "refgpt.backward", "refgpt.non_finite"}
 #: torch-facing model) loads checkpoints (files) and wraps the model, so it sits where analysis
 #: does, and the optional torch stays out of everything below it. sae (sparse autoencoders) builds
 #: its feature attribution on analysis's, so it sits above analysis, beside sweep.
-RANK = {"base": 0, "gpt2": 1, "tl": 2, "model": 3, "files": 4, "analysis": 5, "oracle": 5, "train": 5,
+RANK = {"reference": 0, "base": 0, "gpt2": 1, "tl": 2, "model": 3, "files": 4, "analysis": 5, "oracle": 5, "train": 5,
         "tl_torch": 5, "sae": 6, "sweep": 6, "cli": 7}
-CORE = {"base", "gpt2", "tl", "model", "files"}
+CORE = {"reference", "base", "gpt2", "tl", "model", "files"}
 CORE_THIRD_PARTY = {"numpy", "safetensors", "regex"}  # setup.cfg's install_requires
 PEERS = {"torch", "transformers", "transformer_lens", "tiktoken", "matplotlib", "dask", "distributed"}
 
@@ -172,6 +175,16 @@ def test_imports_point_down():
     assert not bad, "\n".join(bad)
 
 
+def test_the_reference_imports_numpy_and_the_standard_library_only():
+    """refgpt/reference/ is read on its own: nothing of refgpt (not even base), nothing but NumPy."""
+    modules = [m for m in MODULES if layer(m) == "reference"]
+    assert {"refgpt.reference.gpt2", "refgpt.reference.weights", "refgpt.reference.bounds",
+            "refgpt.reference.compare", "refgpt.reference.golden"} <= set(modules)
+    bad = [f"{where(m, line)} imports {t}" for m in modules for t, line in EDGES[m]
+           if not (t == "numpy" or t.startswith("refgpt.reference") or t.split(".")[0] in sys.stdlib_module_names)]
+    assert not bad, "\n".join(bad)
+
+
 def test_core_imports_only_its_runtime_dependencies():
     bad = []
     for m, found in EDGES.items():
@@ -225,7 +238,7 @@ def test_old_module_paths_are_gone():
     (CHANGELOG.md): no import hook stands in for them."""
     code = """
 import importlib, refgpt
-for old in ("refgpt.golden", "refgpt.commands", "refgpt.attention", "refgpt.hub"):
+for old in ("refgpt.golden", "refgpt.commands", "refgpt.attention", "refgpt.hub", "refgpt.gpt2.plain"):
     try:
         importlib.import_module(old)
     except ModuleNotFoundError:

@@ -107,3 +107,22 @@ def test_return_types_loss_and_both():
     assert np.array_equal(both.logits, model(tokens)) and both.loss == loss
     one = model(tokens[0], return_type="both")  # unbatched in, unbatched out: logits [pos, d_vocab]
     assert np.array_equal(one.logits, model(tokens[0])) and one.logits.ndim == 2 and one.loss == loss
+
+
+@settings(max_examples=20, deadline=None)
+@given(model_and_tokens())
+def test_unembed_is_transformerlens_unembed_the_product_alone(model_tokens):
+    """Issue 37: ``Model.unembed`` means what TransformerLens's ``model.unembed(x)`` means, x·W_U (+ b_U)
+    with no ln_final; ln_final then unembed is ``logits_from_resid``. (Before, ``unembed`` applied
+    ln_final and ``unembedding`` was the product: two names, two meanings, one of them not TL's.)"""
+    model, tokens = model_tokens
+    logits, cache = model.run_with_cache(tokens)
+    p = model.params
+    final = cache["ln_final.hook_normalized"] * p["ln_final.w"] + p["ln_final.b"]  # [batch, pos, d_model]
+    np.testing.assert_array_equal(model.unembed(final), logits)
+    resid = cache["resid_post", -1]  # [batch, pos, d_model]
+    np.testing.assert_array_equal(model.unembed(resid), resid @ p["unembed.W_U"] + p.get("unembed.b_U", 0))
+    from refgpt.tl.hooks import HookRun
+
+    np.testing.assert_array_equal(model.logits_from_resid(resid, HookRun(model.hook_dict, [])), logits)
+    assert not hasattr(model, "unembedding")

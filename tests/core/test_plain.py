@@ -1,6 +1,6 @@
-"""Every fast path of refgpt against the plain reading copy, refgpt/gpt2/plain.py: exactly, in
-float64, op by op, to a bound derived from float64's rounding (tests/plain_bounds.py implements
-§1–§11 below).
+"""Every fast path of refgpt against the reference, refgpt/reference/gpt2.py: exactly, in
+float64, op by op, to a bound derived from float64's rounding (refgpt/reference/bounds.py
+derives them).
 
 The paths: the cached forward (run_with_cache; ``model()`` is it bit for bit, test_forward_paths.py),
 both blocked attention paths (attend_in_blocks, and attend with the scores or pattern watched or
@@ -9,95 +9,8 @@ KV-cached decoding, left and right padding, the streamed golden file, the blocke
 analytic backward; GPT-2 with gelu_new and relu, scores scaled by 1/(layer + 1), an unembed.b_U,
 lengths 1, 63, 64, 65, 129 across the 64-row blocks, batch 1 and 2, and hypothesis-drawn shapes.
 
-§1 The principle. Each of plain's functions (layer_norm, attention, mlp, softmax, gelu_new,
-cross_entropy, their backwards, and forward's and backward's one-line steps) is handed the path's
-own values of its inputs — what the path's op read — and each value it returns is compared with
-the path's value of the same thing. Same function, same input: the two differ by rounding only,
-so the bound is the path's worst-case rounding error plus plain's (Higham, Accuracy and Stability
-of Numerical Algorithms, §3.1: a sum of k terms in any order or grouping — BLAS blocking,
-pairwise summation, FMA — is within γ_k·Σ|terms| of the exact sum, γ_k = k·u/(1 − k·u),
-u = 2⁻⁵³). Inside one function a later line reads that function's own earlier values, which
-differ from the path's by rounding; that measured difference δ is pushed through the line by its
-Lipschitz constant (a product: |a_f·b_f − a_p·b_p| ≤ |a_f − a_p|·|b_f| + |a_p|·|b_f − b_p|,
-exactly). Nothing is carried from one function to the next, so the bounds do not grow with depth
-and a wrong op fails at that op. The walk itself is checked: handed plain's own activations and
-gradients, every difference is exactly 0 (its wiring is plain.forward's and plain.backward's).
-Conventions. The bounds are first order in u: exact values inside a bound (σ, p, …) are taken at
-plain's computed values, a relative O(k·u) ≤ 1e-12 off, and the bounds are evaluated in float64;
-SLACK = 1 + 1e-9 covers both. A divisor is never the path's value, so a wrong path cannot widen
-its own bound. np.exp, np.tanh, np.log and np.power are taken to be within 4 ulps (NumPy's
-documented bound for its SIMD kernels; measured ≤ 1.2 ulps here against long-double references by
-test_libm_is_within_the_4_ulps_assumed), and an ulp of y is ≤ 2u·|y|: LIBM = 8u, relative.
-
-§2 Exact ops. One correctly rounded operation on the same operands gives the same bits: the
-embedding lookup, the residual adds, the −∞ of the causal and padding masks, exp(−∞) = 0 (masked
-pattern entries are exactly 0), relu, ×2ᵏ, the residual stream's copies of a gradient. Bound 0.
-
-§3 Affine ops (q, k, v, the MLP's pre, the logits): y = x·W + b, inner length k. Each computation
-is within γ_{k+1}·(|x|·|W| + |b|) of the exact value (b the (k+1)-th term), so
-|y_f − y_p| ≤ 2·γ_{k+1}·(|x|·|W| + |b|). Where the inputs differ (attention's output reads z, the
-MLP's output reads post): γ_{k+1}·(|x_f|·|W| + |x_p|·|W| + 2|b|) + |x_f − x_p|·|W|.
-
-§4 LayerNorm, n = d_model. The mean fl(fl(Σx)/n) is within γ_n·mean|x| =: E_μ. The centered
-ĉ = fl(x − μ̂) is within δc = E_μ(1 + u) + u·C of c, where C = |ĉ|(1 + 2u) + E_μ ≥ |c|. The
-variance: Σc = 0 exactly, so mean(ĉ²) − mean(c²) = 2·mean(c·(ĉ − c)) + mean((ĉ − c)²), and the
-mean's error — the same shift of every ĉ — drops out of the first term (∂σ/∂μ = 0): what is left
-is ≤ 2u·mean(C·(C + E_μ)) + mean(δc²); the squares, their sum, /n and + ε add
-γ_{n+1}·mean(C²) + u·(mean(C²) + ε); together E_v (refgpt's overflow guard first scales ĉ by a
-power of two: exact, the same bound). The scale σ̂ = fl(√(…)) is within
-E_σ = E_v/(σ̂ + √(σ̂² − E_v)) + u·σ̂, the normalized fl(ĉ/σ̂) within
-(δc + u·(C + δc))/σ_lo + C·E_σ/σ_lo², σ_lo = σ̂ − 2E_σ. Each ×2 for the two computations. The
-output w ⊙ x̂ + b: |w|·|x̂_f − x̂_p| + γ_2·(|x̂_f ⊙ w| + |x̂_p ⊙ w| + 2|b|).
-
-§5 Attention, s = score_scale, e = d_head. The path's scores are fl(q·s)·k (γ_{e+1}·s·|q_f|·|k_f|),
-plain's fl(q·k)·s (γ_{e+1}·s·|q_p|·|k_p|), and q_f − q_p, k_f − k_p pushed through add
-s·(|Δq|·|k_f| + |q_p|·|Δk|). z = pattern·v over n keys: γ_n·(|p_f|·|v_f| + |p_p|·|v_p|)
-+ |Δp|·|v_f| + |p_p|·|Δv|. The output: §3 with Δz. attend_in_blocks shows neither scores nor
-pattern: its z is held to plain's z by the same lines with the bounds themselves pushed through.
-
-§6 Softmax over n entries. Rounding, one computation: d = fl(s − max s) = (s − max s)(1 + θ) and
-exp's own error make ê_j = e_j·(1 + η_j), |η_j| ≤ u·|d_j| + LIBM; Σê = Σe·(1 + η̄) with η̄ = Σ p_j·η_j
-(a mean weighted by p, not the largest η: a key far below the maximum, with a large |d|, weighs
-~0); the sum adds γ_{n−1}, the division u: |p̂_j − p_j| ≤ p_j·(η_j + η̄ + γ_{n−1} + u). Between
-two inputs: softmax(s + δ)_j / softmax(s)_j = e^{δ_j} / Σ_i p_i·e^{δ_i}, which lies within
-e^{±(|δ_j| + max|δ|)}, so |Δp_j| ≤ p_j·expm1(|δ_j| + max|δ|), for any δ.
-
-§7 gelu_new(x) = ½x·(1 + tanh a), a = c·(x + 0.044715·x³), c = √(2/π) as both compute it (the same
-float: checked). a's relative error is ≤ γ_5 + LIBM (five roundings; plain's x³ is a pow call), so
-|t̂ − tanh a| ≤ sech²(a)·|a|·(γ_5 + LIBM) + LIBM·|tanh a| =: δt; then 1 + t̂ and ×x (×½ is exact):
-|ĝ − g| ≤ ½|x|·(δt + γ_3·(1 + tanh a)). The path's nine in-place steps (x·x, ·x, ·0.044715, + x,
-·c, tanh, + 1, ·x, ·½) are the same roundings in the same order. Between two inputs: the Lipschitz
-constant sup|gelu_new′| = 1.12899… < 1.13 (checked on a grid).
-
-§8 gelu_new's backward, ∂pre = ∂post·f′(pre), f′ = ½(1 + t) + ½x·S·D, S = 1 − t² (= sech² a),
-D = c·(1 + 3·0.044715·x²): ½(1 + t̂) is within ½·(δt + u·(1 + t)), Ŝ within 2δt + γ_2 + LIBM
-(t² ≤ 1: the cancellation stays an absolute error), the product within ½|x|·D·(that + S·(γ_6 +
-LIBM)), the sum and ×∂post add γ_2·|f′|; all ×|∂post|. At fixed pre the backward is linear in
-∂post: between two ∂post, |f′(pre)|·|Δ∂post| (relu: 0 or 1, exact).
-
-§9 The backward's products and sums. The forward's values are fixed — the path's, handed to both —
-so each backward line is linear in the incoming gradient: products and sums bound as in §3, with
-the measured differences of the incoming gradients pushed through |the linear map|. A parameter's
-gradient sums N = batch·pos terms: the path in one pass, plain a row at a time with the rows added
-here: γ_{N+rows}·(Σ|terms| of both). LayerNorm's backward, g = ∂out ⊙ w, M = mean|g ⊙ x̂|,
-K = (|g| + |x̂|·M)/σ: plain's textbook (g − mean g − x̂·mean(g ⊙ x̂))/σ is within
-γ_{n+5}·(K_i + mean K), the path's ∂σ, ∂c, ∂μ, ∂x (layernorm.py) within γ_{2n+6}·(K_i + mean K)
-(the sum of the n ∂c's and its /n): 2γ_{2n+6}·(K_i + mean K), + u·(|sum_f| + |sum_p|) where the
-residual stream's gradient is added to it.
-
-§10 Attention's backward, line by line: ∂z = ∂out·W_Oᵀ (§3); ∂pattern = ∂z·vᵀ (inner e) and
-∂v = patternᵀ·∂z (inner pos), both with Δ∂z pushed through; ∂scores = p ⊙ (∂p − Σ p ⊙ ∂p): each
-computation within p_j·γ_{n+2}·(|∂p_j| + Σ_k p_k·|∂p_k|), and between two ∂p,
-p_j·(|Δ∂p_j| + Σ_k p_k·|Δ∂p_k|); ∂q = s·∂scores·k and ∂k = s·∂scoresᵀ·q (+1 for ×s);
-∂x = ∂q·W_Qᵀ + ∂k·W_Kᵀ + ∂v·W_Vᵀ (γ_{h·e+2}); the weights' gradients as §9.
-
-§11 Cross-entropy, V = d_vocab. ∂logits = (softmax − onehot)/n: per computation (§6's rounding
-+ γ_2·|p − onehot|)/n; the path divides by batch·n at once, plain's by n is divided here by batch:
-one more rounding, u·|∂logits|. A position's loss
-ℓ = −log p_t: plain takes the log of p̂_t (§6's relative error becomes an absolute one, + LIBM·ℓ);
-the path — and the golden's log_softmax — takes log Σ exp(d) − d_t: log's input within η̄ + γ_V,
-+ LIBM·|log Σ exp d| (≤ ℓ + |d_t|), + u·|d_t| + u·ℓ. The mean over N positions adds
-γ_{N+rows}·mean ℓ on each side.
+The bounds, derived (§1–§11), and the walks that apply them op by op are the reference room's:
+refgpt/reference/bounds.py.
 
 Not vacuous: a planted bug of about 1e-9 — a key dropped past a block, the score scale off by
 1e-9, one fused-QKV weight off by 1e-9 relative, LayerNorm's ε off by 1e-6 relative, √(2/π) off by
@@ -113,6 +26,12 @@ inputs (a probe, not kept) scores 0.47, z 0.50, ∂v 0.33, ∂W_Q 0.25. LayerNor
 come out bit for bit. Ratios near 1 (pattern, z, the backward's chained lines) are lines that read
 their own function's earlier value: the measured difference passes through almost unchanged
 (query 0's z is 1·v, so Δz = Δv), which the propagation term states exactly.
+
+Fresh seeds, not only CI's fixed draws: test_random_shapes_are_plain_op_by_op with
+``--hypothesis-seed`` 1–8 and 100–140 (49 runs, 30 models each) passes every bound since
+LayerNorm's backward bound took in the two formulas' difference on a computed x̂ (bounds.py §9;
+seed 5 had failed it at 1.63×). The worst ratio over those runs: q, k, v 0.58, LayerNorm's backward
+0.70, gelu_new 0.15 and its backward 0.44, ∂logits 0.38, loss 0.05; the chained lines up to 1.
 """
 
 from __future__ import annotations
@@ -126,13 +45,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 import refgpt
-import plain_bounds as pb
 from random_models import model_and_tokens, random_model, random_params, save_checkpoint
 from refgpt import Config, Model
-from refgpt.gpt2 import activations, attention, plain
+from refgpt.gpt2 import activations, attention
+from refgpt.reference import bounds as pb, gpt2
 from refgpt.gpt2.attention import attend, attend_in_blocks
 from refgpt.oracle import comparison, golden
 from whole_compare import whole_compare_tensor, whole_logits_summary
+import reference_walks as walks
 
 CFG = Config(d_model=24, n_layers=2, n_heads=4, d_mlp=40, d_vocab=50, n_ctx=160, eps=1e-3)  # d_head 6: s = 1/√6
 CONFIGS = {
@@ -167,27 +87,11 @@ def tokens_of(model, pos, batch, seed=0):
 
 
 def check_cached_pass(model, tokens, logits, cache, **kwargs):
-    """check_forward on every row of a batch the path ran: ``cache`` [batch, …], ``logits`` [batch, pos, d_vocab]."""
-    led = pb.Ledger()
-    for i in range(len(tokens)):
-        pb.check_forward(led, model.params, model.cfg, tokens[i], pb.row(cache, i), logits[i], **kwargs)
-    MEASURED.merge(led)
-    return led
+    return MEASURED.merge_from(walks.check_cached_pass(model, tokens, logits, cache, **kwargs))
 
 
 def check_gradients(model, tokens):
-    """check_backward on the analytic backward (refgpt.backward) of a batch, its parameters' gradients and loss."""
-    logits, cache = model.run_with_cache(tokens)
-    g = model.loss_and_grads(tokens)
-    rows = [(tokens[i], pb.row(cache.cache_dict, i), logits[i], pb.row(g.activations, i)) for i in range(len(tokens))]
-    led = pb.Ledger()
-    sums, loss, bound = pb.check_backward(led, model.params, model.cfg, rows,
-                                          [pb.row(g.ln_out, i) for i in range(len(tokens))],
-                                          [g.logits[i] for i in range(len(tokens))])
-    sums.check(led, pb.backward_op, g.params)
-    led.compare("loss", "loss", g.loss, loss, bound)
-    MEASURED.merge(led)
-    return led
+    return MEASURED.merge_from(walks.check_gradients(model, tokens))
 
 
 # ---- the walk, the constants and the library it assumes ------------------------------------------
@@ -196,7 +100,7 @@ def check_gradients(model, tokens):
 def test_plain_names_every_activation_as_the_cache_does():
     model = model_of("gelu_new")
     tokens = tokens_of(model, 70, 1)[0]
-    _, acts = plain.forward(model.params, CFG, tokens)
+    _, acts = gpt2.forward(model.params, CFG, tokens)
     _, cache = model.run_with_cache(tokens)
     assert set(acts) == set(cache)
     assert all(cache[name].shape[1:] == a.shape for name, a in acts.items())
@@ -204,12 +108,12 @@ def test_plain_names_every_activation_as_the_cache_does():
 
 @pytest.mark.parametrize("name", CONFIGS)
 def test_the_walk_handed_plains_own_values_finds_every_difference_exactly_zero(name):
-    """The checks' wiring is plain.forward's and plain.backward's: on plain's own activations and
+    """The checks' wiring is gpt2.forward's and gpt2.backward's: on plain's own activations and
     gradients every op, fed what plain fed it, returns what plain returned, bit for bit."""
     model = model_of(name)
     tokens = tokens_of(model, 70, 1)[0]
-    logits, acts = plain.forward(model.params, model.cfg, tokens)
-    loss, grads = plain.backward(model.params, model.cfg, tokens, acts, logits)
+    logits, acts = gpt2.forward(model.params, model.cfg, tokens)
+    loss, grads = gpt2.backward(model.params, model.cfg, tokens, acts, logits)
     led = pb.Ledger()
     pb.check_forward(led, model.params, model.cfg, tokens, acts, logits)
     sums, walked_loss, _ = pb.check_backward(led, model.params, model.cfg, [(tokens, acts, logits, grads)])
@@ -242,7 +146,7 @@ def test_gelu_constants_and_lipschitz_constant():
     (on a grid of step 1e-5, with |gelu_new″| ≤ 0.8 between the points; beyond ±12, f′ ∈ [0, 1])."""
     assert np.sqrt(2 / np.pi) == activations._SQRT_2_OVER_PI == pb.SQRT_2_OVER_PI
     x = np.linspace(-12, 12, 2_400_001)
-    derivative = plain.gelu_new_backward(x, np.ones_like(x))
+    derivative = gpt2.gelu_new_backward(x, np.ones_like(x))
     assert np.abs(derivative).max() + 0.8 * 1e-5 < pb.GELU_LIPSCHITZ
     assert np.abs(np.diff(derivative) / np.diff(x)).max() < 0.8
 
@@ -288,8 +192,8 @@ def check_attention_core(model, tokens, start, rows, layer=1):
     acts = pb.row(cache.cache_dict, 0)
     b, s = f"blocks.{layer}.", cfg.score_scale(layer)
     x = acts[b + "ln1.hook_normalized"] * model.params[b + "ln1.w"] + model.params[b + "ln1.b"]
-    weights = [model.params[b + "attn." + n] for n in plain.ATTN_PARAMS]
-    _, a = plain.attention(x, *weights, s)
+    weights = [model.params[b + "attn." + n] for n in gpt2.ATTN_PARAMS]
+    _, a = gpt2.attention(x, *weights, s)
     q, k, v = (acts[b + f"attn.hook_{n}"] for n in "qkv")
     dq, dk, dv = (np.abs(acts[b + f"attn.hook_{n}"] - a[f"hook_{n}"]) for n in "qkv")
     heads = (1, 0, 2)  # [pos, head, d_head] ↔ [head, pos, d_head]
@@ -355,14 +259,14 @@ def test_the_in_place_blocked_gelu_new_and_its_backward_are_plains(rows):
     x[:, :3] = [-30.0, 30.0, 1e-8]  # the tails, where 1 + tanh cancels, and near 0
     grad = rng.standard_normal(x.shape)
     led = pb.Ledger()
-    expected = plain.gelu_new(x)
+    expected = gpt2.gelu_new(x)
     for layout in (x, np.asfortranarray(x), x.reshape(1, rows, 37)):
         led.compare("gelu_new (in place)", "gelu_new", activations.gelu_new(layout).reshape(x.shape), expected,
                     2 * pb.gelu_new_error(x))
     led.compare("gelu_new backward", "gelu_new_backward", activations.gelu_new_backward(x, grad),
-                plain.gelu_new_backward(x, grad), 2 * pb.gelu_new_backward_error(x, grad))
-    led.exact("relu", "relu", activations.relu(x), plain.relu(x))
-    led.exact("relu backward", "relu_backward", activations.relu_backward(x, grad), plain.relu_backward(x, grad))
+                gpt2.gelu_new_backward(x, grad), 2 * pb.gelu_new_backward_error(x, grad))
+    led.exact("relu", "relu", activations.relu(x), gpt2.relu(x))
+    led.exact("relu backward", "relu_backward", activations.relu_backward(x, grad), gpt2.relu_backward(x, grad))
     MEASURED.merge(led)
 
 
@@ -437,14 +341,14 @@ def test_a_padded_batchs_real_positions_are_plain_on_each_row_alone(side):
 
 
 def plain_log_probs(logits):
-    """log softmax of ``logits`` [pos, d_vocab], entry by entry from plain.cross_entropy: the loss of
+    """log softmax of ``logits`` [pos, d_vocab], entry by entry from gpt2.cross_entropy: the loss of
     position i predicting token v is −log p_v."""
     pos, vocab = logits.shape
     out = np.empty_like(logits)
     for i in range(pos):
         two = logits[[i, i]]  # position 0 predicts position 1's token; the second row is never read
         for t in range(vocab):
-            out[i, t] = -plain.cross_entropy(two, np.array([0, t]))[0]
+            out[i, t] = -gpt2.cross_entropy(two, np.array([0, t]))[0]
     return out
 
 
@@ -471,11 +375,11 @@ def plain_golden_values(model, tokens):
     """Every tensor of a golden file, as plain computes it from the tokens alone, [batch, …]."""
     cfg, p, rows = model.cfg, model.params, []
     for t in tokens:
-        logits, acts = plain.forward(p, cfg, t)
+        logits, acts = gpt2.forward(p, cfg, t)
         for prefix, x in [(f"blocks.{L}.ln{k}.", acts[f"blocks.{L}.hook_resid_{'pre' if k == 1 else 'mid'}"])
                           for L in range(cfg.n_layers) for k in (1, 2)] + [
                               ("ln_final.", acts[f"blocks.{cfg.n_layers - 1}.hook_resid_post"])]:
-            acts[prefix + "out"] = plain.layer_norm(x, p[prefix + "w"], p[prefix + "b"], cfg.eps)[0]
+            acts[prefix + "out"] = gpt2.layer_norm(x, p[prefix + "w"], p[prefix + "b"], cfg.eps)[0]
         log_probs = plain_log_probs(logits)
         acts.update(logits=logits, log_probs=log_probs, loss=-log_probs[np.arange(len(t) - 1), t[1:]])
         rows.append(acts)

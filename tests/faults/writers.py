@@ -45,6 +45,14 @@ def tied(cfg, seed, dtype="float64"):
 
 
 OLD, NEW = tied(CFG_OLD, 1), tied(CFG_NEW, 2)
+
+
+def _debug_state(path):
+    """The old model's debug state or the new one's (its gradients are counted against its config)."""
+    try:
+        return llmc.read_debug_state(path, CFG_OLD.d_vocab, CFG_OLD)
+    except RefGPTError:
+        return llmc.read_debug_state(path, CFG_NEW.d_vocab, CFG_NEW)
 NEW_NO_TOKENIZER = Model(CFG_NEW, dict(NEW.params))
 
 
@@ -148,7 +156,7 @@ WRITERS = [
     Writer("llmc.write_model bfloat16", "m.bin", lambda m, out: llmc.write_model(out, m, dtype="bfloat16"),
            lambda out: (llmc.read_model(out), digest(out))[1]),
     Writer("llmc.write_debug_state", "s.bin", lambda m, out: llmc.write_debug_state(out, m, TOKENS),
-           lambda out: (llmc.read_debug_state(out, CFG_OLD.d_vocab), digest(out))[1]),
+           lambda out: (_debug_state(out), digest(out))[1]),
     Writer("llmc.write_activations", "a.bin",
            lambda m, out: llmc.write_activations(out, golden_of(m).tensors, m.cfg),
            lambda out: (either(lambda cfg: llmc.read_activations(out, cfg, 1, 3)), digest(out))[1], headerless=True),

@@ -227,3 +227,32 @@ def test_compare_reports_what_the_whole_tensor_compare_reported(tmp_path_factory
     np.testing.assert_equal(dataclasses.asdict(dataclasses.replace(
         blocked.logits, top5_agreement=whole.logits.top5_agreement)), dataclasses.asdict(whole.logits))
     assert blocked.ok == whole.ok and blocked.notes == whole.notes
+
+
+@settings(max_examples=200, deadline=None)
+@given(rows=st.integers(0, 5000), last=st.integers(0, 70000), block_bytes=st.integers(1, 2**23))
+def test_compare_blocks_are_threads_row_blocks_as_before(rows, last, block_bytes):
+    """Issue 37: compare cuts a tensor into threads.row_blocks (one home for the idea) with its own
+    BLOCK_BYTES, and the cut is the one its former copy made, so no verdict can change."""
+    from refgpt import threads
+
+    old_step = max(1, block_bytes // (8 * max(1, last)))  # the removed copy, verbatim
+    before = [(a, min(a + old_step, rows)) for a in range(0, rows, old_step)] or [(0, 0)]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(comparison, "BLOCK_BYTES", block_bytes)
+        patch.setattr(threads, "row_blocks", _spy := _Spy(threads.row_blocks))
+        assert comparison._row_blocks(rows, last) == before
+    assert _spy.calls == 1
+
+
+class _Spy:
+    def __init__(self, fn):
+        self.fn, self.calls = fn, 0
+
+    def __call__(self, *args):
+        self.calls += 1
+        return self.fn(*args)
+
+
+def test_golden_has_no_dead_as_rows():
+    assert not hasattr(golden, "as_rows")  # issue 37: unused; comparison._as_rows is the one in use

@@ -4,6 +4,8 @@ them out, and each header guard giving an error that names the file and what is 
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -173,13 +175,34 @@ def test_debug_state_holds_refgpt_logits_and_mean_loss(tmp_path):
     assert state.grads is None
     grads = np.arange(10, dtype="<f4")
     (tmp_path / "with_grads.bin").write_bytes(path.read_bytes() + grads.tobytes())
-    assert np.array_equal(llmc.read_debug_state(tmp_path / "with_grads.bin", CFG.d_vocab).grads, grads)
+    for cfg in (None, CFG):  # bytes after the loss that are not this model's gradients: refused, with or without cfg
+        with pytest.raises(RefGPTError, match="after the loss"):
+            llmc.read_debug_state(tmp_path / "with_grads.bin", CFG.d_vocab, cfg)
     cut = tmp_path / "cut.bin"
     cut.write_bytes(path.read_bytes()[:-4])
     with pytest.raises(RefGPTError, match=r"truncated: the header describes x, y, logits \[3, 8, 50\]"):
         llmc.read_debug_state(cut, CFG.d_vocab)
     with pytest.raises(RefGPTError, match="debug state version 1"):
         llmc.read_debug_state(_patched(path, tmp_path / "v1.bin", 1, 1), CFG.d_vocab)
+
+
+@pytest.mark.parametrize("grads", [False, True])
+def test_debug_state_refuses_a_vocab_size_that_does_not_fit_the_file(tmp_path, grads):
+    """Issue 37 (found by fuzzing): V one short of the file's (8191 of 8192) left B·T floats after the
+    "loss", which were read as gradients, and every logit misaligned, without a word."""
+    model = llmc_model()
+    tokens = np.random.default_rng(1).integers(0, CFG.d_vocab, size=(2, 5))
+    path = llmc.write_debug_state(tmp_path / "state.bin", model, tokens, grads=grads)
+    V = CFG.d_vocab
+    assert llmc.read_debug_state(path, V, CFG if grads else None).logits.shape == (2, 4, V)
+    for v, cfg in ((V - 1, None), (V - 2, None), (V - 1, dataclasses.replace(CFG, d_vocab=V - 1))):
+        with pytest.raises(RefGPTError, match=r"^\S*state\.bin: .*after the loss") as error:
+            llmc.read_debug_state(path, v, cfg)
+        assert f"{v}" in str(error.value) and "\n" not in str(error.value)
+        if not grads and cfg is None:
+            assert f"vocab_size {V} would fit one exactly" in str(error.value)
+    with pytest.raises(RefGPTError, match="after the loss" if grads else "truncated"):
+        llmc.read_debug_state(path, V + 1)
 
 
 def test_llmc_activations_dump_compares_clean_and_locates_an_error(tmp_path):

@@ -56,7 +56,7 @@ def test_golden_reads_llmc_checkpoint_and_debug_state_tokens_with_their_targets(
     tmp, model, tokens, g, stdout = files
     assert np.array_equal(g.tensors["tokens"], tokens[:, :-1]) and np.array_equal(g.tensors["targets"], tokens[:, 1:])
     assert g.tensors["loss"].shape == (B, T) and "grad.tied_W_E" in g.tensors
-    state = llmc.read_debug_state(tmp / "state.bin", CFG.d_vocab)
+    state = llmc.read_debug_state(tmp / "state.bin", CFG.d_vocab, CFG)
     assert float(g.tensors["loss_mean"]) == pytest.approx(state.loss, rel=1e-6)
     assert "debug state" in stdout and "backward: mean loss" in stdout
 

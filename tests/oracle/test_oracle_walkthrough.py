@@ -71,7 +71,7 @@ def train_gpt2_py(d):
 
 def run_of(d, bug: str | None):
     """llm.c's buffers after step 0 of test_gpt2 (float32), with the page's bug planted."""
-    state = llmc.read_debug_state(d / "gpt2_124M_debug_state.bin", CFG.d_vocab)
+    state = llmc.read_debug_state(d / "gpt2_124M_debug_state.bin", CFG.d_vocab, CFG)
     saved = dict(activations.ACTIVATIONS), activations._tanh_gelu_backward
     try:
         if bug == "forward":  # gelu_forward with GELU_SCALING_FACTOR = sqrtf(2.0f / 3.14f)
@@ -207,7 +207,7 @@ def test_the_llmc_walkthrough_runs_and_names_each_planted_bug(tmp_path):
     assert "the backward of blocks.1: the activation (GELU) is wrong." in section()
     # test_gpt2's own check (|Δ| ≤ 2e-2 on every parameter's gradient) passes the backward bug
     dump = llmc_dump.read_dump(tmp_path / "llmc_state.bin", CFG)
-    expected = llmc.read_debug_state(tmp_path / "gpt2_124M_debug_state.bin", CFG.d_vocab).grads
+    expected = llmc.read_debug_state(tmp_path / "gpt2_124M_debug_state.bin", CFG.d_vocab, CFG).grads
     got = np.concatenate([dump["grads." + k].ravel() for k in llmc.PARAMETERS])
     assert got.shape == expected.shape and np.abs(got - expected).max() <= 2e-2
     golden_out = next(out for _, c, _, out in outputs if c.startswith("refgpt golden"))

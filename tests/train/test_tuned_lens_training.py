@@ -266,18 +266,20 @@ def test_text_windows_are_the_packages_chunks():
         T.text_windows(tok, [], 4)
 
 
-def test_refgpt_lens_train_and_eval_help_examples_run_as_printed(refgpt_cli, tmp_path, monkeypatch):
-    """`refgpt lens train --help` and `refgpt lens eval --help` end with examples that run as printed
-    (tests/cli_examples.py), in a directory holding only the text a user brings."""
+def test_refgpt_train_lens_and_eval_lens_help_examples_run_as_printed(refgpt_cli, tmp_path, monkeypatch):
+    """`refgpt train-lens --help` and `refgpt eval-lens --help` end with examples that run as printed
+    (tests/cli_examples.py), in a directory holding only the text a user brings (and, for eval-lens,
+    a lens directory: here the one train-lens wrote)."""
     from cli_examples import run_line
-    from refgpt.cli.lens import EVAL_EXAMPLES, TRAIN_EXAMPLES
+    from refgpt.cli.eval_lens import EXAMPLES as EVAL_EXAMPLES
+    from refgpt.cli.train_lens import EXAMPLES as TRAIN_EXAMPLES
 
     text = (__import__("pathlib").Path(__file__).parents[1] / "data" / "macbeth_act1.txt").read_text()[:6000]
     (tmp_path / "macbeth.txt").write_text(text)
     monkeypatch.chdir(tmp_path)
-    for action, examples in (("train", TRAIN_EXAMPLES), ("eval", EVAL_EXAMPLES)):
-        shown = refgpt_cli.in_process("lens", action, "--help").stdout
-        assert shown.startswith(f"usage: refgpt lens {action}") and shown.endswith(
+    for name, examples in (("train-lens", TRAIN_EXAMPLES), ("eval-lens", EVAL_EXAMPLES)):
+        shown = refgpt_cli.in_process(name, "--help").stdout
+        assert shown.startswith(f"usage: refgpt {name}") and shown.endswith(
             "examples:\n" + "".join(f"  {line}\n" for line in examples))
     trained, mid = (run_line(refgpt_cli, line, monkeypatch)[0] for line in TRAIN_EXAMPLES)
     assert trained.stderr.count("lens step") == 2 and "lens step 2/2" in trained.stderr and "KL per translator" in trained.stderr
@@ -285,6 +287,7 @@ def test_refgpt_lens_train_and_eval_help_examples_run_as_printed(refgpt_cli, tmp
     config = json.loads((tmp_path / "my-lens" / "config.json").read_text())
     assert config["base_model_name_or_path"] == "refgpt.weights/default" and config["num_hidden_layers"] == 4
     assert json.loads(mid.stdout)["stream"] == "resid_mid"
+    (tmp_path / "lens-dir").symlink_to(tmp_path / "my-lens")
     shipped, mine = (run_line(refgpt_cli, line, monkeypatch)[0] for line in EVAL_EXAMPLES)
     assert "nats per token" in shipped.stdout and "bits per byte" in shipped.stdout and "default_lens" in shipped.stdout
     answer = json.loads(mine.stdout)
@@ -295,14 +298,14 @@ def test_refgpt_lens_train_and_eval_help_examples_run_as_printed(refgpt_cli, tmp
 def test_refgpt_lens_train_and_eval_errors_are_one_line(refgpt_cli, tmp_path):
     text = tmp_path / "act1.txt"
     text.write_text((__import__("pathlib").Path(__file__).parents[1] / "data" / "macbeth_act1.txt").read_text()[:3000])
-    too_much = refgpt_cli.in_process("lens", "train", "--text", text, "-o", tmp_path / "x", "--steps", "500")
+    too_much = refgpt_cli.in_process("train-lens", "--text", text, "-o", tmp_path / "x", "--steps", "500")
     assert too_much.returncode == 1 and "the data cannot supply the budget" in too_much.stderr
     assert too_much.stderr.count("\n") == 2 and not (tmp_path / "x").exists()  # the announcement, then one error line
-    missing = refgpt_cli.in_process("lens", "train", "--text", tmp_path / "none.txt", "-o", tmp_path / "x")
+    missing = refgpt_cli.in_process("train-lens", "--text", tmp_path / "none.txt", "-o", tmp_path / "x")
     assert missing.returncode == 1 and "--text" in missing.stderr and "not found" in missing.stderr
-    usage = refgpt_cli.in_process("lens", "train", "--text", text)
+    usage = refgpt_cli.in_process("train-lens", "--text", text)
     assert usage.returncode == 2 and "-o/--output" in usage.stderr
-    bos = refgpt_cli.in_process("lens", "train", "--text", text, "-o", tmp_path / "x", "--bos")
+    bos = refgpt_cli.in_process("train-lens", "--text", text, "-o", tmp_path / "x", "--bos")
     assert bos.returncode == 2 and "takes no --bos" in bos.stderr
-    short = refgpt_cli.in_process("lens", "eval", "--text", text, "--max-tokens", "5")
+    short = refgpt_cli.in_process("eval-lens", "--text", text, "--max-tokens", "5")
     assert short.returncode == 2 and "less than one window" in short.stderr

@@ -1,48 +1,141 @@
-"""The rounding bounds by which refgpt's fast paths are held to the plain reading copy
-(refgpt/gpt2/plain.py), and the walks that apply them op by op: ``check_forward`` and
-``check_backward``. The derivations, §1–§11, are in tests/core/test_plain.py's docstring.
+"""Each op's rounding bound, derived, and the walks that hold a computation to ``gpt2.py`` op by op.
 
-Every check hands one of plain's functions the *path's own* values of that function's inputs (the
-fast pass's cache, a golden file, a padded row, a KV-cached step …) and compares each value the
-function returns with the path's value of the same thing. Inside a function the later lines read
-plain's earlier values, so a bound is: the path's rounding + plain's rounding + the measured
-difference of the two inputs of that line, pushed through it (its Lipschitz constant).
+``check_forward`` and ``check_backward`` hand each of gpt2.py's functions a computation's *own*
+values of that function's inputs (a fast pass's cache, a golden file, a padded row, a KV-cached
+step …) and compare each value the function returns with the computation's value of the same
+thing, within the bound below; a ``Ledger`` records every comparison by op and fails at the first
+one over its bound, naming the tensor, the element and both values. The bounds are float64's
+(u = 2⁻⁵³, the walks' precision); ``gamma(k, u)`` is Higham's γ_k at any unit roundoff.
+
+The derivation ("gpt2" below is gpt2.py; "the path" the computation judged):
+
+§1 The principle. Each of gpt2's functions (layer_norm, attention, mlp, softmax, gelu_new,
+cross_entropy, their backwards, and forward's and backward's one-line steps) is handed the path's
+own values of its inputs — what the path's op read — and each value it returns is compared with
+the path's value of the same thing. Same function, same input: the two differ by rounding only,
+so the bound is the path's worst-case rounding error plus gpt2's (Higham, Accuracy and Stability
+of Numerical Algorithms, §3.1: a sum of k terms in any order or grouping — BLAS blocking,
+pairwise summation, FMA — is within γ_k·Σ|terms| of the exact sum, γ_k = k·u/(1 − k·u),
+u = 2⁻⁵³). Inside one function a later line reads that function's own earlier values, which
+differ from the path's by rounding; that measured difference δ is pushed through the line by its
+Lipschitz constant (a product: |a_f·b_f − a_p·b_p| ≤ |a_f − a_p|·|b_f| + |a_p|·|b_f − b_p|,
+exactly). Nothing is carried from one function to the next, so the bounds do not grow with depth
+and a wrong op fails at that op. The walk itself is checked: handed gpt2's own activations and
+gradients, every difference is exactly 0 (its wiring is gpt2.forward's and gpt2.backward's).
+Conventions. The bounds are first order in u: exact values inside a bound (σ, p, …) are taken at
+gpt2's computed values, a relative O(k·u) ≤ 1e-12 off, and the bounds are evaluated in float64;
+SLACK = 1 + 1e-9 covers both. A divisor is never the path's value, so a wrong path cannot widen
+its own bound. np.exp, np.tanh, np.log and np.power are taken to be within 4 ulps (NumPy's
+documented bound for its SIMD kernels; measured ≤ 1.2 ulps here against long-double references by
+test_libm_is_within_the_4_ulps_assumed), and an ulp of y is ≤ 2u·|y|: LIBM = 8u, relative.
+
+§2 Exact ops. One correctly rounded operation on the same operands gives the same bits: the
+embedding lookup, the residual adds, the −∞ of the causal and padding masks, exp(−∞) = 0 (masked
+pattern entries are exactly 0), relu, ×2ᵏ, the residual stream's copies of a gradient., and every activation but gelu_new with its backward: gpt2.py
+writes them operation for operation as the engine does (refgpt/gpt2/activations.py), so on the
+path's own input they give the path's bits. Bound 0.
+
+§3 Affine ops (q, k, v, the MLP's pre, the logits): y = x·W + b, inner length k. Each computation
+is within γ_{k+1}·(|x|·|W| + |b|) of the exact value (b the (k+1)-th term), so
+|y_f − y_p| ≤ 2·γ_{k+1}·(|x|·|W| + |b|). Where the inputs differ (attention's output reads z, the
+MLP's output reads post): γ_{k+1}·(|x_f|·|W| + |x_p|·|W| + 2|b|) + |x_f − x_p|·|W|.
+
+§4 LayerNorm, n = d_model. The mean fl(fl(Σx)/n) is within γ_n·mean|x| =: E_μ. The centered
+ĉ = fl(x − μ̂) is within δc = E_μ(1 + u) + u·C of c, where C = |ĉ|(1 + 2u) + E_μ ≥ |c|. The
+variance: Σc = 0 exactly, so mean(ĉ²) − mean(c²) = 2·mean(c·(ĉ − c)) + mean((ĉ − c)²), and the
+mean's error — the same shift of every ĉ — drops out of the first term (∂σ/∂μ = 0): what is left
+is ≤ 2u·mean(C·(C + E_μ)) + mean(δc²); the squares, their sum, /n and + ε add
+γ_{n+1}·mean(C²) + u·(mean(C²) + ε); together E_v (refgpt's overflow guard first scales ĉ by a
+power of two: exact, the same bound). The scale σ̂ = fl(√(…)) is within
+E_σ = E_v/(σ̂ + √(σ̂² − E_v)) + u·σ̂, the normalized fl(ĉ/σ̂) within
+(δc + u·(C + δc))/σ_lo + C·E_σ/σ_lo², σ_lo = σ̂ − 2E_σ. Each ×2 for the two computations. The
+output w ⊙ x̂ + b: |w|·|x̂_f − x̂_p| + γ_2·(|x̂_f ⊙ w| + |x̂_p ⊙ w| + 2|b|).
+
+§5 Attention, s = score_scale, e = d_head. The path's scores are fl(q·s)·k (γ_{e+1}·s·|q_f|·|k_f|),
+gpt2's fl(q·k)·s (γ_{e+1}·s·|q_p|·|k_p|), and q_f − q_p, k_f − k_p pushed through add
+s·(|Δq|·|k_f| + |q_p|·|Δk|). z = pattern·v over n keys: γ_n·(|p_f|·|v_f| + |p_p|·|v_p|)
++ |Δp|·|v_f| + |p_p|·|Δv|. The output: §3 with Δz. attend_in_blocks shows neither scores nor
+pattern: its z is held to gpt2's z by the same lines with the bounds themselves pushed through.
+
+§6 Softmax over n entries. Rounding, one computation: d = fl(s − max s) = (s − max s)(1 + θ) and
+exp's own error make ê_j = e_j·(1 + η_j), |η_j| ≤ u·|d_j| + LIBM; Σê = Σe·(1 + η̄) with η̄ = Σ p_j·η_j
+(a mean weighted by p, not the largest η: a key far below the maximum, with a large |d|, weighs
+~0); the sum adds γ_{n−1}, the division u: |p̂_j − p_j| ≤ p_j·(η_j + η̄ + γ_{n−1} + u). Between
+two inputs: softmax(s + δ)_j / softmax(s)_j = e^{δ_j} / Σ_i p_i·e^{δ_i}, which lies within
+e^{±(|δ_j| + max|δ|)}, so |Δp_j| ≤ p_j·expm1(|δ_j| + max|δ|), for any δ.
+
+§7 gelu_new(x) = ½x·(1 + tanh a), a = c·(x + 0.044715·x³), c = √(2/π) as both compute it (the same
+float: checked). a's relative error is ≤ γ_5 + LIBM (five roundings; gpt2's x³ is a pow call), so
+|t̂ − tanh a| ≤ sech²(a)·|a|·(γ_5 + LIBM) + LIBM·|tanh a| =: δt; then 1 + t̂ and ×x (×½ is exact):
+|ĝ − g| ≤ ½|x|·(δt + γ_3·(1 + tanh a)). The path's nine in-place steps (x·x, ·x, ·0.044715, + x,
+·c, tanh, + 1, ·x, ·½) are the same roundings in the same order. Between two inputs: the Lipschitz
+constant sup|gelu_new′| = 1.12899… < 1.13 (checked on a grid).
+
+§8 gelu_new's backward, ∂pre = ∂post·f′(pre), f′ = ½(1 + t) + ½x·S·D, S = 1 − t² (= sech² a),
+D = c·(1 + 3·0.044715·x²): ½(1 + t̂) is within ½·(δt + u·(1 + t)), Ŝ within 2δt + γ_2 + LIBM
+(t² ≤ 1: the cancellation stays an absolute error), the product within ½|x|·D·(that + S·(γ_6 +
+LIBM)), the sum and ×∂post add γ_2·|f′|; all ×|∂post|. At fixed pre the backward is linear in
+∂post: between two ∂post, |f′(pre)|·|Δ∂post| (relu: 0 or 1, exact).
+
+§9 The backward's products and sums. The forward's values are fixed — the path's, handed to both —
+so each backward line is linear in the incoming gradient: products and sums bound as in §3, with
+the measured differences of the incoming gradients pushed through |the linear map|. A parameter's
+gradient sums N = batch·pos terms: the path in one pass, gpt2 a row at a time with the rows added
+here: γ_{N+rows}·(Σ|terms| of both). LayerNorm's backward, g = ∂out ⊙ w, M = mean|g ⊙ x̂|,
+K = (|g| + |x̂|·M)/σ: gpt2's textbook (g − mean g − x̂·mean(g ⊙ x̂))/σ is within
+γ_{n+5}·(K_i + mean K), the path's ∂σ, ∂c, ∂μ, ∂x (layernorm.py) within γ_{2n+6}·(K_i + mean K)
+(the sum of the n ∂c's and its /n): 2γ_{2n+6}·(K_i + mean K), + u·(|sum_f| + |sum_p|) where the
+residual stream's gradient is added to it. The two formulas are one function only where x̂ sums to
+0; a computed x̂'s mean is the forward's centring error, so they differ by exactly
+mean(x̂)·mean(g ⊙ x̂)/σ, added to the bound (found by hypothesis at d_model = 2, |x| ≫ σ).
+
+§10 Attention's backward, line by line: ∂z = ∂out·W_Oᵀ (§3); ∂pattern = ∂z·vᵀ (inner e) and
+∂v = patternᵀ·∂z (inner pos), both with Δ∂z pushed through; ∂scores = p ⊙ (∂p − Σ p ⊙ ∂p): each
+computation within p_j·γ_{n+2}·(|∂p_j| + Σ_k p_k·|∂p_k|), and between two ∂p,
+p_j·(|Δ∂p_j| + Σ_k p_k·|Δ∂p_k|); ∂q = s·∂scores·k and ∂k = s·∂scoresᵀ·q (+1 for ×s);
+∂x = ∂q·W_Qᵀ + ∂k·W_Kᵀ + ∂v·W_Vᵀ (γ_{h·e+2}); the weights' gradients as §9.
+
+§11 Cross-entropy, V = d_vocab. ∂logits = (softmax − onehot)/n: per computation (§6's rounding
++ γ_2·|p − onehot|)/n; the path divides by batch·n at once, gpt2's by n is divided here by batch:
+one more rounding, u·|∂logits|. A position's loss
+ℓ = −log p_t: gpt2 takes the log of p̂_t (§6's relative error becomes an absolute one, + LIBM·ℓ);
+the path — and the golden's log_softmax — takes log Σ exp(d) − d_t: log's input within η̄ + γ_V,
++ LIBM·|log Σ exp d| (≤ ℓ + |d_t|), + u·|d_t| + u·ℓ. The mean over N positions adds
+γ_{N+rows}·mean ℓ on each side.
 """
-
-from __future__ import annotations
 
 import numpy as np
 
-from refgpt.gpt2 import plain
+from . import gpt2
 
 U = 2.0 ** -53  # float64's unit roundoff
 LIBM = 8 * U  # §1: np.exp, np.tanh, np.log, np.power within 4 ulps, and an ulp of y is ≤ 2u·|y|
 SLACK = 1 + 1e-9  # §1: the bounds are evaluated at computed values, in float64
 GELU_LIPSCHITZ = 1.13  # §7: sup |gelu_new′| = 1.12899… (test_plain checks it)
-SQRT_2_OVER_PI = np.sqrt(2 / np.pi)  # plain's and activations.py's constant (test_plain checks they are one)
+SQRT_2_OVER_PI = np.sqrt(2 / np.pi)  # gpt2's and activations.py's constant (test_plain checks they are one)
 
 
-def gamma(k):
+def gamma(k, u=U):
     """Higham's γ_k = k·u/(1 − k·u): a sum of k terms, in any order, is within γ_k·Σ|terms|."""
     k = np.asarray(k, np.float64)
-    return k * U / (1 - k * U)
+    return k * u / (1 - k * u)
 
 
 class Ledger:
-    """Every comparison made, by op: the largest |path − plain| / bound and the largest |path − plain|.
+    """Every comparison made, by op: the largest |path − gpt2| / bound and the largest |path − gpt2|.
     A comparison over its bound fails at once, naming the tensor, the element and both values."""
 
     def __init__(self):
         self.ratio: dict[str, float] = {}
         self.largest: dict[str, float] = {}
 
-    def compare(self, op, name, path, plain_value, bound):
-        """|path − plain_value| ≤ bound·SLACK elementwise (equal infinities differ by 0); returns the
-        measured |path − plain_value|, the difference the next line propagates."""
-        path, plain_value = np.asarray(path, np.float64), np.asarray(plain_value, np.float64)
-        assert path.shape == plain_value.shape, (name, path.shape, plain_value.shape)
+    def compare(self, op, name, path, ref_value, bound):
+        """|path − ref_value| ≤ bound·SLACK elementwise (equal infinities differ by 0); returns the
+        measured |path − ref_value|, the difference the next line propagates."""
+        path, ref_value = np.asarray(path, np.float64), np.asarray(ref_value, np.float64)
+        assert path.shape == ref_value.shape, (name, path.shape, ref_value.shape)
         with np.errstate(invalid="ignore"):
-            diff = np.where(path == plain_value, 0.0, np.abs(path - plain_value))  # [...]
+            diff = np.where(path == ref_value, 0.0, np.abs(path - ref_value))  # [...]
         diff = np.where(np.isnan(diff), np.inf, diff)  # a NaN on one side is infinitely wrong
         limit = np.broadcast_to(np.asarray(bound, np.float64) * SLACK, diff.shape)  # [...]
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -53,18 +146,23 @@ class Ledger:
         self.largest[op] = max(self.largest.get(op, 0.0), float(diff.max(initial=0.0)))
         if worst > 1:
             i = np.unravel_index(int(np.argmax(ratio)), ratio.shape)
-            raise AssertionError(f"{name} ({op}) at {tuple(int(j) for j in i)}: path {path[i]!r}, plain "
-                                 f"{plain_value[i]!r}, |Δ| {diff[i]:.3g} > bound {limit[i]:.3g} ({worst:.3g}×)")
+            raise AssertionError(f"{name} ({op}) at {tuple(int(j) for j in i)}: path {path[i]!r}, gpt2 "
+                                 f"{ref_value[i]!r}, |Δ| {diff[i]:.3g} > bound {limit[i]:.3g} ({worst:.3g}×)")
         return diff
 
-    def exact(self, op, name, path, plain_value):
+    def exact(self, op, name, path, ref_value):
         """The same value bit for bit (§2: one correctly rounded operation on the same operands)."""
-        return self.compare(op, name, path, plain_value, 0.0)
+        return self.compare(op, name, path, ref_value, 0.0)
 
-    def merge(self, other: "Ledger"):
+    def merge(self, other):
         for op, r in other.ratio.items():
             self.ratio[op] = max(self.ratio.get(op, 0.0), r)
             self.largest[op] = max(self.largest.get(op, 0.0), other.largest[op])
+
+    def merge_from(self, other):
+        """``merge``, returning ``other``."""
+        self.merge(other)
+        return other
 
 
 def absolute(*arrays):
@@ -115,7 +213,7 @@ def gelu_new_backward_error(x, grad):
 
 
 def layer_norm_bounds(x, scale, eps):
-    """§4, one computation of LayerNorm on x [pos, n] whose scale (plain's) is ``scale``: bounds on
+    """§4, one computation of LayerNorm on x [pos, n] whose scale (gpt2's) is ``scale``: bounds on
     its mean, its scale and its normalized value."""
     n = x.shape[-1]
     e_mean = gamma(n) * np.abs(x).mean(-1, keepdims=True)  # [pos, 1]
@@ -135,9 +233,9 @@ def layer_norm_bounds(x, scale, eps):
 
 
 def check_layer_norm(ledger, acts, prefix, x, w, b, eps):
-    """plain.layer_norm on the path's input x [pos, d_model]; returns the path's output w ⊙ x̂ + b
+    """gpt2.layer_norm on the path's input x [pos, d_model]; returns the path's output w ⊙ x̂ + b
     (its ``prefix + "out"`` when the path has one, as a golden file does)."""
-    out, stats = plain.layer_norm(x, w, b, eps)
+    out, stats = gpt2.layer_norm(x, w, b, eps)
     e_mean, e_scale, e_norm = layer_norm_bounds(x, stats["hook_scale"], eps)
     ledger.compare("ln mean", prefix + "hook_mean", acts[prefix + "hook_mean"], stats["hook_mean"], 2 * e_mean)
     ledger.compare("ln scale", prefix + "hook_scale", acts[prefix + "hook_scale"], stats["hook_scale"], 2 * e_scale)
@@ -172,10 +270,10 @@ def out_bound(z_f, z_p, dz, W_O, b_O):
 
 
 def check_attention(ledger, acts, prefix, x, weights, score_scale, out_name, edited=None):
-    """plain.attention on the path's input x [pos, d_model]. ``edited``: "scores" or "pattern" if a
-    hook edited that activation: from there on plain's lines are handed the path's (edited) values."""
+    """gpt2.attention on the path's input x [pos, d_model]. ``edited``: "scores" or "pattern" if a
+    hook edited that activation: from there on gpt2's lines are handed the path's (edited) values."""
     W_Q, b_Q, W_K, b_K, W_V, b_V, W_O, b_O = weights
-    out_p, a = plain.attention(x, *weights, score_scale)
+    out_p, a = gpt2.attention(x, *weights, score_scale)
     d = {}
     for n, W, bias in (("q", W_Q, b_Q), ("k", W_K, b_K), ("v", W_V, b_V)):
         d[n] = ledger.compare("q, k, v", prefix + f"hook_{n}", acts[prefix + f"hook_{n}"], a[f"hook_{n}"],
@@ -183,71 +281,80 @@ def check_attention(ledger, acts, prefix, x, weights, score_scale, out_name, edi
     q_f, k_f, v_f = (acts[prefix + f"hook_{n}"] for n in "qkv")
     scores_f, pattern_f, z_f = (acts[prefix + n] for n in ("hook_attn_scores", "hook_pattern", "hook_z"))
     if edited == "scores":
-        d_scores, plain_pattern = np.zeros(scores_f.shape), plain.softmax(scores_f)  # plain's softmax of the hooked scores
+        d_scores, ref_pattern = np.zeros(scores_f.shape), gpt2.softmax(scores_f)  # gpt2's softmax of the hooked scores
         softmax_input = scores_f
     else:
         softmax_input = a["hook_attn_scores"]
         bound = scores_bound(q_f, k_f, a["hook_q"], a["hook_k"], d["q"], d["k"], score_scale)
         d_scores = ledger.compare("scores", prefix + "hook_attn_scores", scores_f, a["hook_attn_scores"],
                                   np.where(np.isfinite(a["hook_attn_scores"]), bound, 0.0))
-        plain_pattern = a["hook_pattern"]
+        ref_pattern = a["hook_pattern"]
     if edited == "pattern":
         d_pattern = np.zeros(pattern_f.shape)
     else:
-        bound = 2 * softmax_error(plain_pattern, softmax_input) + softmax_propagation(plain_pattern, d_scores)
-        d_pattern = ledger.compare("pattern", prefix + "hook_pattern", pattern_f, plain_pattern, bound)
-    if edited:  # plain's z and out lines, handed the path's edited pattern
-        plain_pattern = pattern_f if edited == "pattern" else plain_pattern
-        z_p = np.einsum("hqk,khe->qhe", plain_pattern, a["hook_v"])  # [pos, head, d_head], plain.attention's line
+        bound = 2 * softmax_error(ref_pattern, softmax_input) + softmax_propagation(ref_pattern, d_scores)
+        d_pattern = ledger.compare("pattern", prefix + "hook_pattern", pattern_f, ref_pattern, bound)
+    if edited:  # gpt2's z and out lines, handed the path's edited pattern
+        ref_pattern = pattern_f if edited == "pattern" else ref_pattern
+        z_p = np.einsum("hqk,khe->qhe", ref_pattern, a["hook_v"])  # [pos, head, d_head], gpt2.attention's line
     else:
         z_p = a["hook_z"]
     d_z = ledger.compare("z", prefix + "hook_z", z_f, z_p,
-                         z_bound(pattern_f, v_f, plain_pattern, a["hook_v"], d_pattern, d["v"]))
+                         z_bound(pattern_f, v_f, ref_pattern, a["hook_v"], d_pattern, d["v"]))
     if edited:
-        out_p = np.einsum("phe,hed->pd", z_p, W_O) + b_O  # [pos, d_model], plain.attention's line
+        out_p = np.einsum("phe,hed->pd", z_p, W_O) + b_O  # [pos, d_model], gpt2.attention's line
     ledger.compare("attn out", out_name, acts[out_name], out_p, out_bound(z_f, z_p, d_z, W_O, b_O))
 
 
 def check_mlp(ledger, acts, b, x, W_in, b_in, W_out, b_out, act):
-    """plain.mlp on the path's input x [pos, d_model]."""
-    out_p, m = plain.mlp(x, W_in, b_in, W_out, b_out, act)
+    """gpt2.mlp on the path's input x [pos, d_model]. gelu_new (§7): gpt2's own formula, which the
+    path computes in another order; every other activation is written in gpt2.py operation for
+    operation as the engine computes it: on the path's own pre it gives the path's post bit for
+    bit (§2), and the output line is handed the path's post."""
+    out_p, m = gpt2.mlp(x, W_in, b_in, W_out, b_out, act)
     pre_f, post_f = acts[b + "mlp.hook_pre"], acts[b + "mlp.hook_post"]
     d_pre = ledger.compare("mlp pre", b + "mlp.hook_pre", pre_f, m["hook_pre"], affine_bound(x, W_in, b_in, "pd,dm->pm"))
-    if act == "gelu_new":
+    if act in TANH_GELU:
         bound = gelu_new_error(pre_f) + gelu_new_error(m["hook_pre"]) + GELU_LIPSCHITZ * d_pre
-    else:  # relu: max(x, 0) is exact and 1-Lipschitz
-        bound = d_pre
-    d_post = ledger.compare(act, b + "mlp.hook_post", post_f, m["hook_post"], bound)
+        d_post, post_p = ledger.compare(act, b + "mlp.hook_post", post_f, m["hook_post"], bound), m["hook_post"]
+    else:
+        post_p = gpt2.ACTIVATIONS[act][0](pre_f)  # [pos, d_mlp], on the path's pre
+        d_post = ledger.exact(act, b + "mlp.hook_post", post_f, post_p)
+        out_p = post_p @ W_out + b_out  # [pos, d_model], gpt2.mlp's line
     k = W_in.shape[1]
-    bound = (gamma(k + 1) * ((np.abs(post_f) + np.abs(m["hook_post"])) @ np.abs(W_out) + 2 * np.abs(b_out))
+    bound = (gamma(k + 1) * ((np.abs(post_f) + np.abs(post_p)) @ np.abs(W_out) + 2 * np.abs(b_out))
              + d_post @ np.abs(W_out))
     ledger.compare("mlp out", b + "hook_mlp_out", acts[b + "hook_mlp_out"], out_p, bound)
 
 
+#: The activations whose gpt2.py formula is gelu_new's (§7), bounded rather than equal.
+TANH_GELU = ("gelu_new", "gelu_pytorch_tanh")
+
+
 def check_forward(ledger, params, cfg, tokens, acts, logits, edited=None):
-    """Every op of plain.forward on one sequence ``tokens`` [pos], handed the path's activations
+    """Every op of gpt2.forward on one sequence ``tokens`` [pos], handed the path's activations
     ``acts`` (hook name → [pos, …], no batch axis) and compared with them and its ``logits``.
     ``edited``: {layer: "scores" or "pattern"} where a hook edited attention (check_attention)."""
     p, pos, edited = params, len(tokens), edited or {}
     ledger.exact("embed", "hook_embed", acts["hook_embed"], p["embed.W_E"][tokens])
     ledger.exact("embed", "hook_pos_embed", acts["hook_pos_embed"], p["pos_embed.W_pos"][:pos])
-    x = acts["hook_embed"] + acts["hook_pos_embed"]  # [pos, d_model], plain.forward's line
+    x = acts["hook_embed"] + acts["hook_pos_embed"]  # [pos, d_model], gpt2.forward's line
     for L in range(cfg.n_layers):
         b = f"blocks.{L}."
         ledger.exact("residual", b + "hook_resid_pre", acts[b + "hook_resid_pre"], x)
         x = acts[b + "hook_resid_pre"]
         h = check_layer_norm(ledger, acts, b + "ln1.", x, p[b + "ln1.w"], p[b + "ln1.b"], cfg.eps)
-        check_attention(ledger, acts, b + "attn.", h, [p[b + "attn." + n] for n in plain.ATTN_PARAMS],
+        check_attention(ledger, acts, b + "attn.", h, [p[b + "attn." + n] for n in gpt2.ATTN_PARAMS],
                         cfg.score_scale(L), b + "hook_attn_out", edited.get(L))
         ledger.exact("residual", b + "hook_resid_mid", acts[b + "hook_resid_mid"], x + acts[b + "hook_attn_out"])
         x = acts[b + "hook_resid_mid"]
         h = check_layer_norm(ledger, acts, b + "ln2.", x, p[b + "ln2.w"], p[b + "ln2.b"], cfg.eps)
-        check_mlp(ledger, acts, b, h, *(p[b + "mlp." + n] for n in plain.MLP_PARAMS), cfg.act_fn)
+        check_mlp(ledger, acts, b, h, *(p[b + "mlp." + n] for n in gpt2.MLP_PARAMS), cfg.act_fn)
         ledger.exact("residual", b + "hook_resid_post", acts[b + "hook_resid_post"], x + acts[b + "hook_mlp_out"])
         x = acts[b + "hook_resid_post"]
     final = check_layer_norm(ledger, acts, "ln_final.", x, p["ln_final.w"], p["ln_final.b"], cfg.eps)
     b_U = p.get("unembed.b_U", 0)
-    expected = final @ p["unembed.W_U"] + b_U  # [pos, d_vocab], plain.forward's line
+    expected = final @ p["unembed.W_U"] + b_U  # [pos, d_vocab], gpt2.forward's line
     ledger.compare("logits", "logits", logits, expected, affine_bound(final, p["unembed.W_U"], b_U, "pd,dv->pv"))
 
 
@@ -276,22 +383,27 @@ class ParamGrads:
 
 
 def layer_norm_backward_bound(grad, w, normalized, scale):
-    """§9, both computations: |Δ∂x| ≤ 2·γ_{2n+6}·(K_i + mean K), K = (|g| + |x̂|·mean|g ⊙ x̂|)/σ,
-    g = ∂out ⊙ w."""
+    """§9, both computations: |Δ∂x| ≤ 2·γ_{2n+6}·(K_i + mean K) + |mean x̂|·mean|g ⊙ x̂|/σ,
+    K = (|g| + |x̂|·mean|g ⊙ x̂|)/σ, g = ∂out ⊙ w. The last term is no rounding of the backward: the
+    textbook and the engine's chain (layernorm.py: ∂σ, ∂c, ∂μ) are one function only where x̂ sums
+    to 0, and a computed x̂ does not — its mean is the forward's centring error, up to γ_n·mean|x|/σ,
+    large where |x| ≫ σ — so they differ by mean(x̂)·mean(g ⊙ x̂)/σ exactly."""
     n = grad.shape[-1]
     g = np.abs(grad * w)  # [pos, n]
-    K = (g + np.abs(normalized) * (g * np.abs(normalized)).mean(-1, keepdims=True)) / scale  # [pos, n]
-    return 2 * gamma(2 * n + 6) * (K + K.mean(-1, keepdims=True))
+    M = (g * np.abs(normalized)).mean(-1, keepdims=True)  # [pos, 1]
+    K = (g + np.abs(normalized) * M) / scale  # [pos, n]
+    formulas = np.abs(normalized.mean(-1, keepdims=True)) * M / scale  # [pos, 1]
+    return 2 * gamma(2 * n + 6) * (K + K.mean(-1, keepdims=True)) + formulas * (1 + gamma(n + 4))
 
 
 def check_layer_norm_backward(ledger, sums, prefix, grad, acts, w, name, path_into, upstream):
-    """plain.layer_norm_backward handed the path's ∂out, x̂ and σ. The path adds its ∂x to the
+    """gpt2.layer_norm_backward handed the path's ∂out, x̂ and σ. The path adds its ∂x to the
     ``upstream`` gradient (the residual stream's, or None): the sum, the path's ``path_into``, is
     compared as ``name`` and returned (it flows on)."""
     normalized, scale = acts[prefix + "hook_normalized"], acts[prefix + "hook_scale"]
-    dx, dw, db = plain.layer_norm_backward(grad, w, normalized, scale)
+    dx, dw, db = gpt2.layer_norm_backward(grad, w, normalized, scale)
     bound = layer_norm_backward_bound(grad, w, normalized, scale)
-    if upstream is not None:  # plain.backward's dx = dx + dln: one more rounding on each side
+    if upstream is not None:  # gpt2.backward's dx = dx + dln: one more rounding on each side
         dx = upstream + dx
         bound = bound + U * (np.abs(path_into) + np.abs(dx))
     ledger.compare("ln backward", name, path_into, dx, bound)
@@ -302,20 +414,22 @@ def check_layer_norm_backward(ledger, sums, prefix, grad, acts, w, name, path_in
 
 
 def check_mlp_backward(ledger, sums, b, grad, x, acts, g_acts, ln_out, W_in, W_out, act):
-    """plain.mlp_backward handed the path's ∂mlp_out, the MLP's input and its pre and post."""
+    """gpt2.mlp_backward handed the path's ∂mlp_out, the MLP's input and its pre and post."""
     saved = {n: acts[b + "mlp." + n] for n in ("hook_pre", "hook_post")}
-    dx_p, m = plain.mlp_backward(grad, x, saved, W_in, W_out, act)
+    dx_p, m = gpt2.mlp_backward(grad, x, saved, W_in, W_out, act)
     ln_out = dx_p if ln_out is None else ln_out
     pre, post = saved["hook_pre"], saved["hook_post"]
     d_model, d_mlp, N = W_in.shape[0], W_in.shape[1], len(grad)
     g_post, g_pre = g_acts[b + "mlp.hook_post"], g_acts[b + "mlp.hook_pre"]
     d_post = ledger.compare("mlp backward", b + "mlp.hook_post grad", g_post, m["hook_post"],
                             2 * gamma(d_model) * np.abs(grad) @ np.abs(W_out).T)
-    if act == "gelu_new":
-        derivative = np.abs(plain.gelu_new_backward(pre, np.ones_like(pre)))
+    backward = gpt2.ACTIVATIONS[act][1]
+    derivative = np.abs(backward(pre, np.ones_like(pre)))  # [pos, d_mlp] |f′(pre)|
+    if act in TANH_GELU:
         bound = gelu_new_backward_error(pre, g_post) + gelu_new_backward_error(pre, m["hook_post"]) + derivative * d_post
-    else:
-        bound = (pre > 0) * d_post
+    else:  # ∂post ⊙ f′(pre), f′(pre) computed as the engine does: equal on the path's ∂post (§2)
+        ledger.exact(f"{act} backward", b + "mlp.hook_pre grad", g_pre, backward(pre, g_post))
+        bound = derivative * d_post * (1 + U) + U * (np.abs(g_pre) + np.abs(m["hook_pre"]))
     d_pre = ledger.compare(f"{act} backward", b + "mlp.hook_pre grad", g_pre, m["hook_pre"], bound)
     both = np.abs(g_pre) + np.abs(m["hook_pre"])  # [pos, d_mlp]
     ledger.compare("mlp backward", b + "ln2.out grad", ln_out, dx_p,
@@ -329,11 +443,11 @@ def check_mlp_backward(ledger, sums, b, grad, x, acts, g_acts, ln_out, W_in, W_o
 
 
 def check_attention_backward(ledger, sums, b, grad, x, acts, g_acts, ln_out, params, score_scale):
-    """plain.attention_backward handed the path's ∂attn_out, the attention's input and its q … z."""
+    """gpt2.attention_backward handed the path's ∂attn_out, the attention's input and its q … z."""
     a_ = b + "attn."
     saved = {n: acts[a_ + n] for n in ("hook_q", "hook_k", "hook_v", "hook_pattern", "hook_z")}
     W = {n: params[a_ + "W_" + n] for n in "QKVO"}
-    dx_p, g = plain.attention_backward(grad, x, saved, *W.values(), score_scale)
+    dx_p, g = gpt2.attention_backward(grad, x, saved, *W.values(), score_scale)
     ln_out = dx_p if ln_out is None else ln_out
     q, k, v, p, z = saved.values()
     pos, heads, e = q.shape
@@ -378,9 +492,9 @@ def check_attention_backward(ledger, sums, b, grad, x, acts, g_acts, ln_out, par
 
 def log_prob_bounds(rows):
     """§11, for logits ``rows`` [n, d_vocab]: −log softmax [n, d_vocab] and, for every entry, the
-    bound on |path − plain| where the path computes it as log_softmax (loss.py, activations.py:
-    log Σ exp(ℓ − max) − (ℓ − max)) and plain as −log(softmax) (plain.cross_entropy)."""
-    probs = plain.softmax(rows)  # [n, d_vocab]
+    bound on |path − gpt2| where the path computes it as log_softmax (loss.py, activations.py:
+    log Σ exp(ℓ − max) − (ℓ − max)) and gpt2 as −log(softmax) (gpt2.cross_entropy)."""
+    probs = gpt2.softmax(rows)  # [n, d_vocab]
     shifted = rows - rows.max(-1, keepdims=True)  # [n, d_vocab] ≤ 0
     eta_mean = (probs * (U * np.abs(shifted) + LIBM)).sum(-1, keepdims=True)  # [n, 1]
     nll = -np.log(probs)  # [n, d_vocab]
@@ -395,7 +509,7 @@ def cross_entropy_bounds(logits, tokens):
     position's loss ℓ [pos − 1] and the bound on it of both computations [pos − 1])."""
     n = len(tokens) - 1
     rows = logits[:-1]  # [pos − 1, d_vocab]
-    probs = plain.softmax(rows)  # [pos − 1, d_vocab]
+    probs = gpt2.softmax(rows)  # [pos − 1, d_vocab]
     onehot = np.zeros_like(rows)
     onehot[np.arange(n), tokens[1:]] = 1
     grad_bound = np.zeros_like(logits)  # [pos, d_vocab]; the last position has no target: 0 on both sides
@@ -405,31 +519,31 @@ def cross_entropy_bounds(logits, tokens):
 
 
 def check_backward(ledger, params, cfg, rows, ln_out=None, dlogits=None):
-    """plain.backward, op by op, on each sequence of a batch: ``rows`` = [(tokens [pos], acts,
+    """gpt2.backward, op by op, on each sequence of a batch: ``rows`` = [(tokens [pos], acts,
     logits, g_acts)], the path's forward activations and logits and its gradients ∂loss/∂ each
     activation (no batch axis). ``ln_out``: per row, ∂loss/∂ each LayerNorm's output
-    (``Gradients.ln_out``); ``dlogits``: per row, ∂loss/∂logits. Returns (ParamGrads, plain's mean
+    (``Gradients.ln_out``); ``dlogits``: per row, ∂loss/∂logits. Returns (ParamGrads, gpt2's mean
     loss and its bound): the caller compares those with the path's parameter gradients and loss
-    (``ParamGrads.check``). Without ``ln_out``/``dlogits`` (plain's own backward, which returns
-    neither) plain's values stand in for them."""
+    (``ParamGrads.check``). Without ``ln_out``/``dlogits`` (gpt2's own backward, which returns
+    neither) gpt2's values stand in for them."""
     p, sums = params, ParamGrads()
     B = len(rows)
     losses, loss_bounds = [], []
     for r, (tokens, acts, logits, g_acts) in enumerate(rows):
-        loss_r, dl_p = plain.cross_entropy(logits, tokens)
+        loss_r, dl_p = gpt2.cross_entropy(logits, tokens)
         grad_bound, per_position, bound = cross_entropy_bounds(logits, tokens)
         losses.append(loss_r)
         loss_bounds.append(bound)
         dl = dl_p if dlogits is None else dlogits[r]
-        # The path's mean is over B rows: it divides by B·n once, plain by n, here by B (exact for B = 2ᵏ).
+        # The path's mean is over B rows: it divides by B·n once, gpt2 by n, here by B (exact for B = 2ᵏ).
         ledger.compare("cross entropy", "logits grad", dl, dl_p / B, grad_bound / B + U * np.abs(dl_p / B))
         lo = {} if ln_out is None else ln_out[r]
         final = acts["ln_final.hook_normalized"] * p["ln_final.w"] + p["ln_final.b"]  # [pos, d_model]
         N, V = len(tokens), cfg.d_vocab
-        sums.add("unembed.W_U", final.T @ dl, 2 * np.abs(final).T @ np.abs(dl), N)  # plain.backward's line
+        sums.add("unembed.W_U", final.T @ dl, 2 * np.abs(final).T @ np.abs(dl), N)  # gpt2.backward's line
         if "unembed.b_U" in p:
             sums.add("unembed.b_U", dl.sum(0), 2 * np.abs(dl).sum(0), N)
-        g_final = dl @ p["unembed.W_U"].T  # [pos, d_model], plain.backward's line
+        g_final = dl @ p["unembed.W_U"].T  # [pos, d_model], gpt2.backward's line
         if ln_out is not None:
             ledger.compare("unembed backward", "ln_final.out grad", lo["ln_final.out"], g_final,
                            2 * gamma(V) * np.abs(dl) @ np.abs(p["unembed.W_U"]).T)
@@ -455,7 +569,7 @@ def check_backward(ledger, params, cfg, rows, ln_out=None, dlogits=None):
         for name in ("hook_embed", "hook_pos_embed"):
             ledger.exact("residual backward", name + " grad", g_acts[name], dx)
         W_E = np.zeros_like(p["embed.W_E"])  # [d_vocab, d_model]
-        np.add.at(W_E, tokens, dx)  # plain.backward's lines
+        np.add.at(W_E, tokens, dx)  # gpt2.backward's lines
         magnitude = np.zeros_like(W_E)
         np.add.at(magnitude, tokens, 2 * np.abs(dx))
         sums.add("embed.W_E", W_E, magnitude, N)
