@@ -29,7 +29,7 @@ The package is a small top level and rooms named by idea, in layers; imports poi
 - ``refgpt.sweep``: one task over a corpus of prompts, serially or on Dask (an optional extra),
   built on analysis and oracle;
 - ``refgpt.sae``: SAELens's sparse autoencoders and transcoders without torch: their folders
-  (``refgpt.load_sae``), in the model at their hook, exact feature attribution, ``sae eval``
+  (``refgpt.load_sae``), in the model at their hook, exact feature attribution, ``refgpt eval-sae``
   (docs/sae.md); built on analysis;
 - ``refgpt.tl_torch`` (optional, the ``torch`` extra): TransformerLens's HookedTransformer in torch
   over this model — tensors at the boundary, the module tree, gradients through torch;

@@ -105,7 +105,7 @@ def activations(model, sae: SAE, rows, batch: int = 16) -> tuple[np.ndarray, np.
                 outs.append(cache[sae.hook_name_out][:, skip:].reshape(len(tokens) * (length - skip), -1))
     x = np.concatenate(xs) if xs else np.zeros((0, sae.d_in))  # [n, d_in]
     if len(x) < 2:
-        raise RefGPTError("sae eval: the texts give fewer than 2 positions to measure on")
+        raise RefGPTError("eval-sae: the texts give fewer than 2 positions to measure on")
     return x, (np.concatenate(outs) if outs else None)
 
 

@@ -1,5 +1,5 @@
 """The SAE shipped for the embedded model (weights/default_sae/), its numbers on the pages, and the
-command line on it: ``refgpt attribute --sae``, ``refgpt sae eval`` (which flags a TopK SAE read as
+command line on it: ``refgpt attribute --sae``, ``refgpt eval-sae`` (which flags a TopK SAE read as
 ReLU, SAELens #553, and weights processed otherwise than the SAE's, #405)."""
 
 from __future__ import annotations
@@ -80,14 +80,14 @@ def test_attribute_with_the_default_sae(refgpt_cli):
 
 
 def test_sae_eval_says_nothing_wrong_about_the_default_sae(refgpt_cli, short_text):
-    out = refgpt_cli.in_process("sae", "eval", "default", "--text", short_text, "--json")
+    out = refgpt_cli.in_process("eval-sae", "default", "--text", short_text, "--json")
     assert out.returncode == 0, out
     answer = json.loads(out.stdout)
     assert answer["warnings"] == [] and answer["explained_variance"] > 0.5
 
 
 def test_sae_eval_flags_processed_weights(refgpt_cli, short_text):
-    out = refgpt_cli.in_process("sae", "eval", "default", "--text", short_text, "--process", "--json")
+    out = refgpt_cli.in_process("eval-sae", "default", "--text", short_text, "--process", "--json")
     assert out.returncode == 0, out
     assert any("center_writing_weights=False" in w for w in json.loads(out.stdout)["warnings"])
     refused = refgpt_cli.in_process("attribute", "To be", "--target", " be", "--sae", "default", "--process")
@@ -105,8 +105,8 @@ def test_sae_eval_flags_a_topk_sae_read_as_relu(refgpt_cli, tmp_path, short_text
     params, _ = train(x, SAESettings(d_sae=288, k=16, steps=150, batch=256))
     save_sae(SAE(cfg, params), tmp_path / "topk")
     save_sae(SAE({**{k: v for k, v in cfg.items() if k != "k"}, "architecture": "standard"}, params), tmp_path / "as_relu")
-    right = json.loads(refgpt_cli.in_process("sae", "eval", tmp_path / "topk", "--text", short_text, "--json").stdout)
-    wrong = json.loads(refgpt_cli.in_process("sae", "eval", tmp_path / "as_relu", "--text", short_text, "--json").stdout)
+    right = json.loads(refgpt_cli.in_process("eval-sae", tmp_path / "topk", "--text", short_text, "--json").stdout)
+    wrong = json.loads(refgpt_cli.in_process("eval-sae", tmp_path / "as_relu", "--text", short_text, "--json").stdout)
     assert right["warnings"] == [] and right["l0"] == 16
     assert wrong["l0"] > 0.25 * 288 and wrong["explained_variance"] < right["explained_variance"]
     assert any("TopK SAE loaded as ReLU" in w for w in wrong["warnings"]), wrong["warnings"]

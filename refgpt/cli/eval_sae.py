@@ -1,4 +1,4 @@
-"""``refgpt sae eval DIR [TEXT…]``: what an SAE does on text, and whether it is loaded right.
+"""``refgpt eval-sae DIR [TEXT…]``: what an SAE does on text, and whether it is loaded right.
 
 DIR is an SAELens folder (cfg.json + sae_weights.safetensors), or ``default``: the
 SAE trained for the embedded model (weights/default_sae/). The model (``--model``, default the
@@ -7,7 +7,8 @@ the activations at the SAE's hook are measured (refgpt.sae.evaluation): L0, expl
 1 − Σ‖x − x̂‖²/Σ‖x − x̄‖², dead features, MSE. Then the two checks a folder cannot make about itself:
 an SAE whose activation function looks wrong (a TopK SAE read as ReLU, SAELens #553) and a model
 whose weight processing is not the one the SAE was trained on (#405) are named, with the numbers
-that show it. The exit status is 0 either way: the warnings are findings, not failures.
+that show it. The exit status is 0 either way: the warnings are findings, not failures. (A
+subcommand of its own, as train-lens and eval-lens are: no subcommand reads a word as an action.)
 """
 
 from __future__ import annotations
@@ -27,19 +28,19 @@ features; and say when it looks loaded with the wrong activation function or on 
 processing. DIR: an SAELens folder, or 'default' (the SAE trained for the embedded model).
 """
 
+NAME = "eval-sae"
 USES = ("--model", "--dtype", "--json")
 
 EXAMPLES = (
-    'refgpt sae eval default "To be, or not to be, that is the question"',
-    'refgpt sae eval default "My lord, I" "O Romeo, Romeo, wherefore art thou Romeo?" --json',
-    'refgpt sae eval default "To be, or not to be" --process     # processed weights, unlike the SAE\'s: flagged',
+    'refgpt eval-sae default "To be, or not to be, that is the question"',
+    'refgpt eval-sae default "My lord, I" "O Romeo, Romeo, wherefore art thou Romeo?" --json',
+    'refgpt eval-sae default "To be, or not to be" --process     # processed weights, unlike the SAE\'s: flagged',
 )
 
 
 def add_parser(subparsers):
-    p = add_subcommand(subparsers, "sae", run, uses=USES, help="sparse autoencoders: sae eval measures one on text",
+    p = add_subcommand(subparsers, NAME, run, uses=USES, help="measure a sparse autoencoder on text",
                        description=DESCRIPTION, examples=EXAMPLES)
-    p.add_argument("action", choices=["eval"], help="eval: measure the SAE on text")
     p.add_argument("sae", metavar="DIR", help="an SAELens folder, or 'default': the embedded model's SAE")
     p.add_argument("text", metavar="TEXT", nargs="*", help="texts to run (each from <|endoftext|> when the SAE's "
                    "prepend_bos, as SAELens runs them)")
