@@ -7,6 +7,11 @@ in absolute value, each with its contribution and the cumulative share Σ|top i|
 attribution mass; then the sum of *all* components next to the model's own logit, and their
 difference. TOKEN is text that encodes to exactly one token (" Paris"), or ``#ID`` for a token id
 (``--target-id ID`` and ``--against-id ID`` also work, as in ``refgpt lens``).
+
+With ``--sae DIR`` (an SAELens folder, or ``default``: the SAE trained for the embedded model) the
+activation at the SAE's hook is split again into the SAE's features ("F17"), its ``b_dec`` and its
+error row ("sae_error"), in place of the components it covers (refgpt.sae.attribution); the sum
+still equals the logit. The weight processing the SAE was trained on is checked first.
 """
 
 from __future__ import annotations
@@ -15,6 +20,10 @@ import numpy as np
 
 from ..analysis.attribution import GRANULARITIES, attribute, required_hooks
 from ..errors import RefGPTError
+from ..files.default_model import default_sae_path
+from ..sae.attribution import attribute_features, hooks_needed
+from ..sae.folder import load_sae
+from ..sae.in_model import check_fits, check_processing
 from ..tl.processing import process
 from ._arguments import add_token_argument, positive_int, token_argument
 from ._chosen_model import add_subcommand, header, load_chosen, print_json, token_json, token_text, tokens_of
@@ -31,8 +40,8 @@ USES = ("--model", "--dtype", "--json", "--bos")
 
 EXAMPLES = (
     'refgpt attribute "To be, or not to" --target " be"',
-    'refgpt attribute "To be, or not to" --target " be" --against " the" --granularity head',
     'refgpt attribute "My lord, I" --target "#11" --granularity neuron --top 10 --json',
+    'refgpt attribute "To be, or not to" --target " be" --against " the" --sae default   # which SAE features',
     'refgpt attribute "The capital of France is" --target " Paris" --model gpt2',
 )
 
@@ -48,6 +57,9 @@ def add_parser(subparsers):
     p.add_argument("--pos", type=int, default=-1, help="the position of TEXT to attribute (default -1, the last)")
     p.add_argument("--process", action="store_true",
                    help="process the weights as TransformerLens's from_pretrained does first (refgpt.tl.processing)")
+    p.add_argument("--sae", metavar="DIR", default=None,
+                   help="split the activation at this SAE's hook into its features, b_dec and error row "
+                   "(an SAELens folder; 'default': the SAE trained for the embedded model)")
 
 
 def run(args) -> int:
@@ -61,8 +73,17 @@ def run(args) -> int:
     if not -len(tokens) <= args.pos < len(tokens):
         raise RefGPTError(f"--pos {args.pos} is outside TEXT's {len(tokens)} positions")
     pos = args.pos % len(tokens)
-    logits, cache = model.run_with_cache(tokens[None], names=required_hooks(model.cfg, logits=False))
-    result = attribute(cache, target, against, granularity=args.granularity, logits=logits)
+    sae = None
+    if args.sae is not None:
+        sae = load_sae(default_sae_path() if args.sae == "default" else args.sae, dtype=model.dtype)
+        check_fits(model, sae)
+        check_processing(model, sae)
+    names = required_hooks(model.cfg, logits=False) if sae is None else hooks_needed(model, sae)
+    logits, cache = model.run_with_cache(tokens[None], names=names)
+    if sae is None:
+        result = attribute(cache, target, against, granularity=args.granularity, logits=logits)
+    else:
+        result = attribute_features(cache, sae, target, against, granularity=args.granularity, logits=logits)
     values = result.values[:, 0, pos]  # [component]
     order = np.argsort(-np.abs(values), kind="stable")  # [component]
     shares = np.cumsum(np.abs(values[order])) / max(float(np.abs(values).sum()), np.finfo(values.dtype).tiny)
@@ -79,13 +100,18 @@ def run(args) -> int:
             "granularity": args.granularity, "processed": args.process, "n_components": len(values),
             "top": [{"component": result.labels[i], "contribution": float(values[i]),
                      "cumulative_share": float(shares[k])} for k, i in enumerate(shown)],
+            **({} if sae is None else {"sae": _sae_json(sae, result, pos)}),
             "sum": total, "logit": logit, "abs_error": error, "rel_error": relative})
     what = f"logit of {token_text(model, target)} (id {target})"
     if against is not None:
         what = f"logit of {token_text(model, target)} (id {target}) − logit of {token_text(model, against)} (id {against})"
     rows = [[result.labels[i], f"{values[i]:+.6f}", f"{100 * shares[k]:.1f}%"] for k, i in enumerate(shown)]
+    sae_line = [] if sae is None else [
+        f"SAE {sae.architecture} at {sae.hook_name_out}: {int((result.features[0, pos] > 0).sum())} of {sae.d_sae} "
+        f"features active here; its features, b_dec and sae_error replace the components its hook covers"]
     print("\n".join([
         *header(model, args, tokens, ", processed as TransformerLens does" if args.process else ""),
+        *sae_line,
         f"{what} at position {pos} ({token_text(model, tokens[pos])}), by {args.granularity}: "
         f"the {len(shown)} largest of {len(values)} components",
         "",
@@ -96,3 +122,16 @@ def run(args) -> int:
                                    ["|sum − logit|", f"{error:.2e} (relative {relative:.2e})"]], align="<<"),
     ]))
     return 0
+
+
+def _sae_json(sae, result, pos) -> dict:
+    """The SAE and every active feature at ``pos`` (activation, contribution), largest |contribution|
+    first, and the error row."""
+    f = result.features[0, pos]  # [d_sae]
+    active = np.flatnonzero(f > 0)
+    rows = [{"feature": int(i), "activation": float(f[i]), "contribution": float(result[f"F{i}"][0, pos])}
+            for i in active]
+    rows.sort(key=lambda row: -abs(row["contribution"]))
+    return {"path": str(sae.source), "architecture": sae.architecture, "hook": sae.hook_name_out, "d_sae": sae.d_sae,
+            "l0": len(active), "b_dec": float(result["b_dec"][0, pos]), "error": float(result["sae_error"][0, pos]),
+            "features": rows}
