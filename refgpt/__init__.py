@@ -28,6 +28,9 @@ The package is a small top level and rooms named by idea, in layers; imports poi
   ``refgpt.train`` (optimizer, BPE trainer), each built on the layers below, never on each other;
 - ``refgpt.sweep``: one task over a corpus of prompts, serially or on Dask (an optional extra),
   built on analysis and oracle;
+- ``refgpt.sae``: SAELens's sparse autoencoders and transcoders without torch: their folders
+  (``refgpt.load_sae``), in the model at their hook, exact feature attribution, ``refgpt eval-sae``
+  (docs/sae.md); built on analysis;
 - ``refgpt.tl_torch`` (optional, the ``torch`` extra): TransformerLens's HookedTransformer in torch
   over this model — tensors at the boundary, the module tree, gradients through torch;
 - ``refgpt.cli``, the ``refgpt`` command, on top of all of them.
@@ -52,10 +55,11 @@ _LAZY = {
     "sweep": "refgpt.sweep",
     "attribute": "refgpt.analysis.attribution", "Attribution": "refgpt.analysis.attribution",
     "download": "refgpt.files.hub",
+    "sae": "refgpt.sae", "load_sae": "refgpt.sae.folder",
 }
 
 __all__ = ["ActivationCache", "Attribution", "Config", "Model", "RefGPTError", "Tokenizer", "__version__",
-           "act_name", "analysis", "attribute", "default_model_path", "download", "load", "load_default", "oracle",
+           "act_name", "analysis", "attribute", "default_model_path", "download", "load", "load_default", "load_sae", "oracle", "sae",
            "save", "sweep", "train"]
 
 

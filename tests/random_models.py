@@ -31,6 +31,23 @@ def random_model(cfg: Config, seed: int = 0, dtype="float64", scale: float = 0.3
     return Model(cfg, random_params(cfg, seed, scale), dtype=dtype)
 
 
+def tied_model(cfg: Config, seed: int = 0, tokenizer: bool = False) -> Model:
+    """A random GPT-2 whose W_U is W_Eᵀ, as its tie_word_embeddings says (random_model draws the two
+    apart), for the formats that store one matrix (GGUF, CTranslate2). With ``tokenizer``, a
+    byte-level BPE of cfg.d_vocab ≥ 259 tokens: the 256 bytes, 'Ġt', 'Ġth' (two merges), fillers
+    ``w0``, ``w1``, … and <|endoftext|> last."""
+    from refgpt.gpt2.tokenizer import bytes_to_unicode
+
+    params = random_params(cfg, seed)
+    params["unembed.W_U"] = params["embed.W_E"].T.copy()  # [d_model, d_vocab]
+    model = Model(cfg, params)
+    if tokenizer:
+        tokens = list(bytes_to_unicode().values()) + ["Ġt", "Ġth"]
+        tokens += [f"w{i}" for i in range(cfg.d_vocab - len(tokens) - 1)] + ["<|endoftext|>"]
+        model.tokenizer = refgpt.Tokenizer({t: i for i, t in enumerate(tokens)}, [("Ġ", "t"), ("Ġt", "h")])
+    return model
+
+
 @st.composite
 def configs(draw, max_layers=3, max_width=32, act_fns=None):
     """Small GPT-2 configs covering every knob that changes the forward pass."""

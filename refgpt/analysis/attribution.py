@@ -131,6 +131,25 @@ def _ids(model, tokens, shape, what):
                           f"cache's [batch, pos] = {list(shape)}") from None
 
 
+def readout(cache, target, against=None):
+    """What turns a write to the final stream into logit units: (σ [batch, pos] ln_final's cached
+    scale, t and a the token ids, d = W_U[:, t] (− W_U[:, a]), u = P(w ⊙ d)); a write c adds c·u/σ
+    to the logit. d and u are [d_model], or [batch, pos, d_model] with one target per position."""
+    model = cache.model
+    p = model.params
+    scale = need(cache, "ln_final.hook_scale", *_NEEDED_BY)[..., 0]  # [batch, pos]
+    shape = scale.shape
+    t = _ids(model, target, shape, "target")
+    a = None if against is None else _ids(model, against, shape, "against")
+    W_U = p["unembed.W_U"]  # [d_model, d_vocab]
+    direction = np.moveaxis(W_U[:, t], 0, -1)  # [d_model] or [batch, pos, d_model]
+    if a is not None:
+        direction = direction - np.moveaxis(W_U[:, a], 0, -1)
+    u = p["ln_final.w"] * direction  # w ⊙ d: [d_model] or [batch, pos, d_model]
+    u = u - u.mean(-1, keepdims=True)  # P(w ⊙ d)
+    return scale, t, a, direction, u
+
+
 def attribute(cache, target, against=None, granularity="layer", logits=None) -> Attribution:
     """Split the logit for ``target`` (minus ``against``) into labelled parts that sum to it.
 
@@ -143,17 +162,8 @@ def attribute(cache, target, against=None, granularity="layer", logits=None) -> 
         raise RefGPTError(f"attribute: granularity must be one of {list(GRANULARITIES)}, found {granularity!r}")
     model = cache.model
     p = model.params
-    scale = need(cache, "ln_final.hook_scale", *_NEEDED_BY)[..., 0]  # [batch, pos]
+    scale, t, a, direction, u = readout(cache, target, against)
     shape = scale.shape
-    t = _ids(model, target, shape, "target")
-    a = None if against is None else _ids(model, against, shape, "against")
-
-    W_U = p["unembed.W_U"]  # [d_model, d_vocab]
-    direction = np.moveaxis(W_U[:, t], 0, -1)  # [d_model] or [batch, pos, d_model]
-    if a is not None:
-        direction = direction - np.moveaxis(W_U[:, a], 0, -1)
-    u = p["ln_final.w"] * direction  # w ⊙ d: [d_model] or [batch, pos, d_model]
-    u = u - u.mean(-1, keepdims=True)  # P(w ⊙ d)
     per_pos = u.ndim == 3  # one target per position
 
     def onto(x, v):  # x [batch, pos, d_model]·v → [batch, pos]

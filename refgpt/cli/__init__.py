@@ -23,12 +23,12 @@ import warnings
 
 from ..errors import RefGPTError, one_line
 from ..version import __version__
-from . import (_output, attribute, compare, download, eval_lens, explore, generate, golden, inspect, lens, predict, steer,
-               sweep, train_lens)
+from . import (_output, attribute, compare, download, eval_lens, eval_sae, explore, generate, golden, inspect, lens,
+               predict, steer, sweep, train_lens)
 
 # The subcommands, in the order `refgpt --help` lists them.
-COMMANDS = (predict, inspect, generate, attribute, golden, compare, steer, lens, train_lens, eval_lens, explore, sweep,
-            download)
+COMMANDS = (predict, inspect, generate, attribute, golden, compare, steer, lens, train_lens, eval_lens, explore, eval_sae,
+            sweep, download)
 
 
 def name_of(command) -> str:

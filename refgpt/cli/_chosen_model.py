@@ -31,8 +31,8 @@ from ..errors import RefGPTError
 from ._output import shown
 
 
-MODEL_HELP = ("an HF GPT-2 directory (config.json + model.safetensors; refgpt golden also reads an llm.c "
-              "checkpoint file, gpt2_124M.bin), or a hub name found in the HF cache or downloaded (gpt2, "
+MODEL_HELP = ("an HF GPT-2 directory (config.json + model.safetensors), a llama.cpp GPT-2 GGUF file (*.gguf, "
+              "dequantized as ggml defines it; refgpt golden also reads an llm.c checkpoint file, gpt2_124M.bin), or a hub name found in the HF cache or downloaded (gpt2, "
               "openai-community/gpt2@REVISION; see refgpt download). A path that exists is always read from "
               "the disk, never looked up on the hub; default: the embedded model")
 
@@ -131,7 +131,7 @@ def is_llmc_checkpoint(model: str, *, llmc_checkpoint: bool = False) -> bool:
     any other file is a RefGPTError saying what --model is (a file is never taken for a hub name)."""
     path = Path(model)
     try:
-        if not path.is_file():
+        if not path.is_file() or path.suffix.lower() == ".gguf":  # a GGUF file: load reads it
             return False
     except OSError:  # a name the file system refuses (too long, …): load says so, naming it
         return False

@@ -8,6 +8,11 @@ attribution mass; then the sum of *all* components next to the model's own logit
 difference. TOKEN is text that encodes to exactly one token (" Paris"), or ``#ID`` for a token id
 (``--target-id ID`` and ``--against-id ID`` also work, as in ``refgpt lens``).
 
+With ``--sae DIR`` (an SAELens folder, or ``default``: the SAE trained for the embedded model) the
+activation at the SAE's hook is split again into the SAE's features ("F17"), its ``b_dec`` and its
+error row ("sae_error"), in place of the components it covers (refgpt.sae.attribution); the sum
+still equals the logit. The weight processing the SAE was trained on is checked first.
+
 ``--naive`` answers docs/decomposition.md §1's question instead: the final stream's pieces
 (embeddings, each attn_out and mlp_out, ln_final's bias) each normalised by its own scale σ(c)
 beside the same pieces through ln_final's cached σ, both sums, the logit and the σ used
@@ -20,6 +25,10 @@ import numpy as np
 
 from ..analysis.attribution import GRANULARITIES, attribute, naive_attribution, naive_hooks, required_hooks
 from ..errors import RefGPTError
+from ..files.default_model import default_sae_path
+from ..sae.attribution import attribute_features, hooks_needed
+from ..sae.folder import load_sae
+from ..sae.in_model import check_fits, check_processing
 from ..tl.processing import process
 from ._arguments import add_token_argument, positive_int, token_argument
 from ._chosen_model import add_subcommand, header, load_chosen, print_json, token_json, token_text, tokens_of
@@ -35,9 +44,9 @@ parts sum to the model's logit exactly; the last lines show that sum next to the
 USES = ("--model", "--dtype", "--json", "--bos")
 
 EXAMPLES = (
-    'refgpt attribute "To be, or not to" --target " be"',
-    'refgpt attribute "My lord, I" --target "#11" --against " the" --granularity neuron --top 10 --json',
+    'refgpt attribute "My lord, I" --target "#11" --granularity neuron --top 10 --json',
     'refgpt attribute "To be, or not to" --target " be" --naive --plot naive.png',
+    'refgpt attribute "To be, or not to" --target " be" --against " the" --sae default   # which SAE features',
     'refgpt attribute "The capital of France is" --target " Paris" --model gpt2',
 )
 
@@ -53,6 +62,9 @@ def add_parser(subparsers):
     p.add_argument("--pos", type=int, default=-1, help="the position of TEXT to attribute (default -1, the last)")
     p.add_argument("--process", action="store_true",
                    help="process the weights as TransformerLens's from_pretrained does first (refgpt.tl.processing)")
+    p.add_argument("--sae", metavar="DIR", default=None,
+                   help="split the activation at this SAE's hook into its features, b_dec and error row "
+                   "(an SAELens folder; 'default': the SAE trained for the embedded model)")
     p.add_argument("--naive", action="store_true",
                    help="instead: each piece of the final stream normalised by its own scale beside the cached "
                         "scale's exact share, both sums and the σ used (docs/decomposition.md §1)")
@@ -74,9 +86,21 @@ def run(args) -> int:
     if args.plot and not args.naive:
         args.usage_error("--plot draws --naive's figure: it goes with --naive")
     if args.naive:
+        if args.sae is not None:
+            args.usage_error("--naive splits the final stream into its pieces, --sae an activation into features: "
+                             "one at a time")
         return _naive(model, args, tokens, target, against, pos)
-    logits, cache = model.run_with_cache(tokens[None], names=required_hooks(model.cfg, logits=False))
-    result = attribute(cache, target, against, granularity=args.granularity, logits=logits)
+    sae = None
+    if args.sae is not None:
+        sae = load_sae(default_sae_path() if args.sae == "default" else args.sae, dtype=model.dtype)
+        check_fits(model, sae)
+        check_processing(model, sae)
+    names = required_hooks(model.cfg, logits=False) if sae is None else hooks_needed(model, sae)
+    logits, cache = model.run_with_cache(tokens[None], names=names)
+    if sae is None:
+        result = attribute(cache, target, against, granularity=args.granularity, logits=logits)
+    else:
+        result = attribute_features(cache, sae, target, against, granularity=args.granularity, logits=logits)
     values = result.values[:, 0, pos]  # [component]
     order = np.argsort(-np.abs(values), kind="stable")  # [component]
     shares = np.cumsum(np.abs(values[order])) / max(float(np.abs(values).sum()), np.finfo(values.dtype).tiny)
@@ -93,13 +117,18 @@ def run(args) -> int:
             "granularity": args.granularity, "processed": args.process, "n_components": len(values),
             "top": [{"component": result.labels[i], "contribution": float(values[i]),
                      "cumulative_share": float(shares[k])} for k, i in enumerate(shown)],
+            **({} if sae is None else {"sae": _sae_json(sae, result, pos)}),
             "sum": total, "logit": logit, "abs_error": error, "rel_error": relative})
     what = f"logit of {token_text(model, target)} (id {target})"
     if against is not None:
         what = f"logit of {token_text(model, target)} (id {target}) − logit of {token_text(model, against)} (id {against})"
     rows = [[result.labels[i], f"{values[i]:+.6f}", f"{100 * shares[k]:.1f}%"] for k, i in enumerate(shown)]
+    sae_line = [] if sae is None else [
+        f"SAE {sae.architecture} at {sae.hook_name_out}: {int((result.features[0, pos] > 0).sum())} of {sae.d_sae} "
+        f"features active here; its features, b_dec and sae_error replace the components its hook covers"]
     print("\n".join([
         *header(model, args, tokens, ", processed as TransformerLens does" if args.process else ""),
+        *sae_line,
         f"{what} at position {pos} ({token_text(model, tokens[pos])}), by {args.granularity}: "
         f"the {len(shown)} largest of {len(values)} components",
         "",
@@ -157,3 +186,16 @@ def _naive(model, args, tokens, target, against, pos) -> int:
         *([f"\nfigure: {args.plot}"] if args.plot else []),
     ]))
     return 0
+
+
+def _sae_json(sae, result, pos) -> dict:
+    """The SAE and every active feature at ``pos`` (activation, contribution), largest |contribution|
+    first, and the error row."""
+    f = result.features[0, pos]  # [d_sae]
+    active = np.flatnonzero(f > 0)
+    rows = [{"feature": int(i), "activation": float(f[i]), "contribution": float(result[f"F{i}"][0, pos])}
+            for i in active]
+    rows.sort(key=lambda row: -abs(row["contribution"]))
+    return {"path": str(sae.source), "architecture": sae.architecture, "hook": sae.hook_name_out, "d_sae": sae.d_sae,
+            "l0": len(active), "b_dec": float(result["b_dec"][0, pos]), "error": float(result["sae_error"][0, pos]),
+            "features": rows}

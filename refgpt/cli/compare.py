@@ -14,6 +14,12 @@ directory with ``--map llmc`` holds llm.c-style per-step dumps of a decode (step
 GLOB`` and ``--failing`` filter the table (not the verdict); ``--judge-pads`` judges a padded
 golden's pads; ``--forward-only`` lets a golden without gradients judge a candidate with them.
 Exit status 0 when everything is within tolerance, 1 otherwise.
+
+A quantized port (refgpt/oracle/quantized.py): REFERENCE is the golden of the quantized file
+(``refgpt golden --model m.Q4_0.gguf``), ``--float-golden`` the float checkpoint's, ``--gguf`` the
+file itself; the table gives per tensor the quantization error and the implementation error (NMSE,
+SNR) and every matrix product's verdict on the candidate's own input; exit 0 when every product
+is within its bound.
 """
 
 from __future__ import annotations
@@ -57,10 +63,18 @@ def add_parser(subparsers):
                    help="show only tensors matching this glob (repeatable), e.g. 'step.3.*' or 'grad.blocks.0.*'; "
                         "the verdict is still the whole comparison's")
     p.add_argument("--failing", action="store_true", help="show only tensors out of tolerance")
+    p.add_argument("--float-golden", metavar="FLOAT_GOLDEN",
+                   help="a quantized port: the float checkpoint's golden (REFERENCE is then the quantized file's, "
+                        "made by `refgpt golden` from the GGUF file): split the error into quantization and implementation")
+    p.add_argument("--gguf", metavar="FILE", help="with --float-golden: the GGUF file the port ran (its weights and types)")
     return p
 
 
 def run(args) -> int:
+    if (args.float_golden is None) != (args.gguf is None):
+        args.usage_error("--float-golden and --gguf go together (a quantized port: both goldens and its file)")
+    if args.float_golden is not None:
+        return _run_quantized(args)
     if args.profile is not None and (args.atol is not None or args.rtol is not None):
         args.usage_error("give either --profile or --atol/--rtol, not both")
     if args.json and (args.names or args.failing):  # refused, not ignored: the JSON holds every tensor
@@ -69,4 +83,21 @@ def run(args) -> int:
                             profile=args.profile, name_map=args.name_map, forward_only=args.forward_only,
                             judge_pads=args.judge_pads)
     print(report.to_json() if args.json else report.table(names=args.names, failing=args.failing))
+    return 0 if report.ok else 1
+
+
+def _run_quantized(args) -> int:
+    if args.atol is not None or args.rtol is not None or args.profile or args.name_map != "refgpt" or args.names \
+            or args.failing or args.judge_pads or args.forward_only:
+        args.usage_error("with --float-golden only --gguf and --json apply: the bounds are derived per product")
+    from ..files.checkpoint import load
+    from ..oracle.quantized import format_split, split
+
+    report = split(args.float_golden, args.reference, args.candidate, load(args.gguf, tokenizer=False))
+    if args.json:
+        import json
+
+        print(json.dumps(report.to_dict(), indent=1, default=str))
+    else:
+        print(format_split(report))
     return 0 if report.ok else 1

@@ -218,7 +218,7 @@ def _decode(args, model, tokens, source, progress) -> int:
 
 
 def load_model(args):
-    """(model, llm.c tokenizer or None): ``--model`` (an llm.c checkpoint file too, load_chosen) with
+    """(model, llm.c tokenizer or None): ``--model`` (a GGUF or an llm.c checkpoint file too, load_chosen) with
     ``--tokenizer``: a directory's tokenizer, or llm.c's (decodes only)."""
     model = load_chosen(args, llmc_checkpoint=True)
     llmc_tokenizer = token_files.with_tokenizer(model, args.tokenizer) if args.tokenizer else None

@@ -177,7 +177,9 @@ def hf_tensors(cfg: Config, params, prefix: str = "transformer.") -> dict[str, n
 
 
 def load(path: str | Path, dtype="float64", tokenizer=True, process=None):
-    """Load an HF GPT-2 checkpoint: a directory (``config.json`` + ``model.safetensors``), or a hub
+    """Load an HF GPT-2 checkpoint: a directory (``config.json`` + ``model.safetensors``), a
+    llama.cpp GGUF file (``*.gguf``: every tensor dequantized as ggml defines it, its tokenizer
+    from the file, ``model.quantization`` its tensors' types; refgpt/files/gguf_file.py), or a hub
     name (``gpt2``, ``openai-community/gpt2@REVISION``) found in the HF cache or downloaded into it
     (refgpt.files.hub.resolve; ``HF_HUB_OFFLINE=1``: the cache only).
 
@@ -190,10 +192,22 @@ def load(path: str | Path, dtype="float64", tokenizer=True, process=None):
     """
     directory = as_path(path, "load: path")
     dtype = compute_dtype(dtype)
+    if directory.suffix.lower() == ".gguf":
+        return _load_gguf(directory, dtype, tokenizer, process)
     try:
         return _load(path, directory, dtype, tokenizer, process)
     except OSError as error:  # ENAMETOOLONG, EACCES, ELOOP, …: the file system refused a path
         raise RefGPTError(f"{_shown(error.filename or directory)}: cannot open ({error.strerror or error})") from None
+
+
+def _load_gguf(path: Path, dtype, tokenizer, process):
+    from .gguf_file import read_model
+
+    cfg, tensors, found_tokenizer, types = read_model(path, dtype, tokenizer)
+    model = Model(cfg, to_circuits(tensors, cfg), dtype=dtype, source=path)
+    model.tokenizer = found_tokenizer
+    model.quantization = types  # GGUF tensor name → its stored type ('Q8_0', 'F32', …)
+    return process_weights(model, process) if process else model
 
 
 def _shown(path, limit: int = 120) -> str:

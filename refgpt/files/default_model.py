@@ -57,6 +57,16 @@ def default_lens_path() -> Path:
                       f"and {SOURCE_CHECKOUT_WEIGHTS.parent / 'default_lens'}); pass a lens directory instead")
 
 
+def default_sae_path() -> Path:
+    """The folder of the SAE trained for the embedded model (SAELens's layout: cfg.json +
+    sae_weights.safetensors), made by weights/train_default_sae.py."""
+    for place in (installed_weights("default_sae"), SOURCE_CHECKOUT_WEIGHTS.parent / "default_sae"):
+        if isinstance(place, Path) and (place / "cfg.json").is_file():
+            return place
+    raise RefGPTError("the embedded model's SAE is not installed (looked for refgpt.weights/default_sae "
+                      f"and {SOURCE_CHECKOUT_WEIGHTS.parent / 'default_sae'}); pass an SAE folder instead")
+
+
 def find_default_model(candidates) -> Path:
     """The first candidate that is a model directory (holds config.json); a RefGPTError naming
     every place looked at when none is."""

@@ -93,7 +93,7 @@ def not_a_model_directory(path: Path) -> str:
     hint = (f"; give the directory it sits in, {path.parent}" if path.name.endswith(".safetensors") or
             path.name == "config.json" else "")
     return (f"{path}: a file, not a model directory: a model is an HF GPT-2 directory (config.json and "
-            f"model.safetensors) or a hub name such as gpt2{hint}")
+            f"model.safetensors), a GGUF file (*.gguf) or a hub name such as gpt2{hint}")
 
 
 def check_revision(revision: str) -> str:

@@ -49,8 +49,13 @@ TOKENIZER_FILES = ("vocab.json", "merges.txt")
 _SHARD = re.compile(r"model-\d{5}-of-\d{5}\.safetensors")
 
 
-def save(model, directory, dtype=None, config: dict | None = None) -> Path:
+def save(model, directory, dtype=None, config: dict | None = None, type: str | None = None) -> Path:
     """Write ``model`` as an HF GPT-2 checkpoint in ``directory`` (created if needed); returns it.
+
+    A path ending in ``.gguf`` is written instead as llama.cpp's GPT-2 GGUF file, its weight
+    matrices of ``type`` ('F32' by default; 'F16', 'BF16', 'Q8_0', 'Q4_0', 'Q4_1', 'Q5_0', 'Q5_1'),
+    as llama.cpp's converter writes them (refgpt/files/gguf_file.py); ``dtype`` and ``config`` do
+    not apply there.
 
     ``dtype``: how the weights are stored, 'float64' or 'float32' (default: the model's dtype, so
     the round trip is exact). ``config``: extra config.json fields (e.g. ``initializer_range``;
@@ -58,6 +63,16 @@ def save(model, directory, dtype=None, config: dict | None = None) -> Path:
     ``bos_token_id``/``eos_token_id`` default to the tokenizer's <|endoftext|> when it has one.
     """
     directory = as_path(directory, "save: directory")
+    if directory.suffix.lower() == ".gguf":
+        if dtype is not None or config:
+            raise RefGPTError("save: a GGUF file takes type= (F32, F16, Q8_0, Q4_0, …), not dtype= or config=")
+        from .gguf_file import untied, write_model
+
+        hf = hf_tensors(untied(model.cfg), model.params, prefix="")
+        return write_model(model, directory, hf, "F32" if type is None else type)
+    if type is not None:
+        raise RefGPTError(f"save: type={type!r} is for GGUF files (a path ending in .gguf); "
+                          f"{str(directory)!r} is an HF checkpoint directory (use dtype=)")
     cfg, p = model.cfg, model.params
     storage = compute_dtype(model.dtype if dtype is None else dtype)
     if cfg.tie_word_embeddings and not np.array_equal(p["unembed.W_U"], p["embed.W_E"].T):

@@ -17,12 +17,17 @@ def read_bytes(path, what: str) -> bytes:
     path = Path(path)
     try:
         return path.read_bytes()
-    except FileNotFoundError:
-        raise RefGPTError(f"{path}: {what} not found") from None
-    except IsADirectoryError:
-        raise RefGPTError(f"{path}: is a directory, not a {what}") from None
     except OSError as error:
-        raise RefGPTError(f"{path}: cannot read {what} ({error.strerror or error})") from None
+        raise refusal(path, what, error) from None
 
 
-__all__ = ["read_bytes"]
+def refusal(path, what: str, error: OSError) -> RefGPTError:
+    """The RefGPTError for ``error``, met opening or reading ``path`` (a WHAT), worded as above."""
+    if isinstance(error, FileNotFoundError):
+        return RefGPTError(f"{path}: {what} not found")
+    if isinstance(error, IsADirectoryError):
+        return RefGPTError(f"{path}: is a directory, not a {what}")
+    return RefGPTError(f"{path}: cannot read {what} ({error.strerror or error})")
+
+
+__all__ = ["read_bytes", "refusal"]

@@ -11,6 +11,9 @@
 - ``llmc`` — llm.c's binary checkpoint, tokenizer, debug-state and data-shard formats, read and written.
 - ``token_files`` — a golden's tokens from files (ids, .npy, llm.c's), and the tokenizer an llm.c checkpoint lacks.
 - ``llmc_dump`` — a dump of an llm.c run (tokens, activations, gradients), and llm.c's gradient names.
+- ``quantized`` — a quantized port's error split into the file's quantization and the port's implementation,
+  every matrix product judged against ggml's activation rounding and a derived bound; llama.cpp's names.
+- ``ctranslate2_file`` — CTranslate2's converted GPT-2 (``model.bin``), its int8 weights read back into a golden.
 
 ``refgpt.oracle.compare(reference, candidate)`` is ``comparison.compare``.
 """

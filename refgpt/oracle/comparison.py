@@ -54,7 +54,7 @@ from . import llmc, llmc_dump
 from ..reference.compare import (BIAS_FULL_ELEMENTS, BIAS_GROWTH, BIAS_MIN_ELEMENTS, F32_TINY, GROWTH,  # noqa: F401
                                  MAX_ROW_FREEDOM, ROW_T, ROW_T_MIN_ROWS, UNIT_ROUNDOFF, bias_bound as _bias_bound,
                                  is_zero_in_exact_arithmetic, row_adjusted, row_freedom_of, tensor_scale)
-from .name_maps import (GRAD, ModelShape, axes, backward_op, decode_to_refgpt, forward_key, forward_order, inner_name,
+from .name_maps import (ModelShape, axes, backward_op, decode_to_refgpt, forward_key, forward_order, inner_name,
                         is_gradient, layer_of, split_step, to_refgpt)
 
 _PROFILE_OF_CODE = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16"}

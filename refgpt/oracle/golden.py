@@ -10,7 +10,8 @@ holding, under refgpt's names (refgpt/oracle/name_maps.py):
 — targets and loss are [batch, pos] when the tokens come with their own targets (llm.c's y) —
 and with ``backward`` the mean loss ``loss_mean`` and every gradient ``grad.*``
 (refgpt/oracle/gradients.py); in the header's ``__metadata__`` (strings; JSON where structured):
-the refgpt version, the model's config, the sha256 of each weight file, the dtype, the NumPy and
+the refgpt version, the model's config, the sha256 of each weight file (for a GGUF file, each
+tensor's quantization type too: ``quantization``), the dtype, the NumPy and
 BLAS versions, the command line, whether the targets were given, the **conditioning** c_X and the
 RMS error r_X of every tensor, and with ``--certify`` the golden's own error
 (refgpt/oracle/certify.py).
@@ -567,7 +568,9 @@ ERROR_MODEL = ("float32 passes against float64: refgpt's own (pairwise sums, BLA
 
 def provenance(model: Model, command=None) -> dict[str, str]:
     """Who made a golden file, from what, with what: the metadata before the measured errors."""
+    quantization = getattr(model, "quantization", None)  # a model read from a GGUF file: its tensors' types
     return {
+        **({"quantization": json.dumps(quantization, sort_keys=True)} if quantization else {}),
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
         "refgpt_version": __version__,

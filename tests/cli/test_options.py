@@ -34,6 +34,7 @@ BASE = {
                    "--window", "4"],
     "eval-lens": ["eval-lens", "--text", "prompts.txt", "--window", "4", "--no-tuned"],
     "explore": ["explore", "To be", "-o", "page.html"],
+    "eval-sae": ["eval-sae", "default", "To be, or not to be"],
     "sweep": ["sweep", "prompts.txt", "--task", "loss", "--workers", "0", "-o", "{out}"],
     "download": ["download", "gpt2"],
 }

@@ -79,8 +79,8 @@ def llmc_dir(tmp_path, monkeypatch, hub):
 
 
 def test_every_subcommand_that_takes_a_model_takes_it(refgpt_cli):
-    assert MODEL_TAKERS == ["attribute", "eval-lens", "explore", "generate", "golden", "inspect", "lens", "predict",
-                            "steer", "sweep", "train-lens"]
+    assert MODEL_TAKERS == ["attribute", "eval-lens", "eval-sae", "explore", "generate", "golden", "inspect", "lens",
+                            "predict", "steer", "sweep", "train-lens"]
 
 
 @pytest.mark.parametrize("name", MODEL_TAKERS)

@@ -14,6 +14,8 @@ refgpt/ holds a small top level and rooms named by idea, in layers from the bott
     files     refgpt/files/: files and hub (safetensors, checkpoints, saving, the HF cache)
     analysis, oracle, train, tl_torch   each built on the layers below, never on each other
               (tl_torch: the torch-facing TransformerLens model, the one room that imports torch)
+    sae       refgpt/sae/: SAELens's sparse autoencoders; its feature attribution is analysis's
+              attribution with the features as components, so it sits above analysis, beside sweep
     sweep     refgpt/sweep/: one task over a corpus, serially or on Dask; its tasks are analysis's
               and oracle's (lens, attribution, golden files, comparison), so it sits above both
     cli       the refgpt command, on top of all of them
@@ -48,9 +50,10 @@ BASE = {"refgpt.errors", "refgpt.version", "refgpt.dtypes", "refgpt.strict_json"
 MODEL = {"refgpt.model", "refgpt.backward", "refgpt.non_finite"}
 #: Layer of each room, bottom first; rooms of one rank never import each other. tl_torch (the
 #: torch-facing model) loads checkpoints (files) and wraps the model, so it sits where analysis
-#: does, and the optional torch stays out of everything below it.
+#: does, and the optional torch stays out of everything below it. sae (sparse autoencoders) builds
+#: its feature attribution on analysis's, so it sits above analysis, beside sweep.
 RANK = {"reference": 0, "base": 0, "gpt2": 1, "tl": 2, "model": 3, "files": 4, "analysis": 5, "oracle": 5, "train": 5,
-        "tl_torch": 5, "sweep": 6, "cli": 7}
+        "tl_torch": 5, "sae": 6, "sweep": 6, "cli": 7}
 CORE = {"reference", "base", "gpt2", "tl", "model", "files"}
 CORE_THIRD_PARTY = {"numpy", "safetensors", "regex"}  # setup.cfg's install_requires
 PEERS = {"torch", "transformers", "transformer_lens", "tiktoken", "matplotlib", "dask", "distributed"}

@@ -1,0 +1,62 @@
+"""llama.cpp's GPT-2 judged as a quantized port (REFGPT_LLAMA_CPP=long).
+
+llama-cpp-python is a source package: installing it builds its vendored llama.cpp with cmake,
+measured at 2,660 s (44 minutes: llama-cpp-python 0.3.36, one compile job at low priority on this
+project's two cores, shared with five other sessions), so these tests run only with
+REFGPT_LLAMA_CPP=long, where `.ci/run` installs it; the default suite stays C-free (tests/oracle/test_quantized.py judges a NumPy port computing as ggml does).
+
+For F32, F16, Q8_0 and Q4_0 files refgpt writes, llama.cpp runs one sequence with every graph
+tensor captured through its eval callback (tests/llama_cpp_capture.py), mapped to refgpt's names
+(refgpt.oracle.quantized.from_llama_cpp); every matrix product llama.cpp exposes must be within its
+derived bound while the quantization error is reported, and llama.cpp's logits must equal the
+last graph tensor's."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import refgpt
+from refgpt import Config
+from refgpt.oracle import golden
+from refgpt.oracle.quantized import format_split, from_llama_cpp, split
+
+pytestmark = pytest.mark.skipif(os.environ.get("REFGPT_LLAMA_CPP", "") != "long",
+                                reason="REFGPT_LLAMA_CPP=long runs llama.cpp (llama-cpp-python builds it from source)")
+
+CFG = Config(d_model=64, n_layers=2, n_heads=4, d_mlp=256, d_vocab=320, n_ctx=32)
+TOKENS = [5, 200, 17, 42, 300, 9, 77, 1]
+
+
+def _model():
+    from random_models import tied_model
+
+    return tied_model(CFG, 21, tokenizer=True)
+
+
+@pytest.fixture(scope="module")
+def float_golden():
+    return golden.make(_model(), np.array([TOKENS]), command=["test"])
+
+
+@pytest.mark.parametrize("kind", ["F32", "F16", "Q8_0", "Q4_0"])
+def test_llama_cpp_is_within_every_bound_and_its_quantization_error_is_reported(tmp_path, float_golden, kind):
+    pytest.importorskip("llama_cpp", reason="pip install llama-cpp-python (builds llama.cpp from source)")
+    from llama_cpp_capture import capture
+
+    path = refgpt.save(_model(), tmp_path / f"m.{kind}.gguf", type=kind)
+    quantized = refgpt.load(path)
+    quantized_golden = golden.make(quantized, np.array([TOKENS]), command=["test"])
+    captured = capture(path, TOKENS)
+    candidate = from_llama_cpp(captured, CFG)
+    assert {"logits", "ln_final.out", "blocks.1.mlp.hook_pre", "blocks.0.attn.hook_q"} <= set(candidate), sorted(captured)
+    report = split(float_golden, quantized_golden, candidate, quantized)
+    print(format_split(report))
+    assert report.ok, format_split(report)
+    assert len(report.ops) == 3 * CFG.n_layers + 1  # every product but W_O's, whose output llama.cpp does not name
+    logits = next(t for t in report.tensors if t.name == "logits")
+    assert logits.implementation_nmse is not None and logits.quantization_nmse is not None
+    if kind == "F32":
+        assert logits.quantization_nmse < 1e-12  # float32-rounded weights only

@@ -1,0 +1,142 @@
+"""A small quantized GPT-2 port in NumPy, computing as ggml's CPU backend does — the candidate the
+quantized-port tests (tests/oracle/test_quantized.py) judge, with kernel bugs that can be planted.
+
+It reads a GGUF file itself (through refgpt's container reader, for the bytes only) and multiplies
+ggml's way: activation rows quantized to Q8_0 blocks (d = max|x|/127 as a float32, stored as f16;
+q = x·(127/max) rounded half to even, as ggml's AVX2 quantizer does), integer dot products per
+block, each block's sum times d_w·d_x in float32, blocks added in float32. F32 and F16 weights
+multiply float32 (F16: activations rounded to f16 first). Everything else in float32.
+
+Planted bugs (``bugs=``):
+- ``"nibble_order"``: Q4_0 weights unpacked with the nibbles swapped (element j from the high nibble);
+- ``"misaligned_block"``: activation blocks start one element late (the last element wraps round);
+- ``"scale_rounded_twice"``: each activation block's scale rounded to bfloat16 before f16.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from refgpt.files.gguf_file import GGUFFile
+
+BUGS = ("nibble_order", "misaligned_block", "scale_rounded_twice")
+
+
+def _bf16(x: np.ndarray) -> np.ndarray:
+    bits = x.astype(np.float32).view(np.uint32)
+    rounded = ((bits.astype(np.uint64) + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint32) << 16
+    return rounded.astype(np.uint32).view(np.float32)
+
+
+class QuantizedPort:
+    def __init__(self, path, bugs=()):
+        assert set(bugs) <= set(BUGS), bugs
+        self.bugs = set(bugs)
+        self.g = GGUFFile(path)
+        meta = self.g.metadata
+        self.n_layers = meta["gpt2.block_count"]
+        self.n_heads = meta["gpt2.attention.head_count"]
+        self.eps = np.float32(meta["gpt2.attention.layer_norm_epsilon"])
+
+    def _f32(self, name):
+        entry = self.g.tensors[name]
+        raw = self.g.raw(name)
+        if entry.kind.name == "F32":
+            return raw.view("<f4").reshape(entry.shape)
+        assert entry.kind.name == "F16", entry.kind.name
+        return raw.view("<f2").astype(np.float32).reshape(entry.shape)
+
+    def _quantize_rows(self, x):
+        """[T, n] float32 → (q int32 [T, nb, 32], d float32 [T, nb]) as ggml's Q8_0, with the bugs."""
+        if "misaligned_block" in self.bugs:
+            x = np.roll(x, -1, axis=1)
+        blocks = x.reshape(x.shape[0], -1, 32)  # [T, nb, 32]
+        amax = np.abs(blocks).max(axis=2)  # [T, nb]
+        d = amax / np.float32(127)
+        with np.errstate(divide="ignore"):
+            inverse = np.where(amax == 0, np.float32(0), np.float32(127) / amax).astype(np.float32)
+        q = np.rint(blocks * inverse[..., None]).astype(np.int32)  # [T, nb, 32]
+        if "scale_rounded_twice" in self.bugs:
+            d = _bf16(d)
+        d16 = d.astype(np.float16).astype(np.float32)
+        if "misaligned_block" in self.bugs:  # the values go back to their places, their blocks' scales do not
+            q = np.roll(q.reshape(x.shape[0], -1), 1, axis=1).reshape(q.shape)
+        return q, d16
+
+    def _weight_blocks(self, name):
+        """(q int32 [out, nb, 32], d float32 [out, nb]) of a Q8_0 or Q4_0 weight."""
+        entry = self.g.tensors[name]
+        out, n = entry.shape
+        blocks = self.g.raw(name).reshape(out, n // 32, entry.kind.type_size)  # [out, nb, bytes]
+        d = np.ascontiguousarray(blocks[..., :2]).view("<f2")[..., 0].astype(np.float32)  # [out, nb]
+        if entry.kind.name == "Q8_0":
+            q = blocks[..., 2:].view(np.int8).astype(np.int32)
+        else:
+            qs = blocks[..., 2:]
+            low, high = qs & 0x0F, qs >> 4
+            if "nibble_order" in self.bugs:
+                low, high = high, low
+            q = np.concatenate([low, high], axis=-1).astype(np.int32) - 8
+        return q, d
+
+    def linear(self, x, weight, bias=None):
+        """x [T, d_in] float32 @ the GGUF weight ([out, in]) + bias, as ggml computes it."""
+        kind = self.g.tensors[weight].kind.name
+        if kind in ("F32", "F16"):
+            W = self._f32(weight)  # [out, in]
+            xs = x.astype(np.float16).astype(np.float32) if kind == "F16" else x
+            y = (xs @ W.T).astype(np.float32)
+        else:
+            qx, dx = self._quantize_rows(x)
+            qw, dw = self._weight_blocks(weight)
+            sums = np.einsum("tbj,obj->tob", qx, qw)  # [T, out, nb], exact integers
+            scaled = sums.astype(np.float32) * (dx[:, None, :] * dw[None, :, :])  # [T, out, nb]
+            y = np.zeros(scaled.shape[:2], np.float32)
+            for b in range(scaled.shape[2]):
+                y += scaled[:, :, b]
+        if bias is not None:
+            y = y + self._f32(bias)
+        return y.astype(np.float32)
+
+    def _layer_norm(self, x, name):
+        mean = x.mean(axis=-1, keepdims=True, dtype=np.float32)
+        centred = x - mean
+        var = (centred * centred).mean(axis=-1, keepdims=True, dtype=np.float32)
+        return (centred / np.sqrt(var + self.eps) * self._f32(name + ".weight") + self._f32(name + ".bias")).astype(np.float32)
+
+    def run(self, tokens) -> dict[str, np.ndarray]:
+        """Every activation of one sequence [pos], under refgpt's golden names (batch 1)."""
+        tokens = np.asarray(tokens)
+        T = len(tokens)
+        E = self._f32_any("token_embd.weight")
+        acts = {"hook_embed": E[tokens], "hook_pos_embed": self._f32("position_embd.weight")[:T]}
+        x = acts["hook_embed"] + acts["hook_pos_embed"]
+        H = self.n_heads
+        for L in range(self.n_layers):
+            a, blk = f"blocks.{L}.", f"blk.{L}."
+            acts[a + "hook_resid_pre"] = x
+            h = acts[a + "ln1.out"] = self._layer_norm(x, blk + "attn_norm")
+            qkv = self.linear(h, blk + "attn_qkv.weight", blk + "attn_qkv.bias")  # [T, 3·d]
+            d = x.shape[1]
+            q, k, v = (qkv[:, i * d:(i + 1) * d].reshape(T, H, d // H) for i in range(3))  # [T, head, d_head]
+            acts[a + "attn.hook_q"], acts[a + "attn.hook_k"], acts[a + "attn.hook_v"] = q, k, v
+            scores = np.einsum("qhd,khd->hqk", q, k) / np.float32(np.sqrt(d // H))  # [head, T, T]
+            scores = np.where(np.tril(np.ones((T, T), bool)), scores, -np.inf).astype(np.float32)
+            e = np.exp(scores - scores.max(axis=-1, keepdims=True))
+            pattern = (e / e.sum(axis=-1, keepdims=True)).astype(np.float32)
+            z = acts[a + "attn.hook_z"] = np.einsum("hqk,khd->qhd", pattern, v).astype(np.float32)  # [T, head, d_head]
+            attn_out = acts[a + "hook_attn_out"] = self.linear(z.reshape(T, d), blk + "attn_output.weight", blk + "attn_output.bias")
+            x = acts[a + "hook_resid_mid"] = x + attn_out
+            h = acts[a + "ln2.out"] = self._layer_norm(x, blk + "ffn_norm")
+            pre = acts[a + "mlp.hook_pre"] = self.linear(h, blk + "ffn_up.weight", blk + "ffn_up.bias")
+            c = np.float32(np.sqrt(2 / np.pi))
+            post = acts[a + "mlp.hook_post"] = (np.float32(0.5) * pre * (1 + np.tanh(c * (pre + np.float32(0.044715) * pre ** 3)))).astype(np.float32)
+            mlp_out = acts[a + "hook_mlp_out"] = self.linear(post, blk + "ffn_down.weight", blk + "ffn_down.bias")
+            x = acts[a + "hook_resid_post"] = x + mlp_out
+        h = acts["ln_final.out"] = self._layer_norm(x, "output_norm")
+        acts["logits"] = self.linear(h, "output.weight" if "output.weight" in self.g.tensors else "token_embd.weight")
+        return {name: value[None] for name, value in acts.items()}  # batch 1
+
+    def _f32_any(self, name):
+        """A weight of any type as float32 (embedding rows are read, not multiplied): ggml's get_rows dequantizes."""
+        return self.g.tensor(name)
