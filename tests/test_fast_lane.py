@@ -29,8 +29,9 @@ MARKERS = {"fast", "slow", "peer", "browser"}
 FAST = ["python", "-m", "pytest", "-q", "-m", "fast"]
 
 #: The peers extra's packages (setup.cfg), by import name, and the tests' helpers that need them.
-PEER_PACKAGES = {"torch", "transformers", "transformer_lens", "tiktoken", "tuned_lens", "huggingface_hub"}
-PEER_HELPERS = {"require_peers", "require_tuned_lens"}  # tests/peers.py, tests/tuned_lens_peer.py
+PEER_PACKAGES = {"torch", "transformers", "transformer_lens", "tiktoken", "tuned_lens", "huggingface_hub", "sae_lens",
+                 "ctranslate2"}
+PEER_HELPERS = {"require_peers", "require_tuned_lens", "require_sae_lens"}  # tests/peers.py, tuned_lens_peer.py, sae_peer.py
 PEER_MODULES = {"tl_port"}  # a helper module of the tests to import only after require_peers()
 BROWSER_HELPERS = {"need_browser", "Browser"}  # tests/browser.py
 

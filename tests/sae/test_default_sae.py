@@ -36,6 +36,7 @@ def rows():
     return script.numbers(), page
 
 
+@pytest.mark.slow
 def test_the_pages_quote_every_number_as_computed(rows):
     numbers, page = rows
     readme = (REPO / "weights" / "README.md").read_text(encoding="utf-8")
@@ -79,6 +80,7 @@ def test_attribute_with_the_default_sae(refgpt_cli):
     assert "features active here" in text.stdout and "|sum − logit|" in text.stdout
 
 
+@pytest.mark.slow
 def test_sae_eval_says_nothing_wrong_about_the_default_sae(refgpt_cli, short_text):
     out = refgpt_cli.in_process("eval-sae", "default", "--text", short_text, "--json")
     assert out.returncode == 0, out
@@ -86,6 +88,7 @@ def test_sae_eval_says_nothing_wrong_about_the_default_sae(refgpt_cli, short_tex
     assert answer["warnings"] == [] and answer["explained_variance"] > 0.5
 
 
+@pytest.mark.slow
 def test_sae_eval_flags_processed_weights(refgpt_cli, short_text):
     out = refgpt_cli.in_process("eval-sae", "default", "--text", short_text, "--process", "--json")
     assert out.returncode == 0, out
@@ -94,6 +97,7 @@ def test_sae_eval_flags_processed_weights(refgpt_cli, short_text):
     assert refused.returncode == 1 and "center_writing_weights" in refused.stderr
 
 
+@pytest.mark.slow
 def test_sae_eval_flags_a_topk_sae_read_as_relu(refgpt_cli, tmp_path, short_text):
     """SAELens #553: a TopK SAE (trained here, briefly, on the embedded model) saved as "standard"."""
     model = refgpt.load_default()

@@ -13,6 +13,8 @@ from refgpt.errors import RefGPTError
 from refgpt.sae import folder
 from sae_peer import ARCHITECTURES, require_sae_lens, run, sae_lens_sae
 
+pytestmark = pytest.mark.peer  # SAELens saves and reads every folder these tests compare
+
 #: float64 on both sides: the two compute the same products in another order (torch's and NumPy's
 #: BLAS), so they differ by a few ulps of each sum; measured ≤ 1e-14 relative here.
 F64_TOL = 1e-12

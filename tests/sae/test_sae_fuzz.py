@@ -53,6 +53,7 @@ def count(test, outcome):
     OUTCOMES[test][outcome] += 1
 
 
+@pytest.mark.slow
 @fuzz_settings(150)
 @given(data=st.data())
 def test_any_cfg_json_loads_or_is_refused_in_one_line(tmp_path_factory, data):
@@ -78,6 +79,7 @@ def test_any_cfg_json_loads_or_is_refused_in_one_line(tmp_path_factory, data):
     count("cfg.json", refused_cleanly(accepted_sae_computes(directory)))
 
 
+@pytest.mark.slow
 @fuzz_settings(100)
 @given(data=st.data())
 def test_any_weights_load_or_are_refused_in_one_line(tmp_path_factory, data):
@@ -108,6 +110,7 @@ def test_any_weights_load_or_are_refused_in_one_line(tmp_path_factory, data):
     count("weights", refused_cleanly(accepted_sae_computes(directory)))
 
 
+@pytest.mark.slow  # reads what the two fuzz tests above counted: it runs where they run
 def test_the_fuzzing_reached_both_outcomes():
     for test, outcomes in OUTCOMES.items():
         assert outcomes.get("refused", 0) > 0, (test, outcomes)

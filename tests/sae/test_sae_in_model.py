@@ -19,6 +19,9 @@ TOL = 1e-10
 HOOKS = ["blocks.1.hook_resid_pre", "blocks.0.attn.hook_z", "blocks.0.hook_mlp_out", "blocks.1.hook_resid_post"]
 
 
+pytestmark = pytest.mark.peer  # every test here runs SAELens's HookedSAETransformer beside refgpt
+
+
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
     """(refgpt model, SAELens HookedSAETransformer) holding one random GPT-2's float64 weights."""

@@ -8,6 +8,7 @@ import pytest
 from refgpt.sae.training import SAESettings, init_params, loss_and_grads, train
 
 
+@pytest.mark.peer
 @pytest.mark.parametrize("k", [None, 5])
 def test_analytic_gradients_match_autograd(k):
     torch = pytest.importorskip("torch", reason="the autograd check needs torch (the peers extra)")
