@@ -16,6 +16,7 @@ not dump is listed as skipped with the reason.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 
@@ -23,6 +24,11 @@ import numpy as np
 
 from ..errors import RefGPTError
 from ..reference import local as rl
+from . import comparison
+from ..files.checkpoint import load as load_checkpoint
+from ..files.default_model import default_model_path
+from .golden import weight_hashes
+from .name_maps import split_step, to_refgpt
 
 
 @dataclass
@@ -259,8 +265,45 @@ def _affine(walk, op, name, L, r, acts, x, dx, W, b, spec, prec, sums, missing, 
     walk.judge(op if dx is None else f"ln out → {op}", name, L, r, acts[name], ref, bound, sums)
 
 
-def format_local(report: LocalReport, all_ops=False) -> str:
-    """The per-op table and the verdict, as ``refgpt compare --local`` prints them."""
+def judge_files(reference, candidate, model, name_map="refgpt", precision=None, kind="worst"):
+    """``refgpt compare --local``: (LocalReport, None), or (None, the one line saying why local
+    verdicts were skipped). ``model`` is the checkpoint's Model in float64 (or None: skipped); a
+    golden that recorded its weights' sha256 must have been made from ``model``'s files."""
+    if model is None:
+        return None, ("local verdicts skipped: no weights (give --local-model DIR, the checkpoint the golden was "
+                      "made from)")
+    ref, _, g = comparison.load(reference)
+    if any(split_step(n)[0] is not None for n in ref):
+        return None, "local verdicts skipped: a decode golden's steps are not judged locally yet"
+    if "attention_mask" in ref:
+        return None, "local verdicts skipped: a padded golden's rows are not judged locally yet"
+    recorded = json.loads(g.metadata.get("weights_sha256", "{}")) if g is not None else {}
+    if recorded and recorded != weight_hashes(model.source):
+        raise RefGPTError(f"{model.source}: not the weights {reference} was made from (its recorded weights_sha256 "
+                          f"differs): local verdicts need the golden's own checkpoint")
+    cand, dtypes, _ = comparison.load(candidate, name_map, comparison._model_shape(ref, g))
+    if cand is None:
+        return None, "local verdicts skipped: an llm.c .bin candidate is not judged locally yet"
+    cand, _ = to_refgpt(cand, name_map, comparison._model_shape(ref, g))
+    precision = precision or comparison.default_profile(cand, dtypes)
+    golden = lambda name, row: np.asarray(ref[name][row], np.float64) if name in ref else None  # noqa: E731
+    return judge(model.params, model.cfg, np.asarray(ref["tokens"]), cand, precision, kind, golden), None
+
+
+def embedded_if_recorded(reference):
+    """The embedded model in float64 if ``reference`` is a golden that recorded having been made from
+    it (its weights_sha256), else None: found from the golden's own record, never guessed."""
+    _, _, g = comparison.load(reference)
+    recorded = json.loads(g.metadata.get("weights_sha256", "{}")) if g is not None else {}
+    path = default_model_path()
+    if recorded and recorded == weight_hashes(path):
+        return load_checkpoint(path, dtype="float64", tokenizer=False)
+    return None
+
+
+def format_local(report: LocalReport, all_ops=False, out_of_tolerance=()) -> str:
+    """The per-op table and the verdict, as ``refgpt compare --local`` prints them; a tensor in
+    ``out_of_tolerance`` (the whole-tensor comparison's failures) whose op is clean says "inherited"."""
     lines = [f"local verdicts at {report.precision}: each op recomputed in float64 from the port's own inputs"]
     first = report.first
     if first is None:
@@ -277,6 +320,7 @@ def format_local(report: LocalReport, all_ops=False) -> str:
             if all_ops:
                 lines.append(f"{v.op:20s} {v.name:34s} skipped: {v.skipped}")
             continue
-        note = "  FLAGGED" if v.flagged else ("  drifted: inherited" if (v.drift or 0) > 2 * v.largest else "")
+        note = "  FLAGGED" if v.flagged else ("  out of tolerance, op clean: inherited" if v.name in out_of_tolerance
+                                               else "")
         lines.append(f"{v.op:20s} {v.name:34s} {v.ratio:11.3g} {v.nmse:9.2g} {v.snr_db:7.1f}  {v.kind}{note}")
     return "\n".join(lines)

@@ -118,8 +118,9 @@ def test_inherited_drift_and_the_report():
     assert [v.name for v in report.flagged] == ["blocks.2.hook_attn_out"]
     later = next(v for v in report.ops if v.name == "blocks.3.hook_attn_out")
     assert later.drift > 0 and later.inherited > 0 and not later.flagged
-    text = local.format_local(report)
-    assert "FIRST LOCAL FAILURE: attn out at blocks.2.hook_attn_out" in text and "inherited" in text
+    text = local.format_local(report, out_of_tolerance={"blocks.3.hook_attn_out"})
+    assert "FIRST LOCAL FAILURE: attn out at blocks.2.hook_attn_out" in text
+    assert [line.split()[-1] for line in text.splitlines() if "blocks.3.hook_attn_out" in line] == ["inherited"]
     d = json.loads(json.dumps(report.as_dict()))
     first = d["local_first"]
     assert {"op", "name", "layer", "index", "introduced", "bound", "inherited"} <= set(first)
@@ -157,3 +158,61 @@ def test_bad_arguments_fail_closed():
         local.judge(params_of(0.3), CFG, tokens_of(), {}, "int8")
     with pytest.raises(RefGPTError, match="unknown kind of bound 'typical'"):
         local.judge(params_of(0.3), CFG, tokens_of(), {}, "float32", kind="typical")
+
+
+# ---- docs/oracle.md's worked example and the command line ------------------------------------------
+
+SECTION = "## Local verdicts: the op that broke"
+
+
+def page_section() -> str:
+    from doc_pages import DOCS
+    text = (DOCS / "oracle.md").read_text(encoding="utf-8")
+    start = text.index(SECTION)
+    return text[start: text.find("\n## ", start + 1)]
+
+
+def write_my_bf16_port(directory):
+    """The page's port: the embedded model in bfloat16, layer 2's W_O 1 % too large in head 1."""
+    import refgpt
+    from refgpt.oracle import golden
+    model = refgpt.load(refgpt.default_model_path(), dtype="float64", tokenizer=False)
+    g = golden.read(directory / "golden.safetensors")
+    tokens = np.asarray(g.tensors["tokens"])
+    acts = port_forward(model.params, model.cfg, tokens, "bfloat16", plant="W_O_head_1pct", layer=2, head=1)
+    golden.write(directory / "mine_bf16.safetensors",
+                 golden.Golden({"tokens": tokens, **{n: acts[n] for n in g.tensors if n in acts}}, {}))
+
+
+def test_the_pages_worked_example_prints_what_the_page_shows(refgpt_cli, tmp_path, monkeypatch):
+    import re
+    import shlex
+    monkeypatch.chdir(tmp_path)
+    section = page_section()
+    commands = [line for block in re.findall(r"```bash\n(.*?)```", section, flags=re.S) for line in block.splitlines()]
+    shown = re.findall(r"^```\n(OK: .*?)^```", section, flags=re.S | re.M)[0].splitlines()
+    assert [c.split()[:2] for c in commands] == [["refgpt", "golden"], ["refgpt", "compare"]]
+    assert refgpt_cli.in_process(*shlex.split(commands[0])[1:]).returncode == 0
+    write_my_bf16_port(tmp_path)
+    status, out, err = refgpt_cli.in_process(*shlex.split(commands[1])[1:])
+    assert status == 1, err  # the whole-tensor rule passes; the local verdict fails
+    printed = out.splitlines()
+    assert all(line in printed for line in shown), "\n".join(line for line in shown if line not in printed)
+    status, out, _ = refgpt_cli.in_process(*shlex.split(commands[1])[1:], "--json")
+    answer = json.loads(out)
+    assert answer["local_first"]["name"] == "blocks.2.hook_attn_out" and answer["local"]["precision"]
+
+
+def test_compare_local_without_weights_says_so_in_one_line(refgpt_cli, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    tokens = tokens_of(batch=1, pos=8)
+    from refgpt.oracle import golden
+    model = Model(CFG, params_of(0.3))
+    golden.write(tmp_path / "g.safetensors", golden.make(model, tokens))  # a model made in memory: no weights recorded
+    golden.write(tmp_path / "c.safetensors", golden.make(Model(CFG, params_of(0.3), dtype="float32"), tokens))
+    status, out, err = refgpt_cli.in_process("compare", "g.safetensors", "c.safetensors", "--local")
+    assert status == 0, err
+    assert out.splitlines()[-1] == ("local verdicts skipped: no weights (give --local-model DIR, the checkpoint the "
+                                    "golden was made from)")
+    status, _, err = refgpt_cli.in_process("compare", "g.safetensors", "c.safetensors", "--local-model", "x")
+    assert status == 2 and "--local-model and --local-bound go with --local" in err
