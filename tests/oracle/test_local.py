@@ -216,3 +216,52 @@ def test_compare_local_without_weights_says_so_in_one_line(refgpt_cli, tmp_path,
                                     "golden was made from)")
     status, _, err = refgpt_cli.in_process("compare", "g.safetensors", "c.safetensors", "--local-model", "x")
     assert status == 2 and "--local-model and --local-bound go with --local" in err
+
+
+# ---- TransformerLens 3.9 as a port: float32 and bfloat16 (its CPU matmuls accumulate in float32) -----
+
+
+def tl_port(seed, store, tmp_path, fwd_hooks=(), **overrides):
+    """(refgpt's float64 weights, Config, tokens, TL's cache with its logits) for a random HF GPT-2
+    run by TransformerLens in ``store``, every activation under its run_with_cache name."""
+    peers = pytest.importorskip("peers")
+    peers.require_peers()
+    import refgpt
+    import torch
+    config = peers.random_hf_config(seed, act_fns=["gelu_new"], **overrides)
+    hf = peers.random_hf_model(config, seed, f32_exact=True)
+    peers.save_hf_layout(hf, tmp_path / f"m{seed}")
+    ref = refgpt.load(str(tmp_path / f"m{seed}"), dtype="float64", tokenizer=False)
+    tl = peers.tl_model_from_hf(hf, store)
+    tokens = np.random.default_rng(seed).integers(0, config.vocab_size, (2, config.n_positions))
+    with torch.no_grad(), tl.hooks(fwd_hooks=list(fwd_hooks)):  # the edit runs before the cache records it
+        logits, cache = tl.run_with_cache(torch.from_numpy(tokens))
+    acts = {k: v.to(torch.float64).numpy() for k, v in cache.items()}
+    acts["logits"] = logits.to(torch.float64).numpy()
+    return ref.params, ref.cfg, tokens, acts
+
+
+@pytest.mark.parametrize("store", ["float32", "bfloat16"])
+def test_transformer_lens_is_a_correct_port_with_no_local_flag(store, tmp_path):
+    for seed in range(20 if LONG else 2):
+        params, cfg, tokens, acts = tl_port(seed, store, tmp_path)
+        report = local.judge(params, cfg, tokens, acts, store)
+        assert report.first is None, local.format_local(report)
+        assert sum(v.skipped is None for v in report.ops) == 2 + 17 * cfg.n_layers + 3  # all but the means: TL has none
+
+
+def test_a_heads_z_one_percent_off_in_transformer_lens_bfloat16_is_named_at_z(tmp_path):
+    """The issue's plant, through TL's own hooks: one head's z × 1.01 at one layer, in bfloat16."""
+    import torch
+
+    def one_head_off(z, hook):
+        z = z.clone()
+        z[:, :, 0] = z[:, :, 0] * 1.01
+        return z
+
+    layer = 1
+    params, cfg, tokens, acts = tl_port(4, "bfloat16", tmp_path, n_layer=3,
+                                        fwd_hooks=[(f"blocks.{layer}.attn.hook_z", one_head_off)])
+    first = local.judge(params, cfg, tokens, acts, "bfloat16").first
+    assert first is not None and (first.op, first.name) == ("z", f"blocks.{layer}.attn.hook_z")
+    assert first.index[2] == 0  # (row, position, head, …): the head
