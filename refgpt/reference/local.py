@@ -13,25 +13,30 @@ The precision model, stated (``Precision``): a port stores tensors at unit round
 steps (exp, tanh, the LayerNorm's centring, …) at u_el = max(u_store, u_acc), the coarser of the
 two — so a bfloat16 port that upcasts its softmax to float32 is judged by a looser, still sound,
 bound. exp, tanh, pow, sqrt are taken within 4 ulps at u_el (8·u_el, relative), as bounds.py's
-LIBM. An op's output may be rounded to u_store up to twice (a matmul's result, then its bias add):
-2·u_store·(1 + u_store)·(the magnitudes), written ``OUT``.
+LIBM. An op's output may be rounded to u_store up to twice (a matmul's result, then its bias add).
 
-The bounds, one computation of the port (P) plus one of float64 (R), each op's inputs the port's:
+The bounds, one computation of the port (P) plus one of float64 (R), each op's inputs the port's
+(M = the sum of the terms' magnitudes, γ_k(u) = k·u/(1 − k·u), U = 2⁻⁵³):
 
-  L1 copy (embedding gathers)            |y_P − y_R| ≤ u_store·|y|          (a change of dtype)
-  L2 add (residual adds, the position add)  ≤ (u_acc + u_store(1 + u_acc) + U)·|y|
-  L3 affine y = x·W + b, k terms         ≤ (g_{k+1}(u_acc) + OUT + γ_{k+1}(U))·(|x|·|W| + |b|)
-     (q, k, v; attention's output from z with k = n_heads·d_head; the MLP's pre and out; logits)
-  L4 scores s·q·kᵀ, e = d_head           ≤ s·(g_e(u_acc) + 4·u_el + γ_{e+1}(U))·|q|·|k|
+  L0 underflow: every element also gets 4·(half the smallest subnormal) absolute: a probability
+     of 3e-8 stored in float16 is 0.
+  L1 copy (embedding gathers, a block's resid_pre)   |y_P − y_R| ≤ u_store·|y|   (a change of dtype)
+  L2 add (the residual adds, the position add)       ≤ (u_acc + u_store(1 + u_acc) + U)·|y|
+  L3 affine y = x·W + b, k terms (q, k, v; attention's output from z with k = n_heads·d_head; the
+     MLP's pre and out; the logits):
+        g_{k+1}(u_acc)·M·(1 + 2u_store) + u_store(1 + u_store)·(|x·W| + |y|) + γ_{k+1}(U)·M
+     (the accumulation, then the product stored and the sum with the bias stored)
+  L4 scores s·q·kᵀ, e = d_head     ≤ s·(g_e(u_acc) + 4·u_el + γ_{e+1}(U))·|q|·|k|
      (q·s or √s·q and √s·k scaled first, then the dot, then the output: four roundings at u_el)
   L5 softmax over n keys (bounds.py §6 at the port's precision, for each side):
-     p_j·(η_j + Σ p·η + g_{n−1}(u_acc) + u_el) + u_store·p_j, η = u_el·|s − max s| + 8·u_el
-  L6 z = pattern·v over n keys           ≤ (g_n(u_acc) + OUT + γ_n(U))·|p|·|v|
-  L7 LayerNorm: bounds.py §4 at u = u_el (every step of a two-pass LayerNorm, sqrt and divide, at
-     u_el or finer) plus u_store·|value| for the stored mean, scale and normalized; its output
-     w ⊙ x̂ + b from the port's x̂: (γ_2(u_el) + OUT)·(|x̂ ⊙ w| + |b|). Where the port dumped no
-     LayerNorm output (TransformerLens's names have none), the op that reads it is judged as a
-     span from x̂: the output's bound pushed through |W| is added to L3's.
+        p_j·(η_j + Σ p·η + g_{n−1}(u_acc) + u_el) + u_store·p_j,   η = u_el·|s − max s| + 8·u_el
+  L6 z = pattern·v over n keys     ≤ (g_n(u_acc)·(1 + 2u_store) + γ_n(U))·|p|·|v| + u_store(1 + u_store)·|z|
+  L7 LayerNorm: bounds.py §4 with its sums (Σx, Σĉ²) at u_acc and every other step at u_el, the
+     stored mean and mean square one more rounding each at u_el, plus u_store·|value| for the
+     stored mean, scale and normalized. Its output w ⊙ x̂ + b from the port's x̂:
+     (γ_4(u_el) + γ_2(U))·(|x̂ ⊙ w| + |b|) (product and sum, each at the accumulator and stored).
+     Where the port dumped no LayerNorm output (TransformerLens's names have none), the op that
+     reads it is judged as a span "ln out → op" from x̂: that bound pushed through |W| is added to L3's.
   L8 gelu_new: bounds.py §7 at u = u_el, plus u_store·|y|.
 
 g is the kind of bound, stated for each op in the report:
@@ -86,7 +91,7 @@ class Precision:
     def tiny(self) -> float:
         """L0: the absolute error allowed every element for underflow: four roundings (the stored
         output and up to three elementwise steps) at half the smallest subnormal of the coarser of
-        the two precisions."""
+        the two precisions' ranges."""
         return 4 * max(UNDERFLOW[self.store], UNDERFLOW[self.acc])
 
     def __str__(self):
