@@ -117,9 +117,12 @@ def round_to(x, store):
         return x
     if store in ("float32", "float16"):
         return x.astype(store).astype(np.float64)
-    bits = x.astype(np.float32).view(np.uint32).astype(np.uint64)  # [...]
-    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000  # round to nearest even on the low half
-    return bits.astype(np.uint32).view(np.float32).astype(np.float64)
+    bits = x.astype(np.float32).view(np.uint32)  # [...] a new array, worked on in place
+    tie = (bits >> 16) & 1  # [...] round to nearest even on the low half: +0x7FFF, +1 if the kept part is odd
+    bits += 0x7FFF  # no wrap: a finite float32's bits + 0x8000 < 2³²; ∞ and NaN keep their class
+    bits += tie
+    bits &= 0xFFFF0000
+    return bits.view(np.float32).astype(np.float64)
 
 
 def lambda_for(k, p_fail):
@@ -166,13 +169,13 @@ def add(a, b, prec):
 def affine(x, W, b, spec, prec, kind=WORST, dx=None):
     """L3: (x·W + b by einsum ``spec``, bound); ``dx`` a bound on x's own error (a span's input)."""
     k = int(np.prod([W.shape[i] for i in contracted(spec)]))
-    product = np.einsum(spec, x, W)  # [...]
+    product = np.einsum(spec, x, W, optimize=True)  # [...] (optimize: by BLAS)
     y = product + b  # [...]
-    magnitude = np.einsum(spec, np.abs(x), np.abs(W)) + np.abs(b)  # [...]
+    magnitude = np.einsum(spec, np.abs(x), np.abs(W), optimize=True) + np.abs(b)  # [...]
     sums = kind.g(k + 1, prec.u_acc) * magnitude  # [...] the port's accumulation
     bound = sums * (1 + 2 * prec.u_store) + rounded(prec, product, y) + gamma(k + 1) * magnitude
     if dx is not None:
-        bound = bound + np.einsum(spec, dx, np.abs(W))
+        bound = bound + np.einsum(spec, dx, np.abs(W), optimize=True)
     return y, bound
 
 
