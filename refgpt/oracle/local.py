@@ -245,8 +245,8 @@ def _layer_norm(walk, acts, prefix, x_name, p, eps, L, r, prec, missing):
                 walk.skip(f"ln {stat[5:]}", prefix + stat, L, "not dumped")
     else:
         walk.skip("ln", prefix + "hook_scale", L, f"its input {x_name} not dumped")
-    if prefix + "hook_normalized" not in acts:
-        return None, None
+    if prefix + "hook_normalized" not in acts:  # the readers take the port's dumped output, if any (llm.c's)
+        return (acts[prefix + "out"], None) if prefix + "out" in acts else (None, None)
     ref, bound = rl.layer_norm_out(acts[prefix + "hook_normalized"], w, b, prec)
     if prefix + "out" in acts:
         walk.judge("ln out", prefix + "out", L, r, acts[prefix + "out"], ref, bound)

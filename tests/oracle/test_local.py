@@ -292,3 +292,40 @@ def test_gpt2_small_shaped_transformer_lens_in_bfloat16_with_a_heads_z_off_by_1p
         else:
             assert (report.first.name, report.first.index[2]) == ("blocks.10.attn.hook_z", 3)
             assert [v.name for v in report.flagged] == ["blocks.10.attn.hook_z"]
+
+
+# ---- the C port (tests/oracle/c_port/gpt2_port.c): llm.c's loops, five builds -----------------------
+
+
+def c_port_acts(build, seed, tmp_path, defines=()):
+    """(params, tokens, the C port's activations under refgpt's names) for a random tied model."""
+    import c_port
+    from refgpt.oracle import llmc_dump
+    from refgpt.oracle.name_maps import ModelShape, to_refgpt
+    flags, build_defines = c_port.BUILDS[build]
+    exe = c_port.build(flags, (*build_defines, *defines))
+    if exe is None:
+        pytest.skip("no C compiler")
+    cfg = Config(d_model=64, n_layers=3, n_heads=4, d_mlp=256, d_vocab=97, n_ctx=32)
+    params = random_params(cfg, seed=seed, scale=0.3)
+    params["unembed.W_U"] = params["embed.W_E"].T.copy()  # llm.c ties them
+    tokens = np.random.default_rng(seed).integers(0, cfg.d_vocab, (2, 16))
+    dump = c_port.run_port(exe, c_port.write_inputs(tmp_path, Model(cfg, params), tokens, tokens), tmp_path)
+    raw = {k: v for k, v in llmc_dump.read_dump(dump, cfg).items() if not k.startswith(("grad", "tokens", "targets", "loss"))}
+    acts, _ = to_refgpt(raw, "llmc", ModelShape(cfg.n_layers, cfg.n_heads, cfg.d_vocab, cfg))
+    return params, cfg, tokens, acts
+
+
+@pytest.mark.parametrize("build", ["O3", "O3-reversed", "O3-8-lanes", "Ofast", "O3-fma"])
+def test_the_c_ports_five_builds_have_no_local_flag(build, tmp_path):
+    for seed in range(20 if LONG else 2):
+        params, cfg, tokens, acts = c_port_acts(build, seed, tmp_path)
+        report = local.judge(params, cfg, tokens, acts, "float32")
+        assert report.first is None, local.format_local(report)
+        assert sum(v.skipped is None for v in report.ops) == 53  # llm.c dumps no x̂ and no embeddings
+
+
+def test_the_c_ports_gelu_pi_is_named_at_the_first_gelu(tmp_path):
+    params, cfg, tokens, acts = c_port_acts("O3", 0, tmp_path, defines=("BUG_GELU_PI",))
+    first = local.judge(params, cfg, tokens, acts, "float32").first
+    assert (first.op, first.name) == ("gelu_new", "blocks.0.mlp.hook_post")
