@@ -281,10 +281,12 @@ def judge_files(reference, candidate, model, name_map="refgpt", precision=None, 
     if recorded and recorded != weight_hashes(model.source):
         raise RefGPTError(f"{model.source}: not the weights {reference} was made from (its recorded weights_sha256 "
                           f"differs): local verdicts need the golden's own checkpoint")
-    cand, dtypes, _ = comparison.load(candidate, name_map, comparison._model_shape(ref, g))
-    if cand is None:
-        return None, "local verdicts skipped: an llm.c .bin candidate is not judged locally yet"
-    cand, _ = to_refgpt(cand, name_map, comparison._model_shape(ref, g))
+    shape = comparison._model_shape(ref, g)
+    cand, dtypes, _ = comparison.load(candidate, name_map, shape)
+    if cand is None:  # an llm.c .bin: its activations (its gradients are not judged locally yet)
+        cand = {k: v for k, v in comparison._read_llmc_bin(candidate, ref, g).items()
+                if not k.startswith(("grad", "tokens", "targets", "loss"))}
+    cand, _ = to_refgpt(cand, name_map, shape)
     precision = precision or comparison.default_profile(cand, dtypes)
     golden = lambda name, row: np.asarray(ref[name][row], np.float64) if name in ref else None  # noqa: E731
     return judge(model.params, model.cfg, np.asarray(ref["tokens"]), cand, precision, kind, golden), None

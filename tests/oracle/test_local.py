@@ -329,3 +329,22 @@ def test_the_c_ports_gelu_pi_is_named_at_the_first_gelu(tmp_path):
     params, cfg, tokens, acts = c_port_acts("O3", 0, tmp_path, defines=("BUG_GELU_PI",))
     first = local.judge(params, cfg, tokens, acts, "float32").first
     assert (first.op, first.name) == ("gelu_new", "blocks.0.mlp.hook_post")
+
+
+def test_compare_local_reads_an_llmc_dump(refgpt_cli, tmp_path, monkeypatch):
+    """refgpt compare GOLDEN port.bin --map llmc --local --local-model DIR: the C port's GELU π bug."""
+    from random_models import save_checkpoint
+    from refgpt.oracle import golden
+    import c_port
+    monkeypatch.chdir(tmp_path)
+    params, cfg, tokens, _ = c_port_acts("O3", 0, tmp_path, defines=("BUG_GELU_PI",))
+    save_checkpoint(Model(cfg, params), tmp_path / "ckpt")
+    import refgpt
+    model = refgpt.load(tmp_path / "ckpt", dtype="float64", tokenizer=False)
+    golden.write(tmp_path / "g.safetensors", golden.make(model, tokens, targets=tokens))  # llm.c's y: the dump's
+    exe = c_port.build(c_port.BUILDS["O3"][0], ("BUG_GELU_PI",))
+    c_port.run_port(exe, c_port.write_inputs(tmp_path, model, tokens, tokens), tmp_path)
+    status, out, err = refgpt_cli.in_process("compare", "g.safetensors", "port.bin", "--map", "llmc", "--local",
+                                             "--local-model", "ckpt", "--json", "--forward-only")
+    assert status == 1 and out, (status, out, err)
+    assert json.loads(out)["local_first"]["name"] == "blocks.0.mlp.hook_post"
