@@ -174,8 +174,9 @@ def affine(x, W, b, spec, prec, kind=WORST, dx=None):
     magnitude = np.einsum(spec, np.abs(x), np.abs(W), optimize=True) + np.abs(b)  # [...]
     sums = kind.g(k + 1, prec.u_acc) * magnitude  # [...] the port's accumulation
     bound = sums * (1 + 2 * prec.u_store) + rounded(prec, product, y) + gamma(k + 1) * magnitude
-    if dx is not None:
-        bound = bound + np.einsum(spec, dx, np.abs(W), optimize=True)
+    if dx is not None:  # x's own error pushed through |W|, and the port's sums and roundings of it
+        spread = kind.g(k + 1, prec.u_acc) * (1 + 2 * prec.u_store) + 2 * prec.u_store * (1 + prec.u_store)
+        bound = bound + (1 + spread) * np.einsum(spec, dx, np.abs(W), optimize=True)
     return y, bound
 
 
