@@ -24,13 +24,17 @@ is within its bound.
 
 from __future__ import annotations
 
+import json
+
+from ..files.checkpoint import load
 from ..oracle import comparison as oracle
+from ..oracle import local
 from ..oracle.name_maps import MAPS
 from ._arguments import non_negative_float
 from ._chosen_model import add_subcommand
 
 
-USES = ("--json",)  # it runs no model: REFERENCE holds everything the comparison needs
+USES = ("--json",)  # it runs no model: REFERENCE holds everything the comparison needs (--local-model: its own)
 
 EXAMPLES = (
     'refgpt golden "To be, or not to" -o golden.safetensors',
@@ -67,6 +71,15 @@ def add_parser(subparsers):
                    help="a quantized port: the float checkpoint's golden (REFERENCE is then the quantized file's, "
                         "made by `refgpt golden` from the GGUF file): split the error into quantization and implementation")
     p.add_argument("--gguf", metavar="FILE", help="with --float-golden: the GGUF file the port ran (its weights and types)")
+    p.add_argument("--local", action="store_true",
+                   help="also judge every op on the candidate's own inputs (recomputed in float64 with the golden's "
+                        "checkpoint) by its rounding bound at the candidate's precision (--profile's), and name the "
+                        "first op that introduced an error (docs/oracle.md, \"Local verdicts\")")
+    p.add_argument("--local-model", metavar="DIR", help="with --local: the checkpoint the golden was made from "
+                   "(checked against its recorded weights_sha256; default: the embedded model, if it is that one)")
+    p.add_argument("--local-bound", choices=("worst", "probabilistic"), default="worst",
+                   help="with --local: the long sums' bound, worst case (default) or Higham & Mary's "
+                        "probabilistic one (exceeded with probability ≤ 1e-9 per sum)")
     return p
 
 
@@ -82,21 +95,42 @@ def run(args) -> int:
     report = oracle.compare(args.reference, args.candidate, atol=args.atol, rtol=args.rtol,
                             profile=args.profile, name_map=args.name_map, forward_only=args.forward_only,
                             judge_pads=args.judge_pads)
-    print(report.to_json() if args.json else report.table(names=args.names, failing=args.failing))
-    return 0 if report.ok else 1
+    if not args.local:
+        if args.local_model is not None or args.local_bound != "worst":
+            args.usage_error("--local-model and --local-bound go with --local")
+        print(report.to_json() if args.json else report.table(names=args.names, failing=args.failing))
+        return 0 if report.ok else 1
+    verdicts, skipped = local.judge_files(args.reference, args.candidate, _local_model(args), args.name_map,
+                                          args.profile, args.local_bound)
+    if args.json:
+        answer = json.loads(report.to_json())
+        verdict = {"skipped": skipped, "local_first": None} if verdicts is None else verdicts.as_dict()
+        answer["local_first"] = verdict.pop("local_first")
+        answer["local"] = verdict  # {"precision", "ops"}, or {"skipped": the one line}
+        print(json.dumps(answer, default=str))
+    else:
+        print(report.table(names=args.names, failing=args.failing))
+        failing = {t.name for t in report.tensors if not t.ok}
+        print(skipped if verdicts is None else local.format_local(verdicts, out_of_tolerance=failing))
+    return 0 if report.ok and (verdicts is None or verdicts.first is None) else 1
+
+
+def _local_model(args):
+    """--local-model's checkpoint in float64; without it the embedded model, if the golden was made
+    from it (its recorded weights_sha256); else None."""
+    if args.local_model is not None:
+        return load(args.local_model, dtype="float64", tokenizer=False)
+    return local.embedded_if_recorded(args.reference)
 
 
 def _run_quantized(args) -> int:
     if args.atol is not None or args.rtol is not None or args.profile or args.name_map != "refgpt" or args.names \
-            or args.failing or args.judge_pads or args.forward_only:
+            or args.failing or args.judge_pads or args.forward_only or args.local or args.local_model is not None:
         args.usage_error("with --float-golden only --gguf and --json apply: the bounds are derived per product")
-    from ..files.checkpoint import load
     from ..oracle.quantized import format_split, split
 
     report = split(args.float_golden, args.reference, args.candidate, load(args.gguf, tokenizer=False))
     if args.json:
-        import json
-
         print(json.dumps(report.to_dict(), indent=1, default=str))
     else:
         print(format_split(report))

@@ -8,6 +8,8 @@ Read it top to bottom, in this order:
                  split, Conv1D's orientation, the tied unembedding): the map the loader uses
     bounds.py    each op's rounding bound at a unit roundoff u, derived (§1–§11), and the walks
                  that hold a computation's values to gpt2.py's op by op
+    local.py     each op's rounding bound at a port's precision (bfloat16, float16, float32), for
+                 judging every op on the port's own inputs: the local verdicts
     compare.py   the rule that judges a port's tensor against a golden file's, whole tensors,
                  written to be read
     golden.py    a golden file's layout (names, order, metadata) and a reader of a page

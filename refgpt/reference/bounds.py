@@ -192,12 +192,14 @@ def softmax_propagation(p, d_scores):
     return p * np.expm1(d_scores + d_scores.max(-1, keepdims=True))
 
 
-def gelu_new_error(x):
-    """§7, one computation of gelu_new(x)."""
+def gelu_new_error(x, u=U):
+    """§7, one computation of gelu_new(x), every step rounded at unit roundoff u (tanh and pow
+    within 4 ulps at that precision: 8u)."""
+    libm = 8 * u
     a = SQRT_2_OVER_PI * (x + 0.044715 * x ** 3)  # the tanh argument
     t = np.tanh(a)
-    dt = (1 - t * t) * np.abs(a) * (gamma(5) + LIBM) + LIBM * np.abs(t)  # |t̂ − tanh(a)|
-    return 0.5 * np.abs(x) * (dt + gamma(3) * (1 + t))
+    dt = (1 - t * t) * np.abs(a) * (gamma(5, u) + libm) + libm * np.abs(t)  # |t̂ − tanh(a)|
+    return 0.5 * np.abs(x) * (dt + gamma(3, u) * (1 + t))
 
 
 def gelu_new_backward_error(x, grad):
@@ -212,20 +214,24 @@ def gelu_new_backward_error(x, grad):
     return np.abs(grad) * (error + gamma(2) * np.abs(derivative))
 
 
-def layer_norm_bounds(x, scale, eps):
-    """§4, one computation of LayerNorm on x [pos, n] whose scale (gpt2's) is ``scale``: bounds on
-    its mean, its scale and its normalized value."""
+def layer_norm_bounds(x, scale, eps, u=U, u_sum=None):
+    """§4, one computation of LayerNorm on x [pos, n] whose scale (gpt2's) is ``scale``, every step
+    rounded at unit roundoff u: bounds on its mean, its scale and its normalized value. ``u_sum``:
+    the two sums (Σx, Σĉ²) accumulate at u_sum instead, and their means are then rounded once more
+    at u (a bfloat16 tensor's mean, summed in float32: refgpt/reference/local.py L7)."""
     n = x.shape[-1]
-    e_mean = gamma(n) * np.abs(x).mean(-1, keepdims=True)  # [pos, 1]
-    C = np.abs(x - x.mean(-1, keepdims=True)) * (1 + 2 * U) + e_mean  # [pos, n] ≥ |x − μ| (exact)
-    e_centered = e_mean * (1 + U) + U * C  # [pos, n] |ĉ − c|
+    extra = 0.0 if u_sum is None else 2 * u  # the squares' (or /n's) rounding and the stored mean's
+    u_sum = u if u_sum is None else u_sum
+    e_mean = (gamma(n, u_sum) + extra) * np.abs(x).mean(-1, keepdims=True)  # [pos, 1]
+    C = np.abs(x - x.mean(-1, keepdims=True)) * (1 + 2 * u) + e_mean  # [pos, n] ≥ |x − μ| (exact)
+    e_centered = e_mean * (1 + u) + u * C  # [pos, n] |ĉ − c|
     squares = (C * C).mean(-1, keepdims=True)  # [pos, 1]
-    e_var = (2 * U * (C * (C + e_mean)).mean(-1, keepdims=True) + (e_centered ** 2).mean(-1, keepdims=True)
-             + gamma(n + 1) * squares + U * (squares + eps))  # [pos, 1] |fl(mean ĉ² + ε) − σ²|
-    low = scale * (1 - U)
-    e_scale = e_var / (low + np.sqrt(np.maximum(low * low - e_var, 0))) + U * scale * (1 + U)  # [pos, 1]
+    e_var = (2 * u * (C * (C + e_mean)).mean(-1, keepdims=True) + (e_centered ** 2).mean(-1, keepdims=True)
+             + (gamma(n + 1, u_sum) + extra) * squares + u * (squares + eps))  # [pos, 1] |fl(mean ĉ² + ε) − σ²|
+    low = scale * (1 - u)
+    e_scale = e_var / (low + np.sqrt(np.maximum(low * low - e_var, 0))) + u * scale * (1 + u)  # [pos, 1]
     low = scale - 2 * e_scale  # ≤ the exact σ and either computed one
-    e_normalized = (e_centered + U * (C + e_centered)) / low + C * e_scale / (low * low)  # [pos, n]
+    e_normalized = (e_centered + u * (C + e_centered)) / low + C * e_scale / (low * low)  # [pos, n]
     return e_mean, e_scale, e_normalized
 
 

@@ -1,0 +1,328 @@
+"""Local verdicts: every forward op of a port judged on the port's own inputs (issue 38).
+
+``judge`` walks a port's dumped activations (TransformerLens hook names, [batch, pos, …]) op by op:
+each op is recomputed in float64 by the reference (refgpt/reference/local.py) from the port's own
+values of its inputs and the checkpoint's weights rounded to the port's storage precision, and the
+port's output is held to that within the op's rounding bound at the port's precision. An op over
+its bound introduced an error — it is the bug, wherever the drift it inherited came from; an op
+whose output drifted from the golden file but is within its local bound inherited that drift.
+
+The report: ``first`` (the first op in forward order over its bound, with the introduced error,
+the bound, the inherited error when a golden's values are given, the index and both values) and
+per op the worst ratio introduced/bound, NMSE (Σ(port − ref)² / Σ ref², ggml's test-backend-ops
+metric) and SNR in dB, and which kind of bound judged it. An op whose output or inputs the port did
+not dump is listed as skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import RefGPTError
+from ..reference import local as rl
+from . import comparison
+from ..files.checkpoint import load as load_checkpoint
+from ..files.default_model import default_model_path
+from .golden import weight_hashes
+from .name_maps import split_step, to_refgpt
+
+
+@dataclass
+class OpVerdict:
+    """One op (one tensor) over every row: its worst element and its error totals."""
+
+    op: str
+    name: str
+    layer: int | None
+    kind: str
+    ratio: float = 0.0  # max |port − ref| / bound
+    index: tuple = ()
+    port: float = 0.0
+    reference: float = 0.0
+    introduced: float = 0.0
+    bound: float = 0.0
+    inherited: float | None = None  # |ref − golden| at that index: what the port's inputs carried in
+    drift: float | None = None  # max |port − golden|: the first-divergence view of the same tensor
+    largest: float = 0.0  # max |port − ref|
+    squared_error: float = 0.0
+    squared_reference: float = 0.0
+    skipped: str | None = None
+
+    @property
+    def flagged(self) -> bool:
+        return self.skipped is None and self.ratio > 1
+
+    @property
+    def nmse(self) -> float:
+        return self.squared_error / self.squared_reference if self.squared_reference else (
+            0.0 if self.squared_error == 0 else math.inf)
+
+    @property
+    def snr_db(self) -> float:
+        return math.inf if self.nmse == 0 else -10 * math.log10(self.nmse)
+
+    def as_dict(self) -> dict:
+        keys = ("op", "name", "layer", "kind", "ratio", "index", "port", "reference", "introduced", "bound",
+                "inherited", "drift", "skipped")
+        d = {k: getattr(self, k) for k in keys}
+        d.update(index=list(self.index), nmse=self.nmse, snr_db=self.snr_db, flagged=self.flagged)
+        return d
+
+
+@dataclass
+class LocalReport:
+    precision: str
+    ops: list[OpVerdict] = field(default_factory=list)
+
+    @property
+    def first(self) -> OpVerdict | None:
+        """The first op in forward order that introduced an error beyond its bound."""
+        return next((v for v in self.ops if v.flagged), None)
+
+    @property
+    def flagged(self) -> list[OpVerdict]:
+        return [v for v in self.ops if v.flagged]
+
+    def as_dict(self) -> dict:
+        first = self.first
+        keep = ("op", "name", "layer", "row", "index", "introduced", "bound", "inherited", "port", "reference")
+        return {"precision": self.precision,
+                "local_first": None if first is None else {k: v for k, v in first.as_dict().items() if k in keep},
+                "ops": [v.as_dict() for v in self.ops]}
+
+
+class _Walk:
+    def __init__(self, precision, kind, golden):
+        self.precision, self.kind, self.golden = precision, kind, golden
+        self.verdicts: dict[str, OpVerdict] = {}
+
+    def verdict(self, op, name, layer, kind=None) -> OpVerdict:
+        if name not in self.verdicts:
+            self.verdicts[name] = OpVerdict(op, name, layer, str(kind or rl.WORST))
+        return self.verdicts[name]
+
+    def skip(self, op, name, layer, reason):
+        self.verdict(op, name, layer).skipped = reason
+
+    def judge(self, op, name, layer, row, port, reference, bound, kind=None):
+        """Hold the port's value to the reference's within ``bound`` (masked −∞ entries of both: 0)."""
+        v = self.verdict(op, name, layer, kind)
+        port, reference = np.asarray(port, np.float64), np.asarray(reference, np.float64)
+        with np.errstate(invalid="ignore"):
+            diff = np.where(port == reference, 0.0, np.abs(port - reference))  # [...]
+        diff = np.where(np.isnan(diff), np.inf, diff)  # a NaN on one side is infinitely wrong
+        bound = np.broadcast_to((np.asarray(bound, np.float64) + self.precision.tiny) * rl.bounds.SLACK,
+                                diff.shape)  # [...]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = np.where(diff == 0, 0.0, diff / bound)  # [...]
+        ratio = np.where(np.isnan(ratio), np.inf, ratio)
+        finite = np.isfinite(reference) & np.isfinite(port)  # [...]
+        v.largest = max(v.largest, float(diff.max(initial=0.0)))
+        v.squared_error += float((diff[finite] ** 2).sum())
+        v.squared_reference += float((reference[finite] ** 2).sum())
+        worst = float(ratio.max(initial=0.0))
+        golden = self.golden(name, row) if self.golden else None
+        if golden is not None:
+            with np.errstate(invalid="ignore"):
+                drift = np.where(port == golden, 0.0, np.abs(port - golden))  # [...]
+            v.drift = max(v.drift or 0.0, float(np.nanmax(drift, initial=0.0)))
+        if worst > v.ratio or not v.index:
+            i = np.unravel_index(int(np.argmax(ratio)), ratio.shape) if ratio.size else ()
+            v.ratio, v.index = worst, (row, *(int(j) for j in i))
+            v.port, v.reference, v.introduced, v.bound = (float(port[i]), float(reference[i]), float(diff[i]),
+                                                          float(bound[i]))
+            if golden is not None:
+                v.inherited = float(abs(reference[i] - golden[i]))
+
+
+def judge(params, cfg, tokens, acts, precision="float32", kind="worst", golden=None, p_fail=1e-9) -> LocalReport:
+    """Local verdicts on a port's forward: ``params`` the checkpoint's weights (TransformerLens
+    names, any float dtype), ``cfg`` its Config, ``tokens`` [batch, pos], ``acts`` the port's
+    activations by hook name ([batch, pos, …], as run_with_cache names them; ``logits``
+    [batch, pos, d_vocab] too), ``precision`` a key of refgpt.reference.local.PRECISIONS, ``kind``
+    "worst" or "probabilistic" (for the long sums: the affine ops, z and the softmax's sum), and
+    ``golden`` optionally a function (name, row) → the golden's float64 value, for the inherited
+    error. Every row is judged on its own; every position of every row is real (no padding)."""
+    if precision not in rl.PRECISIONS:
+        raise RefGPTError(f"local verdicts: unknown precision {precision!r}; one of {', '.join(rl.PRECISIONS)}")
+    if kind not in ("worst", "probabilistic"):
+        raise RefGPTError(f"local verdicts: unknown kind of bound {kind!r}; 'worst' or 'probabilistic'")
+    prec, sums = rl.PRECISIONS[precision], rl.Kind(kind, p_fail)
+    p = {name: rl.round_to(w, prec.store) for name, w in params.items()}  # the port's weights
+    tokens = np.asarray(tokens)
+    if tokens.ndim == 1:
+        tokens = tokens[None]
+    walk = _Walk(prec, sums, golden)
+    for r in range(tokens.shape[0]):
+        row = {name: np.asarray(a[r], np.float64) for name, a in acts.items()}
+        _forward_row(walk, p, cfg, tokens[r], row, r, prec, sums)
+    return LocalReport(str(prec), list(walk.verdicts.values()))
+
+
+def _forward_row(walk, p, cfg, tokens, acts, r, prec, sums):
+    pos = len(tokens)
+    missing = lambda *names: [n for n in names if n not in acts]  # noqa: E731
+    for name, ref in (("hook_embed", p["embed.W_E"][tokens]), ("hook_pos_embed", p["pos_embed.W_pos"][:pos])):
+        if name in acts:
+            walk.judge("embed", name, None, r, acts[name], ref, rl.copy(ref, prec))
+        else:
+            walk.skip("embed", name, None, "not dumped")
+    for L in range(cfg.n_layers):
+        b = f"blocks.{L}."
+        if L == 0:
+            _add(walk, b + "hook_resid_pre", L, r, acts, "hook_embed", "hook_pos_embed", prec, missing)
+        elif not missing(b + "hook_resid_pre", f"blocks.{L - 1}.hook_resid_post"):
+            ref = acts[f"blocks.{L - 1}.hook_resid_post"]  # [pos, d_model]: the stream handed on
+            walk.judge("residual", b + "hook_resid_pre", L, r, acts[b + "hook_resid_pre"], ref, rl.copy(ref, prec))
+        h, dh = _layer_norm(walk, acts, b + "ln1.", b + "hook_resid_pre", p, cfg.eps, L, r, prec, missing)
+        a = b + "attn."
+        for n in "qkv":
+            _affine(walk, n, a + f"hook_{n}", L, r, acts, h, dh,
+                    p[a + f"W_{n.upper()}"], p[a + f"b_{n.upper()}"], "pd,hde->phe", prec, sums, missing)
+        if missing(a + "hook_q", a + "hook_k", a + "hook_attn_scores"):
+            walk.skip("scores", a + "hook_attn_scores", L, "not dumped, or q, k not dumped")
+        else:
+            ref, bound = rl.scores(acts[a + "hook_q"], acts[a + "hook_k"], cfg.score_scale(L), prec, sums)
+            finite = np.isfinite(ref)  # [head, query, key]: the mask's entries are the port's own affair
+            walk.judge("scores", a + "hook_attn_scores", L, r, np.where(finite, acts[a + "hook_attn_scores"], 0.0),
+                       np.where(finite, ref, 0.0), np.where(finite, bound, 0.0), sums)
+        if missing(a + "hook_attn_scores", a + "hook_pattern"):
+            walk.skip("pattern", a + "hook_pattern", L, "not dumped, or scores not dumped")
+        else:
+            ref, bound = rl.softmax(acts[a + "hook_attn_scores"], prec, sums)
+            walk.judge("pattern", a + "hook_pattern", L, r, acts[a + "hook_pattern"], ref, bound, sums)
+        if missing(a + "hook_pattern", a + "hook_v", a + "hook_z"):
+            walk.skip("z", a + "hook_z", L, "not dumped, or pattern, v not dumped")
+        else:
+            ref, bound = rl.mix(acts[a + "hook_pattern"], acts[a + "hook_v"], prec, sums)
+            walk.judge("z", a + "hook_z", L, r, acts[a + "hook_z"], ref, bound, sums)
+        _affine(walk, "attn out", b + "hook_attn_out", L, r, acts, acts.get(a + "hook_z"), None,
+                p[a + "W_O"], p[a + "b_O"], "phe,hed->pd", prec, sums, missing, a + "hook_z")
+        _add(walk, b + "hook_resid_mid", L, r, acts, b + "hook_resid_pre", b + "hook_attn_out", prec, missing)
+        h, dh = _layer_norm(walk, acts, b + "ln2.", b + "hook_resid_mid", p, cfg.eps, L, r, prec, missing)
+        m = b + "mlp."
+        _affine(walk, "mlp pre", m + "hook_pre", L, r, acts, h, dh, p[m + "W_in"], p[m + "b_in"], "pd,dm->pm",
+                prec, sums, missing)
+        if missing(m + "hook_pre", m + "hook_post"):
+            walk.skip(cfg.act_fn, m + "hook_post", L, "not dumped, or pre not dumped")
+        elif cfg.act_fn not in ("gelu_new", "gelu_pytorch_tanh"):
+            walk.skip(cfg.act_fn, m + "hook_post", L, f"no local bound for {cfg.act_fn} yet (gelu_new only)")
+        else:
+            ref, bound = rl.gelu_new(acts[m + "hook_pre"], prec)
+            walk.judge(cfg.act_fn, m + "hook_post", L, r, acts[m + "hook_post"], ref, bound)
+        _affine(walk, "mlp out", b + "hook_mlp_out", L, r, acts, acts.get(m + "hook_post"), None,
+                p[m + "W_out"], p[m + "b_out"], "pm,md->pd", prec, sums, missing, m + "hook_post")
+        _add(walk, b + "hook_resid_post", L, r, acts, b + "hook_resid_mid", b + "hook_mlp_out", prec, missing)
+    last = f"blocks.{cfg.n_layers - 1}.hook_resid_post"
+    h, dh = _layer_norm(walk, acts, "ln_final.", last, p, cfg.eps, None, r, prec, missing)
+    b_U = p.get("unembed.b_U", np.zeros(p["unembed.W_U"].shape[-1]))
+    _affine(walk, "logits", "logits", None, r, acts, h, dh, p["unembed.W_U"], b_U, "pd,dv->pv", prec, sums, missing)
+
+
+def _add(walk, name, L, r, acts, left, right, prec, missing):
+    """A residual add; at block 0 the stream is hook_embed + hook_pos_embed."""
+    if missing(name, left, right):
+        walk.skip("residual", name, L, f"{', '.join(missing(name, left, right))} not dumped")
+        return
+    ref, bound = rl.add(acts[left], acts[right], prec)
+    walk.judge("residual", name, L, r, acts[name], ref, bound)
+
+
+def _layer_norm(walk, acts, prefix, x_name, p, eps, L, r, prec, missing):
+    """The LayerNorm's statistics judged on the port's input; returns what its readers are handed:
+    (the port's output and None) if it dumped one, else (w ⊙ x̂ + b from its x̂, that line's bound)
+    — the reader is then judged as a span — or (None, None)."""
+    w, b = p[prefix + "w"], p[prefix + "b"]
+    if x_name in acts:
+        for stat, (ref, bound) in rl.layer_norm(acts[x_name], w, b, eps, prec).items():
+            if prefix + stat in acts:
+                walk.judge(f"ln {stat[5:]}", prefix + stat, L, r, acts[prefix + stat], ref, bound)
+            else:
+                walk.skip(f"ln {stat[5:]}", prefix + stat, L, "not dumped")
+    else:
+        walk.skip("ln", prefix + "hook_scale", L, f"its input {x_name} not dumped")
+    if prefix + "hook_normalized" not in acts:  # the readers take the port's dumped output, if any (llm.c's)
+        return (acts[prefix + "out"], None) if prefix + "out" in acts else (None, None)
+    ref, bound = rl.layer_norm_out(acts[prefix + "hook_normalized"], w, b, prec)
+    if prefix + "out" in acts:
+        walk.judge("ln out", prefix + "out", L, r, acts[prefix + "out"], ref, bound)
+        return acts[prefix + "out"], None
+    return ref, bound
+
+
+def _affine(walk, op, name, L, r, acts, x, dx, W, b, spec, prec, sums, missing, x_name=None):
+    """An affine op on the port's input x; ``dx`` not None: x is the LayerNorm output rebuilt from
+    the port's x̂, and the op is judged as the span "ln out → op"."""
+    if x is None or name not in acts:
+        what = missing(name, *([x_name] if x_name else [])) or ["its LayerNorm's normalized"]
+        walk.skip(op, name, L, f"{', '.join(what)} not dumped")
+        return
+    ref, bound = rl.affine(x, W, b, spec, prec, sums, dx)
+    walk.judge(op if dx is None else f"ln out → {op}", name, L, r, acts[name], ref, bound, sums)
+
+
+def judge_files(reference, candidate, model, name_map="refgpt", precision=None, kind="worst"):
+    """``refgpt compare --local``: (LocalReport, None), or (None, the one line saying why local
+    verdicts were skipped). ``model`` is the checkpoint's Model in float64 (or None: skipped); a
+    golden that recorded its weights' sha256 must have been made from ``model``'s files."""
+    if model is None:
+        return None, ("local verdicts skipped: no weights (give --local-model DIR, the checkpoint the golden was "
+                      "made from)")
+    ref, _, g = comparison.load(reference)
+    if any(split_step(n)[0] is not None for n in ref):
+        return None, "local verdicts skipped: a decode golden's steps are not judged locally yet"
+    if "attention_mask" in ref:
+        return None, "local verdicts skipped: a padded golden's rows are not judged locally yet"
+    recorded = json.loads(g.metadata.get("weights_sha256", "{}")) if g is not None else {}
+    if recorded and recorded != weight_hashes(model.source):
+        raise RefGPTError(f"{model.source}: not the weights {reference} was made from (its recorded weights_sha256 "
+                          f"differs): local verdicts need the golden's own checkpoint")
+    shape = comparison._model_shape(ref, g)
+    cand, dtypes, _ = comparison.load(candidate, name_map, shape)
+    if cand is None:  # an llm.c .bin: its activations (its gradients are not judged locally yet)
+        cand = {k: v for k, v in comparison._read_llmc_bin(candidate, ref, g).items()
+                if not k.startswith(("grad", "tokens", "targets", "loss"))}
+    cand, _ = to_refgpt(cand, name_map, shape)
+    precision = precision or comparison.default_profile(cand, dtypes)
+    golden = lambda name, row: np.asarray(ref[name][row], np.float64) if name in ref else None  # noqa: E731
+    return judge(model.params, model.cfg, np.asarray(ref["tokens"]), cand, precision, kind, golden), None
+
+
+def embedded_if_recorded(reference):
+    """The embedded model in float64 if ``reference`` is a golden that recorded having been made from
+    it (its weights_sha256), else None: found from the golden's own record, never guessed."""
+    _, _, g = comparison.load(reference)
+    recorded = json.loads(g.metadata.get("weights_sha256", "{}")) if g is not None else {}
+    path = default_model_path()
+    if recorded and recorded == weight_hashes(path):
+        return load_checkpoint(path, dtype="float64", tokenizer=False)
+    return None
+
+
+def format_local(report: LocalReport, all_ops=False, out_of_tolerance=()) -> str:
+    """The per-op table and the verdict, as ``refgpt compare --local`` prints them; a tensor in
+    ``out_of_tolerance`` (the whole-tensor comparison's failures) whose op is clean says "inherited"."""
+    lines = [f"local verdicts at {report.precision}: each op recomputed in float64 from the port's own inputs"]
+    first = report.first
+    if first is None:
+        lines.append(f"OK: no op introduced an error beyond its bound ({sum(v.skipped is None for v in report.ops)}"
+                     " ops judged)")
+    else:
+        lines.append(f"FIRST LOCAL FAILURE: {first.op} at {first.name} (row {first.index[0]}, index "
+                     f"{list(first.index[1:])}): port {first.port:.9g}, reference {first.reference:.9g}, "
+                     f"introduced {first.introduced:.3g} > bound {first.bound:.3g}"
+                     + ("" if first.inherited is None else f", inherited {first.inherited:.3g}"))
+    lines.append(f"{'op':20s} {'tensor':34s} {'worst/bound':>11s} {'NMSE':>9s} {'SNR dB':>7s}  bound")
+    for v in report.ops:
+        if v.skipped:
+            if all_ops:
+                lines.append(f"{v.op:20s} {v.name:34s} skipped: {v.skipped}")
+            continue
+        note = "  FLAGGED" if v.flagged else ("  out of tolerance, op clean: inherited" if v.name in out_of_tolerance
+                                               else "")
+        lines.append(f"{v.op:20s} {v.name:34s} {v.ratio:11.3g} {v.nmse:9.2g} {v.snr_db:7.1f}  {v.kind}{note}")
+    return "\n".join(lines)

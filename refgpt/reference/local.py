@@ -1,0 +1,251 @@
+"""Local verdicts: each op of a port judged on the port's own inputs, at the port's precision.
+
+``bounds.py`` holds two float64 computations to each other. Here one side is a port — float32,
+bfloat16 or float16 storage, float32 or float64 accumulation — and the other is gpt2.py's op in
+float64, handed the port's *own* values of the op's inputs (its dumped activations, cast up) and
+the checkpoint's weights rounded to the port's storage precision. The two then differ by the
+port's rounding of that one op (the float64 side's own rounding is added, ~1e-16 relative), so a
+bound on that rounding judges the op on its own: an op over its bound is where the error was
+introduced, whatever drift it inherited from upstream.
+
+The precision model, stated (``Precision``): a port stores tensors at unit roundoff u_store
+(float32 2⁻²⁴, bfloat16 2⁻⁸, float16 2⁻¹¹), accumulates its sums at u_acc, and does elementwise
+steps (exp, tanh, the LayerNorm's centring, …) at u_el = max(u_store, u_acc), the coarser of the
+two — so a bfloat16 port that upcasts its softmax to float32 is judged by a looser, still sound,
+bound. exp, tanh, pow, sqrt are taken within 4 ulps at u_el (8·u_el, relative), as bounds.py's
+LIBM. An op's output may be rounded to u_store up to twice (a matmul's result, then its bias add).
+
+The bounds, one computation of the port (P) plus one of float64 (R), each op's inputs the port's
+(M = the sum of the terms' magnitudes, γ_k(u) = k·u/(1 − k·u), U = 2⁻⁵³):
+
+  L0 underflow: every element also gets 4·(half the smallest subnormal) absolute: a probability
+     of 3e-8 stored in float16 is 0.
+  L1 copy (embedding gathers, a block's resid_pre)   |y_P − y_R| ≤ u_store·|y|   (a change of dtype)
+  L2 add (the residual adds, the position add)       ≤ (u_acc + u_store(1 + u_acc) + U)·|y|
+  L3 affine y = x·W + b, k terms (q, k, v; attention's output from z with k = n_heads·d_head; the
+     MLP's pre and out; the logits):
+        g_{k+1}(u_acc)·M·(1 + 2u_store) + u_store(1 + u_store)·(|x·W| + |y|) + γ_{k+1}(U)·M
+     (the accumulation, then the product stored and the sum with the bias stored)
+  L4 scores s·q·kᵀ, e = d_head     ≤ s·(g_e(u_acc) + 4·u_el + γ_{e+1}(U))·|q|·|k|
+     (q·s or √s·q and √s·k scaled first, then the dot, then the output: four roundings at u_el)
+  L5 softmax over n keys (bounds.py §6 at the port's precision, for each side):
+        p_j·(η_j + Σ p·η + g_{n−1}(u_acc) + u_el) + u_store·p_j,   η = u_el·|s − max s| + 8·u_el
+  L6 z = pattern·v over n keys     ≤ (g_n(u_acc)·(1 + 2u_store) + γ_n(U))·|p|·|v| + u_store(1 + u_store)·|z|
+  L7 LayerNorm: bounds.py §4 with its sums (Σx, Σĉ²) at u_acc and every other step at u_el, the
+     stored mean and mean square one more rounding each at u_el, plus u_store·|value| for the
+     stored mean, scale and normalized. Its output w ⊙ x̂ + b from the port's x̂:
+     (γ_4(u_el) + γ_2(U))·(|x̂ ⊙ w| + |b|) (product and sum, each at the accumulator and stored).
+     Where the port dumped no LayerNorm output (TransformerLens's names have none), the op that
+     reads it is judged as a span "ln out → op" from x̂: that bound pushed through |W| is added to L3's.
+  L8 gelu_new: bounds.py §7 at u = u_el, plus u_store·|y|.
+
+g is the kind of bound, stated for each op in the report:
+  worst          g_k(u) = γ_k(u) = k·u/(1 − k·u): any order, blocking or FMA (Higham §3.1). Blind
+                 for long sums: float32 at k = 50,257 allows 3e-3.
+  probabilistic  g_k(u) = exp(λ·√k·u + k·u²/(1 − u)) − 1 (Higham & Mary 2019, SIAM J. Sci.
+                 Comput. 41(5), Thm 2.4): holds with probability ≥ 1 − 2k·exp(−λ²(1 − u)²/2) if
+                 the rounding errors are independent and of mean zero — a model, not a theorem
+                 about every order (constant terms summed sequentially break it); λ is chosen
+                 here for a stated failure probability per sum (``lambda_for``).
+
+Assumptions a port can break without a bug (so not default everywhere): a LayerNorm done by
+Welford's update or with rsqrt is not L7's two-pass computation; a port whose dumped tensor is not
+the value its next op read (a float32 value dumped as bfloat16) is judged on the dump.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import bounds, gpt2
+from .bounds import U, gamma
+
+UNIT_ROUNDOFF = {"float64": 2.0 ** -53, "float32": 2.0 ** -24, "bfloat16": 2.0 ** -8, "float16": 2.0 ** -11}
+#: Half the smallest subnormal: a rounding's absolute error where the value underflows.
+UNDERFLOW = {"float64": 2.0 ** -1075, "float32": 2.0 ** -150, "bfloat16": 2.0 ** -134, "float16": 2.0 ** -25}
+
+
+@dataclass(frozen=True)
+class Precision:
+    """A port's arithmetic: ``store`` the dtype of its tensors and weights, ``acc`` of its sums."""
+
+    store: str
+    acc: str
+
+    @property
+    def u_store(self) -> float:
+        return UNIT_ROUNDOFF[self.store]
+
+    @property
+    def u_acc(self) -> float:
+        return UNIT_ROUNDOFF[self.acc]
+
+    @property
+    def u_el(self) -> float:
+        return max(self.u_store, self.u_acc)
+
+    @property
+    def tiny(self) -> float:
+        """L0: the absolute error allowed every element for underflow: four roundings (the stored
+        output and up to three elementwise steps) at half the smallest subnormal of the coarser of
+        the two precisions' ranges."""
+        return 4 * max(UNDERFLOW[self.store], UNDERFLOW[self.acc])
+
+    def __str__(self):
+        return self.store if self.store == self.acc else f"{self.store} (accumulating in {self.acc})"
+
+
+#: The named precisions: float32 and float64 accumulate in their own precision; the 16-bit ones in
+#: float32, as torch's CPU and GPU matmuls do.
+PRECISIONS = {
+    "float64": Precision("float64", "float64"),
+    "float32": Precision("float32", "float32"),
+    "bfloat16": Precision("bfloat16", "float32"),
+    "float16": Precision("float16", "float32"),
+}
+
+
+def round_to(x, store):
+    """x rounded to the nearest value of dtype ``store`` (ties to even), as float64. bfloat16 is
+    float32's upper half: x goes through float32 first (values already float32, such as a
+    checkpoint's weights, round once)."""
+    x = np.asarray(x, np.float64)
+    if store == "float64":
+        return x
+    if store in ("float32", "float16"):
+        return x.astype(store).astype(np.float64)
+    bits = x.astype(np.float32).view(np.uint32)  # [...] a new array, worked on in place
+    tie = (bits >> 16) & 1  # [...] round to nearest even on the low half: +0x7FFF, +1 if the kept part is odd
+    bits += 0x7FFF  # no wrap: a finite float32's bits + 0x8000 < 2³²; ∞ and NaN keep their class
+    bits += tie
+    bits &= 0xFFFF0000
+    return bits.view(np.float32).astype(np.float64)
+
+
+def lambda_for(k, p_fail):
+    """λ with 2k·exp(−λ²(1 − u)²/2) ≤ p_fail (u's factor ≤ 1 + 1e-7 is dropped: λ is rounded up)."""
+    return math.sqrt(2 * math.log(2 * k / p_fail)) * (1 + 1e-6)
+
+
+@dataclass(frozen=True)
+class Kind:
+    """Which bound judges a sum: "worst" (γ_k) or "probabilistic" (Higham & Mary, failure
+    probability ``p_fail`` per sum)."""
+
+    name: str = "worst"
+    p_fail: float = 1e-9
+
+    def g(self, k, u):
+        if self.name == "worst":
+            return gamma(k, u)
+        k = np.asarray(k, np.float64)
+        lam = lambda_for(float(np.max(k)), self.p_fail)
+        return np.expm1(lam * np.sqrt(k) * u + k * u * u / (1 - u))
+
+    def __str__(self):
+        return "worst case" if self.name == "worst" else f"probabilistic (P(exceed) ≤ {self.p_fail:g} per sum)"
+
+
+WORST = Kind("worst")
+
+
+# ---- each op: gpt2.py's value on the port's inputs, and the bound --------------------------------
+
+
+def copy(y, prec):
+    """L1: an embedding gather; the reference is the (rounded) weight's row."""
+    return prec.u_store * np.abs(y)
+
+
+def add(a, b, prec):
+    """L2: (a + b, bound)."""
+    y = a + b  # [...]
+    return y, (prec.u_acc + prec.u_store * (1 + prec.u_acc) + U) * np.abs(y)
+
+
+def affine(x, W, b, spec, prec, kind=WORST, dx=None):
+    """L3: (x·W + b by einsum ``spec``, bound); ``dx`` a bound on x's own error (a span's input)."""
+    k = int(np.prod([W.shape[i] for i in contracted(spec)]))
+    product = np.einsum(spec, x, W, optimize=True)  # [...] (optimize: by BLAS)
+    y = product + b  # [...]
+    magnitude = np.einsum(spec, np.abs(x), np.abs(W), optimize=True) + np.abs(b)  # [...]
+    sums = kind.g(k + 1, prec.u_acc) * magnitude  # [...] the port's accumulation
+    bound = sums * (1 + 2 * prec.u_store) + rounded(prec, product, y) + gamma(k + 1) * magnitude
+    if dx is not None:  # x's own error pushed through |W|, and the port's sums and roundings of it
+        spread = kind.g(k + 1, prec.u_acc) * (1 + 2 * prec.u_store) + 2 * prec.u_store * (1 + prec.u_store)
+        bound = bound + (1 + spread) * np.einsum(spec, dx, np.abs(W), optimize=True)
+    return y, bound
+
+
+def rounded(prec, *values):
+    """The output's roundings to u_store, one per value the port may have stored (the product,
+    then the product plus the bias): u_store·(1 + u_store)·Σ|value| (the accumulation's own error
+    times u_store is counted by the caller's (1 + 2u_store))."""
+    return prec.u_store * (1 + prec.u_store) * sum(np.abs(v) for v in values)
+
+
+def contracted(spec):
+    """The axes of the weight (an einsum's second operand) summed over."""
+    inputs, output = spec.split("->")
+    x, w = inputs.split(",")
+    return [i for i, letter in enumerate(w) if letter not in output]
+
+
+def scores(q, k, scale, prec, kind=WORST):
+    """L4: (s·q·kᵀ [head, query, key] with the causal −∞, bound)."""
+    e = q.shape[-1]
+    y = np.einsum("qhe,khe->hqk", q, k) * scale  # [head, query, key]
+    magnitude = scale * np.einsum("qhe,khe->hqk", np.abs(q), np.abs(k))  # [head, query, key]
+    future = np.triu(np.ones(y.shape[-2:], dtype=bool), k=1)  # [query, key]
+    bound = (kind.g(e, prec.u_acc) + 4 * prec.u_el + gamma(e + 1)) * magnitude
+    return np.where(future, -np.inf, y), np.where(future, np.inf, bound)
+
+
+def softmax(s, prec, kind=WORST):
+    """L5: (softmax of the port's scores, the causal mask applied, bound)."""
+    future = np.triu(np.ones(s.shape[-2:], dtype=bool), k=1)  # [query, key]
+    s = np.where(future, -np.inf, s)  # [head, query, key]
+    p = gpt2.softmax(s)  # [head, query, key]
+    shifted = s - s.max(-1, keepdims=True)  # [head, query, key]
+    n = np.maximum((~future).sum(-1, keepdims=True), 2)  # [query, 1] keys seen
+    bound = 0.0
+    for u_el, u_acc, g in ((prec.u_el, prec.u_acc, kind.g(n - 1, prec.u_acc)), (U, U, gamma(n - 1))):
+        eta = u_el * np.abs(np.where(np.isfinite(shifted), shifted, 0.0)) + 8 * u_el  # [head, query, key]
+        bound = bound + p * (eta + (p * eta).sum(-1, keepdims=True) + g + u_el)
+    return p, bound + prec.u_store * p
+
+
+def mix(p, v, prec, kind=WORST):
+    """L6: (z = pattern·v [pos, head, d_head], bound)."""
+    n = p.shape[-1]
+    z = np.einsum("hqk,khe->qhe", p, v)  # [pos, head, d_head]
+    magnitude = np.einsum("hqk,khe->qhe", np.abs(p), np.abs(v))  # [pos, head, d_head]
+    return z, (kind.g(n, prec.u_acc) * (1 + 2 * prec.u_store) + gamma(n)) * magnitude + rounded(prec, z)
+
+
+def layer_norm(x, w, b, eps, prec):
+    """L7: gpt2.layer_norm on the port's x [pos, d] → {stat: (value, bound)} for hook_mean,
+    hook_scale, hook_normalized and "out" (w ⊙ x̂ + b, from gpt2's own x̂: see ``layer_norm_out``)."""
+    out, stats = gpt2.layer_norm(x, w, b, eps)
+    port = bounds.layer_norm_bounds(x, stats["hook_scale"], eps, prec.u_el, prec.u_acc)
+    own = bounds.layer_norm_bounds(x, stats["hook_scale"], eps)
+    judged = {}
+    for name, e_port, e_own in zip(("hook_mean", "hook_scale", "hook_normalized"), port, own):
+        value = stats[name]
+        judged[name] = (value, e_port + e_own + prec.u_store * np.abs(value))
+    return judged
+
+
+def layer_norm_out(normalized, w, b, prec):
+    """L7's output from the port's x̂ [pos, d]: (w ⊙ x̂ + b, bound)."""
+    y = normalized * w + b  # [pos, d_model]
+    return y, (gamma(4, prec.u_el) + gamma(2)) * (np.abs(normalized * w) + np.abs(b))
+
+
+def gelu_new(pre, prec):
+    """L8: (gelu_new of the port's pre, bound)."""
+    return gpt2.gelu_new(pre), (bounds.gelu_new_error(pre, prec.u_el) + bounds.gelu_new_error(pre)
+                                + prec.u_store * np.abs(gpt2.gelu_new(pre)))

@@ -1,0 +1,86 @@
+"""A GPT-2 port written as a port author writes one at reduced precision, for the local verdicts'
+tests (refgpt/oracle/local.py): every tensor stored at ``store`` (float32, bfloat16, float16), every
+op computed in float32 from the stored inputs and its result rounded to ``store`` — TransformerLens's
+own op order (a two-pass LayerNorm, x̂·w then + b, q·kᵀ then / √d_head, softmax, pattern·v), the
+way TransformerLens runs in bfloat16 on a CPU, whose matmuls accumulate in float32.
+
+``plant`` puts one bug in, by name (PLANTS), at ``layer`` (and ``position`` / ``head``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from refgpt.reference.local import round_to
+
+PLANTS = ("gelu_constant", "ln_eps_outside_sqrt", "score_scale", "W_O_head_1pct", "ln_eps_one_position")
+
+
+def port_forward(params, cfg, tokens, store="bfloat16", plant=None, layer=0, position=0, head=0):
+    """tokens [batch, pos] → the port's activations by TransformerLens hook name, [batch, pos, …]
+    (the logits under "logits"), float32 arrays holding ``store`` values."""
+    if plant is not None and plant not in PLANTS:
+        raise ValueError(plant)
+    f32 = np.float32
+    R = lambda a: round_to(a, store).astype(f32)  # noqa: E731 — the port's storage
+    W = {name: R(w) for name, w in params.items()}
+    if plant == "W_O_head_1pct":
+        W_O = W[f"blocks.{layer}.attn.W_O"].copy()
+        W_O[head] = R(W_O[head] * f32(1.01))
+        W[f"blocks.{layer}.attn.W_O"] = W_O
+    rows = [_row(W, cfg, np.asarray(t), R, plant, layer, position) for t in np.atleast_2d(tokens)]
+    return {name: np.stack([r[name] for r in rows]) for name in rows[0]}
+
+
+def _layer_norm(acts, prefix, x, w, b, eps, R, wrong_eps_at=None):
+    f32 = np.float32
+    mean = R(x.mean(-1, keepdims=True, dtype=f32))  # [pos, 1]
+    centered = R(x - mean)  # [pos, d_model]
+    variance = R(R(centered * centered).mean(-1, keepdims=True, dtype=f32))  # [pos, 1]
+    eps = np.full(variance.shape, eps, f32)  # [pos, 1]
+    if isinstance(wrong_eps_at, tuple):  # one position's ε wrong by enough to move its σ by 5 %
+        eps[wrong_eps_at] += f32(0.1025) * variance[wrong_eps_at]
+    scale = R(np.sqrt(variance + eps))  # [pos, 1]
+    if wrong_eps_at == "outside":
+        scale = R(np.sqrt(variance) + f32(eps[0, 0]))
+    normalized = R(centered / scale)  # [pos, d_model]
+    acts.update({prefix + "hook_mean": mean, prefix + "hook_scale": scale, prefix + "hook_normalized": normalized})
+    return R(R(normalized * w) + b)  # [pos, d_model]
+
+
+def _row(W, cfg, tokens, R, plant, layer, position):
+    f32, acts, pos = np.float32, {}, len(tokens)
+    acts["hook_embed"], acts["hook_pos_embed"] = W["embed.W_E"][tokens], W["pos_embed.W_pos"][:pos]
+    x = R(acts["hook_embed"] + acts["hook_pos_embed"])  # [pos, d_model]
+    future = np.triu(np.ones((pos, pos), dtype=bool), k=1)  # [query, key]
+    c = f32(math.sqrt(2 / (3.14 if plant == "gelu_constant" else math.pi)))
+    for L in range(cfg.n_layers):
+        b, here = f"blocks.{L}.", L == layer
+        acts[b + "hook_resid_pre"] = x
+        wrong = ("outside" if plant == "ln_eps_outside_sqrt" else
+                 (position, 0) if plant == "ln_eps_one_position" else None) if here else None
+        h = _layer_norm(acts, b + "ln1.", x, W[b + "ln1.w"], W[b + "ln1.b"], cfg.eps, R, wrong)
+        a = b + "attn."
+        q, k, v = (R(np.einsum("pd,hde->phe", h, W[a + "W_" + n]) + W[a + "b_" + n]) for n in "QKV")
+        scale = f32(1 / cfg.d_head if plant == "score_scale" and here else cfg.score_scale(L))
+        scores = R(R(np.einsum("qhe,khe->hqk", q, k)) * scale)  # [head, query, key]
+        scores = np.where(future, -np.inf, scores).astype(f32)
+        e = np.exp(scores - scores.max(-1, keepdims=True))  # [head, query, key]
+        pattern = R(e / e.sum(-1, keepdims=True))  # [head, query, key]
+        z = R(np.einsum("hqk,khe->qhe", pattern, v))  # [pos, head, d_head]
+        attn_out = R(np.einsum("phe,hed->pd", z, W[a + "W_O"]) + W[a + "b_O"])  # [pos, d_model]
+        acts.update({a + "hook_q": q, a + "hook_k": k, a + "hook_v": v, a + "hook_attn_scores": scores,
+                     a + "hook_pattern": pattern, a + "hook_z": z, b + "hook_attn_out": attn_out})
+        x = acts[b + "hook_resid_mid"] = R(x + attn_out)
+        h = _layer_norm(acts, b + "ln2.", x, W[b + "ln2.w"], W[b + "ln2.b"], cfg.eps, R)
+        m = b + "mlp."
+        pre = R(h @ W[m + "W_in"] + W[m + "b_in"])  # [pos, d_mlp]
+        post = R(f32(0.5) * pre * (f32(1) + np.tanh(c * (pre + f32(0.044715) * pre ** 3))))  # [pos, d_mlp]
+        mlp_out = R(post @ W[m + "W_out"] + W[m + "b_out"])  # [pos, d_model]
+        acts.update({m + "hook_pre": pre, m + "hook_post": post, b + "hook_mlp_out": mlp_out})
+        x = acts[b + "hook_resid_post"] = R(x + mlp_out)
+    h = _layer_norm(acts, "ln_final.", x, W["ln_final.w"], W["ln_final.b"], cfg.eps, R)
+    acts["logits"] = R(h @ W["unembed.W_U"])  # [pos, d_vocab]
+    return acts
