@@ -31,6 +31,7 @@ def tokens_of(seed=0, batch=2, pos=48):
     return np.random.default_rng(seed).integers(0, CFG.d_vocab, (batch, pos))
 
 
+@pytest.mark.peer
 def test_round_to_bfloat16_is_torchs_rounding():
     torch = pytest.importorskip("torch")
     x = np.random.default_rng(0).standard_normal(10_000).astype(np.float32) * 10.0 ** np.arange(-20, 20, 4).repeat(1000)
@@ -241,6 +242,7 @@ def tl_port(seed, store, tmp_path, fwd_hooks=(), pos=None, **overrides):
     return ref.params, ref.cfg, tokens, acts
 
 
+@pytest.mark.peer
 @pytest.mark.parametrize("store", ["float32", "bfloat16"])
 def test_transformer_lens_is_a_correct_port_with_no_local_flag(store, tmp_path):
     for seed in range(20 if LONG else 2):
@@ -250,6 +252,7 @@ def test_transformer_lens_is_a_correct_port_with_no_local_flag(store, tmp_path):
         assert sum(v.skipped is None for v in report.ops) == 2 + 17 * cfg.n_layers + 3  # all but the means: TL has none
 
 
+@pytest.mark.peer
 def test_a_heads_z_one_percent_off_in_transformer_lens_bfloat16_is_named_at_z(tmp_path):
     """The issue's plant, through TL's own hooks: one head's z × 1.01 at one layer, in bfloat16."""
     import torch
@@ -272,6 +275,7 @@ GPT2_SMALL = dict(n_layer=12, n_embd=768, n_head=12, n_positions=1024, vocab_siz
                   reorder_and_upcast_attn=False, tie_word_embeddings=True)
 
 
+@pytest.mark.peer
 @pytest.mark.skipif(not LONG, reason="set REFGPT_CALIBRATION=long (minutes: GPT-2 small's shape)")
 def test_gpt2_small_shaped_transformer_lens_in_bfloat16_with_a_heads_z_off_by_1pct_at_layer_10(tmp_path):
     """The issue's case: GPT-2 small's shape, 48 tokens, TransformerLens in bfloat16, one head's z
