@@ -9,8 +9,8 @@ to the page's document the key ``"sae"`` built here (its schema in docs/explorer
   sae_mean / W_skip where the SAE has them) in full, and per position only the active features —
   the FEATURES_SHOWN of largest |contribution|, the others' contributions summed in one number
   ("rest") so the page's sum stays the logit exactly (an inactive feature contributes exactly 0);
-- for every feature the page names: its activation at every position where it is active (sparse),
-  and its top ± logits (``feature_logits``, LOGITS_SHOWN each way).
+- for every feature the page names: its activation at every position where it is active (sparse;
+  the one home of the activations, the list at a position reads them there), and its top ± logits (``feature_logits``, LOGITS_SHOWN each way).
 
 It sits in the sae room (above analysis, CONTRIBUTING's layers): ``explore`` hands it to the
 explorer (refgpt.analysis.explorer) as the builder of the view, so the explorer never imports it.
@@ -57,8 +57,7 @@ def sae_view(model, sae, cache, target_id: int, logits) -> dict:
         order = active[np.argsort(-np.abs(contributions[active, j]), kind="stable")]  # largest |contribution| first
         shown, rest = order[:FEATURES_SHOWN], order[FEATURES_SHOWN:]
         named.update(shown.tolist())
-        positions.append({"features": shown.tolist(), "activation": _floats(f[j, shown]),
-                          "contribution": _floats(contributions[shown, j]),
+        positions.append({"features": shown.tolist(), "contribution": _floats(contributions[shown, j]),
                           "rest": float(contributions[rest, j].sum()), "n_rest": len(rest)})
     named = sorted(named)
     direct = feature_logits(model, sae, named)  # [feature, d_vocab]

@@ -459,6 +459,8 @@ def test_the_sae_view_draws_the_waterfall_by_feature_and_a_features_logits_and_a
         assert "L3.mlp" in bars and "L1.attn" not in bars  # the hook, blocks.2.hook_resid_pre, covers layers 0 and 1
         lines = browser.driver.find_elements("css selector", "#sae-list li")
         assert [int(li.get_attribute("data-feature")) for li in lines] == here["features"]
+        for li, i in zip(lines, here["features"], strict=True):  # the activation there, from the feature's own list
+            assert li.text.split()[2] == f'{dict(map(tuple, d["features"][str(i)]["activation"]))[pos]:.3f}'
     feature = here["features"][1]
     lines[1].click()
     assert browser.js("return refgptExplorer.state.feature") == feature

@@ -495,6 +495,7 @@
       return here.features.length ? here.features[0] : null;
     };
     const tokenOf = (id) => F.token_strings[String(id)];
+    const activationAt = (f, p) => { for (const [q, v] of F.features[String(f)].activation) if (q === p) return v; return 0; };
     function logitBars(box, side, big, colour) {
       box.innerHTML = "";
       side.ids.forEach((id, k) => {
@@ -527,7 +528,7 @@
       here.features.forEach((f, k) => {
         const li = document.createElement("li");
         const c = here.contribution[k];
-        li.textContent = `F${f}`.padEnd(7) + ` act ${here.activation[k].toFixed(3).padStart(7)} · ${c >= 0 ? "+" : ""}${c.toFixed(4)}`;
+        li.textContent = `F${f}`.padEnd(7) + ` act ${activationAt(f, p).toFixed(3).padStart(7)} · ${c >= 0 ? "+" : ""}${c.toFixed(4)}`;
         li.dataset.feature = f;
         li.className = f === chosen ? "chosen" : "";
         li.onclick = () => select({ feature: f });
