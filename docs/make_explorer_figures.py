@@ -1,9 +1,10 @@
 """Screenshots of every view of the explorer page for docs/explorer.md and docs/primer.md.
 
     python docs/make_explorer_figures.py          # needs chromium, chromium-driver and selenium
+    python docs/make_explorer_figures.py sae      # only the SAE view (explorer_sae.png)
 
 The page is the one ``refgpt explore`` writes for the embedded model, with its shipped tuned lens and an
-ActAdd steering vector; it is opened from file:// in headless Chromium (tests/browser.py) and each
+ActAdd steering vector and the SAE shipped for it; it is opened from file:// in headless Chromium (tests/browser.py) and each
 section is photographed after the clicks and hovers a reader would make.
 """
 
@@ -18,8 +19,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
 import refgpt  # noqa: E402
+import refgpt.sae  # noqa: E402
 from browser import Browser  # noqa: E402
-from refgpt.analysis import explorer  # noqa: E402
+from refgpt.files.default_model import default_sae_path  # noqa: E402
+from refgpt.sae import load_sae  # noqa: E402
 
 FIGURES = REPO / "docs" / "figures"
 TEXT = "I hate you because you never listen to me, my lord."
@@ -44,9 +47,10 @@ def hover(browser, css, row, col):
         canvas, left + (col + 0.5) * w - box[0] / 2, (row + 0.5) * h - box[1] / 2).perform()
 
 
-def main():
+def main(only=None):
     model = refgpt.load_default()
-    page = explorer.explore(model, TEXT, target=" lord", steering=STEERING, prepend_bos=True)  # the shipped tuned lens
+    page = refgpt.sae.explore(model, TEXT, load_sae(default_sae_path()),  # with the shipped tuned lens
+                              target=" lord", steering=STEERING, prepend_bos=True)
     FIGURES.mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         path = page.save(Path(tmp) / "page.html")
@@ -54,6 +58,8 @@ def main():
         try:
             console, _ = browser.open(path)
             assert console == [], console
+            if only == "sae":
+                return shoot_sae(browser)
             shoot(browser, "header", "explorer_header.png")
             browser.driver.find_element("css selector", '#tokens .tok[data-pos="6"]').click()
             shoot(browser, "#attention", "explorer_attention.png")
@@ -70,9 +76,23 @@ def main():
             browser.driver.find_element("css selector", '#tokens .tok[data-pos="2"]').click()  # a steered position
             browser.js("const s = document.getElementById('steer-slider'); s.value = 2; s.dispatchEvent(new Event('input'))")
             shoot(browser, "#steering", "explorer_steering.png")  # C = 50: every stream, the tuned lens, the KL to C = 10⁶
+            shoot_sae(browser)
         finally:
             browser.quit()
 
 
+def shoot_sae(browser):
+    """The SAE view at the last position, by head; of the position's three largest features the one
+    active at the most positions, chosen by clicking its line."""
+    browser.driver.find_element("id", "attr-by-head").click()
+    last = browser.js("return refgptExplorer.data.tokens.length") - 1
+    browser.driver.find_element("css selector", f'#tokens .tok[data-pos="{last}"]').click()
+    busiest = browser.js("const F = refgptExplorer.data.sae, here = F.positions[arguments[0]].features.slice(0, 3); "
+                         "return here.reduce((a, f) => F.features[f].activation.length > F.features[a].activation.length "
+                         "? f : a)", last)
+    browser.driver.find_element("css selector", f'#sae-list li[data-feature="{busiest}"]').click()
+    shoot(browser, "#sae", "explorer_sae.png")
+
+
 if __name__ == "__main__":
-    main()
+    main(*sys.argv[1:2])

@@ -74,7 +74,7 @@ class Explorer:
 
 
 def explore(model, text, *, target=None, prepend_bos=None, layers=None, heads=None, lens=None, tuned=None,
-            steering=None, check_unembed_hash: bool = True) -> Explorer:
+            steering=None, sae=None, check_unembed_hash: bool = True) -> Explorer:
     """Run ``model`` on ``text`` (a string, or token ids [pos]) and gather what the page shows.
 
     ``target``: the token whose logit is attributed and whose rank the lenses show (text that is one
@@ -90,7 +90,13 @@ def explore(model, text, *, target=None, prepend_bos=None, layers=None, heads=No
     ``plus``, ``minus``, ``layer``, ``coeffs`` (a list, precomputed for the slider) and optionally
     ``prepend_bos`` and ``positions``: ActAdd as ``refgpt steer`` does it (with ``positions``, the
     prompts' last-token difference at those positions, as ``refgpt steer --positions``).
+    ``sae``: None, or what builds the page's SAE view, ``(model, cache, target_id, logits) → dict``:
+    ``refgpt.sae.explore(model, text, sae, …)`` passes it for an SAE (this room, below the sae room,
+    knows no SAE: CONTRIBUTING's layers).
     """
+    if sae is not None and not callable(sae):
+        raise RefGPTError(f"explore: for an SAE's view call refgpt.sae.explore(model, text, sae, …), found sae= "
+                          f"{type(sae).__name__}")
     tokens = _tokens(model, text, prepend_bos)  # [pos]
     cfg = model.cfg
     layers = _chosen(layers, cfg.n_layers, "layers")
@@ -122,6 +128,7 @@ def explore(model, text, *, target=None, prepend_bos=None, layers=None, heads=No
                  "tuned_source": None if tuned_lens is None else _lens_source(tuned_lens)},
         "attribution": _attribution(cache, logits, target_id),
         "steering": None if steering is None else _steering(model, tokens, steering, target_id, tuned_lens),
+        "sae": None if sae is None else sae(model, cache, target_id, logits),
     }
     return Explorer(data)
 

@@ -4,13 +4,17 @@ Attention (every head, click to enlarge), the logit and tuned lenses (``--lens D
 the embedded model the tuned lens shipped for it), LayerNorm's σ and mean and
 the stream's norm per layer and position, the exact attribution of a target logit, and — with
 ``--plus/--minus/--layer`` — a steering vector side by side with the clean run, over coefficients
-computed ahead for a slider. One self-contained HTML file: it makes no network request and opens
-from ``file://`` (refgpt.analysis.explorer; the data schema in docs/explorer.md).
+computed ahead for a slider, and — with ``--sae DIR|default`` — the attribution by an SAE's
+features, each feature's top ± logits and activation per position (refgpt.sae.page). One
+self-contained HTML file: it makes no network request and opens from ``file://``
+(refgpt.analysis.explorer; the data schema in docs/explorer.md).
 """
 
 from __future__ import annotations
 
-from ..analysis.explorer import explore
+from ..files.default_model import default_sae_path
+from ..sae.folder import load_sae
+from ..sae.page import explore
 from ..errors import size_shown
 from ._arguments import add_token_argument, finite_float, index_list, token_argument
 from ._chosen_model import add_subcommand, load_chosen, print_json, token_json, tokens_of
@@ -19,7 +23,9 @@ DESCRIPTION = """\
 Write one self-contained web page (-o FILE) that shows what the model does with TEXT: every
 attention head, the logit and tuned lenses, each LayerNorm's scale and mean and the residual
 stream's norm per position, the exact attribution of a target logit and, with --plus/--minus/--layer,
-ActAdd steering over a slider of coefficients. The page opens offline, from file://.
+ActAdd steering over a slider of coefficients and, with --sae, the same attribution by an SAE's
+features, with each feature's top +/- logits and its activation per position. The page opens
+offline, from file://.
 The tuned lens is --lens DIR (a lens directory of the tuned-lens package, config.json + params.pt,
 or a translator file); by default on the embedded model the lens trained for it.
 """
@@ -28,7 +34,7 @@ USES = ("--model", "--dtype", "--json", "--bos")
 
 EXAMPLES = (
     'refgpt explore "To be, or not to" -o page.html',
-    'refgpt explore "To be, or not to" --target " be" --bos -o page.html',
+    'refgpt explore "To be, or not to" --target " be" --bos --sae default -o page.html   # SAE features too',
     'refgpt explore "I hate you because" --plus "Love" --minus "Hate" --layer 2 --coeff 1 --coeff 5 --coeff 50 --bos -o steer.html',
     'refgpt explore "My lord, I" --layers 0,3 --heads 0-1 --lens lens-dir -o some_heads.html     # a tuned-lens package directory',
 )
@@ -50,6 +56,10 @@ def add_parser(subparsers):
     p.add_argument("--no-tuned", action="store_true", help="no tuned-lens view (the logit lens only)")
     p.add_argument("--ignore-unembed-hash", action="store_true",
                    help="use a lens whose config.json unembed_hash is another model's")
+    p.add_argument("--sae", metavar="DIR", default=None,
+                   help="an SAE view: the target's logit by this SAE's features, b_dec and error row, each feature's "
+                        "top +/- logits and activation per position (an SAELens folder; 'default': the SAE trained "
+                        "for the embedded model)")
     p.add_argument("--plus", metavar="TEXT", help="steer towards this prompt (with --minus and --layer)")
     p.add_argument("--minus", metavar="TEXT", help="steer away from this prompt")
     p.add_argument("--layer", type=int, metavar="L", help="the block whose input stream is steered")
@@ -76,7 +86,9 @@ def run(args) -> int:
                     "prepend_bos": args.bos, "positions": args.positions}
     target = token_argument(model, args, "target")
     lens = False if args.no_tuned else args.lens
-    page = explore(model, tokens, target=target, layers=args.layers, heads=args.heads, lens=lens,
+    sae = None if args.sae is None else load_sae(default_sae_path() if args.sae == "default" else args.sae,
+                                                 dtype=model.dtype)
+    page = explore(model, tokens, sae, target=target, layers=args.layers, heads=args.heads, lens=lens,
                    steering=steering, check_unembed_hash=not args.ignore_unembed_hash)
     path = page.save(args.output)
     size = path.stat().st_size
@@ -84,8 +96,10 @@ def run(args) -> int:
     if args.json:
         return print_json(model, {"output": str(path), "bytes": size, "tokens": [token_json(model, t) for t in tokens],
                                   "target": token_json(model, d["target"]["id"]), "layers": d["layers"],
-                                  "heads": d["heads"], "tuned_lens": d["lens"]["tuned_source"], "schema": d["schema"]})
+                                  "heads": d["heads"], "tuned_lens": d["lens"]["tuned_source"],
+                                  "sae": None if d["sae"] is None else d["sae"]["hook"], "schema": d["schema"]})
     tuned = d["lens"]["tuned_source"]
     print(f"wrote {path}: {len(tokens)} tokens, {len(d['layers'])} layers × {len(d['heads'])} heads, "
-          f"{model.dtype.name}, tuned lens: {'none' if tuned is None else tuned}, {size_shown(size)}")
+          f"{model.dtype.name}, tuned lens: {'none' if tuned is None else tuned}"
+          f"{'' if d['sae'] is None else ', SAE at ' + d['sae']['hook']}, {size_shown(size)}")
     return 0

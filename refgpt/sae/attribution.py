@@ -147,21 +147,25 @@ def _into_sae_output(model, hook, u):
     return u @ flat.T  # [head·d_head] or [batch, pos, head·d_head]
 
 
-def feature_logits(model, sae: SAE, feature: int) -> np.ndarray:
+def feature_logits(model, sae: SAE, feature) -> np.ndarray:
     """What one unit of feature ``feature`` adds to every logit through the frozen final LayerNorm,
     times σ: W_dec[i] (through W_O for attn.hook_z) · P(w ⊙ W_U) [d_vocab]. Divided by a position's
     cached σ it is the feature's direct effect there per unit of activation; its largest and
-    smallest entries are the tokens the feature promotes and suppresses."""
-    if not 0 <= feature < sae.d_sae:
+    smallest entries are the tokens the feature promotes and suppresses. ``feature``: an index, or
+    a list of them ([feature, d_vocab], P(w ⊙ W_U) formed once)."""
+    features = np.asarray(feature)
+    if features.dtype.kind not in "iu" or features.ndim > 1:
+        raise RefGPTError(f"feature must be an index or a list of them, found {feature!r}")
+    if features.size and not (0 <= features.min() and features.max() < sae.d_sae):
         raise RefGPTError(f"feature {feature} is outside the SAE's [0, {sae.d_sae})")
     hook = sae.hook_name_out
     if hook is None or _HOOK.match(hook) is None:
         raise RefGPTError(f"feature logits: an SAE writing {hook!r} is not a write to the residual stream")
     p = model.params
-    row = sae.W_dec[feature]  # [d_out]
+    row = sae.W_dec[features]  # [d_out] or [feature, d_out]
     if hook.endswith("attn.hook_z"):
         W_O = p[f"blocks.{int(_HOOK.match(hook).group(1))}.attn.W_O"]  # [head, d_head, d_model]
-        row = row @ W_O.reshape(-1, W_O.shape[-1])  # [d_model]
+        row = row @ W_O.reshape(-1, W_O.shape[-1])  # [d_model] or [feature, d_model]
     u = p["ln_final.w"][:, None] * p["unembed.W_U"]  # [d_model, d_vocab]
     u = u - u.mean(0, keepdims=True)  # P(w ⊙ W_U)
-    return row @ u  # [d_vocab]
+    return row @ u  # [d_vocab] or [feature, d_vocab]

@@ -8,6 +8,7 @@ The page itself is tested in headless Chromium in test_explorer_browser.py.
 from __future__ import annotations
 
 import html
+import math
 import json
 import re
 
@@ -315,3 +316,107 @@ def test_the_pattern_strings_round_trip_every_weight_and_are_one_character_below
     assert not set(text) & set('"\\<')  # nothing JSON escapes, nor the page's \\u003c for <
     with pytest.raises(RefGPTError, match="holds 1035 weights"):
         explorer.decode_pattern(text + "0", n)
+
+
+# ---- the SAE view (refgpt/sae/page.py) ------------------------------------------------------------
+
+EPS = np.finfo(np.float64).eps
+
+
+@pytest.fixture(scope="module")
+def sae_page(model):
+    import refgpt.sae
+    from refgpt.files.default_model import default_sae_path
+    from refgpt.sae import load_sae
+
+    sae = load_sae(default_sae_path())
+    return refgpt.sae.explore(model, TEXT, sae, target=" lord", lens=False), sae
+
+
+@pytest.mark.slow
+def test_the_sae_view_is_attribute_features_and_feature_logits(model, sae_page):
+    """Every SAE number on the page is attribute_features's (head granularity) or feature_logits's,
+    bit for bit; per position the page keeps the active features of largest |contribution| and sums
+    the others in "rest", so what it holds sums to the model's logit (≤ 1e-12 relative)."""
+    from refgpt.sae.attribution import attribute_features, feature_logits
+    from refgpt.sae.page import FEATURES_SHOWN, LOGITS_SHOWN
+
+    p, sae = sae_page
+    d, target = p.data["sae"], p.data["target"]["id"]
+    logits, cache = model.run_with_cache(TEXT)  # [1, pos, d_vocab]
+    a = attribute_features(cache, sae, target, granularity="head", logits=logits)
+    f = a.features[0]  # [pos, d_sae]
+    first = a.labels.index("F0")
+    assert a.labels[first:first + sae.d_sae] == [f"F{i}" for i in range(sae.d_sae)]
+    c = a.values[first:first + sae.d_sae, 0].T  # [pos, d_sae] each feature's contribution
+    assert d["hook"] == sae.hook_name_out and d["d_sae"] == sae.d_sae and d["source"] == "shipped"
+    assert set(d["labels"]) == {label for label in a.labels if not label.startswith("F")}
+    for label, values in zip(d["labels"], d["values"], strict=True):
+        assert values == a[label][0].tolist()
+    named = set()
+    for j, here in enumerate(d["positions"]):
+        active = np.flatnonzero(f[j])  # [l0]
+        shown = here["features"]
+        named.update(shown)
+        assert d["l0"][j] == len(active) and here["n_rest"] == len(active) - len(shown)
+        assert len(shown) == min(FEATURES_SHOWN, len(active)) and set(shown) <= set(active.tolist())
+        contribution = c[j, shown]  # [shown]
+        assert here["contribution"] == contribution.tolist()
+        others = c[j, sorted(set(active.tolist()) - set(shown))]  # [rest]
+        assert np.all(np.diff(np.abs(contribution)) <= 0)  # largest |contribution| first
+        assert np.all(np.abs(others) <= np.abs(contribution).min(initial=np.inf))
+        assert np.all(c[j, f[j] == 0] == 0)  # an inactive feature writes exactly nothing: "rest" misses nothing
+        # rest: a sum of len(others) numbers in another order; |Δ| ≤ 2·n·ε·Σ|term| (Higham's γ_n, twice)
+        assert abs(here["rest"] - math.fsum(others)) <= 2 * len(others) * EPS * np.abs(others).sum()
+        held = [v[j] for v in d["values"]] + here["contribution"] + [here["rest"]]
+        logit = logits[0, j, target]
+        assert p.data["attribution"]["logit"][j] == logit
+        assert abs(math.fsum(held) - logit) <= 1e-12 * abs(logit)
+    assert {int(i) for i in d["features"]} == named
+    ids = sorted(named)
+    every = feature_logits(model, sae, ids)  # [feature, d_vocab]
+    u = model.params["ln_final.w"][:, None] * model.params["unembed.W_U"]  # [d_model, d_vocab]
+    strings = model.to_str_tokens(np.arange(model.cfg.d_vocab), prepend_bos=False)
+    for k, i in enumerate(ids):
+        info = d["features"][str(i)]
+        assert info["activation"] == [[int(q), f[q, i]] for q in np.flatnonzero(f[:, i])]
+        for side, order in (("top", np.argsort(-every[k], kind="stable")), ("bottom", np.argsort(every[k], kind="stable"))):
+            assert info[side]["ids"] == order[:LOGITS_SHOWN].tolist()  # the extremes, in order
+            assert info[side]["values"] == every[k, info[side]["ids"]].tolist()
+            assert all(d["token_strings"][str(t)] == strings[t] for t in info[side]["ids"])
+        if k < 3:  # one feature at a time gives the same numbers, to the rounding of a d_model-term dot
+            # product (γ_d·Σ|term| each way, Higham): the batched [feature, d_model] @ [d_model, d_vocab]
+            # may add in another order
+            bound = 2 * model.cfg.d_model * EPS * (np.abs(sae.W_dec[i]) @ np.abs(u - u.mean(0)))  # [d_vocab]
+            assert np.all(np.abs(feature_logits(model, sae, i) - every[k]) <= bound)
+    assert ids  # the shipped SAE is active on this text
+
+
+def test_the_sae_view_is_only_there_when_asked_and_wants_an_sae(model):
+    page = explorer.explore(model, "To be", lens=False, layers=[0], heads=[0])
+    assert page.data["sae"] is None
+    with pytest.raises(RefGPTError, match=r"refgpt\.sae\.explore\(model, text, sae"):
+        explorer.explore(model, "To be", lens=False, sae="weights/default_sae")
+
+
+@pytest.mark.slow
+def test_the_command_writes_the_sae_view(refgpt_cli, tmp_path, model, sae_page):
+    p, _ = sae_page
+    out = tmp_path / "page.html"
+    done = refgpt_cli.in_process("explore", TEXT, "--target", " lord", "--bos", "--no-tuned", "--sae", "default",
+                                 "-o", out, "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["sae"] == "blocks.2.hook_resid_pre"
+    assert document_of(out.read_text(encoding="utf-8"))["sae"] == p.data["sae"]
+    missing = refgpt_cli.in_process("explore", TEXT, "--sae", tmp_path / "nowhere", "-o", out)
+    assert missing.returncode == 1 and missing.stderr.startswith("refgpt: error:") and "nowhere" in missing.stderr
+
+
+def test_docs_state_what_the_sae_view_keeps():
+    from doc_pages import DOCS
+    from refgpt.sae.page import FEATURES_SHOWN, LOGITS_SHOWN
+
+    text = " ".join((DOCS / "explorer.md").read_text(encoding="utf-8").split())
+    assert f"the **{FEATURES_SHOWN} active features of largest |contribution|**" in text
+    assert f"the {LOGITS_SHOWN} tokens it promotes and the {LOGITS_SHOWN} it suppresses" in text
+    assert f"`features_shown` ({FEATURES_SHOWN}), `logits_shown` ({LOGITS_SHOWN})" in text

@@ -422,3 +422,68 @@ def test_the_token_strip_is_painted_with_a_head_s_attention_or_each_token_s_log_
     assert shown[0] == "" and np.allclose(np.array(shown[1:], dtype=float), expected, rtol=1e-12, atol=0)
     assert built.data["next_logprob"][1:] == pytest.approx(expected.tolist(), rel=1e-12)
     Select(find(browser, "#paint")).select_by_value("attention")
+
+
+@pytest.fixture(scope="module")
+def sae_page(model, tmp_path_factory, browser):
+    from refgpt.files.default_model import default_sae_path
+    from refgpt.sae import explore as sae_explore, load_sae
+
+    built = sae_explore(model, TEXT, load_sae(default_sae_path()), target=" lord", lens=False)
+    path = built.save(tmp_path_factory.mktemp("explorer-sae") / "page.html")
+    console, requests = browser.open(path)
+    return built, path, console, requests
+
+
+@pytest.mark.slow
+def test_the_sae_view_draws_the_waterfall_by_feature_and_a_features_logits_and_activations(browser, sae_page, model,
+                                                                                           tmp_path):
+    """The waterfall's bars are the page's rows, features and b_dec / sae_error, summed on the page to the
+    model's logit (✓); clicking a feature shows its activation over the tokens as the page shows them
+    and its top ± logits, as the page's document holds them (test_explorer.py checks those against
+    attribute_features and feature_logits)."""
+    built, path, console, requests = sae_page
+    assert console == [] and requests == [path.resolve().as_uri()]
+    d, logits = built.data["sae"], model(TEXT)[0]  # [pos, d_vocab]
+    target = built.data["target"]["id"]
+    for pos in (len(built.data["tokens"]) - 1, 4):
+        find(browser, f'#tokens .tok[data-pos="{pos}"]').click()
+        summary = find(browser, "#sae-summary")
+        assert summary.get_attribute("class") == "ok"
+        assert float(summary.get_attribute("data-logit")) == logits[pos, target]
+        assert abs(float(summary.get_attribute("data-sum")) - logits[pos, target]) <= 1e-12 * abs(logits[pos, target])
+        here = d["positions"][pos]
+        bars = json.loads(find(browser, "#sae-canvas").get_attribute("data-labels"))
+        assert [b for b in bars if b.startswith("F")] == [f"F{i}" for i in here["features"]]
+        assert bars[-3:] == ["b_dec", "sae_error", "logit"]
+        assert "L3.mlp" in bars and "L1.attn" not in bars  # the hook, blocks.2.hook_resid_pre, covers layers 0 and 1
+        lines = browser.driver.find_elements("css selector", "#sae-list li")
+        assert [int(li.get_attribute("data-feature")) for li in lines] == here["features"]
+        for li, i in zip(lines, here["features"], strict=True):  # the activation there, from the feature's own list
+            assert li.text.split()[2] == f'{dict(map(tuple, d["features"][str(i)]["activation"]))[pos]:.3f}'
+    feature = here["features"][1]
+    lines[1].click()
+    assert browser.js("return refgptExplorer.state.feature") == feature
+    chosen = browser.driver.find_elements("css selector", "#sae-list li.chosen")
+    assert [int(li.get_attribute("data-feature")) for li in chosen] == [feature]
+    info = d["features"][str(feature)]
+    strip = browser.driver.find_elements("css selector", "#sae-strip .tok")
+    assert [s.text for s in strip] == [printable(t, 10**6) for t in built.data["tokens"]]  # as the token strip writes them
+    activation = dict(map(tuple, info["activation"]))
+    assert [float(s.get_attribute("data-value")) for s in strip] == [activation.get(q, 0.0)
+                                                                     for q in range(len(strip))]
+    for side in ("top", "bottom"):
+        rows = browser.driver.find_elements("css selector", f"#sae-{side} .bar-row")
+        assert [int(r.get_attribute("data-id")) for r in rows] == info[side]["ids"]
+        assert [float(r.get_attribute("data-value")) for r in rows] == info[side]["values"]
+        assert [json.loads(r.find_element("css selector", ".name").text) for r in rows] == \
+            [d["token_strings"][str(t)] for t in info[side]["ids"]]
+    assert f"F{feature}" in find(browser, "#sae-feature-title").text
+    assert "feature=" + str(feature) in browser.js("return location.hash")
+    find(browser, "#sae").screenshot(str(tmp_path / "sae.png"))  # the view renders (docs/figures/explorer_sae.png)
+    assert (tmp_path / "sae.png").stat().st_size > 10_000
+
+
+def test_a_page_without_an_sae_says_how_to_get_one(browser, page):
+    browser.open(page[1])
+    assert "--sae" in find(browser, "#sae-body").text

@@ -5,7 +5,7 @@
   const D = JSON.parse(document.getElementById("refgpt-data").textContent);
   const P = D.tokens.length;
   const state = { pos: P - 1, layer: D.steering ? D.steering.layer : D.layers[0], head: D.heads[0], lensKind: "logit", lensMetric: "top_prob",
-                  lnView: "scale", attrBy: "layer", steer: 0, paint: "attention" };
+                  lnView: "scale", attrBy: "layer", steer: 0, paint: "attention", feature: -1 };  // feature −1: the selected position's largest
   const $ = (id) => document.getElementById(id);
   const tip = $("tooltip");
   const show = (s) => JSON.stringify(s);  // a token as a quoted string: spaces and newlines visible
@@ -134,7 +134,7 @@
 
   // ---- the selection ----------------------------------------------------------------------
   const views = [];
-  const SHARED = ["pos", "layer", "head", "lensKind", "lensMetric", "lnView", "attrBy", "steer", "paint"];
+  const SHARED = ["pos", "layer", "head", "lensKind", "lensMetric", "lnView", "attrBy", "steer", "paint", "feature"];
   function select(changes) {
     Object.assign(state, changes);
     for (const view of views) view();
@@ -150,6 +150,7 @@
     whole("layer", 0, D.model.n_layers - 1);
     whole("head", 0, D.model.n_heads - 1);
     whole("steer", 0, D.steering ? D.steering.runs.length - 1 : 0);
+    whole("feature", -1, D.sae ? D.sae.d_sae - 1 : -1);
     oneOf("lensKind", D.lens.tuned ? ["logit", "tuned"] : ["logit"]);
     oneOf("lensMetric", ["top_prob", "entropy", "kl", "target_rank"]);
     oneOf("lnView", ["scale", "mean", "norm"]);
@@ -386,11 +387,11 @@
     const head = /^L(\d+)H\d+(\.b_V)?$/.exec(label);
     return head ? `L${head[1]}.${head[2] ? "b_V" : "attn"}` : label;
   };
-  function components() {
+  function components(labels = A.labels, values = A.values) {  // [label, value at the selected position], by layer or head
     const parts = new Map();
-    A.labels.forEach((label, i) => {
+    labels.forEach((label, i) => {
       const key = state.attrBy === "head" ? label : layerOf(label);
-      parts.set(key, (parts.get(key) || 0) + A.values[i][state.pos]);
+      parts.set(key, (parts.get(key) || 0) + values[i][state.pos]);
     });
     return [...parts.entries()];
   }
@@ -459,8 +460,121 @@
         `${name}</text>`).join("") + `</svg>`;
   }
 
-  // Each part a bar from the running total to the running total + its value; the last bar the logit.
-  function waterfall(canvas, parts, logit) {
+  // ---- SAE features: the same logit with the SAE's activation split by feature (refgpt/sae/page.py) ----
+  const F = D.sae;
+  if (!F) {
+    $("sae-body").textContent = "No SAE in this page (refgpt explore TEXT --sae DIR|default).";
+    $("nav-sae").title = "no SAE in this page";
+  } else {
+    $("sae-body").innerHTML = `<p class="legend" id="sae-about"></p><p id="sae-summary"></p><canvas id="sae-canvas"></canvas>` +
+      `<div class="steer-grid"><div><h3>features active at the selected position, largest |contribution| first ` +
+      `(click one)</h3><ol id="sae-list"></ol></div><div><h3 id="sae-feature-title"></h3>` +
+      `<div id="sae-strip"></div><p class="legend" id="sae-strip-legend"></p><div class="steer-grid">` +
+      `<div><b>promotes</b><div id="sae-top" class="bars"></div></div>` +
+      `<div><b>suppresses</b><div id="sae-bottom" class="bars"></div></div></div>` +
+      `<p class="legend">each token's logit per unit of the feature's activation, times ln_final's σ ` +
+      `(feature_logits: W_dec[i]·P(w ⊙ W_U))</p></div></div>`;
+    $("sae-about").textContent = `${F.architecture} SAE ${F.source ? `(${F.source}) ` : ""}at ${F.hook}, ${F.d_sae} ` +
+      `features: its features, b_dec and error row sae_error replace the components its hook covers; the rest is as ` +
+      `above. The page keeps, per position, the ${F.features_shown} active features of largest |contribution|; ` +
+      `the others' sum is one bar, "other features". Click a feature's bar or its line to show it.`;
+    const SAE_ROWS = ["b_dec", "sae_mean", "W_skip", "sae_error"];  // after the features, in this order
+    const featureOf = (label) => /^F\d+$/.test(label) ? Number(label.slice(1)) : null;
+    function saeParts(p) {  // the upstream components (by layer or head), the features, then the SAE's own rows
+      const here = F.positions[p];
+      const upstream = F.labels.map((l, i) => [l, i]).filter(([l]) => !SAE_ROWS.includes(l));
+      const parts = components(upstream.map(([l]) => l), upstream.map(([, i]) => F.values[i]));
+      here.features.forEach((f, k) => parts.push([`F${f}`, here.contribution[k]]));
+      if (here.n_rest) parts.push([`other features (${here.n_rest})`, here.rest]);
+      for (const name of SAE_ROWS) { const i = F.labels.indexOf(name); if (i >= 0) parts.push([name, F.values[i][p]]); }
+      return parts;
+    }
+    const shownFeature = () => {  // the chosen feature, or the largest at the selected position
+      if (state.feature >= 0) return state.feature;
+      const here = F.positions[state.pos];
+      return here.features.length ? here.features[0] : null;
+    };
+    const tokenOf = (id) => F.token_strings[String(id)];
+    const activationAt = (f, p) => { for (const [q, v] of F.features[String(f)].activation) if (q === p) return v; return 0; };
+    function logitBars(box, side, big, colour) {
+      box.innerHTML = "";
+      side.ids.forEach((id, k) => {
+        const row = document.createElement("div"), v = side.values[k];
+        row.className = "bar-row";
+        row.innerHTML = `<span class="name"></span><span class="bar" style="width:${Math.round(Math.abs(v) / big * 120)}px;` +
+          `background:${colour}"></span><span class="p">${v >= 0 ? "+" : ""}${v.toFixed(3)}</span>`;
+        row.firstChild.textContent = show(tokenOf(id));
+        row.dataset.id = id; row.dataset.value = v;
+        box.appendChild(row);
+      });
+    }
+    views.push(() => {
+      const p = state.pos, here = F.positions[p], logit = A.logit[p];
+      let sum = 0;  // every number the page holds for this position, summed here
+      for (const v of F.values) sum += v[p];
+      for (const c of here.contribution) sum += c;
+      sum += here.rest;
+      const error = Math.abs(sum - logit), summary = $("sae-summary");
+      summary.textContent = `logit of ${show(D.target.token)} at position ${p} ${show(D.tokens[p])}: ${logit.toPrecision(10)}; ` +
+        `${F.l0[p]} features active; Σ of ${F.labels.length} rows, ${here.features.length} features` +
+        (here.n_rest ? ` and the other ${here.n_rest}` : "") + ` = ${sum.toPrecision(10)} (|Σ − logit| = ${error.toExponential(2)})`;
+      summary.dataset.sum = sum; summary.dataset.logit = logit;
+      summary.className = error <= 1e-9 * Math.max(1, Math.abs(logit)) ? "ok" : "bad";
+      const chosen = shownFeature();
+      waterfall($("sae-canvas"), saeParts(p), logit, chosen === null ? null : `F${chosen}`,
+                (label) => { const f = featureOf(label); if (f !== null) select({ feature: f }); });
+      const list = $("sae-list");
+      list.innerHTML = "";
+      here.features.forEach((f, k) => {
+        const li = document.createElement("li");
+        const c = here.contribution[k];
+        li.textContent = `F${f}`.padEnd(7) + ` act ${activationAt(f, p).toFixed(3).padStart(7)} · ${c >= 0 ? "+" : ""}${c.toFixed(4)}`;
+        li.dataset.feature = f;
+        li.className = f === chosen ? "chosen" : "";
+        li.onclick = () => select({ feature: f });
+        list.appendChild(li);
+      });
+      if (here.n_rest) {
+        const li = document.createElement("li");
+        li.textContent = `… ${here.n_rest} more, summed: ${here.rest >= 0 ? "+" : ""}${here.rest.toFixed(4)}`;
+        list.appendChild(li);
+      }
+      const info = chosen === null ? null : F.features[String(chosen)];
+      const strip = $("sae-strip");
+      strip.innerHTML = "";
+      if (!info) {
+        $("sae-feature-title").textContent = chosen === null ? `no feature is active at position ${p}`
+          : `F${chosen} is not among the features this page keeps`;
+        $("sae-strip-legend").textContent = "";
+        $("sae-top").innerHTML = $("sae-bottom").innerHTML = "";
+        return;
+      }
+      const act = new Array(P).fill(0);
+      for (const [q, v] of info.activation) act[q] = v;
+      const top = Math.max(...act);
+      $("sae-feature-title").textContent = `F${chosen}: its activation at every position, and the logits it moves`;
+      D.tokens.forEach((t, q) => {
+        const span = document.createElement("span");
+        span.className = "tok" + (q === p ? " selected" : "");
+        span.textContent = visible(t);
+        span.dataset.pos = q; span.dataset.value = act[q];
+        if (act[q] > 0) span.style.background = css(ramp(act[q] / top));
+        if (act[q] / top > 0.6) span.style.color = "#fff";
+        span.title = `position ${q} ${show(t)}: F${chosen} = ${act[q].toPrecision(6)}`;
+        span.onclick = () => select({ pos: q });
+        strip.appendChild(span);
+      });
+      $("sae-strip-legend").textContent = `F${chosen}'s activation per position: white 0 → blue ${top.toPrecision(4)} ` +
+        `(its largest here); active at ${info.activation.length} of ${P} positions`;
+      const big = Math.max(...info.top.values.map(Math.abs), ...info.bottom.values.map(Math.abs)) || 1;
+      logitBars($("sae-top"), info.top, big, "#2e7d32");
+      logitBars($("sae-bottom"), info.bottom, big, "#c62828");
+    });
+  }
+
+  // Each part a bar from the running total to the running total + its value; the last bar the logit;
+  // the bar named highlight (default: the selected head's or layer's) orange; pick(label) on a click.
+  function waterfall(canvas, parts, logit, highlight, pick) {
     const n = parts.length + 1, W = 1000, padL = 50;
     const barW0 = Math.max(1, Math.floor((W - padL) / n)), padB = barW0 >= 12 ? 70 : 20, H = 240 + padB;
     const barW = Math.max(1, Math.floor((W - padL) / n));
@@ -477,7 +591,7 @@
     ctx.fillStyle = "#444"; ctx.font = "10px sans-serif";
     ctx.fillText(hi.toFixed(2), 2, y(hi) + 8); ctx.fillText(lo.toFixed(2), 2, y(lo));
     if (Math.abs(y(0) - y(hi)) > 14 && Math.abs(y(0) - y(lo)) > 14) ctx.fillText("0", 2, y(0) + 3);
-    const selected = state.attrBy === "head" ? `L${state.layer}H${state.head}` : `L${state.layer}.attn`;
+    const selected = highlight !== undefined ? highlight : state.attrBy === "head" ? `L${state.layer}H${state.head}` : `L${state.layer}.attn`;
     spans.forEach(([label, a, b, v], i) => {
       ctx.fillStyle = label === "logit" ? "#555" : label === selected ? "#e65100" : v >= 0 ? "#2e7d32" : "#c62828";
       ctx.fillRect(padL + i * barW, Math.min(y(a), y(b)), Math.max(1, barW - (barW > 3 ? 1 : 0)), Math.max(1, Math.abs(y(a) - y(b))));
@@ -501,6 +615,12 @@
         : `${label}: ${v >= 0 ? "+" : ""}${v.toPrecision(8)}  (running total ${a.toFixed(4)} → ${b.toFixed(4)})`);
     };
     canvas.onmouseleave = (e) => tooltip(e, null);
+    canvas.onclick = pick ? (e) => {
+      const box = canvas.getBoundingClientRect();
+      const i = Math.floor(((e.clientX - box.left) * canvas.width / box.width - padL) / barW);
+      if (i >= 0 && i < parts.length) pick(spans[i][0]);
+    } : null;
+    canvas.dataset.labels = JSON.stringify(spans.map((s) => s[0]));
   }
 
   // ---- steering -----------------------------------------------------------------------------
