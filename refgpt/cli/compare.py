@@ -13,13 +13,20 @@ acts_memory dump, refgpt's llm.c dump (tokens, activations and gradients), or a 
 directory with ``--map llmc`` holds llm.c-style per-step dumps of a decode (step0.bin, …). ``--names
 GLOB`` and ``--failing`` filter the table (not the verdict); ``--judge-pads`` judges a padded
 golden's pads; ``--forward-only`` lets a golden without gradients judge a candidate with them.
+A CANDIDATE that is an ``.onnx`` file is a model, not a dump: refgpt runs it on the golden's tokens
+(``--runtime onnxruntime``, the default, or ``tinygrad``), captures every intermediate the graph
+computes under refgpt's names (refgpt/runtimes/onnx_model.py) and judges those; ``--save FILE``
+keeps the captured tensors as a safetensors file under refgpt's names.
 Exit status 0 when everything is within tolerance, 1 otherwise.
 """
 
 from __future__ import annotations
 
+from ..errors import RefGPTError
 from ..oracle import comparison as oracle
+from ..oracle import golden as golden_file
 from ..oracle.name_maps import MAPS
+from ..runtimes.onnx_model import RUNTIMES  # numpy only: the runtimes themselves are imported when run
 from ._arguments import non_negative_float
 from ._chosen_model import add_subcommand
 
@@ -57,7 +64,37 @@ def add_parser(subparsers):
                    help="show only tensors matching this glob (repeatable), e.g. 'step.3.*' or 'grad.blocks.0.*'; "
                         "the verdict is still the whole comparison's")
     p.add_argument("--failing", action="store_true", help="show only tensors out of tolerance")
+    p.add_argument("--runtime", choices=RUNTIMES,
+                   help="for an .onnx CANDIDATE: the engine that runs it (default: onnxruntime; the onnx or "
+                        "tinygrad extra)")
+    p.add_argument("--save", metavar="FILE",
+                   help="for a model CANDIDATE (.onnx): keep the tensors it computed, under refgpt's names, "
+                        "as a safetensors file")
     return p
+
+
+def _is_model(candidate) -> bool:
+    return str(candidate).endswith(".onnx")
+
+
+def _run_model(args):
+    """Run the model CANDIDATE on the golden's tokens: (its tensors under refgpt's names, notes)."""
+    from ..runtimes import onnx_model
+
+    golden = golden_file.read(args.reference)
+    cfg = golden.config
+    if cfg is None or "tokens" not in golden.tensors:
+        raise RefGPTError(f"{args.reference}: a model candidate runs on the golden's tokens with the golden's "
+                          f"config: REFERENCE must be a golden file written by `refgpt golden`")
+    if any(k.startswith("step.") for k in golden.tensors) or "attention_mask" in golden.tensors:
+        raise RefGPTError(f"{args.reference}: a decode or padded golden; an .onnx candidate is run on one "
+                          f"unpadded forward pass (make the golden without --generate/padding)")
+    captured, notes = onnx_model.capture(args.candidate, golden.tensors["tokens"], cfg.n_layers,
+                                         args.runtime or "onnxruntime")
+    if args.save:
+        golden_file.write(args.save, golden_file.Golden(captured, {
+            "captured_from": str(args.candidate), "runtime": args.runtime or "onnxruntime"}))
+    return golden, captured, notes
 
 
 def run(args) -> int:
@@ -65,8 +102,16 @@ def run(args) -> int:
         args.usage_error("give either --profile or --atol/--rtol, not both")
     if args.json and (args.names or args.failing):  # refused, not ignored: the JSON holds every tensor
         args.usage_error("--names and --failing filter the table; --json gives every tensor (filter it there)")
-    report = oracle.compare(args.reference, args.candidate, atol=args.atol, rtol=args.rtol,
+    if (args.runtime or args.save) and not _is_model(args.candidate):
+        args.usage_error("--runtime and --save are for a model CANDIDATE (an .onnx file)")
+    reference, candidate, notes = args.reference, args.candidate, []
+    if _is_model(args.candidate):
+        if args.name_map != "refgpt":
+            args.usage_error("--map names a dump's tensors; a model candidate's are named by refgpt")
+        reference, candidate, notes = _run_model(args)
+    report = oracle.compare(reference, candidate, atol=args.atol, rtol=args.rtol,
                             profile=args.profile, name_map=args.name_map, forward_only=args.forward_only,
                             judge_pads=args.judge_pads)
+    report.notes[:0] = notes
     print(report.to_json() if args.json else report.table(names=args.names, failing=args.failing))
     return 0 if report.ok else 1
