@@ -53,8 +53,10 @@ def add_parser(subparsers):
     p.add_argument("--rtol", type=non_negative_float, help="relative tolerance")
     p.add_argument("--profile", choices=sorted(oracle.UNIT_ROUNDOFF),
                    help="tolerances from a format's unit roundoff (default: the candidate's precision)")
-    p.add_argument("--map", dest="name_map", choices=MAPS, default="refgpt",
-                   help="how the candidate names its tensors (default: refgpt/TransformerLens hook names)")
+    p.add_argument("--map", dest="name_map", choices=(*MAPS, "onnx"), default="refgpt",
+                   help="how the candidate names its tensors (default: refgpt/TransformerLens hook names; onnx: "
+                        "the tensor names of the graph --onnx FILE, e.g. a Polygraphy RunResults .json)")
+    p.add_argument("--onnx", metavar="FILE", help="with --map onnx: the ONNX GPT-2 whose tensor names the candidate uses")
     p.add_argument("--forward-only", action="store_true",
                    help="judge the forward pass alone: a candidate's gradients against a golden made without "
                         "--backward are otherwise a failure")
@@ -77,10 +79,7 @@ def _is_model(candidate) -> bool:
     return str(candidate).endswith(".onnx")
 
 
-def _run_model(args):
-    """Run the model CANDIDATE on the golden's tokens: (its tensors under refgpt's names, notes)."""
-    from ..runtimes import onnx_model
-
+def _golden(args):
     golden = golden_file.read(args.reference)
     cfg = golden.config
     if cfg is None or "tokens" not in golden.tensors:
@@ -89,12 +88,36 @@ def _run_model(args):
     if any(k.startswith("step.") for k in golden.tensors) or "attention_mask" in golden.tensors:
         raise RefGPTError(f"{args.reference}: a decode or padded golden; an .onnx candidate is run on one "
                           f"unpadded forward pass (make the golden without --generate/padding)")
+    return golden
+
+
+def _run_model(args):
+    """Run the model CANDIDATE on the golden's tokens: (its tensors under refgpt's names, notes)."""
+    from ..runtimes import onnx_model
+
+    golden = _golden(args)
+    cfg = golden.config
     captured, notes = onnx_model.capture(args.candidate, golden.tensors["tokens"], cfg.n_layers,
                                          args.runtime or "onnxruntime")
     if args.save:
         golden_file.write(args.save, golden_file.Golden(captured, {
             "captured_from": str(args.candidate), "runtime": args.runtime or "onnxruntime"}))
     return golden, captured, notes
+
+
+def _onnx_named(args):
+    """A candidate keyed by an ONNX graph's tensor names (a Polygraphy RunResults .json, or any
+    file compare reads): (the golden, its tensors under refgpt's names, notes)."""
+    from ..runtimes import onnx_model, polygraphy_json
+
+    golden = _golden(args)
+    if str(args.candidate).endswith(".json"):
+        values = polygraphy_json.read(args.candidate)
+    else:
+        values = oracle.load(args.candidate)[0]
+    names, notes = onnx_model.tensor_names(onnx_model.load(args.onnx).graph, golden.config.n_layers)
+    notes += onnx_model.NOTES + ["--map onnx: the candidate is taken to have run on the golden's tokens"]
+    return golden, onnx_model.as_refgpt(values, names, golden.tensors["tokens"]), notes
 
 
 def run(args) -> int:
@@ -104,13 +127,17 @@ def run(args) -> int:
         args.usage_error("--names and --failing filter the table; --json gives every tensor (filter it there)")
     if (args.runtime or args.save) and not _is_model(args.candidate):
         args.usage_error("--runtime and --save are for a model CANDIDATE (an .onnx file)")
+    if (args.name_map == "onnx") != (args.onnx is not None):
+        args.usage_error("--map onnx and --onnx FILE go together: the graph names the candidate's tensors")
     reference, candidate, notes = args.reference, args.candidate, []
-    if _is_model(args.candidate):
+    if args.name_map == "onnx":
+        reference, candidate, notes = _onnx_named(args)
+    elif _is_model(args.candidate):
         if args.name_map != "refgpt":
             args.usage_error("--map names a dump's tensors; a model candidate's are named by refgpt")
         reference, candidate, notes = _run_model(args)
     report = oracle.compare(reference, candidate, atol=args.atol, rtol=args.rtol,
-                            profile=args.profile, name_map=args.name_map, forward_only=args.forward_only,
+                            profile=args.profile, name_map="refgpt" if args.name_map == "onnx" else args.name_map, forward_only=args.forward_only,
                             judge_pads=args.judge_pads)
     report.notes[:0] = notes
     print(report.to_json() if args.json else report.table(names=args.names, failing=args.failing))

@@ -298,12 +298,14 @@ def _run_onnxruntime(model, feeds, wanted):
 
 def _run_tinygrad(model, feeds, wanted):
     require("tinygrad", "tinygrad", "running an .onnx candidate on tinygrad")
-    runner = require("tinygrad.frontend.onnx", "tinygrad", "running an .onnx candidate on tinygrad")
-    from tinygrad import Tensor
+    runner = require("tinygrad.nn.onnx", "tinygrad", "running an .onnx candidate on tinygrad")
+    import tempfile
 
-    run = runner.OnnxRunner(model)
-    out = run({k: Tensor(v) for k, v in feeds.items()})
-    return {name: out[name].numpy() for name in wanted}
+    with tempfile.TemporaryDirectory(prefix="refgpt-tinygrad-") as where:  # its parser reads a file
+        path = Path(where) / "model.onnx"
+        path.write_bytes(model.SerializeToString())
+        out = runner.OnnxRunner(path)(dict(feeds))
+        return {name: out[name].numpy() for name in wanted}
 
 
 def capture(path, tokens, n_layers: int, runtime: str = "onnxruntime") -> tuple[dict[str, np.ndarray], list[str]]:
@@ -324,15 +326,27 @@ def capture(path, tokens, n_layers: int, runtime: str = "onnxruntime") -> tuple[
     except Exception as error:  # noqa: BLE001 - the runtime's own failure, in one line
         raise RefGPTError(f"{path}: {runtime} failed to run the graph ({type(error).__name__}: "
                           f"{str(error).splitlines()[0][:300] if str(error) else ''})") from None
+    return as_refgpt(values, names, tokens), notes + NOTES
+
+
+#: What no ONNX graph of GPT-2 gives, said in every report.
+NOTES = ["ONNX's LayerNormalization exposes no x̂: the hook_normalized tensors are not judged"]
+
+
+def as_refgpt(values: dict, names: dict, tokens) -> dict[str, np.ndarray]:
+    """The graph's tensors ``values`` (ONNX name → array) under refgpt's names (``names`` from
+    ``tensor_names``) and the golden's shapes, with the ``tokens`` they ran on; 1 / InvStdDev is
+    ``hook_scale``. A name the run did not give is left out (unjudged)."""
     batch, pos = np.shape(tokens)
     captured = {"tokens": np.asarray(tokens, np.int64)}  # [batch, pos]
     for name, onnx_name in names.items():
+        if onnx_name not in values:
+            continue
         x = np.asarray(values[onnx_name])
         if name.endswith(".inv_std_dev"):
             name, x = name.replace(".inv_std_dev", ".hook_scale"), 1.0 / x.astype(np.float64)  # [batch, pos, 1]
         captured[name] = _as_golden_shape(name, x, batch, pos)
-    notes.append("ONNX's LayerNormalization exposes no x̂: the hook_normalized tensors are not judged")
-    return captured, notes
+    return captured
 
 
 def _as_golden_shape(name, x, batch, pos):
@@ -343,3 +357,27 @@ def _as_golden_shape(name, x, batch, pos):
     if name == "hook_pos_embed" and x.ndim == 3 and x.shape[0] == 1 and batch != 1:
         x = np.broadcast_to(x, (batch, *x.shape[1:]))  # [batch, pos, d_model]
     return x
+
+
+def in_graph_names(golden_tensors: dict, names: dict, graph) -> dict[str, np.ndarray]:
+    """The inverse of ``as_refgpt``: a golden's tensors under the graph's names and in the graph's
+    shapes (its value_info's rank: [batch·pos, …] where the graph flattens, [1, pos, d] for the
+    position embedding), for every tensor the graph itself computes. The LayerNorm statistics
+    refgpt adds to a node are not the graph's own tensors and are left out, and so are attention's
+    masked scores: refgpt's are −∞ where a graph adds its own large negative constant, so a
+    tool that compares every element (Polygraphy) would flag the mask, not GPT-2's numbers."""
+    rank = {v.name: len(v.type.tensor_type.shape.dim) for v in list(graph.value_info) + list(graph.output)
+            if v.type.tensor_type.HasField("shape")}
+    out = {}
+    for name, onnx_name in names.items():
+        if (name not in golden_tensors or onnx_name.endswith((".refgpt_mean", ".refgpt_inv_std_dev"))
+                or name.endswith("hook_attn_scores")):
+            continue
+        x = np.asarray(golden_tensors[name])
+        want = rank.get(onnx_name, x.ndim)
+        if want == x.ndim - 1:
+            x = x.reshape(-1, *x.shape[2:])  # [batch·pos, …]
+        if name == "hook_pos_embed":
+            x = x[:1]  # [1, pos, d_model]: the graph computes it once for every row
+        out[onnx_name] = x
+    return out
