@@ -15,8 +15,10 @@ GLOB`` and ``--failing`` filter the table (not the verdict); ``--judge-pads`` ju
 golden's pads; ``--forward-only`` lets a golden without gradients judge a candidate with them.
 A CANDIDATE that is an ``.onnx`` file is a model, not a dump: refgpt runs it on the golden's tokens
 (``--runtime onnxruntime``, the default, or ``tinygrad``), captures every intermediate the graph
-computes under refgpt's names (refgpt/runtimes/onnx_model.py) and judges those; ``--save FILE``
-keeps the captured tensors as a safetensors file under refgpt's names.
+computes under refgpt's names (refgpt/runtimes/onnx_model.py) and judges those; a CTranslate2
+model directory with ``--runtime ctranslate2`` gives its logits. ``--save FILE`` keeps the captured
+tensors as a safetensors file under refgpt's names. ``--map onnx --onnx model.onnx``: a candidate
+keyed by that graph's tensor names (a Polygraphy RunResults .json).
 Exit status 0 when everything is within tolerance, 1 otherwise.
 """
 
@@ -26,7 +28,7 @@ from ..errors import RefGPTError
 from ..oracle import comparison as oracle
 from ..oracle import golden as golden_file
 from ..oracle.name_maps import MAPS
-from ..runtimes.onnx_model import RUNTIMES  # numpy only: the runtimes themselves are imported when run
+from ..runtimes import RUNTIMES  # names only: each runtime is imported when run
 from ._arguments import non_negative_float
 from ._chosen_model import add_subcommand
 
@@ -66,17 +68,17 @@ def add_parser(subparsers):
                    help="show only tensors matching this glob (repeatable), e.g. 'step.3.*' or 'grad.blocks.0.*'; "
                         "the verdict is still the whole comparison's")
     p.add_argument("--failing", action="store_true", help="show only tensors out of tolerance")
-    p.add_argument("--runtime", choices=RUNTIMES,
-                   help="for an .onnx CANDIDATE: the engine that runs it (default: onnxruntime; the onnx or "
-                        "tinygrad extra)")
+    p.add_argument("--runtime", choices=tuple(RUNTIMES),
+                   help="the engine that runs a model CANDIDATE: onnxruntime (the default for an .onnx file) or "
+                        "tinygrad for an .onnx file, ctranslate2 for a CTranslate2 model directory (each its extra)")
     p.add_argument("--save", metavar="FILE",
-                   help="for a model CANDIDATE (.onnx): keep the tensors it computed, under refgpt's names, "
+                   help="for a model CANDIDATE: keep the tensors it computed, under refgpt's names, "
                         "as a safetensors file")
     return p
 
 
-def _is_model(candidate) -> bool:
-    return str(candidate).endswith(".onnx")
+def _is_model(args) -> bool:
+    return str(args.candidate).endswith(".onnx") or args.runtime == "ctranslate2"
 
 
 def _golden(args):
@@ -86,22 +88,27 @@ def _golden(args):
         raise RefGPTError(f"{args.reference}: a model candidate runs on the golden's tokens with the golden's "
                           f"config: REFERENCE must be a golden file written by `refgpt golden`")
     if any(k.startswith("step.") for k in golden.tensors) or "attention_mask" in golden.tensors:
-        raise RefGPTError(f"{args.reference}: a decode or padded golden; an .onnx candidate is run on one "
+        raise RefGPTError(f"{args.reference}: a decode or padded golden; a model candidate is run on one "
                           f"unpadded forward pass (make the golden without --generate/padding)")
     return golden
 
 
 def _run_model(args):
     """Run the model CANDIDATE on the golden's tokens: (its tensors under refgpt's names, notes)."""
-    from ..runtimes import onnx_model
+    from ..runtimes import ctranslate2_model, onnx_model
 
     golden = _golden(args)
     cfg = golden.config
-    captured, notes = onnx_model.capture(args.candidate, golden.tensors["tokens"], cfg.n_layers,
-                                         args.runtime or "onnxruntime")
+    runtime = args.runtime or "onnxruntime"
+    if (RUNTIMES[runtime] == ".onnx") != str(args.candidate).endswith(".onnx"):
+        args.usage_error(f"--runtime {runtime} runs {'an .onnx file' if RUNTIMES[runtime] == '.onnx' else 'a model directory'}")
+    if runtime == "ctranslate2":
+        captured, notes = ctranslate2_model.capture(args.candidate, golden.tensors["tokens"])
+    else:
+        captured, notes = onnx_model.capture(args.candidate, golden.tensors["tokens"], cfg.n_layers, runtime)
     if args.save:
         golden_file.write(args.save, golden_file.Golden(captured, {
-            "captured_from": str(args.candidate), "runtime": args.runtime or "onnxruntime"}))
+            "captured_from": str(args.candidate), "runtime": runtime}))
     return golden, captured, notes
 
 
@@ -125,14 +132,15 @@ def run(args) -> int:
         args.usage_error("give either --profile or --atol/--rtol, not both")
     if args.json and (args.names or args.failing):  # refused, not ignored: the JSON holds every tensor
         args.usage_error("--names and --failing filter the table; --json gives every tensor (filter it there)")
-    if (args.runtime or args.save) and not _is_model(args.candidate):
-        args.usage_error("--runtime and --save are for a model CANDIDATE (an .onnx file)")
+    if (args.runtime or args.save) and not _is_model(args):
+        args.usage_error("--runtime and --save are for a model CANDIDATE (an .onnx file, or a model directory "
+                         "with --runtime)")
     if (args.name_map == "onnx") != (args.onnx is not None):
         args.usage_error("--map onnx and --onnx FILE go together: the graph names the candidate's tensors")
     reference, candidate, notes = args.reference, args.candidate, []
     if args.name_map == "onnx":
         reference, candidate, notes = _onnx_named(args)
-    elif _is_model(args.candidate):
+    elif _is_model(args):
         if args.name_map != "refgpt":
             args.usage_error("--map names a dump's tensors; a model candidate's are named by refgpt")
         reference, candidate, notes = _run_model(args)

@@ -8,4 +8,9 @@ never by the core; a missing one is a one-line error naming the extra.
 - ``extras`` — importing a runtime, or the one-line error naming its extra.
 - ``onnx_model`` — GPT-2 as an ONNX graph (torch.onnx's export of the HF model refgpt saves):
   every intermediate promoted to an output, run by ONNX Runtime or tinygrad, mapped to refgpt's names.
+- ``polygraphy_json`` — Polygraphy's RunResults JSON, read (a candidate) and written (a golden).
+- ``ctranslate2_model`` — a CTranslate2 model directory, run for its logits.
 """
+
+#: ``refgpt compare --runtime``: each engine and what it runs (an .onnx file, a model directory).
+RUNTIMES = {"onnxruntime": ".onnx", "tinygrad": ".onnx", "ctranslate2": "directory"}

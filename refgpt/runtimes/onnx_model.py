@@ -45,9 +45,10 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import RefGPTError, as_path
+from . import RUNTIMES as _ALL
 from .extras import require
 
-RUNTIMES = ("onnxruntime", "tinygrad")
+RUNTIMES = tuple(r for r, runs in _ALL.items() if runs == ".onnx")
 OPSET = 18
 
 #: The statistics refgpt adds to a LayerNormalization node the exporter left them off.
