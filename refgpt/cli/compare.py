@@ -16,7 +16,8 @@ golden's pads; ``--forward-only`` lets a golden without gradients judge a candid
 A CANDIDATE that is an ``.onnx`` file is a model, not a dump: refgpt runs it on the golden's tokens
 (``--runtime onnxruntime``, the default, or ``tinygrad``), captures every intermediate the graph
 computes under refgpt's names (refgpt/runtimes/onnx_model.py) and judges those; a CTranslate2
-model directory with ``--runtime ctranslate2`` gives its logits. ``--save FILE`` keeps the captured
+model directory with ``--runtime ctranslate2`` gives its logits, an HF directory with ``--runtime mlx``
+mlx-lm's GPT-2's module outputs. ``--save FILE`` keeps the captured
 tensors as a safetensors file under refgpt's names. ``--map onnx --onnx model.onnx``: a candidate
 keyed by that graph's tensor names (a Polygraphy RunResults .json).
 Exit status 0 when everything is within tolerance, 1 otherwise.
@@ -70,7 +71,8 @@ def add_parser(subparsers):
     p.add_argument("--failing", action="store_true", help="show only tensors out of tolerance")
     p.add_argument("--runtime", choices=tuple(RUNTIMES),
                    help="the engine that runs a model CANDIDATE: onnxruntime (the default for an .onnx file) or "
-                        "tinygrad for an .onnx file, ctranslate2 for a CTranslate2 model directory (each its extra)")
+                        "tinygrad for an .onnx file, ctranslate2 for a CTranslate2 model directory, mlx for an HF "
+                        "directory mlx-lm loads (each its extra)")
     p.add_argument("--save", metavar="FILE",
                    help="for a model CANDIDATE: keep the tensors it computed, under refgpt's names, "
                         "as a safetensors file")
@@ -78,7 +80,7 @@ def add_parser(subparsers):
 
 
 def _is_model(args) -> bool:
-    return str(args.candidate).endswith(".onnx") or args.runtime == "ctranslate2"
+    return str(args.candidate).endswith(".onnx") or RUNTIMES.get(args.runtime) == "directory"
 
 
 def _golden(args):
@@ -95,7 +97,7 @@ def _golden(args):
 
 def _run_model(args):
     """Run the model CANDIDATE on the golden's tokens: (its tensors under refgpt's names, notes)."""
-    from ..runtimes import ctranslate2_model, onnx_model
+    from ..runtimes import ctranslate2_model, mlx_model, onnx_model
 
     golden = _golden(args)
     cfg = golden.config
@@ -104,6 +106,8 @@ def _run_model(args):
         args.usage_error(f"--runtime {runtime} runs {'an .onnx file' if RUNTIMES[runtime] == '.onnx' else 'a model directory'}")
     if runtime == "ctranslate2":
         captured, notes = ctranslate2_model.capture(args.candidate, golden.tensors["tokens"])
+    elif runtime == "mlx":
+        captured, notes = mlx_model.capture(args.candidate, golden.tensors["tokens"], cfg.n_layers)
     else:
         captured, notes = onnx_model.capture(args.candidate, golden.tensors["tokens"], cfg.n_layers, runtime)
     if args.save:

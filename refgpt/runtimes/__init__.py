@@ -10,7 +10,8 @@ never by the core; a missing one is a one-line error naming the extra.
   every intermediate promoted to an output, run by ONNX Runtime or tinygrad, mapped to refgpt's names.
 - ``polygraphy_json`` — Polygraphy's RunResults JSON, read (a candidate) and written (a golden).
 - ``ctranslate2_model`` — a CTranslate2 model directory, run for its logits.
+- ``mlx_model`` — mlx-lm's GPT-2 of an HF directory, its modules wrapped to keep their tensors.
 """
 
 #: ``refgpt compare --runtime``: each engine and what it runs (an .onnx file, a model directory).
-RUNTIMES = {"onnxruntime": ".onnx", "tinygrad": ".onnx", "ctranslate2": "directory"}
+RUNTIMES = {"onnxruntime": ".onnx", "tinygrad": ".onnx", "ctranslate2": "directory", "mlx": "directory"}

@@ -57,7 +57,8 @@ RANK = {"reference": 0, "base": 0, "gpt2": 1, "tl": 2, "model": 3, "files": 4, "
 CORE = {"reference", "base", "gpt2", "tl", "model", "files"}
 CORE_THIRD_PARTY = {"numpy", "safetensors", "regex"}  # setup.cfg's install_requires
 PEERS = {"torch", "transformers", "transformer_lens", "tiktoken", "matplotlib", "dask", "distributed",
-         "onnx", "onnxscript", "onnxruntime", "tinygrad"}  # the last four: the runtimes room's extras
+         # the runtimes room's extras
+         "onnx", "onnxscript", "onnxruntime", "tinygrad", "ctranslate2", "mlx", "mlx_lm", "polygraphy"}
 
 
 def module_names() -> dict[str, Path]:
