@@ -13,6 +13,13 @@ acts_memory dump, refgpt's llm.c dump (tokens, activations and gradients), or a 
 directory with ``--map llmc`` holds llm.c-style per-step dumps of a decode (step0.bin, …). ``--names
 GLOB`` and ``--failing`` filter the table (not the verdict); ``--judge-pads`` judges a padded
 golden's pads; ``--forward-only`` lets a golden without gradients judge a candidate with them.
+A CANDIDATE that is an ``.onnx`` file is a model, not a dump: refgpt runs it on the golden's tokens
+(``--runtime onnxruntime``, the default, or ``tinygrad``), captures every intermediate the graph
+computes under refgpt's names (refgpt/runtimes/onnx_model.py) and judges those; a CTranslate2
+model directory with ``--runtime ctranslate2`` gives its logits, an HF directory with ``--runtime mlx``
+mlx-lm's GPT-2's module outputs. ``--save FILE`` keeps the captured
+tensors as a safetensors file under refgpt's names. ``--map onnx --onnx model.onnx``: a candidate
+keyed by that graph's tensor names (a Polygraphy RunResults .json).
 Exit status 0 when everything is within tolerance, 1 otherwise.
 
 A quantized port (refgpt/oracle/quantized.py): REFERENCE is the golden of the quantized file
@@ -26,10 +33,13 @@ from __future__ import annotations
 
 import json
 
+from ..errors import RefGPTError
 from ..files.checkpoint import load
 from ..oracle import comparison as oracle
+from ..oracle import golden as golden_file
 from ..oracle import local
 from ..oracle.name_maps import MAPS
+from ..runtimes import RUNTIMES  # names only: each runtime is imported when run
 from ._arguments import non_negative_float
 from ._chosen_model import add_subcommand
 
@@ -56,8 +66,10 @@ def add_parser(subparsers):
     p.add_argument("--rtol", type=non_negative_float, help="relative tolerance")
     p.add_argument("--profile", choices=sorted(oracle.UNIT_ROUNDOFF),
                    help="tolerances from a format's unit roundoff (default: the candidate's precision)")
-    p.add_argument("--map", dest="name_map", choices=MAPS, default="refgpt",
-                   help="how the candidate names its tensors (default: refgpt/TransformerLens hook names)")
+    p.add_argument("--map", dest="name_map", choices=(*MAPS, "onnx"), default="refgpt",
+                   help="how the candidate names its tensors (default: refgpt/TransformerLens hook names; onnx: "
+                        "the tensor names of the graph --onnx FILE, e.g. a Polygraphy RunResults .json)")
+    p.add_argument("--onnx", metavar="FILE", help="with --map onnx: the ONNX GPT-2 whose tensor names the candidate uses")
     p.add_argument("--forward-only", action="store_true",
                    help="judge the forward pass alone: a candidate's gradients against a golden made without "
                         "--backward are otherwise a failure")
@@ -80,7 +92,66 @@ def add_parser(subparsers):
     p.add_argument("--local-bound", choices=("worst", "probabilistic"), default="worst",
                    help="with --local: the long sums' bound, worst case (default) or Higham & Mary's "
                         "probabilistic one (exceeded with probability ≤ 1e-9 per sum)")
+    p.add_argument("--runtime", choices=tuple(RUNTIMES),
+                   help="the engine that runs a model CANDIDATE: onnxruntime (the default for an .onnx file) or "
+                        "tinygrad for an .onnx file, ctranslate2 for a CTranslate2 model directory, mlx for an HF "
+                        "directory mlx-lm loads (each its extra)")
+    p.add_argument("--save", metavar="FILE",
+                   help="for a model CANDIDATE: keep the tensors it computed, under refgpt's names, "
+                        "as a safetensors file")
     return p
+
+
+def _is_model(args) -> bool:
+    return str(args.candidate).endswith(".onnx") or RUNTIMES.get(args.runtime) == "directory"
+
+
+def _golden(args):
+    golden = golden_file.read(args.reference)
+    cfg = golden.config
+    if cfg is None or "tokens" not in golden.tensors:
+        raise RefGPTError(f"{args.reference}: a model candidate runs on the golden's tokens with the golden's "
+                          f"config: REFERENCE must be a golden file written by `refgpt golden`")
+    if any(k.startswith("step.") for k in golden.tensors) or "attention_mask" in golden.tensors:
+        raise RefGPTError(f"{args.reference}: a decode or padded golden; a model candidate is run on one "
+                          f"unpadded forward pass (make the golden without --generate/padding)")
+    return golden
+
+
+def _run_model(args):
+    """Run the model CANDIDATE on the golden's tokens: (its tensors under refgpt's names, notes)."""
+    from ..runtimes import ctranslate2_model, mlx_model, onnx_model
+
+    golden = _golden(args)
+    cfg = golden.config
+    runtime = args.runtime or "onnxruntime"
+    if (RUNTIMES[runtime] == ".onnx") != str(args.candidate).endswith(".onnx"):
+        args.usage_error(f"--runtime {runtime} runs {'an .onnx file' if RUNTIMES[runtime] == '.onnx' else 'a model directory'}")
+    if runtime == "ctranslate2":
+        captured, notes = ctranslate2_model.capture(args.candidate, golden.tensors["tokens"])
+    elif runtime == "mlx":
+        captured, notes = mlx_model.capture(args.candidate, golden.tensors["tokens"], cfg.n_layers)
+    else:
+        captured, notes = onnx_model.capture(args.candidate, golden.tensors["tokens"], cfg.n_layers, runtime)
+    if args.save:
+        golden_file.write(args.save, golden_file.Golden(captured, {
+            "captured_from": str(args.candidate), "runtime": runtime}))
+    return golden, captured, notes
+
+
+def _onnx_named(args):
+    """A candidate keyed by an ONNX graph's tensor names (a Polygraphy RunResults .json, or any
+    file compare reads): (the golden, its tensors under refgpt's names, notes)."""
+    from ..runtimes import onnx_model, polygraphy_json
+
+    golden = _golden(args)
+    if str(args.candidate).endswith(".json"):
+        values = polygraphy_json.read(args.candidate)
+    else:
+        values = oracle.load(args.candidate)[0]
+    names, notes = onnx_model.tensor_names(onnx_model.load(args.onnx).graph, golden.config.n_layers)
+    notes += onnx_model.NOTES + ["--map onnx: the candidate is taken to have run on the golden's tokens"]
+    return golden, onnx_model.as_refgpt(values, names, golden.tensors["tokens"]), notes
 
 
 def run(args) -> int:
@@ -92,9 +163,26 @@ def run(args) -> int:
         args.usage_error("give either --profile or --atol/--rtol, not both")
     if args.json and (args.names or args.failing):  # refused, not ignored: the JSON holds every tensor
         args.usage_error("--names and --failing filter the table; --json gives every tensor (filter it there)")
-    report = oracle.compare(args.reference, args.candidate, atol=args.atol, rtol=args.rtol,
-                            profile=args.profile, name_map=args.name_map, forward_only=args.forward_only,
+    if (args.runtime or args.save) and not _is_model(args):
+        args.usage_error("--runtime and --save are for a model CANDIDATE (an .onnx file, or a model directory "
+                         "with --runtime)")
+    if (args.name_map == "onnx") != (args.onnx is not None):
+        args.usage_error("--map onnx and --onnx FILE go together: the graph names the candidate's tensors")
+    if args.local and (args.name_map == "onnx" or _is_model(args)):
+        args.usage_error("--local reads a dumped candidate file: run the model with --save FILE, then compare "
+                         "--local FILE")
+    reference, candidate, notes = args.reference, args.candidate, []
+    if args.name_map == "onnx":
+        reference, candidate, notes = _onnx_named(args)
+    elif _is_model(args):
+        if args.name_map != "refgpt":
+            args.usage_error("--map names a dump's tensors; a model candidate's are named by refgpt")
+        reference, candidate, notes = _run_model(args)
+    report = oracle.compare(reference, candidate, atol=args.atol, rtol=args.rtol,
+                            profile=args.profile, name_map="refgpt" if args.name_map == "onnx" else args.name_map,
+                            forward_only=args.forward_only,
                             judge_pads=args.judge_pads)
+    report.notes[:0] = notes
     if not args.local:
         if args.local_model is not None or args.local_bound != "worst":
             args.usage_error("--local-model and --local-bound go with --local")
@@ -125,7 +213,8 @@ def _local_model(args):
 
 def _run_quantized(args) -> int:
     if args.atol is not None or args.rtol is not None or args.profile or args.name_map != "refgpt" or args.names \
-            or args.failing or args.judge_pads or args.forward_only or args.local or args.local_model is not None:
+            or args.failing or args.judge_pads or args.forward_only or args.local or args.local_model is not None \
+            or args.runtime or args.save or args.onnx:
         args.usage_error("with --float-golden only --gguf and --json apply: the bounds are derived per product")
     from ..oracle.quantized import format_split, split
 

@@ -87,6 +87,10 @@ def add_parser(subparsers):
                    help="recompute everything in extended precision and store each tensor's measured error")
     p.add_argument("--debug-state", metavar="FILE",
                    help="also write llm.c's gpt2_124M_debug_state.bin for the same tokens (x, y, logits, loss, grads)")
+    p.add_argument("--format", choices=("safetensors", "polygraphy"), default="safetensors",
+                   help="polygraphy: a Polygraphy RunResults JSON keyed by --onnx FILE's tensor names, for "
+                        "`polygraphy run … --load-outputs` (forward only, unpadded)")
+    p.add_argument("--onnx", metavar="FILE", help="with --format polygraphy: the ONNX GPT-2 whose tensor names to use")
     _progress.add_arguments(p)
     return p
 
@@ -105,6 +109,12 @@ def run(args) -> int:
         args.usage_error("--generate writes a decode golden: without --backward, --certify, --names or --debug-state")
     if args.generate and args.padding_side == "right":
         args.usage_error("--generate pads a batch on the left (a decoding step follows each row's last real token)")
+    if (args.format == "polygraphy") != (args.onnx is not None):
+        args.usage_error("--format polygraphy and --onnx FILE go together")
+    if args.format == "polygraphy" and (args.generate or args.backward or args.certify or args.debug_state
+                                        or args.padding_side or args.names):
+        args.usage_error("--format polygraphy writes one unpadded forward pass: without --generate, --backward, "
+                         "--certify, --debug-state, --padding-side or --names")
     model, llmc_tokenizer = load_model(args)
     targets, source = None, "TEXT"
     if args.tokens:
@@ -124,7 +134,30 @@ def run(args) -> int:
         progress.close()
 
 
+def _polygraphy(args, model, tokens, source) -> int:
+    """The golden keyed by the ONNX graph's tensor names, as Polygraphy's RunResults JSON."""
+    from ..runtimes import onnx_model, polygraphy_json
+
+    tokens = np.asarray(tokens)
+    if tokens.dtype == object or tokens.ndim not in (1, 2):
+        raise RefGPTError("--format polygraphy writes one unpadded batch: give rows of one length")
+    tokens = np.atleast_2d(tokens)
+    graph = onnx_model.load(args.onnx).graph
+    names, _ = onnx_model.tensor_names(graph, model.cfg.n_layers)
+    g = golden.make(model, tokens, command=["refgpt", *sys.argv[1:]])
+    arrays = onnx_model.in_graph_names(g.tensors, names, graph)
+    path = polygraphy_json.write(args.output, arrays)
+    if args.json:
+        return print_json(model, {"path": str(path), "tensors": len(arrays), "tokens_shape": list(tokens.shape),
+                                  "dtype": g.metadata["dtype"], "tokens_source": source, "format": "polygraphy"})
+    print(f"wrote {path}: {len(arrays)} tensors under {args.onnx}'s names (Polygraphy RunResults), tokens "
+          f"{list(tokens.shape)}, {g.metadata['dtype']}\ntokens: {source}")
+    return 0
+
+
 def _forward(args, model, llmc_tokenizer, tokens, targets, source, progress) -> int:
+    if args.format == "polygraphy":
+        return _polygraphy(args, model, tokens, source)
     tokens, mask = pad_rows(tokens, args.padding_side or "right", pad_token_id(model))
     if mask is not None and (args.backward or args.certify or targets is not None):
         raise RefGPTError("a padded batch's golden is forward only: no --backward or --certify, no llm.c targets; "

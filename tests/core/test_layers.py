@@ -53,10 +53,15 @@ MODEL = {"refgpt.model", "refgpt.backward", "refgpt.non_finite"}
 #: does, and the optional torch stays out of everything below it. sae (sparse autoencoders) builds
 #: its feature attribution on analysis's, so it sits above analysis, beside sweep.
 RANK = {"reference": 0, "base": 0, "gpt2": 1, "tl": 2, "model": 3, "files": 4, "analysis": 5, "oracle": 5, "train": 5,
-        "tl_torch": 5, "sae": 6, "sweep": 6, "cli": 7}
+        "tl_torch": 5, "sae": 6, "sweep": 6, "cli": 7,
+        # runtimes: other engines (ONNX Runtime, …) run as candidates on a golden's tokens; each an optional
+        # extra imported inside functions, so the room sits beside oracle and never imports it
+        "runtimes": 5}
 CORE = {"reference", "base", "gpt2", "tl", "model", "files"}
 CORE_THIRD_PARTY = {"numpy", "safetensors", "regex"}  # setup.cfg's install_requires
-PEERS = {"torch", "transformers", "transformer_lens", "tiktoken", "matplotlib", "dask", "distributed"}
+PEERS = {"torch", "transformers", "transformer_lens", "tiktoken", "matplotlib", "dask", "distributed",
+         # the runtimes room's extras
+         "onnx", "onnxscript", "onnxruntime", "tinygrad", "ctranslate2", "mlx", "mlx_lm", "polygraphy"}
 
 
 def module_names() -> dict[str, Path]:
@@ -210,9 +215,11 @@ def test_dask_is_imported_by_the_sweep_on_dask_module_alone():
 
 def test_torch_is_imported_by_the_torch_room_only():
     """The torch-facing model (refgpt/tl_torch/) is optional: torch is imported there and nowhere
-    else, and no core module imports the room (the core runs without torch installed)."""
+    else, and no core module imports the room (the core runs without torch installed). The runtimes
+    room (refgpt/runtimes/) exports with torch.onnx through ``extras.require("torch", …)``, inside
+    functions, never at import."""
     torch_users = sorted(m for m, found in EDGES.items() for t, _ in found if t.split(".")[0] == "torch")
-    assert torch_users and all(layer(m) == "tl_torch" for m in torch_users), torch_users
+    assert torch_users and all(layer(m) in ("tl_torch", "runtimes") for m in torch_users), torch_users
     importers = sorted(f"{where(m, line)}" for m, found in EDGES.items() if layer(m) != "tl_torch"
                        for t, line in found if layer(t) == "tl_torch")
     assert importers == [], importers
