@@ -27,7 +27,7 @@ if os.environ.get("CI"):
 TESTS = Path(__file__).resolve().parent
 #: The markers of every test below a directory of tests/ (the vendored TransformerLens tests in
 #: tl_torch/ stay as written, without a pytestmark of their own). tests/test_fast_lane.py reads it.
-DIRECTORY_MARKS = {"tl_torch": ("peer",)}
+DIRECTORY_MARKS = {"tl_torch": ("peer",), "runtimes": ("peer",)}  # runtimes: torch.onnx, transformers and the runtime extras
 #: The markers the fast lane (``-m fast``) leaves out; setup.cfg registers them all.
 NOT_FAST = ("slow", "peer", "browser")
 
