@@ -199,9 +199,11 @@ def test_weights_readme_quotes_the_training_run_truly(log):
     assert [name.removesuffix("_gut.txt") for name in log["val_works"]] == ["julius_caesar", "macbeth", "twelfth_night"]
 
 
-def test_everything_committed_in_weights_is_under_10_MB():
+def test_everything_committed_in_weights_is_under_12_MB():
+    """The installed package stays small: the model (8.8 MB, float64), its tuned lens (0.4 MB) and,
+    since issue 42, its SAE (1.35 MB: issue 42 asks for it in float64) — under 12 MB, was 10."""
     files = [p for p in WEIGHTS.rglob("*") if p.is_file() and "__pycache__" not in p.parts]
-    assert sum(p.stat().st_size for p in files) < 10 * 10**6
+    assert sum(p.stat().st_size for p in files) < 12 * 10**6
 
 
 # ---- it loads, in both dtypes and in HF -----------------------------------------------------------
