@@ -12,6 +12,8 @@ backward pass written plainly, the specification every fast path here is tested 
 The package is a small top level and rooms named by idea, in layers; imports point down only
 (tests/core/test_layers.py checks it):
 
+- ``refgpt.reference``: GPT-2 and the rule that judges a port, NumPy only, importing nothing of
+  refgpt: the specification the rest (the engine) is tested against;
 - the top level: ``errors``, ``version``, ``dtypes``, ``strict_json``, ``threads``, ``memory`` (what
   everything needs: ``threads`` runs the ops' elementwise work on the BLAS's threads, ``memory``
   holds their big arrays, docs/performance.md) and ``model``, ``backward``, ``non_finite`` (the
@@ -25,7 +27,9 @@ The package is a small top level and rooms named by idea, in layers; imports poi
   HF cache and the hub client;
 - ``refgpt.analysis`` (attribution, interventions, measurements, lens, plots),
   ``refgpt.oracle`` (golden files, comparison, name maps, llm.c formats) and
-  ``refgpt.train`` (optimizer, BPE trainer), each built on the layers below, never on each other;
+  ``refgpt.train`` (optimizer, BPE trainer) and ``refgpt.runtimes`` (other engines run as
+  candidates: ONNX Runtime, tinygrad, CTranslate2, MLX, each an optional extra), each built on the
+  layers below, never on each other;
 - ``refgpt.sweep``: one task over a corpus of prompts, serially or on Dask (an optional extra),
   built on analysis and oracle;
 - ``refgpt.sae``: SAELens's sparse autoencoders and transcoders without torch: their folders

@@ -3,7 +3,8 @@
 The shared options are ``--model DIR`` or a hub name such as ``--model gpt2``
 (refgpt.files.hub.resolve; default: the embedded model, ``refgpt.default_model_path()``) — one
 meaning in every subcommand: a path that exists is read from the disk, never looked up on the hub,
-and a file is an llm.c checkpoint in ``refgpt golden`` and an error elsewhere (``MODEL_HELP``),
+a GGUF file (``*.gguf``) is a model everywhere, and any other file is an llm.c checkpoint in
+``refgpt golden`` and an error elsewhere (``MODEL_HELP``),
 ``--dtype float64|float32``, ``--json``, and TEXT with ``--bos``. Each subcommand declares the
 ones it uses (``USES`` in its module, passed to :func:`add_subcommand`); any other shared option
 is refused when given, a usage error (exit status 2), never accepted and ignored:
@@ -141,8 +142,8 @@ def is_llmc_checkpoint(model: str, *, llmc_checkpoint: bool = False) -> bool:
         if llmc_checkpoint:
             return True
         raise RefGPTError(f"{path}: an llm.c checkpoint, which only refgpt golden reads (it holds no tokenizer); "
-                          f"here --model is an HF GPT-2 directory (config.json and model.safetensors) or a hub "
-                          f"name such as gpt2")
+                          f"here --model is an HF GPT-2 directory (config.json and model.safetensors), a GGUF "
+                          f"file (*.gguf) or a hub name such as gpt2")
     raise RefGPTError(not_a_model_directory(path) + (f", or an llm.c checkpoint (magic {llmc.MODEL_MAGIC}, e.g. "
                                                      f"gpt2_124M.bin)" if llmc_checkpoint else ""))
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 
+from .. import strict_json
 from ..errors import RefGPTError
 from ..files.checkpoint import load
 from ..oracle import comparison as oracle
@@ -163,6 +164,11 @@ def run(args) -> int:
         args.usage_error("give either --profile or --atol/--rtol, not both")
     if args.json and (args.names or args.failing):  # refused, not ignored: the JSON holds every tensor
         args.usage_error("--names and --failing filter the table; --json gives every tensor (filter it there)")
+    if not args.local and (args.local_model is not None or args.local_bound != "worst"):
+        args.usage_error("--local-model and --local-bound go with --local")
+    if (args.runtime or args.save) and args.name_map == "onnx":
+        args.usage_error("--runtime and --save run a model CANDIDATE; with --map onnx the candidate holds tensors "
+                         "already computed (a Polygraphy RunResults .json), keyed by --onnx's graph")
     if (args.runtime or args.save) and not _is_model(args):
         args.usage_error("--runtime and --save are for a model CANDIDATE (an .onnx file, or a model directory "
                          "with --runtime)")
@@ -184,8 +190,6 @@ def run(args) -> int:
                             judge_pads=args.judge_pads)
     report.notes[:0] = notes
     if not args.local:
-        if args.local_model is not None or args.local_bound != "worst":
-            args.usage_error("--local-model and --local-bound go with --local")
         print(report.to_json() if args.json else report.table(names=args.names, failing=args.failing))
         return 0 if report.ok else 1
     verdicts, skipped = local.judge_files(args.reference, args.candidate, _local_model(args), args.name_map,
@@ -195,7 +199,7 @@ def run(args) -> int:
         verdict = {"skipped": skipped, "local_first": None} if verdicts is None else verdicts.as_dict()
         answer["local_first"] = verdict.pop("local_first")
         answer["local"] = verdict  # {"precision", "ops"}, or {"skipped": the one line}
-        print(json.dumps(answer, default=str))
+        print(strict_json.dumps(answer, indent=1, default=str))  # an exact op's SNR is ∞: "inf", not Infinity
     else:
         print(report.table(names=args.names, failing=args.failing))
         failing = {t.name for t in report.tensors if not t.ok}
@@ -214,13 +218,14 @@ def _local_model(args):
 def _run_quantized(args) -> int:
     if args.atol is not None or args.rtol is not None or args.profile or args.name_map != "refgpt" or args.names \
             or args.failing or args.judge_pads or args.forward_only or args.local or args.local_model is not None \
+            or args.local_bound != "worst" \
             or args.runtime or args.save or args.onnx:
         args.usage_error("with --float-golden only --gguf and --json apply: the bounds are derived per product")
     from ..oracle.quantized import format_split, split
 
     report = split(args.float_golden, args.reference, args.candidate, load(args.gguf, tokenizer=False))
     if args.json:
-        print(json.dumps(report.to_dict(), indent=1, default=str))
+        print(strict_json.dumps(report.to_dict(), indent=1, default=str))
     else:
         print(format_split(report))
     return 0 if report.ok else 1

@@ -7,7 +7,7 @@ gradient) to a golden file; with --generate, of a decoding loop, step by step.
     refgpt golden "The cat" "A dog barked at" --padding-side left -o padded.safetensors
     refgpt golden "The quick brown fox" --generate 32 -o decode.safetensors
 
-``--model`` is an HF directory or an llm.c checkpoint (``.bin``, refgpt/oracle/llmc.py). This module
+``--model`` is an HF directory, a GGUF file or an llm.c checkpoint (``.bin``, refgpt/oracle/llmc.py). This module
 parses and prints; reading token files and tokenizers is refgpt/oracle/token_files.py, padding a
 batch refgpt/gpt2/padding.py (``pad_rows``). TEXT is
 tokenized with the model's tokenizer (``--tokenizer DIR`` with vocab.json and merges.txt gives
@@ -138,6 +138,8 @@ def _polygraphy(args, model, tokens, source) -> int:
     """The golden keyed by the ONNX graph's tensor names, as Polygraphy's RunResults JSON."""
     from ..runtimes import onnx_model, polygraphy_json
 
+    if isinstance(tokens, list) and len({len(np.atleast_1d(row)) for row in tokens}) > 1:
+        raise RefGPTError("--format polygraphy writes one unpadded batch: give rows of one length")
     tokens = np.asarray(tokens)
     if tokens.dtype == object or tokens.ndim not in (1, 2):
         raise RefGPTError("--format polygraphy writes one unpadded batch: give rows of one length")

@@ -31,7 +31,7 @@ test_libm_is_within_the_4_ulps_assumed), and an ulp of y is ≤ 2u·|y|: LIBM = 
 
 §2 Exact ops. One correctly rounded operation on the same operands gives the same bits: the
 embedding lookup, the residual adds, the −∞ of the causal and padding masks, exp(−∞) = 0 (masked
-pattern entries are exactly 0), relu, ×2ᵏ, the residual stream's copies of a gradient., and every activation but gelu_new with its backward: gpt2.py
+pattern entries are exactly 0), relu, ×2ᵏ, the residual stream's copies of a gradient; and every activation but gelu_new with its backward: gpt2.py
 writes them operation for operation as the engine does (refgpt/gpt2/activations.py), so on the
 path's own input they give the path's bits. Bound 0.
 

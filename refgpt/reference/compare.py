@@ -13,13 +13,18 @@ largest row factor or shift, all in units of 2⁻²⁴ (golden.py) — and S_X =
     3. bias          |mean(c − r)| ≤ 4·u·(r_X + RMS(r))·max(1, √(128/n))  (n ≥ 16 elements), unless
                      the rows' mean errors disagree (their t < 5): a wrong constant is small
                      everywhere but the same everywhere
-    masked scores (−∞) are not judged; integer tensors (tokens) must be equal.
+    probabilities (probs) are judged relative to p: |Δp| ≤ p·(atol + rtol) + float32's smallest normal;
+    a non-finite reference element (masked scores, −∞) is not judged, nor ∂pattern above the
+    diagonal; rule 3 only where rules 1–2 passed, never for ∂b_K (zero in exact arithmetic) nor a
+    tensor whose RMS is only rounding (≤ r_X·2⁻²⁴); integer tensors (tokens) must be equal.
 
-With explicit ``atol``/``rtol`` instead of u, rule 1 alone is NumPy's ``allclose``. G is measured,
+With explicit ``atol``/``rtol`` instead of u, rule 1 is NumPy's ``allclose`` rule, and logits are
+still judged after their row shift. G is measured,
 not derived (docs/oracle.md; benchmarks/oracle_tolerance.py). The engine's comparison
 (refgpt/oracle/comparison.py) judges in blocks of rows, threaded and memory-mapped, and reports
-more; it takes its constants and its row and bias rules from here and is tested to give the same
-verdicts as ``judge`` (tests/oracle/test_blocked_compare.py).
+more; it takes the rule's constants, the row rule and the bias bound from here (its own row t sums
+exactly, block by block) and is tested to give the same verdicts as ``judge``
+(tests/oracle/test_blocked_compare.py).
 """
 
 import math
@@ -34,8 +39,8 @@ GROWTH = 64  # G, rule 1
 F32_TINY = float(np.finfo(np.float32).tiny)  # the least tolerance of a probability (a port may flush below it)
 BIAS_GROWTH, BIAS_MIN_ELEMENTS, BIAS_FULL_ELEMENTS = 4, 16, 128  # rule 3
 ROW_T, ROW_T_MIN_ROWS = 5.0, 4  # rule 3: the rows must agree (t ≥ 5) where there are ≥ 4 of them
-#: A factor within [1/2, 2] (a shift within ±ln 2) rescales a row and is taken out; beyond, the row
-#: has another shape and is judged as it is.
+#: A factor within [1/2, 3/2] (|factor − 1| ≤ 1/2; a shift within ±ln 2) rescales a row and is
+#: taken out; beyond, the row has another shape and is judged as it is.
 MAX_ROW_FREEDOM = {"factor": 0.5, "shift": math.log(2.0)}
 FACTOR_ENTRIES = 64  # a softmax row's factor is read from its 64 largest reference entries
 GRAD = "grad."  # a golden's gradients: "grad." + the name of what was differentiated
@@ -247,7 +252,7 @@ def judge(name, r, c, *, u=None, atol=None, rtol=None, c_X=0.0, r_X=None, f_X=No
         diff = np.where(compared, np.abs(judged - r64), 0.0)  # [...]
     diff = np.where(np.isnan(diff), np.inf, diff)  # a NaN is infinitely wrong
     size = np.abs(np.where(compared, r64, 0.0))  # [...]
-    if name == "probs" and u is not None:  # relative to p: a port may flush tiny probabilities to 0
+    if inner_name(name) == "probs" and u is not None:  # relative to p: a port may flush tiny probabilities to 0
         limit = (v.atol + v.rtol) * size + F32_TINY
     else:
         limit = v.atol + v.rtol * size  # [...] rule 1

@@ -12,14 +12,16 @@ The tensors, in this order (the order the forward pass computes them), batch fir
     for each block L, blocks.L. + BLOCK (below)
     ln_final.hook_mean, .hook_scale [batch, pos, 1], ln_final.hook_normalized, ln_final.out [batch, pos, d_model]
     logits, log_probs [batch, pos, d_vocab]
-    targets [batch, pos − 1] int64 (the next tokens), loss [batch, pos − 1] (each position's −log p)
+    targets [batch, pos − 1] int64 (the next tokens), loss [batch, pos − 1] (each position's −log p);
+    both [batch, pos] when the tokens came with their own targets (llm.c's x and y)
 
 Every activation is the hook point's of TransformerLens (gpt2.py's ``forward``, plus a batch
 axis); ``….out`` is a LayerNorm's output w ⊙ x̂ + b, which TransformerLens has no hook for.
 q, k, v and z are [batch, pos, head, d_head], scores and pattern [batch, head, query, key] with
 scores −∞ above the diagonal; the MLP's pre and post [batch, pos, d_mlp]; a LayerNorm's mean and
 scale [batch, pos, 1]. A golden made with ``--backward`` adds ``loss_mean`` and ∂loss_mean/∂X as
-``grad.X`` for every activation and parameter X, in the order the backward pass computes them; a
+``grad.X`` for every activation and parameter X, in the order the backward pass computes them
+(a tied model adds ``grad.tied_W_E``, the one matrix's gradient from both uses); a
 decode golden prefixes each step's tensors with ``step.S.``; a padded one adds
 ``attention_mask`` and ``position_ids``.
 
@@ -71,6 +73,8 @@ def read(path):
         if info["dtype"] == "BF16":
             upper = np.frombuffer(body[begin:end], "<u2").astype(np.uint32) << 16
             tensors[name] = upper.view(np.float32).reshape(info["shape"])
-        else:
+        elif info["dtype"] in DTYPES:
             tensors[name] = np.frombuffer(body[begin:end], DTYPES[info["dtype"]]).reshape(info["shape"])
+        else:
+            raise ValueError(f"{path}: {name} has dtype {info['dtype']}, not one of {sorted(DTYPES)} or BF16")
     return tensors, metadata

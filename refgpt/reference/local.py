@@ -62,8 +62,8 @@ import numpy as np
 
 from . import bounds, gpt2
 from .bounds import U, gamma
+from .compare import UNIT_ROUNDOFF
 
-UNIT_ROUNDOFF = {"float64": 2.0 ** -53, "float32": 2.0 ** -24, "bfloat16": 2.0 ** -8, "float16": 2.0 ** -11}
 #: Half the smallest subnormal: a rounding's absolute error where the value underflows.
 UNDERFLOW = {"float64": 2.0 ** -1075, "float32": 2.0 ** -150, "bfloat16": 2.0 ** -134, "float16": 2.0 ** -25}
 
@@ -228,7 +228,7 @@ def mix(p, v, prec, kind=WORST):
 
 def layer_norm(x, w, b, eps, prec):
     """L7: gpt2.layer_norm on the port's x [pos, d] → {stat: (value, bound)} for hook_mean,
-    hook_scale, hook_normalized and "out" (w ⊙ x̂ + b, from gpt2's own x̂: see ``layer_norm_out``)."""
+    hook_scale and hook_normalized (the output w ⊙ x̂ + b is ``layer_norm_out``'s)."""
     out, stats = gpt2.layer_norm(x, w, b, eps)
     port = bounds.layer_norm_bounds(x, stats["hook_scale"], eps, prec.u_el, prec.u_acc)
     own = bounds.layer_norm_bounds(x, stats["hook_scale"], eps)

@@ -7,7 +7,7 @@ its linear layers as **Conv1D**: the weight is [in, out] and y = x·W + b — no
 columns are Q | K | V, each d = h·e columns of heads side by side. The unembedding is tied:
 W_U = W_Eᵀ unless the checkpoint stores a separate ``lm_head.weight`` [v, d].
 
-    HF key (prefix ``transformer.`` optional)   circuits name              shape
+    HF key (``transformer.`` taken off)         circuits name              shape
     wte.weight [v, d]                            embed.W_E                  [v, d]
     wpe.weight [n_ctx, d]                        pos_embed.W_pos            [n_ctx, d]
     h.L.ln_1.weight, .bias [d]                   blocks.L.ln1.w, .b         [d]

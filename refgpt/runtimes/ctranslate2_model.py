@@ -7,7 +7,8 @@ CTranslate2 exposes no intermediate tensor: ``Generator.forward_batch`` returns 
 [batch, pos, d_vocab], which is all that is judged (shift-invariantly, as every candidate's
 logits are); the report lists every activation as not in the candidate. The directory's compute
 type is run as converted (``compute_type="default"``). Reading the weights of model.bin itself
-(to judge a quantized model's error against its own dequantized weights) is another room's work.
+(to judge a quantized model's error against its own dequantized weights) is
+refgpt/oracle/ctranslate2_file.py's.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 the one the whole-tensor judgement gives: same verdicts, first and worst element, maxima and counts;
 the signed mean error, RMS error and bias bound equal to the rounding of a blocked sum.
 
-The whole-tensor judgement (tests/whole_compare.py) is ``compare``'s code before issue 17, kept
-verbatim as the specification the blocked one must meet. BLOCK_BYTES is forced down to a few rows so that tensors
+The whole-tensor judgement is the reference's rule, refgpt/reference/compare.py's ``judge``
+(tests/whole_compare.py dresses it as the engine's TensorResult): the specification the blocked one must meet. BLOCK_BYTES is forced down to a few rows so that tensors
 smaller than a block, exactly a block and a block plus a row are all exercised."""
 
 from __future__ import annotations

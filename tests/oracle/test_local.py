@@ -13,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from local_ports import port_forward
+from refgpt import strict_json
 from random_models import model_and_tokens, random_params
 from refgpt import Config, Model, RefGPTError
 from refgpt.oracle import local
@@ -200,8 +201,9 @@ def test_the_pages_worked_example_prints_what_the_page_shows(refgpt_cli, tmp_pat
     printed = out.splitlines()
     assert all(line in printed for line in shown), "\n".join(line for line in shown if line not in printed)
     status, out, _ = refgpt_cli.in_process(*shlex.split(commands[1])[1:], "--json")
-    answer = json.loads(out)
+    answer = strict_json.loads(out, "compare --local --json")  # strict: an exact op's SNR (∞) is "inf", not Infinity
     assert answer["local_first"]["name"] == "blocks.2.hook_attn_out" and answer["local"]["precision"]
+    assert "inf" in [op.get("snr_db") for op in answer["local"]["ops"]]
 
 
 def test_compare_local_without_weights_says_so_in_one_line(refgpt_cli, tmp_path, monkeypatch):
@@ -352,3 +354,11 @@ def test_compare_local_reads_an_llmc_dump(refgpt_cli, tmp_path, monkeypatch):
                                              "--local-model", "ckpt", "--json", "--forward-only")
     assert status == 1 and out, (status, out, err)
     assert json.loads(out)["local_first"]["name"] == "blocks.0.mlp.hook_post"
+
+
+@pytest.mark.parametrize("extra", [["--local-bound", "probabilistic"], ["--local-model", "ckpt"]])
+def test_local_options_without_local_are_refused_before_anything_runs(refgpt_cli, tmp_path, extra):
+    """Checked first: no file is read (these do not exist), nothing is run or written (review finding)."""
+    status, _, err = refgpt_cli.in_process("compare", str(tmp_path / "g.safetensors"), str(tmp_path / "m.onnx"),
+                                           "--save", str(tmp_path / "kept.safetensors"), *extra)
+    assert status == 2 and "go with --local" in err and not (tmp_path / "kept.safetensors").exists()

@@ -157,7 +157,7 @@ def test_the_room_reads_in_one_sitting_and_runs_alone():
                     if i not in docstrings and line.strip() and not line.strip().startswith("#"))
     assert code <= 1000, code
     code = ("import sys; sys.modules['refgpt'] = None; sys.path.insert(0, %r); "
-            "import reference.gpt2, reference.weights, reference.bounds, reference.compare, reference.golden; "
+            "import reference.gpt2, reference.weights, reference.bounds, reference.compare, reference.golden, reference.local; "
             "print('ok')" % str(ROOM.parent))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.stdout.strip() == "ok", out.stderr
@@ -166,3 +166,17 @@ def test_the_room_reads_in_one_sitting_and_runs_alone():
 def test_the_bounds_are_at_any_unit_roundoff():
     assert bounds.gamma(10) == 10 * 2.0**-53 / (1 - 10 * 2.0**-53)
     assert bounds.gamma(10, 2.0**-24) == pytest.approx(10 * 2.0**-24)
+
+
+@pytest.mark.parametrize("name", ["probs", "step.0.probs"])
+def test_judge_judges_a_decode_steps_probs_as_the_engine_does(name):
+    """Probabilities are judged relative to p in a decode golden's steps too (found by review: the
+    reference judged step.S.probs by the plain rule, the engine relative to p)."""
+    r = np.full((1, 2, 8), 1 / 8)  # [batch, pos, d_vocab]
+    c = r.copy()
+    c[0, 1, 3] += 1e-6
+    u = compare.UNIT_ROUNDOFF["float32"]
+    tol = {"profile": "float32", "unit_roundoff": u, "growth": compare.GROWTH, "rtol": compare.GROWTH * u, "atol": "…"}
+    engine = comparison._compare_tensor(name, r, c, tol, {}, {name: r})
+    v = compare.judge(name, r, c, u=u, reference={name: r})
+    assert (v.status, v.n_out) == (engine.status, engine.n_out) == ("out of tolerance", 1)
