@@ -56,9 +56,9 @@ def add_parser(subparsers):
                        description=DESCRIPTION, examples=EXAMPLES)
     add_token_argument(p, "target", "the token whose logit to split")
     add_token_argument(p, "against", "split the logit difference target − against instead")
-    p.add_argument("--granularity", choices=GRANULARITIES, default="layer",
+    p.add_argument("--granularity", choices=GRANULARITIES, default=None,
                    help="components: per layer (default), per head, or per head and neuron")
-    p.add_argument("--top", type=positive_int, default=20, metavar="K", help="show the K largest components (default 20)")
+    p.add_argument("--top", type=positive_int, default=None, metavar="K", help="show the K largest components (default 20)")
     p.add_argument("--pos", type=int, default=-1, help="the position of TEXT to attribute (default -1, the last)")
     p.add_argument("--process", action="store_true",
                    help="process the weights as TransformerLens's from_pretrained does first (refgpt.tl.processing)")
@@ -89,7 +89,11 @@ def run(args) -> int:
         if args.sae is not None:
             args.usage_error("--naive splits the final stream into its pieces, --sae an activation into features: "
                              "one at a time")
+        if args.granularity is not None or args.top is not None:  # refused, not ignored
+            args.usage_error("--naive shows every piece of the final stream: --granularity and --top do not apply")
         return _naive(model, args, tokens, target, against, pos)
+    args.granularity = args.granularity or "layer"
+    args.top = args.top or 20
     sae = None
     if args.sae is not None:
         sae = load_sae(default_sae_path() if args.sae == "default" else args.sae, dtype=model.dtype)

@@ -105,3 +105,9 @@ def test_naive_is_the_page_s_section_1(refgpt_cli, tmp_path):
 def test_plot_goes_with_naive(refgpt_cli):
     done = refgpt_cli("attribute", TEXT, "--target", " ", "--plot", "x.png")
     assert done.returncode == 2 and done.stderr.strip().endswith("--plot draws --naive's figure: it goes with --naive")
+
+
+@pytest.mark.parametrize("extra", [["--top", "3"], ["--granularity", "head"]])
+def test_naive_refuses_the_options_it_would_ignore(refgpt_cli, extra):
+    status, _, err = refgpt_cli.in_process("attribute", "To be, or not to", "--target", " be", "--naive", *extra)
+    assert status == 2 and "do not apply" in err
