@@ -29,6 +29,7 @@ from ..files.checkpoint import load as load_checkpoint
 from ..files.default_model import default_model_path
 from .golden import weight_hashes
 from .name_maps import split_step, to_refgpt
+from .quantized import snr_db  # −10·log10(NMSE), one home
 
 
 @dataclass
@@ -63,7 +64,7 @@ class OpVerdict:
 
     @property
     def snr_db(self) -> float:
-        return math.inf if self.nmse == 0 else -10 * math.log10(self.nmse)
+        return snr_db(self.nmse)
 
     def as_dict(self) -> dict:
         keys = ("op", "name", "layer", "kind", "ratio", "index", "port", "reference", "introduced", "bound",
