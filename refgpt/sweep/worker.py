@@ -58,17 +58,21 @@ class SweepSpec:
 
 
 def blas_info() -> dict:
-    """The BLAS this process computes with: library, version, kernel and threads (threadpoolctl,
-    the ``dask`` and ``bench`` extras; without it, numpy's build information and no thread count)."""
+    """The BLAS NumPy computes with in this process: library, version, kernel and threads
+    (threadpoolctl, the ``dask`` and ``bench`` extras; without it, numpy's build information and no
+    thread count). Another package may have loaded a BLAS of its own (scipy's OpenBLAS, in
+    ``scipy.libs``): NumPy's is the one in its wheel's ``numpy.libs``, else the first one found."""
     try:
         from threadpoolctl import threadpool_info
     except ImportError:
         deps = np.show_config(mode="dicts").get("Build Dependencies", {}).get("blas", {})
         return {"library": deps.get("name"), "version": deps.get("version"), "kernel": None, "threads": None}
-    for info in threadpool_info():
-        if info.get("user_api") == "blas":
-            return {"library": info.get("internal_api"), "version": info.get("version"),
-                    "kernel": info.get("architecture"), "threads": info.get("num_threads")}
+    found = [info for info in threadpool_info() if info.get("user_api") == "blas"]
+    numpy_libs = Path(np.__file__).resolve().parent.parent / "numpy.libs"
+    own = [info for info in found if Path(info.get("filepath") or "").resolve().parent == numpy_libs]
+    for info in own or found:
+        return {"library": info.get("internal_api"), "version": info.get("version"),
+                "kernel": info.get("architecture"), "threads": info.get("num_threads")}
     return {"library": None, "version": None, "kernel": None, "threads": None}
 
 

@@ -391,3 +391,21 @@ def test_golden_names_keeps_the_tensors_asked_for(tmp_path):
     assert list(golden.read(path).tensors) == ["tokens", "blocks.0.hook_resid_post", "blocks.1.hook_resid_post",
                                                "blocks.2.hook_resid_post", "blocks.3.hook_resid_post", "logits",
                                                "log_probs", "targets", "loss"]
+
+
+def test_blas_info_is_numpys_whatever_else_loaded_a_blas(monkeypatch):
+    """A package with a BLAS of its own (scipy's OpenBLAS, loaded by sae-lens's imports) may come first
+    in threadpoolctl's list: the record names NumPy's (the one in numpy.libs), or a sweep's serial and
+    Dask summaries disagree (CI found it after the SAE and runtime extras joined the suite)."""
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    from pathlib import Path
+
+    from refgpt.sweep.worker import blas_info
+
+    mine = [i for i in threadpoolctl.threadpool_info() if i.get("user_api") == "blas"
+            and Path(i["filepath"]).resolve().parent.name == "numpy.libs"]
+    if not mine:
+        pytest.skip("this NumPy's BLAS is not a wheel's numpy.libs")
+    other = {**mine[0], "filepath": "/elsewhere/scipy.libs/libscipy_openblas.so", "version": "0.0.other"}
+    monkeypatch.setattr(threadpoolctl, "threadpool_info", lambda: [other, mine[0]])
+    assert blas_info()["version"] == mine[0]["version"] != "0.0.other"
