@@ -49,6 +49,7 @@ import numpy as np
 
 from ..tl import hook_points
 from ..errors import RefGPTError
+from ..reference import compare as _reference_compare
 
 MAPS = ("refgpt", "hf", "tl", "llmc")
 
@@ -87,7 +88,7 @@ def inner_name(name: str) -> str:
 
 #: Gradients in a golden file: ``grad.`` + the name of what was differentiated (a hook point,
 #: a LayerNorm's ``….out``, ``logits``, or a parameter's TransformerLens name), ∂(mean loss)/∂ it.
-GRAD = "grad."
+GRAD = _reference_compare.GRAD  # one home: refgpt/reference/compare.py, whose rule reads it too
 
 #: A block's gradients in the order its backward pass computes them: an op's output gradient,
 #: then its parameters' gradients, then the gradient of its input (which is the previous op's
@@ -119,8 +120,7 @@ def backward_key(name: str) -> tuple:
     return (3, name)
 
 
-def is_gradient(name: str) -> bool:
-    return name.startswith(GRAD)
+is_gradient = _reference_compare.is_gradient
 
 
 #: Within a block: which op's backward computes the gradient of each tensor.

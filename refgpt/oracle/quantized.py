@@ -48,8 +48,10 @@ import numpy as np
 
 from ..errors import RefGPTError
 from ..files.ggml_blocks import TYPES, dequantize, quantize
+from ..reference import bounds
+from ..reference.compare import UNIT_ROUNDOFF
 
-U = 2.0**-24  # float32's unit roundoff
+U = UNIT_ROUNDOFF["float32"]  # float32's unit roundoff: the products accumulate in float32
 U16 = 2.0**-11  # float16's
 TIE = 8 * U  # relative: how far two correct quantizers' x/d may differ (each computes it in ≤ 4 roundings)
 
@@ -103,7 +105,7 @@ def linear_bound(x: np.ndarray, W: np.ndarray, b: np.ndarray | None, weight_type
     reference = x_hat @ W + bias  # [rows, d_out]
     d_in = W.shape[0]
     n = d_in // 32 + 4 if step is not None else d_in + 2
-    gamma = n * U / (1 - n * U)
+    gamma = float(bounds.gamma(n, U))  # Higham's γ_n at float32's u
     absW = np.abs(W)  # [d_in, d_out]
     bound = gamma * (np.abs(x_hat) @ absW) + U * (2 * np.abs(reference) + np.abs(bias))  # [rows, d_out]
     if step is not None:
