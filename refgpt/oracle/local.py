@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -140,28 +141,65 @@ class _Walk:
                 v.inherited = float(abs(reference[i] - golden[i]))
 
 
-def judge(params, cfg, tokens, acts, precision="float32", kind="worst", golden=None, p_fail=1e-9) -> LocalReport:
+def judge(params, cfg, tokens, acts, precision="float32", kind="worst", golden=None, p_fail=1e-9,
+          release=None) -> LocalReport:
     """Local verdicts on a port's forward: ``params`` the checkpoint's weights (TransformerLens
     names, any float dtype), ``cfg`` its Config, ``tokens`` [batch, pos], ``acts`` the port's
     activations by hook name ([batch, pos, …], as run_with_cache names them; ``logits``
     [batch, pos, d_vocab] too), ``precision`` a key of refgpt.reference.local.PRECISIONS, ``kind``
     "worst" or "probabilistic" (for the long sums: the affine ops, z and the softmax's sum), and
     ``golden`` optionally a function (name, row) → the golden's float64 value, for the inherited
-    error. Every row is judged on its own; every position of every row is real (no padding)."""
+    error. Every row is judged on its own; every position of every row is real (no padding).
+    Streamed (``_Held``): a tensor is read (a row of it, cast up) when an op first needs it and
+    let go when the walk leaves its block, then ``release(name)`` (if given) drops its file pages;
+    the weights are rounded a block's at a time."""
     if precision not in rl.PRECISIONS:
         raise RefGPTError(f"local verdicts: unknown precision {precision!r}; one of {', '.join(rl.PRECISIONS)}")
     if kind not in ("worst", "probabilistic"):
         raise RefGPTError(f"local verdicts: unknown kind of bound {kind!r}; 'worst' or 'probabilistic'")
     prec, sums = rl.PRECISIONS[precision], rl.Kind(kind, p_fail)
-    p = {name: rl.round_to(w, prec.store) for name, w in params.items()}  # the port's weights
+    p = _Held(params, lambda w: rl.round_to(w, prec.store))  # the port's weights, a layer's at a time
     tokens = np.asarray(tokens)
     if tokens.ndim == 1:
         tokens = tokens[None]
     walk = _Walk(prec, sums, golden)
     for r in range(tokens.shape[0]):
-        row = {name: np.asarray(a[r], np.float64) for name, a in acts.items()}
+        row = _Held(acts, lambda a, r=r: np.asarray(a[r], np.float64), release)  # [pos, …] each, read when used
         _forward_row(walk, p, cfg, tokens[r], row, r, prec, sums)
+        row.keep()
     return LocalReport(str(prec), list(walk.verdicts.values()))
+
+
+class _Held(Mapping):
+    """Streaming: ``tensors`` (a mapping, its arrays possibly memory-mapped), each read through
+    ``read`` when an op first asks for it and held until the walk lets it go (``keep``), then
+    ``release(name)`` drops its file pages. The walk keeps only what the next ops read: a block's
+    tensors and the stream handed on, not the model's every activation (at GPT-2 small's shape
+    and T = 1024 those are 3.9 GB in float64, a block's 0.3 GB)."""
+
+    def __init__(self, tensors, read, release=None):
+        self.tensors, self.read, self.release, self.held = tensors, read, release, {}
+
+    def __getitem__(self, name):
+        if name not in self.held:
+            self.held[name] = self.read(self.tensors[name])
+        return self.held[name]
+
+    def __contains__(self, name):
+        return name in self.tensors
+
+    def __iter__(self):
+        return iter(self.tensors)
+
+    def __len__(self):
+        return len(self.tensors)
+
+    def keep(self, *names):
+        """Let go of every held tensor but ``names``."""
+        for name in [n for n in self.held if n not in names]:
+            del self.held[name]
+            if self.release is not None:
+                self.release(name)
 
 
 def _forward_row(walk, p, cfg, tokens, acts, r, prec, sums):
@@ -174,6 +212,9 @@ def _forward_row(walk, p, cfg, tokens, acts, r, prec, sums):
             walk.skip("embed", name, None, "not dumped")
     for L in range(cfg.n_layers):
         b = f"blocks.{L}."
+        if L:  # the previous block's tensors and weights are read no more; its output is this block's input
+            acts.keep(f"blocks.{L - 1}.hook_resid_post")
+            p.keep()
         if L == 0:
             _add(walk, b + "hook_resid_pre", L, r, acts, "hook_embed", "hook_pos_embed", prec, missing)
         elif not missing(b + "hook_resid_pre", f"blocks.{L - 1}.hook_resid_post"):
@@ -219,6 +260,8 @@ def _forward_row(walk, p, cfg, tokens, acts, r, prec, sums):
                 p[m + "W_out"], p[m + "b_out"], "pm,md->pd", prec, sums, missing, m + "hook_post")
         _add(walk, b + "hook_resid_post", L, r, acts, b + "hook_resid_mid", b + "hook_mlp_out", prec, missing)
     last = f"blocks.{cfg.n_layers - 1}.hook_resid_post"
+    acts.keep(last)
+    p.keep()
     h, dh = _layer_norm(walk, acts, "ln_final.", last, p, cfg.eps, None, r, prec, missing)
     b_U = p.get("unembed.b_U", np.zeros(p["unembed.W_U"].shape[-1]))
     _affine(walk, "logits", "logits", None, r, acts, h, dh, p["unembed.W_U"], b_U, "pd,dv->pv", prec, sums, missing)
@@ -283,14 +326,26 @@ def judge_files(reference, candidate, model, name_map="refgpt", precision=None, 
         raise RefGPTError(f"{model.source}: not the weights {reference} was made from (its recorded weights_sha256 "
                           f"differs): local verdicts need the golden's own checkpoint")
     shape = comparison._model_shape(ref, g)
-    cand, dtypes, _ = comparison.load(candidate, name_map, shape)
+    cand, dtypes, cand_file = comparison.load(candidate, name_map, shape)
     if cand is None:  # an llm.c .bin: its activations (its gradients are not judged locally yet)
         cand = {k: v for k, v in comparison._read_llmc_bin(candidate, ref, g).items()
                 if not k.startswith(("grad", "tokens", "targets", "loss"))}
     cand, _ = to_refgpt(cand, name_map, shape)
     precision = precision or comparison.default_profile(cand, dtypes)
-    golden = lambda name, row: np.asarray(ref[name][row], np.float64) if name in ref else None  # noqa: E731
-    return judge(model.params, model.cfg, np.asarray(ref["tokens"]), cand, precision, kind, golden), None
+    read = lambda name, row: np.array(ref[name][row], np.float64) if name in ref else None  # noqa: E731
+    tokens = np.asarray(ref["tokens"])
+    release = cand_file.release if cand_file is not None and name_map == "refgpt" else None  # its pages, once read
+    return judge(model.params, model.cfg, tokens, cand, precision, kind, _released(read, g), release=release), None
+
+
+def _released(read, g):
+    """``read(name, row)``, then the golden file's pages of ``name`` dropped (it is read once a row)."""
+    def golden(name, row):
+        value = read(name, row)
+        if g is not None:
+            g.release(name)
+        return value
+    return golden
 
 
 def embedded_if_recorded(reference):
