@@ -110,8 +110,9 @@ class _Walk:
     def skip(self, op, name, layer, reason):
         self.verdict(op, name, layer).skipped = reason
 
-    def judge(self, op, name, layer, row, port, reference, bound, kind=None):
-        """Hold the port's value to the reference's within ``bound`` (masked −∞ entries of both: 0)."""
+    def judge(self, op, name, layer, row, port, reference, bound, kind=None, at=()):
+        """Hold the port's value to the reference's within ``bound`` (masked −∞ entries of both: 0);
+        ``at``: the values are a block of the row's tensor, starting at this index."""
         v = self.verdict(op, name, layer, kind)
         port, reference = np.asarray(port, np.float64), np.asarray(reference, np.float64)
         with np.errstate(invalid="ignore"):
@@ -129,12 +130,13 @@ class _Walk:
         worst = float(ratio.max(initial=0.0))
         golden = self.golden(name, row) if self.golden else None
         if golden is not None:
+            golden = np.asarray(golden[tuple(slice(a, a + n) for a, n in zip(at, port.shape))], np.float64)  # [...]
             with np.errstate(invalid="ignore"):
                 drift = np.where(port == golden, 0.0, np.abs(port - golden))  # [...]
             v.drift = max(v.drift or 0.0, float(np.nanmax(drift, initial=0.0)))
         if worst > v.ratio or not v.index:
             i = np.unravel_index(int(np.argmax(ratio)), ratio.shape) if ratio.size else ()
-            v.ratio, v.index = worst, (row, *(int(j) for j in i))
+            v.ratio, v.index = worst, (row, *(int(j) + (at[axis] if axis < len(at) else 0) for axis, j in enumerate(i)))
             v.port, v.reference, v.introduced, v.bound = (float(port[i]), float(reference[i]), float(diff[i]),
                                                           float(bound[i]))
             if golden is not None:
@@ -164,10 +166,15 @@ def judge(params, cfg, tokens, acts, precision="float32", kind="worst", golden=N
         tokens = tokens[None]
     walk = _Walk(prec, sums, golden)
     for r in range(tokens.shape[0]):
-        row = _Held(acts, lambda a, r=r: np.asarray(a[r], np.float64), release)  # [pos, …] each, read when used
+        row = _Held(acts, lambda a, r=r: np.asarray(a[r], np.float64), release, r)  # [pos, …] each, read when used
         _forward_row(walk, p, cfg, tokens[r], row, r, prec, sums)
         row.keep()
     return LocalReport(str(prec), list(walk.verdicts.values()))
+
+
+#: The largest output block (and weight block) an affine op is judged in, float64 bytes: its
+#: reference, bound and errors are a few such blocks.
+BLOCK_BYTES = 32 * 2**20
 
 
 class _Held(Mapping):
@@ -177,8 +184,8 @@ class _Held(Mapping):
     tensors and the stream handed on, not the model's every activation (at GPT-2 small's shape
     and T = 1024 those are 3.9 GB in float64, a block's 0.3 GB)."""
 
-    def __init__(self, tensors, read, release=None):
-        self.tensors, self.read, self.release, self.held = tensors, read, release, {}
+    def __init__(self, tensors, read, release=None, row=None):
+        self.tensors, self.read, self.release, self.row, self.held = tensors, read, release, row, {}
 
     def __getitem__(self, name):
         if name not in self.held:
@@ -194,6 +201,13 @@ class _Held(Mapping):
     def __len__(self):
         return len(self.tensors)
 
+    def stored(self, name):
+        """``name``'s row as stored (a view of the file where it is mapped), not cast or held: an
+        op's output is read a block at a time."""
+        if name in self.held:
+            return self.held[name]
+        return self.tensors[name] if self.row is None else self.tensors[name][self.row]
+
     def keep(self, *names):
         """Let go of every held tensor but ``names``."""
         for name in [n for n in self.held if n not in names]:
@@ -205,7 +219,8 @@ class _Held(Mapping):
 def _forward_row(walk, p, cfg, tokens, acts, r, prec, sums):
     pos = len(tokens)
     missing = lambda *names: [n for n in names if n not in acts]  # noqa: E731
-    for name, ref in (("hook_embed", p["embed.W_E"][tokens]), ("hook_pos_embed", p["pos_embed.W_pos"][:pos])):
+    gathered = (p.stored("embed.W_E")[tokens], p.stored("pos_embed.W_pos")[:pos])  # [pos, d_model] each
+    for name, ref in zip(("hook_embed", "hook_pos_embed"), (rl.round_to(g, prec.store) for g in gathered)):
         if name in acts:
             walk.judge("embed", name, None, r, acts[name], ref, rl.copy(ref, prec))
         else:
@@ -225,23 +240,9 @@ def _forward_row(walk, p, cfg, tokens, acts, r, prec, sums):
         for n in "qkv":
             _affine(walk, n, a + f"hook_{n}", L, r, acts, h, dh,
                     p[a + f"W_{n.upper()}"], p[a + f"b_{n.upper()}"], "pd,hde->phe", prec, sums, missing)
-        if missing(a + "hook_q", a + "hook_k", a + "hook_attn_scores"):
-            walk.skip("scores", a + "hook_attn_scores", L, "not dumped, or q, k not dumped")
-        else:
-            ref, bound = rl.scores(acts[a + "hook_q"], acts[a + "hook_k"], cfg.score_scale(L), prec, sums)
-            finite = np.isfinite(ref)  # [head, query, key]: the mask's entries are the port's own affair
-            walk.judge("scores", a + "hook_attn_scores", L, r, np.where(finite, acts[a + "hook_attn_scores"], 0.0),
-                       np.where(finite, ref, 0.0), np.where(finite, bound, 0.0), sums)
-        if missing(a + "hook_attn_scores", a + "hook_pattern"):
-            walk.skip("pattern", a + "hook_pattern", L, "not dumped, or scores not dumped")
-        else:
-            ref, bound = rl.softmax(acts[a + "hook_attn_scores"], prec, sums)
-            walk.judge("pattern", a + "hook_pattern", L, r, acts[a + "hook_pattern"], ref, bound, sums)
-        if missing(a + "hook_pattern", a + "hook_v", a + "hook_z"):
-            walk.skip("z", a + "hook_z", L, "not dumped, or pattern, v not dumped")
-        else:
-            ref, bound = rl.mix(acts[a + "hook_pattern"], acts[a + "hook_v"], prec, sums)
-            walk.judge("z", a + "hook_z", L, r, acts[a + "hook_z"], ref, bound, sums)
+        heads = max(1, BLOCK_BYTES // (8 * pos * pos))  # a head's scores are pos² numbers: 8 MB at T = 1024
+        for h in range(0, cfg.n_heads, heads):
+            _attention(walk, acts, a, L, r, slice(h, h + heads), cfg.score_scale(L), prec, sums, missing)
         _affine(walk, "attn out", b + "hook_attn_out", L, r, acts, acts.get(a + "hook_z"), None,
                 p[a + "W_O"], p[a + "b_O"], "phe,hed->pd", prec, sums, missing, a + "hook_z")
         _add(walk, b + "hook_resid_mid", L, r, acts, b + "hook_resid_pre", b + "hook_attn_out", prec, missing)
@@ -263,8 +264,32 @@ def _forward_row(walk, p, cfg, tokens, acts, r, prec, sums):
     acts.keep(last)
     p.keep()
     h, dh = _layer_norm(walk, acts, "ln_final.", last, p, cfg.eps, None, r, prec, missing)
-    b_U = p.get("unembed.b_U", np.zeros(p["unembed.W_U"].shape[-1]))
-    _affine(walk, "logits", "logits", None, r, acts, h, dh, p["unembed.W_U"], b_U, "pd,dv->pv", prec, sums, missing)
+    W_U = p.stored("unembed.W_U")  # [d_model, d_vocab] as given: rounded a block at a time
+    b_U = p.get("unembed.b_U", np.zeros(W_U.shape[-1]))
+    _affine(walk, "logits", "logits", None, r, acts, h, dh, W_U, b_U, "pd,dv->pv", prec, sums, missing)
+
+
+def _attention(walk, acts, a, L, r, hs, scale, prec, sums, missing):
+    """The scores, pattern and z of the heads ``hs`` (a slice): judged a block of heads at a time,
+    the [head, query, key] tensors read as stored and cast up a block at a time, never held whole."""
+    block = lambda name: np.asarray(acts.stored(name)[hs], np.float64)  # noqa: E731 [heads, query, key]
+    if missing(a + "hook_q", a + "hook_k", a + "hook_attn_scores"):
+        walk.skip("scores", a + "hook_attn_scores", L, "not dumped, or q, k not dumped")
+    else:
+        ref, bound = rl.scores(acts[a + "hook_q"][:, hs], acts[a + "hook_k"][:, hs], scale, prec, sums)
+        finite = np.isfinite(ref)  # [head, query, key]: the mask's entries are the port's own affair
+        walk.judge("scores", a + "hook_attn_scores", L, r, np.where(finite, block(a + "hook_attn_scores"), 0.0),
+                   np.where(finite, ref, 0.0), np.where(finite, bound, 0.0), sums, (hs.start, 0, 0))
+    if missing(a + "hook_attn_scores", a + "hook_pattern"):
+        walk.skip("pattern", a + "hook_pattern", L, "not dumped, or scores not dumped")
+    else:
+        ref, bound = rl.softmax(block(a + "hook_attn_scores"), prec, sums)
+        walk.judge("pattern", a + "hook_pattern", L, r, block(a + "hook_pattern"), ref, bound, sums, (hs.start, 0, 0))
+    if missing(a + "hook_pattern", a + "hook_v", a + "hook_z"):
+        walk.skip("z", a + "hook_z", L, "not dumped, or pattern, v not dumped")
+    else:
+        ref, bound = rl.mix(block(a + "hook_pattern"), acts[a + "hook_v"][:, hs], prec, sums)
+        walk.judge("z", a + "hook_z", L, r, acts[a + "hook_z"][:, hs], ref, bound, sums, (0, hs.start, 0))
 
 
 def _add(walk, name, L, r, acts, left, right, prec, missing):
@@ -305,8 +330,15 @@ def _affine(walk, op, name, L, r, acts, x, dx, W, b, spec, prec, sums, missing, 
         what = missing(name, *([x_name] if x_name else [])) or ["its LayerNorm's normalized"]
         walk.skip(op, name, L, f"{', '.join(what)} not dumped")
         return
-    ref, bound = rl.affine(x, W, b, spec, prec, sums, dx)
-    walk.judge(op if dx is None else f"ln out → {op}", name, L, r, acts[name], ref, bound, sums)
+    port = acts.stored(name)  # [pos, …] as stored, not held: cast up a block at a time
+    # Blocks of the output's last axis, which is W's and b's last too (d_vocab for the logits: at GPT-2
+    # small's shape and T = 1024 they are 412 MB a row in float64, W_U 309 MB): each column its own sum.
+    cols = max(1, BLOCK_BYTES // (8 * max(port[..., 0].size, W[..., 0].size)))
+    for c in range(0, port.shape[-1], cols):
+        w = rl.round_to(W[..., c:c + cols], prec.store)  # [..., cols] the port's weights (W_U given as stored)
+        ref, bound = rl.affine(x, w, b[..., c:c + cols], spec, prec, sums, dx)
+        walk.judge(op if dx is None else f"ln out → {op}", name, L, r, port[..., c:c + cols], ref, bound, sums,
+                   (0,) * (port.ndim - 1) + (c,))
 
 
 def judge_files(reference, candidate, model, name_map="refgpt", precision=None, kind="worst"):
@@ -332,7 +364,7 @@ def judge_files(reference, candidate, model, name_map="refgpt", precision=None, 
                 if not k.startswith(("grad", "tokens", "targets", "loss"))}
     cand, _ = to_refgpt(cand, name_map, shape)
     precision = precision or comparison.default_profile(cand, dtypes)
-    read = lambda name, row: np.array(ref[name][row], np.float64) if name in ref else None  # noqa: E731
+    read = lambda name, row: ref[name][row] if name in ref else None  # noqa: E731 — as stored: judge reads its block
     tokens = np.asarray(ref["tokens"])
     release = cand_file.release if cand_file is not None and name_map == "refgpt" else None  # its pages, once read
     return judge(model.params, model.cfg, tokens, cand, precision, kind, _released(read, g), release=release), None

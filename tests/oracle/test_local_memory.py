@@ -41,7 +41,7 @@ def _walk_peak(n_layers):
 def test_local_verdicts_hold_a_block_not_the_model():
     """Six blocks more would add six blocks' float64 activations and rounded weights to the peak if
     the walk held every tensor it read (it did: 8.8 blocks' activations more, measured before the
-    change); streamed, the peak is the same but for the verdicts' bookkeeping (measured: −0.01)."""
+    change); streamed, the peak is the same but for the verdicts' bookkeeping (measured: 0.07)."""
     shallow, block = _walk_peak(2)
     deep, _ = _walk_peak(8)
     assert deep - shallow < 0.5 * block, (shallow, deep, block)
