@@ -97,8 +97,8 @@ CHILD_ENV: dict[str, str] = {}
 
 
 def measured(args, log: Path, progress=None) -> dict:
-    """Run ``args``; wall time, exit status, peak RSS (ru_maxrss) and sampled peaks of RssAnon and
-    RssFile, in MiB. ``progress(partial)`` is called every 30 s while it runs."""
+    """Run ``args``; wall time, CPU time (user + system, wait4's), exit status, peak RSS (ru_maxrss)
+    and sampled peaks of RssAnon and RssFile, in MiB. ``progress(partial)`` is called every 30 s while it runs."""
     peaks = {"RssAnon": 0, "RssFile": 0}
     env = {**os.environ, "PYTHONPATH": str(REPO), **CHILD_ENV}
     t = time.perf_counter()
@@ -135,7 +135,8 @@ def measured(args, log: Path, progress=None) -> dict:
         child.returncode = os.waitstatus_to_exitcode(status)
         done.set()
         sampler.join()
-    return {"seconds": time.perf_counter() - t, "exit": child.returncode, "peak_rss_mib": usage.ru_maxrss / 1024,
+    return {"seconds": time.perf_counter() - t, "cpu_seconds": usage.ru_utime + usage.ru_stime,
+            "exit": child.returncode, "peak_rss_mib": usage.ru_maxrss / 1024,
             "peak_anon_mib": peaks["RssAnon"] / 1024, "peak_file_mib": peaks["RssFile"] / 1024,
             "output": log.read_text()[-2000:]}
 
