@@ -23,7 +23,6 @@ results_local_cost.json.
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import sys
@@ -34,7 +33,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from bench_scale import SHAPES, VOCAB, make_checkpoint, measured  # noqa: E402
+from bench_scale import SHAPES, VOCAB, arguments, make_checkpoint, measured  # noqa: E402
 from machine import describe, machine, update_section  # noqa: E402
 
 
@@ -106,13 +105,7 @@ def markdown(r) -> str:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--shape", choices=SHAPES, default="small")
-    parser.add_argument("--T", type=int, default=1024)
-    parser.add_argument("--dir", default="/tmp/refgpt-local-cost")
-    parser.add_argument("--keep", action="store_true", help="keep the checkpoint and the files")
-    parser.add_argument("--no-record", action="store_true", help="do not write RESULTS.md / results_local_cost.json")
-    a = parser.parse_args()
+    a = arguments(__doc__.split("\n")[0], "small", "/tmp/refgpt-local-cost", "results_local_cost.json").parse_args()
     r = run(a.shape, a.T, Path(a.dir), a.keep)
     text = markdown(r)
     print(text)

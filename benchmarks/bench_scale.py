@@ -234,14 +234,21 @@ def markdown(r) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main():
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit("bench_scale: stopped"))  # run the clean-up below
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--shape", choices=SHAPES, default="xl")
+def arguments(description, shape, directory, record) -> argparse.ArgumentParser:
+    """The options of a benchmark that makes a checkpoint of a shape and files in a directory (this
+    one's, bench_local.py's); a SIGTERM runs its clean-up."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("stopped"))  # run the clean-up (finally:)
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--shape", choices=SHAPES, default=shape)
     parser.add_argument("--T", type=int, default=1024)
-    parser.add_argument("--dir", default="/tmp/refgpt-scale")
-    parser.add_argument("--keep", action="store_true", help="keep the checkpoint and golden file")
-    parser.add_argument("--no-record", action="store_true", help="do not write RESULTS.md / results_scale_SHAPE.json")
+    parser.add_argument("--dir", default=directory)
+    parser.add_argument("--keep", action="store_true", help="keep the checkpoint and the files")
+    parser.add_argument("--no-record", action="store_true", help=f"do not write RESULTS.md / {record}")
+    return parser
+
+
+def main():
+    parser = arguments(__doc__.split("\n")[0], "xl", "/tmp/refgpt-scale", "results_scale_SHAPE.json")
     parser.add_argument("--blas-threads", type=int,
                         help="OPENBLAS_NUM_THREADS for the measured processes (1 keeps an oversubscribed machine "
                              "from stalling on spinning BLAS threads); recorded")
