@@ -10,8 +10,8 @@ ru_maxrss, and the peaks of RssAnon and RssFile sampled every 0.2 s):
 1. a random float32 checkpoint of the shape (bench_scale.make_checkpoint), loaded as float64;
 2. ``refgpt golden --tokens ids.npy --model CKPT``: the float64 golden (with its three float32
    passes for c_X, r_X and f_X);
-3. the candidate: ``refgpt golden --dtype float32``, refgpt's own float32 pass (not measured: it is
-   the port's work);
+3. the candidate: refgpt's own float32 pass, every golden tensor, dumped without an error model
+   (``CANDIDATE``; measured, but it is the port's work);
 4. ``refgpt compare GOLDEN CANDIDATE`` (today's whole-tensor rule);
 5. ``refgpt compare GOLDEN CANDIDATE --local --local-model CKPT``: today's rule, then every op
    recomputed in float64 from the candidate's own inputs (refgpt/oracle/local.py), streamed.
@@ -37,6 +37,20 @@ from bench_scale import SHAPES, VOCAB, arguments, make_checkpoint, measured  # n
 from machine import describe, machine, update_section  # noqa: E402
 
 
+#: The candidate: refgpt's own float32 pass, every golden tensor of it (golden.stream) written as it
+#: is made, without the golden's error model (a port's dump, not a golden).
+CANDIDATE = """
+import sys, numpy as np, refgpt
+from refgpt.files.safetensors_file import SafetensorsWriter
+from refgpt.oracle import golden
+model = refgpt.load(sys.argv[1], dtype="float32", tokenizer=False)
+tokens = np.load(sys.argv[2])
+with SafetensorsWriter(sys.argv[3], golden.layout(model, tokens.shape), {}) as out:
+    for name, tensor in golden.stream(model, tokens):
+        out.write(name, tensor)
+"""
+
+
 def run(shape_name="small", T=1024, directory=Path("/tmp/refgpt-local-cost"), keep=False) -> dict:
     shape, directory = SHAPES[shape_name], Path(directory)
     results = {"machine": machine(), "shape": shape_name, **shape, "T": T}
@@ -50,8 +64,7 @@ def run(shape_name="small", T=1024, directory=Path("/tmp/refgpt-local-cost"), ke
         golden, candidate = directory / "golden.safetensors", directory / "candidate.safetensors"
         steps = {
             "golden": [*refgpt, "golden", "--tokens", str(ids), "-o", str(golden), "--model", str(ckpt)],
-            "candidate": [*refgpt, "golden", "--dtype", "float32", "--tokens", str(ids), "-o", str(candidate),
-                          "--model", str(ckpt)],
+            "candidate": [sys.executable, "-c", CANDIDATE, str(ckpt), str(ids), str(candidate)],
             "compare": [*refgpt, "compare", str(golden), str(candidate)],
             "compare_local": [*refgpt, "compare", str(golden), str(candidate), "--local", "--local-model", str(ckpt)],
         }
@@ -87,7 +100,7 @@ def markdown(r) -> str:
              f"`nice python benchmarks/bench_local.py` on {describe(r['machine'])}. Each step is its own process "
              "(bench_scale.measured: peak RSS is ru_maxrss; RssAnon, the process's own memory, and RssFile, mapped "
              "file pages the kernel drops under pressure, are peaks sampled every 0.2 s). The candidate is "
-             "refgpt's own float32 pass (`refgpt golden --dtype float32`), dumped with every activation.", "",
+             "refgpt's own float32 pass, every tensor of a golden dumped (bench_local.CANDIDATE).", "",
              f"Float64 weights {w:.0f} MiB; golden file {r['golden_file_mib'] / 1024:.1f} GiB, candidate file "
              f"{r['candidate_file_mib'] / 1024:.1f} GiB.", "",
              "| step | wall s | CPU s | CPU × golden's | peak RSS MiB | peak RssAnon MiB | RssAnon − weights MiB | "
