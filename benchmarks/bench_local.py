@@ -17,8 +17,8 @@ ru_maxrss, and the peaks of RssAnon and RssFile sampled every 0.2 s):
    recomputed in float64 from the candidate's own inputs (refgpt/oracle/local.py), streamed.
 
 The target (issue 38, item 4): step 5 in about the time of step 2, its own memory a few hundred
-MB above the float64 weights. Writes the "local-cost" section of RESULTS.md and
-results_local_cost.json.
+MB above the float64 weights. Writes the section "local-cost-SHAPE-TT" of RESULTS.md and
+results_local_cost_SHAPE_TT.json.
 """
 
 from __future__ import annotations
@@ -97,7 +97,8 @@ def markdown(r) -> str:
             ("`refgpt compare` (today's whole-tensor rule)", r["compare"]),
             ("`refgpt compare --local` (today's rule, then every op)", r["compare_local"])]
     lines = [f"## Cost of local verdicts: GPT-2 {r['shape']}-shaped random weights, T = {r['T']}", "",
-             f"`nice python benchmarks/bench_local.py` on {describe(r['machine'])}. Each step is its own process "
+             f"`python benchmarks/bench_local.py --shape {r['shape']} --T {r['T']}` on {describe(r['machine'])}. "
+             "Each step is its own process "
              "(bench_scale.measured: peak RSS is ru_maxrss; RssAnon, the process's own memory, and RssFile, mapped "
              "file pages the kernel drops under pressure, are peaks sampled every 0.2 s). The candidate is "
              "refgpt's own float32 pass, every tensor of a golden dumped (bench_local.CANDIDATE).", "",
@@ -118,13 +119,17 @@ def markdown(r) -> str:
 
 
 def main():
-    a = arguments(__doc__.split("\n")[0], "small", "/tmp/refgpt-local-cost", "results_local_cost.json").parse_args()
+    a = arguments(__doc__.split("\n")[0], "small", "/tmp/refgpt-local-cost", "results_local_cost_SHAPE_TT.json").parse_args()
     r = run(a.shape, a.T, Path(a.dir), a.keep)
-    text = markdown(r)
-    print(text)
+    print(markdown(r))
     if not a.no_record:
-        (HERE / "results_local_cost.json").write_text(json.dumps(r, indent=1, default=str))
-        update_section("local-cost", text)
+        record(r)
+
+
+def record(r) -> None:
+    """results_local_cost_SHAPE_TT.json and RESULTS.md's section "local-cost-SHAPE-TT"."""
+    (HERE / f"results_local_cost_{r['shape']}_T{r['T']}.json").write_text(json.dumps(r, indent=1, default=str))
+    update_section(f"local-cost-{r['shape']}-T{r['T']}", markdown(r))
 
 
 if __name__ == "__main__":
