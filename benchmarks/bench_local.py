@@ -109,7 +109,8 @@ def markdown(r) -> str:
     for label, m in rows:
         lines.append(f"| {label} | {m['seconds']:.0f} | {m['cpu_seconds']:.0f} | "
                      f"{m['cpu_seconds'] / r['golden']['cpu_seconds']:.2f} | "
-                     f"{m['peak_rss_mib']:.0f} | {m['peak_anon_mib']:.0f} | {m['peak_anon_mib'] - w:.0f} | "
+                     f"{m['peak_rss_mib']:.0f} | {m['peak_anon_mib']:.0f} | "
+                     f"{'— (no weights)' if m is r['compare'] else round(m['peak_anon_mib'] - w)} | "
                      f"{m['peak_file_mib']:.0f} | {m['exit']} |")
     local_only = r["compare_local"]["cpu_seconds"] - r["compare"]["cpu_seconds"]
     lines += ["", f"The local verdicts alone (the --local run less today's compare, CPU time): {local_only:.0f} s, "
