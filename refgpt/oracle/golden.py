@@ -350,7 +350,8 @@ def _passes(model: Model, tokens, names, targets=None):
     pass (refgpt/oracle/perturbed.py), run a stage at a time side
     by side (``stream``), so only a stage's activations of each are held. A pass that would repeat
     another (the model's own pass is the float64 one when it is float64 and unhooked) is run once.
-    Last, ``probs``, which no file holds: (name, None, p, (refgpt's, the sequential port's, the perturbed one's))."""
+    Last, ``probs``, which no file holds: (name, None, p, (refgpt's, the sequential port's, the perturbed one's)),
+    each pass's p but the sequential port's made when first read (``_Probs``)."""
     from . import sequential
 
     hooked = bool(HookRun(model.hook_dict).hooks)  # hooks on the model's hook points
