@@ -186,6 +186,7 @@ class _Held(Mapping):
 
     def __init__(self, tensors, read, release=None, row=None):
         self.tensors, self.read, self.release, self.row, self.held = tensors, read, release, row, {}
+        self.touched = set()  # read as stored (``stored``), not held
 
     def __getitem__(self, name):
         if name not in self.held:
@@ -206,12 +207,14 @@ class _Held(Mapping):
         op's output is read a block at a time."""
         if name in self.held:
             return self.held[name]
+        self.touched.add(name)
         return self.tensors[name] if self.row is None else self.tensors[name][self.row]
 
     def keep(self, *names):
-        """Let go of every held tensor but ``names``."""
-        for name in [n for n in self.held if n not in names]:
-            del self.held[name]
+        """Let go of every tensor read but ``names``, and of their pages."""
+        for name in [n for n in {*self.held, *self.touched} if n not in names]:
+            self.held.pop(name, None)
+            self.touched.discard(name)
             if self.release is not None:
                 self.release(name)
 
@@ -366,18 +369,14 @@ def judge_files(reference, candidate, model, name_map="refgpt", precision=None, 
     precision = precision or comparison.default_profile(cand, dtypes)
     read = lambda name, row: ref[name][row] if name in ref else None  # noqa: E731 — as stored: judge reads its block
     tokens = np.asarray(ref["tokens"])
-    release = cand_file.release if cand_file is not None and name_map == "refgpt" else None  # its pages, once read
-    return judge(model.params, model.cfg, tokens, cand, precision, kind, _released(read, g), release=release), None
 
-
-def _released(read, g):
-    """``read(name, row)``, then the golden file's pages of ``name`` dropped (it is read once a row)."""
-    def golden(name, row):
-        value = read(name, row)
+    def release(name):  # the pages of a tensor the walk is done with, in both files
+        if cand_file is not None and name_map == "refgpt":
+            cand_file.release(name)
         if g is not None:
             g.release(name)
-        return value
-    return golden
+
+    return judge(model.params, model.cfg, tokens, cand, precision, kind, read, release=release), None
 
 
 def embedded_if_recorded(reference):
