@@ -4,7 +4,10 @@ op computed in float32 from the stored inputs and its result rounded to ``store`
 own op order (a two-pass LayerNorm, x̂·w then + b, q·kᵀ then / √d_head, softmax, pattern·v), the
 way TransformerLens runs in bfloat16 on a CPU, whose matmuls accumulate in float32.
 
-``plant`` puts one bug in, by name (PLANTS), at ``layer`` (and ``position`` / ``head``).
+``plant`` puts one bug in, by name (PLANTS), at ``layer`` (and ``position`` / ``head``). With
+``outputs`` the port also dumps ``log_probs`` (x − max − log Σ exp, in float32 from its stored
+logits), ``probs`` and the next-token ``loss`` (−log_probs at the target); "softmax_padded" is
+llm.c's bug: the vocabulary's sum taken over the padded vocabulary (``padded`` logits of 0 more).
 """
 
 from __future__ import annotations
@@ -15,10 +18,12 @@ import numpy as np
 
 from refgpt.reference.local import round_to
 
-PLANTS = ("gelu_constant", "ln_eps_outside_sqrt", "score_scale", "W_O_head_1pct", "ln_eps_one_position")
+PLANTS = ("gelu_constant", "ln_eps_outside_sqrt", "score_scale", "W_O_head_1pct", "ln_eps_one_position",
+          "softmax_padded")
 
 
-def port_forward(params, cfg, tokens, store="bfloat16", plant=None, layer=0, position=0, head=0):
+def port_forward(params, cfg, tokens, store="bfloat16", plant=None, layer=0, position=0, head=0, outputs=False,
+                 padded=0):
     """tokens [batch, pos] → the port's activations by TransformerLens hook name, [batch, pos, …]
     (the logits under "logits"), float32 arrays holding ``store`` values."""
     if plant is not None and plant not in PLANTS:
@@ -31,6 +36,9 @@ def port_forward(params, cfg, tokens, store="bfloat16", plant=None, layer=0, pos
         W_O[head] = R(W_O[head] * f32(1.01))
         W[f"blocks.{layer}.attn.W_O"] = W_O
     rows = [_row(W, cfg, np.asarray(t), R, plant, layer, position) for t in np.atleast_2d(tokens)]
+    if outputs:
+        for t, acts in zip(np.atleast_2d(tokens), rows):
+            _outputs(acts, np.asarray(t), R, padded if plant == "softmax_padded" else 0)
     return {name: np.stack([r[name] for r in rows]) for name in rows[0]}
 
 
@@ -84,3 +92,15 @@ def _row(W, cfg, tokens, R, plant, layer, position):
     h = _layer_norm(acts, "ln_final.", x, W["ln_final.w"], W["ln_final.b"], cfg.eps, R)
     acts["logits"] = R(h @ W["unembed.W_U"])  # [pos, d_vocab]
     return acts
+
+
+def _outputs(acts, tokens, R, padded):
+    f32 = np.float32
+    logits = acts["logits"]  # [pos, d_vocab]
+    m = logits.max(-1, keepdims=True)  # [pos, 1]
+    d = R(logits - m)  # [pos, d_vocab]
+    e = np.exp(d)  # [pos, d_vocab] float32
+    total = e.sum(-1, keepdims=True, dtype=f32) + f32(padded) * np.exp(-m)  # [pos, 1] (+ the padding's e⁰⁻ᵐ)
+    acts["log_probs"] = R(d - R(np.log(total)))  # [pos, d_vocab]
+    acts["probs"] = R(e / total)  # [pos, d_vocab]
+    acts["loss"] = R(-acts["log_probs"][np.arange(len(tokens) - 1), tokens[1:]])  # [pos − 1]
