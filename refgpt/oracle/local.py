@@ -12,14 +12,24 @@ the bound, the inherited error when a golden's values are given, the index and b
 per op the worst ratio introduced/bound, NMSE (Σ(port − ref)² / Σ ref², ggml's test-backend-ops
 metric) and SNR in dB, and which kind of bound judged it. An op whose output or inputs the port did
 not dump is listed as skipped with the reason.
+
+``judge_decode`` walks a decode golden's steps (refgpt/oracle/decode.py) the same way, each step's
+queries reading the port's own KV cache after the step, and that cache judged as a copy: the port's
+cache after the step before, this step's k and v appended (a cache appended twice or not at all is
+named there, by its shape). A padded batch (``attention_mask``) is judged at its real positions, the
+pad keys masked and positions taken from the golden's ``position_ids``. After the logits come
+log_probs, probs and the loss: the vocabulary's sums are judged by the probabilistic bound (P(exceed)
+≤ 1e-9 per sum), since the worst case is blind there (float32 at 50,257 terms allows 3e-3: llm.c's
+softmax over its padded vocabulary, every probability off by ~1e-3, passes it). Each verdict carries
+its step and row.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -495,8 +505,11 @@ def format_local(report: LocalReport, all_ops=False, out_of_tolerance=()) -> str
     if first is None:
         lines.append(f"OK: no op introduced an error beyond its bound ({sum(v.skipped is None for v in report.ops)}"
                      " ops judged)")
+    elif first.mismatch:
+        lines.append(f"FIRST LOCAL FAILURE: {first.op} at {first.name} ({_where(first)}row {first.row}): "
+                     f"{first.mismatch}")
     else:
-        lines.append(f"FIRST LOCAL FAILURE: {first.op} at {first.name} (row {first.index[0]}, index "
+        lines.append(f"FIRST LOCAL FAILURE: {first.op} at {first.name} ({_where(first)}row {first.index[0]}, index "
                      f"{list(first.index[1:])}): port {first.port:.9g}, reference {first.reference:.9g}, "
                      f"introduced {first.introduced:.3g} > bound {first.bound:.3g}"
                      + ("" if first.inherited is None else f", inherited {first.inherited:.3g}"))
@@ -510,3 +523,7 @@ def format_local(report: LocalReport, all_ops=False, out_of_tolerance=()) -> str
                                                else "")
         lines.append(f"{v.op:20s} {v.name:34s} {v.ratio:11.3g} {v.nmse:9.2g} {v.snr_db:7.1f}  {v.kind}{note}")
     return "\n".join(lines)
+
+
+def _where(v: OpVerdict) -> str:
+    return "" if v.step is None else f"step {v.step}, "

@@ -241,12 +241,10 @@ def log_softmax(x, prec, kind=WORST):
     d = x - m  # [..., n]
     log_sum = np.log(np.exp(d).sum(-1, keepdims=True))  # [..., 1]
     y = d - log_sum  # [..., n]
-    p = np.exp(y)  # [..., n]
-    n = x.shape[-1]
     bound = prec.u_store * (1 + np.abs(y))
-    for u_el, g in ((prec.u_el, kind.g(n - 1, prec.u_acc)), (U, gamma(n - 1))):
+    for u_el, g in ((prec.u_el, kind.g(x.shape[-1] - 1, prec.u_acc)), (U, gamma(x.shape[-1] - 1))):
         eta = u_el * np.abs(d) + 8 * u_el  # [..., n]
-        bound = bound + (u_el * (np.abs(d) + np.abs(m)) + eta + (p * eta).sum(-1, keepdims=True) + g
+        bound = bound + (u_el * (np.abs(d) + np.abs(m)) + eta + (np.exp(y) * eta).sum(-1, keepdims=True) + g
                          + 9 * u_el * (log_sum + np.abs(y)) + 2 * u_el)
     return y, bound
 
