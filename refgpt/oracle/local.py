@@ -76,6 +76,8 @@ class OpVerdict:
 
     @property
     def nmse(self) -> float:
+        if self.mismatch:
+            return math.inf
         return self.squared_error / self.squared_reference if self.squared_reference else (
             0.0 if self.squared_error == 0 else math.inf)
 
@@ -184,16 +186,17 @@ class _Walk:
 @dataclass
 class _Row:
     """One row of one pass: ``positions`` [new] its position ids, ``real`` [new] its judged (real)
-    positions, ``keys_real`` [keys] the keys its queries may read (not pads), ``cache`` layer →
-    (k, v) [keys, head, d_head] the port's own KV cache after a decode step (None: the pass's own k, v),
-    ``targets`` [n] the loss's targets (None: no loss)."""
+    positions, ``keys_real`` [keys] the keys its queries may read (not pads); a decode step's
+    ``step`` and ``before`` (the port's tensors of the step before: its KV cache), whose queries read
+    the port's own cache (None: a forward pass, reading its own k, v); ``targets`` [n] the loss's."""
 
     r: int
     tokens: np.ndarray
     positions: np.ndarray
     real: np.ndarray
     keys_real: np.ndarray
-    cache: dict | None = None
+    step: int | None = None
+    before: dict | None = None
     targets: np.ndarray | None = None
 
 
@@ -232,8 +235,8 @@ def judge(params, cfg, tokens, acts, precision="float32", kind="worst", golden=N
     for r in range(batch):
         row = {name: np.asarray(a[r], np.float64) for name, a in acts.items()}
         walk.real = None if attention_mask is None else mask[r]
-        _forward_row(walk, p, cfg, _Row(r, tokens[r], positions[r], mask[r], mask[r], None, targets[r]), row, prec,
-                     sums)
+        _forward_row(walk, p, cfg, _Row(r, tokens[r], positions[r], mask[r], mask[r], targets=targets[r]), row,
+                     prec, sums)
     return LocalReport(str(prec), list(walk.verdicts.values()))
 
 
@@ -261,37 +264,31 @@ def judge_decode(params, cfg, ref, acts, precision="float32", kind="worst", gold
         for r in range(batch):
             row = {name: np.asarray(a[r], np.float64) for name, a in inner.items()}
             walk.real = None if "attention_mask" not in ref else mask[r, start:]
-            cache = _kv_cache(walk, cfg, row, {n: np.asarray(a[r], np.float64) for n, a in before.items()}, r,
-                              mask[r], S, prec)
-            _forward_row(walk, p, cfg, _Row(r, feed[r], positions[r], mask[r, start:], mask[r], cache), row, prec,
-                         sums)
+            earlier = {n: np.asarray(a[r], np.float64) for n, a in before.items()}
+            _forward_row(walk, p, cfg, _Row(r, feed[r], positions[r], mask[r, start:], mask[r], S, earlier), row,
+                         prec, sums)
         start = end
     walk.prefix, walk.step = "", None
     return LocalReport(str(prec), list(walk.verdicts.values()))
 
 
-def _kv_cache(walk, cfg, acts, before, r, keys_real, S, prec):
-    """Each layer's KV cache after step S judged as a copy (the port's cache after step S − 1, then this
-    step's k, v); returns layer → (k, v) the step's queries read: the port's cache, else (at step 0)
-    its k, v."""
-    cache = {}
-    for L in range(cfg.n_layers):
-        a = f"blocks.{L}.attn."
-        for c, h in (("cache_k", "hook_k"), ("cache_v", "hook_v")):
-            if a + c not in acts:
-                walk.skip("kv cache", a + c, L, "not dumped")
-                continue
-            if a + h not in acts or (S > 0 and a + c not in before):
-                walk.skip("kv cache", a + c, L, f"{a + h} or the cache before the step not dumped")
-                continue
-            expected = acts[a + h] if S == 0 else np.concatenate([before[a + c], acts[a + h]])  # [keys, head, d_head]
-            walk.judge("kv cache", a + c, L, r, acts[a + c], expected, rl.copy(expected, prec),
-                       at=keys_real[:, None, None] if len(keys_real) == len(expected) else None)
-        if a + "cache_k" in acts and a + "cache_v" in acts:
-            cache[L] = (acts[a + "cache_k"], acts[a + "cache_v"])
-        elif S == 0 and a + "hook_k" in acts and a + "hook_v" in acts:
-            cache[L] = (acts[a + "hook_k"], acts[a + "hook_v"])
-    return cache
+def _kv_cache(walk, row, acts, L, prec):
+    """Layer L's KV cache after a decode step judged as a copy (the port's cache after the step before,
+    then this step's k, v appended); returns the (k, v) [keys, head, d_head] the step's queries read:
+    the port's cache, else (at step 0) its k, v, else (None, None)."""
+    a = f"blocks.{L}.attn."
+    for c, h in (("cache_k", "hook_k"), ("cache_v", "hook_v")):
+        if a + c not in acts:
+            walk.skip("kv cache", a + c, L, "not dumped")
+        elif a + h not in acts or (row.step > 0 and a + c not in row.before):
+            walk.skip("kv cache", a + c, L, f"{a + h} or the cache before the step not dumped")
+        else:
+            expected = acts[a + h] if row.step == 0 else np.concatenate([row.before[a + c], acts[a + h]])
+            at = row.keys_real[:, None, None] if len(row.keys_real) == len(expected) else None  # [keys, 1, 1]
+            walk.judge("kv cache", a + c, L, row.r, acts[a + c], expected, rl.copy(expected, prec), at=at)
+    if a + "cache_k" in acts and a + "cache_v" in acts:
+        return acts[a + "cache_k"], acts[a + "cache_v"]
+    return (acts.get(a + "hook_k"), acts.get(a + "hook_v")) if row.step == 0 else (None, None)
 
 
 def _forward_row(walk, p, cfg, row, acts, prec, sums):
@@ -344,7 +341,7 @@ def _attention(walk, cfg, row, acts, a, L, prec, sums, missing):
     """Scores, pattern and z of one layer; the keys and values the port's queries read are its own:
     this pass's k, v, or a decode step's KV cache. Pad keys and the future are masked."""
     r = row.r
-    kv = (acts.get(a + "hook_k"), acts.get(a + "hook_v")) if row.cache is None else row.cache.get(L, (None, None))
+    kv = (acts.get(a + "hook_k"), acts.get(a + "hook_v")) if row.step is None else _kv_cache(walk, row, acts, L, prec)
     keys = None if kv[0] is None else len(kv[0])
     allowed = None
     if keys is not None and keys == len(row.keys_real):  # [query, key]

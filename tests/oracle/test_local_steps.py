@@ -287,3 +287,33 @@ def test_compare_local_judges_a_decode_golden_step_by_step(refgpt_cli, tmp_path,
     assert status == 1, err
     first = json.loads(out)["local_first"]
     assert (first["op"], first["name"], first["step"], first["row"]) == (op, tensor, 1, row)
+
+
+SUBSECTION = "### Decode steps, padded rows and the output ops"
+
+
+def test_the_pages_decode_example_prints_what_the_page_shows(refgpt_cli, tmp_path, monkeypatch):
+    """docs/oracle.md's example: the embedded model's float32 decode with the cache appended twice."""
+    import re
+    import shlex
+    import refgpt
+    from doc_pages import DOCS
+    monkeypatch.chdir(tmp_path)
+    text = (DOCS / "oracle.md").read_text(encoding="utf-8")
+    start = text.index(SUBSECTION)
+    section = text[start: text.find("\n## ", start)]
+    commands = [line for block in re.findall(r"```bash\n(.*?)```", section, flags=re.S) for line in block.splitlines()]
+    shown = re.findall(r"^```\n(FIRST LOCAL FAILURE: .*?)^```", section, flags=re.S | re.M)[0].splitlines()
+    assert [c.split()[:2] for c in commands] == [["refgpt", "golden"], ["refgpt", "compare"]]
+    assert refgpt_cli.in_process(*shlex.split(commands[0])[1:]).returncode == 0
+    g = golden.read(tmp_path / "decode.safetensors")
+    m = refgpt.load(refgpt.default_model_path(), dtype="float32", tokenizer=False)
+    info, tokens = decode.info(g), np.asarray(g.tensors["tokens"])
+    P = info["prompt_length"]
+    tensors, _ = decode.run(m, tokens[:, :P], info["steps"], continuation=tokens[:, P:],
+                            past=AppendedTwice(m.cfg, 1, np.float32))
+    golden.write(tmp_path / "mine_decode.safetensors", golden.Golden({"tokens": tokens, **tensors}, {}))
+    status, out, err = refgpt_cli.in_process(*shlex.split(commands[1])[1:])
+    assert status == 1, err
+    printed = out.splitlines()
+    assert all(line in printed for line in shown), "\n".join(line for line in shown if line not in printed)
