@@ -35,6 +35,7 @@ VOCAB = "probabilistic (P(exceed) ≤ 1e-09 per sum)"
 # ---- the output ops: log_probs, probs, the loss ----------------------------------------------------------
 
 
+@pytest.mark.slow  # a second or more in a loaded run (CONTRIBUTING.md)
 @pytest.mark.parametrize("store", ["float32", "bfloat16", "float16"])
 def test_a_correct_ports_log_probs_probs_and_loss_have_no_local_flag(store):
     tokens = tokens_of(batch=1, pos=16)
@@ -192,6 +193,7 @@ def test_refgpts_float32_decode_has_no_local_flag_at_any_step(kind):
     assert not [v for v in report.ops if v.skipped and "cache" not in v.name]
 
 
+@pytest.mark.slow  # a second or more in a loaded run (CONTRIBUTING.md)
 @pytest.mark.parametrize("bug, kind, step, op, tensor, row", [
     ("position off by one", "plain", 1, "embed", "hook_pos_embed", 0),
     (AppendedTwice, "plain", 1, "kv cache", "blocks.0.attn.cache_k", 0),
@@ -265,6 +267,7 @@ def test_a_padding_bug_is_named_locally_at_its_op_row_and_position(monkeypatch, 
 # ---- the command line --------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # a second or more in a loaded run (CONTRIBUTING.md)
 @pytest.mark.parametrize("kind, bug, op, tensor, row", [
     ("plain", AppendedTwice, "kv cache", "step.1.blocks.0.attn.cache_k", 0),
     ("padded", WrongMaskRow, "embed", "step.1.hook_pos_embed", 1),
@@ -292,6 +295,7 @@ def test_compare_local_judges_a_decode_golden_step_by_step(refgpt_cli, tmp_path,
 SUBSECTION = "### Decode steps, padded rows and the output ops"
 
 
+@pytest.mark.slow  # a second or more in a loaded run (CONTRIBUTING.md)
 def test_the_pages_decode_example_prints_what_the_page_shows(refgpt_cli, tmp_path, monkeypatch):
     """docs/oracle.md's example: the embedded model's float32 decode with the cache appended twice."""
     import re
@@ -317,3 +321,29 @@ def test_the_pages_decode_example_prints_what_the_page_shows(refgpt_cli, tmp_pat
     assert status == 1, err
     printed = out.splitlines()
     assert all(line in printed for line in shown), "\n".join(line for line in shown if line not in printed)
+
+
+@pytest.mark.slow  # a second or more in a loaded run (CONTRIBUTING.md)
+@pytest.mark.parametrize("store", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("kind", ["plain", "padded"])
+def test_the_numpy_ports_decode_has_no_local_flag_at_any_step(kind, store):
+    """tests/local_ports.py's port at 16-bit storage too, decoding as llm.c's loop does."""
+    from local_ports import port_decode
+    ref, _ = reference_decode(kind)
+    params = decode_model().params
+    report = local.judge_decode(params, DECODE_CFG, ref, port_decode(params, DECODE_CFG, ref, store), store)
+    assert report.first is None, local.format_local(report)
+    assert {f"step.{STEPS - 1}.blocks.1.attn.hook_z", "step.2.log_probs", "step.3.blocks.0.attn.cache_v"} <= {
+        v.name for v in report.ops if v.skipped is None}
+
+
+@pytest.mark.parametrize("store", ["float32", "bfloat16"])
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_the_numpy_ports_padded_rows_have_no_local_flag(side, store):
+    tokens, mask = batch(side)
+    params = padded_model().params
+    acts = port_forward(params, PADDED_CFG, tokens, store, outputs=True, attention_mask=mask)
+    report = local.judge(params, PADDED_CFG, tokens, acts, store, attention_mask=mask,
+                         position_ids=np.where(mask == 1, padding.position_ids(mask), 0))
+    assert report.first is None, local.format_local(report)
+    assert {"blocks.1.attn.hook_pattern", "loss", "probs"} <= {v.name for v in report.ops if v.skipped is None}
