@@ -231,7 +231,7 @@ def judge(params, cfg, tokens, acts, precision="float32", kind="worst", golden=N
     positions = np.broadcast_to(np.arange(pos), (batch, pos)) if position_ids is None else np.asarray(position_ids)
     targets = tokens[:, 1:] if targets is None else np.asarray(targets)  # [batch, n]
     walk = _Walk(prec, golden, rl.Kind("probabilistic", p_fail))
-    acts = {name: a for name, a in acts.items() if np.ndim(a) >= 2 or name == "loss" and np.ndim(a) == 2}
+    acts = {name: a for name, a in acts.items() if np.ndim(a) >= 2}  # [batch, …]: not a mean loss
     for r in range(batch):
         row = {name: np.asarray(a[r], np.float64) for name, a in acts.items()}
         walk.real = None if attention_mask is None else mask[r]
@@ -253,6 +253,8 @@ def judge_decode(params, cfg, ref, acts, precision="float32", kind="worst", gold
     start = 0
     for S in steps:
         feed = np.asarray(ref[f"step.{S}.tokens"])  # [batch, new]
+        if np.shape(acts.get(f"step.{S}.tokens")) == feed.shape:  # the port's own inputs, if it dumped them
+            feed = np.asarray(acts[f"step.{S}.tokens"])
         batch, new = feed.shape
         end = start + new
         mask = (np.asarray(ref["attention_mask"])[:, :end] == 1 if "attention_mask" in ref
@@ -260,7 +262,8 @@ def judge_decode(params, cfg, ref, acts, precision="float32", kind="worst", gold
         positions = np.asarray(ref[f"step.{S}.position_ids"])  # [batch, new]
         walk.prefix, walk.step = f"step.{S}.", S
         inner = {split_step(n)[1]: a for n, a in acts.items() if split_step(n)[0] == S and np.ndim(a) >= 2}
-        before = {split_step(n)[1]: a for n, a in acts.items() if split_step(n)[0] == S - 1}
+        before = {split_step(n)[1]: a for n, a in acts.items()
+                  if split_step(n)[0] == S - 1 and split_step(n)[1].endswith(("cache_k", "cache_v"))}
         for r in range(batch):
             row = {name: np.asarray(a[r], np.float64) for name, a in inner.items()}
             walk.real = None if "attention_mask" not in ref else mask[r, start:]

@@ -41,7 +41,8 @@ The bounds, one computation of the port (P) plus one of float64 (R), each op's i
   L9 log_softmax over n logits, d = x − max x, S = Σ exp d, p = exp y (for each side):
         u_el·(|d_j| + |max x|) + η_j + Σ p·η + g_{n−1}(u_acc) + 9·u_el·(log S + |y_j|) + 2·u_el,
      plus u_store·(1 + |y_j|) once: covers d − log S, x − (max + log S) and log(e/S) (the
-     probability stored before its log), exp and log within 4 ulps. The vocabulary's probs are L5
+     probability stored before its log, where it does not underflow: a log-probability above
+     log of the smallest normal), exp and log within 4 ulps. The vocabulary's probs are L5
      with every key allowed.
   L10 a loss −log p from the port's stored probability: (8·u_el + u_store + 8·U)·|y| (from the
      port's log_probs it is L1's negated copy; from its logits, L9 at the target).

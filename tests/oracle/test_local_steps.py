@@ -347,3 +347,20 @@ def test_the_numpy_ports_padded_rows_have_no_local_flag(side, store):
                          position_ids=np.where(mask == 1, padding.position_ids(mask), 0))
     assert report.first is None, local.format_local(report)
     assert {"blocks.1.attn.hook_pattern", "loss", "probs"} <= {v.name for v in report.ops if v.skipped is None}
+
+
+@pytest.mark.slow  # a second or more in a loaded run (CONTRIBUTING.md)
+def test_compare_local_judges_a_padded_golden_at_its_real_positions(refgpt_cli, tmp_path, monkeypatch):
+    import refgpt
+    monkeypatch.chdir(tmp_path)
+    save_checkpoint(padded_model(), tmp_path / "ckpt")
+    m = refgpt.load(tmp_path / "ckpt", dtype="float64", tokenizer=False)
+    tokens, mask = batch("left")
+    golden.write(tmp_path / "g.safetensors", golden.make(m, tokens, attention_mask=mask, padding_side="left",
+                                                         pad_token_id=49))
+    golden.write(tmp_path / "c.safetensors", golden.Golden(padded_f32("left", monkeypatch, pads_attended), {}))
+    status, out, err = refgpt_cli.in_process("compare", "g.safetensors", "c.safetensors", "--local", "--local-model",
+                                             "ckpt", "--json")
+    assert status == 1, err
+    first = json.loads(out)["local_first"]
+    assert (first["op"], first["name"], first["row"], first["step"]) == ("pattern", "blocks.0.attn.hook_pattern", 1, None)
