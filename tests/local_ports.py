@@ -115,9 +115,10 @@ def _outputs(acts, tokens, R, padded):
     acts["loss"] = R(-acts["log_probs"][np.arange(len(tokens) - 1), tokens[1:]])  # [pos − 1]
 
 
-def port_decode(params, cfg, ref, store="bfloat16"):
+def port_decode(params, cfg, ref, store="bfloat16", **plant):
     """The port's decode along a decode golden's tensors ``ref`` (each step's tokens; its
-    attention_mask if padded) → the step tensors under the golden's names (refgpt/oracle/decode.py)."""
+    attention_mask if padded) → the step tensors under the golden's names (refgpt/oracle/decode.py);
+    ``plant``: port_forward's plant, layer, position, head."""
     from refgpt.oracle.decode import step_rows
     from refgpt.oracle.name_maps import split_step
     steps = sorted({split_step(n)[0] for n in ref} - {None})
@@ -127,7 +128,7 @@ def port_decode(params, cfg, ref, store="bfloat16"):
     for S in steps:
         end = start + np.shape(ref[f"step.{S}.tokens"])[1]
         full = port_forward(params, cfg, sequence[:, :end], store, outputs=True,
-                            attention_mask=None if mask is None else np.asarray(mask)[:, :end])
+                            attention_mask=None if mask is None else np.asarray(mask)[:, :end], **plant)
         for name in ref:
             step, inner = split_step(name)
             value = step_rows(full, inner, start, end) if step == S else None

@@ -337,6 +337,19 @@ def test_the_numpy_ports_decode_has_no_local_flag_at_any_step(kind, store):
         v.name for v in report.ops if v.skipped is None}
 
 
+def test_a_bfloat16_decodes_one_percent_head_is_named_at_its_op_layer_and_step():
+    """The NumPy port in bfloat16, layer 1's W_O 1 % too large in head 2: at step 0 (the prompt pass)
+    already, and on its own inputs at every later step."""
+    from local_ports import port_decode
+    ref, _ = reference_decode("padded")
+    params = decode_model().params
+    acts = port_decode(params, DECODE_CFG, ref, "bfloat16", plant="W_O_head_1pct", layer=1, head=2)
+    report = local.judge_decode(params, DECODE_CFG, ref, acts, "bfloat16")
+    assert (report.first.op, report.first.name, report.first.layer, report.first.step) == (
+        "attn out", "step.0.blocks.1.hook_attn_out", 1, 0), local.format_local(report)
+    assert {v.name for v in report.flagged} == {f"step.{S}.blocks.1.hook_attn_out" for S in range(STEPS)}
+
+
 @pytest.mark.parametrize("store", ["float32", "bfloat16"])
 @pytest.mark.parametrize("side", ["left", "right"])
 def test_the_numpy_ports_padded_rows_have_no_local_flag(side, store):
@@ -364,3 +377,30 @@ def test_compare_local_judges_a_padded_golden_at_its_real_positions(refgpt_cli, 
     assert status == 1, err
     first = json.loads(out)["local_first"]
     assert (first["op"], first["name"], first["row"], first["step"]) == ("pattern", "blocks.0.attn.hook_pattern", 1, None)
+
+
+@pytest.mark.slow  # a second or more in a loaded run (CONTRIBUTING.md)
+def test_random_models_decodes_have_no_local_flag():
+    """Random shapes and weight scales, a left-padded batch of two prompts, 5 greedy steps: refgpt's
+    float32 decode (forced along the float64 one's tokens) and the NumPy port's bfloat16 decode, every
+    step and row judged locally. 4 models; 100 with REFGPT_CALIBRATION=long."""
+    from local_ports import port_decode
+    from random_models import random_params
+    for seed in range(100 if LONG else 4):
+        rng = np.random.default_rng(seed)
+        n_heads, d_head = int(rng.choice([1, 2, 4])), int(rng.choice([2, 4, 8, 16]))
+        cfg = Config(d_model=n_heads * d_head, n_layers=int(rng.integers(1, 4)), n_heads=n_heads,
+                     d_mlp=4 * n_heads * d_head, d_vocab=int(rng.integers(20, 200)), n_ctx=24)
+        params = {k: v.astype(np.float32).astype(np.float64)
+                  for k, v in random_params(cfg, seed, float(rng.choice([0.05, 0.3, 1.0]))).items()}
+        P = int(rng.integers(2, 8))
+        prompt = rng.integers(0, cfg.d_vocab, (2, P))
+        mask = np.ones((2, P), np.int64)
+        mask[1, : int(rng.integers(0, P - 1))] = 0  # row 1 left-padded (maybe by nothing)
+        tensors, chosen = decode.run(Model(cfg, params), prompt, 5, attention_mask=mask)
+        ref = {"tokens": np.concatenate([prompt, chosen], 1), **tensors,
+               "attention_mask": np.concatenate([mask, np.ones((2, 5), np.int64)], 1)}
+        port, _ = decode.run(Model(cfg, params, dtype="float32"), prompt, 5, continuation=chosen, attention_mask=mask)
+        for store, acts in (("float32", port), ("bfloat16", port_decode(params, cfg, ref, "bfloat16"))):
+            report = local.judge_decode(params, cfg, ref, acts, store)
+            assert report.first is None, (seed, store, local.format_local(report))
