@@ -250,7 +250,7 @@ def judge_decode(params, cfg, ref, acts, precision="float32", kind="worst", gold
     p = {name: rl.round_to(w, prec.store) for name, w in params.items()}
     steps = sorted({split_step(n)[0] for n in ref if split_step(n)[0] is not None})
     walk = _Walk(prec, golden, rl.Kind("probabilistic", p_fail))
-    start = 0
+    start, kept = 0, {}  # kept: (row, blocks.L.attn.keys / values) → the port's k, v of every step so far
     for S in steps:
         feed = np.asarray(ref[f"step.{S}.tokens"])  # [batch, new]
         if np.shape(acts.get(f"step.{S}.tokens")) == feed.shape:  # the port's own inputs, if it dumped them
@@ -268,8 +268,15 @@ def judge_decode(params, cfg, ref, acts, precision="float32", kind="worst", gold
             row = {name: np.asarray(a[r], np.float64) for name, a in inner.items()}
             walk.real = None if "attention_mask" not in ref else mask[r, start:]
             earlier = {n: np.asarray(a[r], np.float64) for n, a in before.items()}
+            earlier.update({n: a for (i, n), a in kept.items() if i == r})
             _forward_row(walk, p, cfg, _Row(r, feed[r], positions[r], mask[r, start:], mask[r], S, earlier), row,
                          prec, sums)
+            for L in range(cfg.n_layers):
+                for h, n in (("hook_k", "keys"), ("hook_v", "values")):
+                    name = f"blocks.{L}.attn."
+                    if name + h in row:
+                        old = kept.get((r, name + n))
+                        kept[r, name + n] = row[name + h] if old is None else np.concatenate([old, row[name + h]])
         start = end
     walk.prefix, walk.step = "", None
     return LocalReport(str(prec), list(walk.verdicts.values()))
@@ -278,7 +285,8 @@ def judge_decode(params, cfg, ref, acts, precision="float32", kind="worst", gold
 def _kv_cache(walk, row, acts, L, prec):
     """Layer L's KV cache after a decode step judged as a copy (the port's cache after the step before,
     then this step's k, v appended); returns the (k, v) [keys, head, d_head] the step's queries read:
-    the port's cache, else (at step 0) its k, v, else (None, None)."""
+    the port's cache, else (a port that dumps no cache, as TransformerLens's run_with_cache) the k, v
+    it dumped at every step so far, else (None, None)."""
     a = f"blocks.{L}.attn."
     for c, h in (("cache_k", "hook_k"), ("cache_v", "hook_v")):
         if a + c not in acts:
@@ -291,7 +299,12 @@ def _kv_cache(walk, row, acts, L, prec):
             walk.judge("kv cache", a + c, L, row.r, acts[a + c], expected, rl.copy(expected, prec), at=at)
     if a + "cache_k" in acts and a + "cache_v" in acts:
         return acts[a + "cache_k"], acts[a + "cache_v"]
-    return (acts.get(a + "hook_k"), acts.get(a + "hook_v")) if row.step == 0 else (None, None)
+    earlier = row.before.get(a + "keys"), row.before.get(a + "values")  # no cache dumped: the port's own k, v
+    if a + "hook_k" not in acts or a + "hook_v" not in acts or (row.step > 0 and earlier[0] is None):
+        return None, None
+    if row.step == 0:
+        return acts[a + "hook_k"], acts[a + "hook_v"]
+    return np.concatenate([earlier[0], acts[a + "hook_k"]]), np.concatenate([earlier[1], acts[a + "hook_v"]])
 
 
 def _forward_row(walk, p, cfg, row, acts, prec, sums):

@@ -404,3 +404,38 @@ def test_random_models_decodes_have_no_local_flag():
         for store, acts in (("float32", port), ("bfloat16", port_decode(params, cfg, ref, "bfloat16"))):
             report = local.judge_decode(params, cfg, ref, acts, store)
             assert report.first is None, (seed, store, local.format_local(report))
+
+
+@pytest.mark.peer
+@pytest.mark.parametrize("store", ["float32", "bfloat16"])
+def test_transformer_lens_kv_cached_decode_has_no_local_flag(store, tmp_path):
+    """TransformerLens 3.9 as a port author runs it: a run_with_cache per step with its own
+    TransformerLensKeyValueCache, dumped under ``step.S.`` + its hook names (``--map tl``); it dumps
+    no cache, so each step's queries are judged on the k, v it dumped at every step so far."""
+    peers = pytest.importorskip("peers")
+    torch, _, _ = peers.require_peers()
+    import refgpt
+    from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache as KVCache
+    from refgpt.oracle.name_maps import ModelShape, decode_to_refgpt
+    config = peers.random_hf_config(3, act_fns=["gelu_new"])
+    hf = peers.random_hf_model(config, 3, f32_exact=True)
+    peers.save_hf_layout(hf, tmp_path / "m")
+    m = refgpt.load(str(tmp_path / "m"), dtype="float64", tokenizer=False)
+    tl = peers.tl_model_from_hf(hf, store)
+    prompt = np.random.default_rng(3).integers(0, m.cfg.d_vocab, (1, min(6, m.cfg.n_ctx - 4)))
+    tensors, chosen = decode.run(m, prompt, 4)
+    ref = {"tokens": np.concatenate([prompt, chosen], 1), **tensors}
+    cache = KVCache.init_cache(tl.cfg, tl.cfg.device, 1)
+    dumped, feed = {}, prompt
+    for S in range(4):
+        with torch.no_grad():
+            logits, c = tl.run_with_cache(torch.from_numpy(feed), past_kv_cache=cache,
+                                          attention_mask=torch.ones(feed.shape, dtype=torch.int64))
+        dumped.update({f"step.{S}.{k}": v.to(torch.float64).numpy() for k, v in c.items()})
+        dumped[f"step.{S}.logits"] = logits.to(torch.float64).numpy()
+        feed = chosen[:, S:S + 1]
+    acts, _ = decode_to_refgpt(dumped, "tl", ModelShape(m.cfg.n_layers, m.cfg.n_heads, m.cfg.d_vocab, m.cfg), 3)
+    report = local.judge_decode(m.params, m.cfg, ref, acts, store)
+    assert report.first is None, local.format_local(report)
+    judged = {v.name for v in report.ops if v.skipped is None}
+    assert {"step.3.blocks.0.attn.hook_attn_scores", "step.3.blocks.0.attn.hook_z", "step.3.logits"} <= judged
