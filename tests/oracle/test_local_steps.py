@@ -221,8 +221,10 @@ def test_a_kv_path_bug_is_named_locally_at_its_op_layer_step_and_row(bug, kind, 
 
 @pytest.mark.slow
 @pytest.mark.skipif(c_port.compiler() is None, reason="no C compiler")
-def test_the_c_ports_llmc_style_generation_has_no_local_flag(tmp_path):
+def test_the_c_ports_llmc_style_generation_has_no_local_flag(refgpt_cli, tmp_path, monkeypatch):
+    """Its per-step acts_memory dumps, read as `refgpt compare decode.safetensors DIR --map llmc --local` does."""
     from refgpt.oracle import llmc_dump
+    monkeypatch.chdir(tmp_path)
     g = decode.make(decode_model(), PROMPT[:1], STEPS)
     inputs = c_port.write_inputs(tmp_path, decode_model(), PROMPT[:1], PROMPT[:1])
     for build in ("O3", "Ofast"):
@@ -232,6 +234,11 @@ def test_the_c_ports_llmc_style_generation_has_no_local_flag(tmp_path):
         assert report.first is None, local.format_local(report)
         judged = {v.name for v in report.ops if v.skipped is None}
         assert {"step.3.blocks.1.attn.cache_v", "step.5.probs", "step.5.blocks.1.attn.hook_z"} <= judged
+    save_checkpoint(decode_model(), tmp_path / "ckpt")
+    golden.write(tmp_path / "decode.safetensors", g)
+    status, out, err = refgpt_cli.in_process("compare", "decode.safetensors", build, "--map", "llmc", "--local",
+                                             "--local-model", "ckpt", "--json")
+    assert status == 0 and json.loads(out)["local_first"] is None, (out[-2000:], err)
 
 
 # ---- padded rows -------------------------------------------------------------------------------------------
