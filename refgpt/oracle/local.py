@@ -483,7 +483,7 @@ def judge_files(reference, candidate, model, name_map="refgpt", precision=None, 
         raise RefGPTError(f"{model.source}: not the weights {reference} was made from (its recorded weights_sha256 "
                           f"differs): local verdicts need the golden's own checkpoint")
     shape = comparison._model_shape(ref, g)
-    if steps and isinstance(candidate, (str, Path)) and Path(candidate).is_dir():  # llm.c's per-step dumps (refgpt/oracle/llmc_dump.py)
+    if steps and isinstance(candidate, (str, Path)) and Path(candidate).is_dir():  # llm.c's per-step dumps
         candidate, name_map = llmc_dump.read_steps(candidate, ref, g), "refgpt"
     cand, dtypes, _ = comparison.load(candidate, name_map, shape)
     if cand is None:  # an llm.c .bin: its activations and losses (its gradients are not judged locally yet)

@@ -120,7 +120,8 @@ def small_shape_dump(defines, directory):
     exe = c_port.build(c_port.BUILDS["O3"][0], defines)
     name = "port" + "-".join(("",) + defines)
     dump = c_port.run_port(exe, c_port.write_inputs(directory, model, x, y, name), directory, name)
-    raw = {k: v for k, v in llmc_dump.read_dump(dump, model.cfg).items() if not k.startswith(("grad", "tokens", "targets"))}
+    raw = {k: v for k, v in llmc_dump.read_dump(dump, model.cfg).items()
+           if not k.startswith(("grad", "tokens", "targets"))}
     acts, _ = to_refgpt(raw, "llmc", ModelShape(model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_vocab, model.cfg))
     return model, x, y, acts
 
@@ -383,7 +384,8 @@ def test_compare_local_judges_a_padded_golden_at_its_real_positions(refgpt_cli, 
                                              "ckpt", "--json")
     assert status == 1, err
     first = json.loads(out)["local_first"]
-    assert (first["op"], first["name"], first["row"], first["step"]) == ("pattern", "blocks.0.attn.hook_pattern", 1, None)
+    assert (first["op"], first["name"], first["row"], first["step"]) == (
+        "pattern", "blocks.0.attn.hook_pattern", 1, None)
 
 
 @pytest.mark.slow  # a second or more in a loaded run (CONTRIBUTING.md)
