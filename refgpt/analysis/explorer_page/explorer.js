@@ -212,7 +212,7 @@
   // Each head's pattern is one string (refgpt.analysis.explorer.pattern_string): its weights in whole
   // thousandths, row by row, a digit each below 62, else a prefix character and a digit.
   const DIGITS = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz", PREFIXES = "!#$%&()*+,-./:;=";
-  const patterns = D.pattern.map((heads) => heads.map((text) => {
+  function decodePattern(text) {
     const out = new Uint16Array(P * (P + 1) / 2);
     for (let i = 0, n = 0; i < text.length; n++) {
       const p = PREFIXES.indexOf(text[i]);
@@ -220,7 +220,8 @@
       if (p >= 0) i += 2;
     }
     return out;
-  }));
+  }
+  const patterns = D.pattern.map((heads) => heads.map(decodePattern));
   const weight = (li, hi, q, k) => k <= q ? patterns[li][hi][q * (q + 1) / 2 + k] * D.pattern_unit : 0;
   const patternText = (li, hi, q, k) =>
     `L${D.layers[li]}H${D.heads[hi]} · query ${q} ${show(D.tokens[q])} → key ${k} ${show(D.tokens[k])}: ` +
@@ -642,7 +643,11 @@
       `<div><b>without</b><div id="steer-clean" class="bars"></div></div><div><b>with</b>` +
       `<div id="steer-next" class="bars"></div></div></div></div><div class="steer-wide"><h3 id="steer-lens-title"></h3>` +
       `<canvas id="steer-lens"></canvas></div><div class="steer-wide"><h3 id="steer-kl-title"></h3>` +
-      `<canvas id="steer-kl-map"></canvas></div></div>`;
+      `<canvas id="steer-kl-map"></canvas></div>` +
+      `<div class="steer-wide"><h3 id="steer-ln1-title"></h3><p id="steer-ln1-summary" class="legend"></p>` +
+      `<div id="steer-ln1"></div></div>` +
+      `<div class="steer-wide"><h3 id="steer-attn-title"></h3><div class="steer-grid"><div><canvas id="steer-attn-tv">` +
+      `</canvas></div><div><p id="steer-attn-head" class="legend"></p><canvas id="steer-attn"></canvas></div></div></div></div>`;
     $("steer-slider").oninput = () => select({ steer: Number($("steer-slider").value) });
     const every = [St.clean, ...St.runs].flatMap((r) => r.resid_norm.flat());
     const normRange = [Math.min(...every), Math.max(...every)];  // fixed across coefficients: sizes compare
@@ -681,7 +686,70 @@
           `${show(D.tokens[p])}: ${sci(run[key][S - 1 - r][p])} nats`,
         click: (r, p) => select({ pos: p }), rowLabel: (r) => D.lens.streams[S - 1 - r], colLabel: tokenLabel });
       colourBar(klMap, (t) => ramp(t), 0, top, "nats (the largest over every coefficient)");
+      whatAttentionReads(run, largest);
     });
+    // Only the normalised x moves: ln1's output at a steered position, and the steered run's attention,
+    // against the largest coefficient's (the stream itself keeps growing with C).
+    function whatAttentionReads(run, largest) {
+      const q = St.positions.includes(state.pos) ? state.pos : St.positions[0], i = St.positions.indexOf(q);
+      const ref = St.runs.find((r) => r.coeff === largest);
+      $("steer-ln1-title").textContent = `what block ${St.layer}'s attention reads at steered position ${q} ` +
+        `${show(D.tokens[q])}: ln1's output γ ⊙ (x − mean)/σ + β, every component (select a shaded position to see another)`;
+      const summary = $("steer-ln1-summary");
+      summary.textContent = `C = ${run.coeff}: the stream x entering block ${St.layer} differs from the largest C's by ` +
+        `‖x − x(${largest})‖/‖x(${largest})‖ = ${run.resid_change[i].toPrecision(6)}; ln1's output by ` +
+        `‖ln1 − ln1(${largest})‖/‖ln1(${largest})‖ = ${run.ln1_change[i].toPrecision(6)}`;
+      Object.assign(summary.dataset, { pos: q, resid: run.resid_change[i], ln1: run.ln1_change[i] });
+      const series = [St.clean.ln1_out[i], ref.ln1_out[i], run.ln1_out[i]];
+      const W = 1000, H = 200, padL = 50, n = series[0].length, flat = series.flat();
+      const lo = Math.min(...flat), hi = Math.max(...flat), span = (hi - lo) || 1;
+      const x = (k) => padL + k * (W - padL - 4) / Math.max(1, n - 1), y = (v) => 8 + (hi - v) / span * (H - 36);
+      const line = (v, colour, dash, name) => `<polyline points="${v.map((u, k) => `${x(k).toFixed(1)},${y(u).toFixed(1)}`).join(" ")}" ` +
+        `fill="none" stroke="${colour}" stroke-width="1.2"${dash ? ' stroke-dasharray="4,3"' : ""} data-run="${name}"/>`;
+      const box = $("steer-ln1");
+      box.innerHTML = `<svg width="${W}" height="${H}" id="steer-ln1-svg">` +
+        [lo, 0, hi].map((v) => `<line x1="${padL}" x2="${W}" y1="${y(v)}" y2="${y(v)}" stroke="#eee"/>` +
+          `<text x="${padL - 4}" y="${y(v) + 4}" text-anchor="end">${v.toFixed(2)}</text>`).join("") +
+        line(series[0], "#999", false, "clean") + line(series[2], "#1f5fa8", false, "C") + line(series[1], "#c62828", true, "largest") +
+        `<text x="${padL}" y="${H - 6}">component 0 … ${n - 1} of d_model · grey: no vector · blue: C = ${run.coeff} · ` +
+        `red dashed: C = ${largest} · hover for the values</text></svg>`;
+      const svg = box.firstChild;
+      svg.onmousemove = (e) => {
+        const b = svg.getBoundingClientRect(), k = Math.round((e.clientX - b.left - padL) / ((W - padL - 4) / Math.max(1, n - 1)));
+        if (k < 0 || k >= n) return tooltip(e, null);
+        tooltip(e, `ln1 out[${k}] at position ${q}: no vector ${sci(series[0][k])} · C = ${run.coeff}: ${sci(series[2][k])} · ` +
+          `C = ${largest}: ${sci(series[1][k])}`);
+      };
+      svg.onmouseleave = (e) => tooltip(e, null);
+      // attention: per layer and head, how far the steered pattern still is from the largest C's; the selected head drawn
+      const Ls = St.pattern_layers, H2 = D.heads.length;
+      $("steer-attn-title").textContent = `attention of the steered run, C = ${run.coeff}: per layer (from block ${St.layer}) and ` +
+        `head, max over queries of ½Σ|A(C) − A(${largest})|, on 0 … 1 (click a head); right: the selected head`;
+      const tv = $("steer-attn-tv");
+      heatmap(tv, { rows: Ls.length, cols: H2, cellW: 36, cellH: 22, colour: (r, h) => ramp(run.pattern_tv[r][h]),
+        label: (r, h) => run.pattern_tv[r][h].toFixed(3),
+        hover: (r, h) => `L${Ls[r]}H${D.heads[h]}, C = ${run.coeff}: max over queries of ½Σ_k|A(C) − A(${largest})| = ` +
+          `${sci(run.pattern_tv[r][h])}`,
+        click: (r, h) => select({ layer: Ls[r], head: D.heads[h] }), rowLabel: (r) => `L${Ls[r]}`, colLabel: (h) => `H${D.heads[h]}`, left: 40 });
+      colourBar(tv, (t) => ramp(t), 0, 1, "½Σ|A(C) − A(largest)|");
+      const li = Ls.indexOf(state.layer), hi2 = D.heads.indexOf(state.head), head = $("steer-attn");
+      if (li < 0 || hi2 < 0) {
+        $("steer-attn-head").textContent = state.layer < St.layer ? `L${state.layer} reads the stream before the vector ` +
+          `is added: its attention is the unsteered one (above)` : `L${state.layer}H${state.head} is not in this page`;
+        head.width = head.height = 0;
+        return;
+      }
+      const steered = decodePattern(run.pattern[li][hi2]), pli = D.layers.indexOf(state.layer);
+      const w = (q2, k) => k <= q2 ? steered[q2 * (q2 + 1) / 2 + k] * D.pattern_unit : 0;
+      $("steer-attn-head").textContent = `L${state.layer}H${state.head} of the steered run, C = ${run.coeff} (hover: the weight ` +
+        `with and without the vector)`;
+      const cell = Math.max(2, Math.min(16, Math.floor(420 / P)));
+      heatmap(head, { rows: P, cols: P, cellW: cell, cellH: cell, colour: (q2, k) => attnColour(w(q2, k)),
+        hover: (q2, k) => `L${state.layer}H${state.head} · query ${q2} ${show(D.tokens[q2])} → key ${k} ${show(D.tokens[k])}: ` +
+          (k <= q2 ? `C = ${run.coeff}: ${fmt(w(q2, k), 3)} · no vector: ${fmt(weight(pli, hi2, q2, k), 3)}` : "masked (0)"),
+        click: (q2) => select({ pos: q2 }), rowLabel: tokenLabel, colLabel: tokenLabel, left: 90 });
+      for (const s2 of St.positions) outline(head, s2 * cell, 0, cell, P * cell, "#c62828");
+    }
   }
   // Every stream's norm against position on one fixed log axis, the steered positions shaded, tokens below;
   // hover a position for every stream's value there.
