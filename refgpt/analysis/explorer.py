@@ -37,7 +37,7 @@ from ..files.default_model import is_default_model
 from ..gpt2 import ln_views
 from ..gpt2.activations import log_softmax
 from ..tl.decomposition import token_id
-from .attribution import attribute, naive_attribution
+from .attribution import attribute, naive_attribution, value_bias
 from .interventions import add_vector, last_token_difference, steering_vector
 from .measurements import norm, stream_labels, streams
 
@@ -46,7 +46,9 @@ PATTERN_UNIT = 1e-3  # attention weights are stored as whole multiples of this
 PATTERN_DIGITS = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"  # v < 62: one character
 PATTERN_PREFIXES = "!#$%&()*+,-./:;="  # v ≥ 62: PATTERN_PREFIXES[(v − 62) // 62] + PATTERN_DIGITS[(v − 62) % 62]
 TOP_K = 5  # next tokens shown per position in the steering view
-TOP10_DIGITS = 4  # significant digits of the lens hovers' top-10 probabilities (the hover shows 4)
+TOP10_DIGITS = 4  # significant digits of the lens hovers' top-10 probabilities and of the pushes (the page shows 4)
+PUSH_TOP = 8  # tokens a part pushes up, and down, listed when its attribution bar is clicked
+PUSH_BUDGET = 2e10  # multiply-adds (rows · d_model · d_vocab) spent on the pushes: the last positions that fit
 
 
 class Explorer:
@@ -128,7 +130,7 @@ def explore(model, text, *, target=None, prepend_bos=None, layers=None, heads=No
                  "tuned": None if tuned_lens is None else
                  _lens(model, _translated(streams(cache)[:, 0], tuned_lens), logits, target_id),
                  "tuned_source": None if tuned_lens is None else _lens_source(tuned_lens)},
-        "attribution": _attribution(cache, logits, target_id),
+        "attribution": _attribution(cache, logits, target_id, tokens, model),
         "steering": None if steering is None else _steering(model, tokens, steering, target_id, tuned_lens, layers, heads),
         "sae": None if sae is None else sae(model, cache, target_id, logits),
     }
@@ -340,8 +342,10 @@ def _translated(x, lens):
     return np.stack([lens.translate(x[M], M) for M in range(len(x) - 1)] + [x[-1]])
 
 
-def _attribution(cache, logits, target_id):
-    """The target's logit at every position split by head and constant (refgpt.analysis.attribution)."""
+def _attribution(cache, logits, target_id, tokens, model):
+    """The target's logit at every position split by head and constant (refgpt.analysis.attribution);
+    the actual next token's logit at each position but the last, split by layer; and what each part
+    pushes up and down through ln_final's cached σ (``_pushes``)."""
     a = attribute(cache, target_id, granularity="head", logits=logits[None])
     pieces = [naive_attribution(cache, target_id, pos=j, logits=logits[None]) for j in range(len(logits))]
     own = np.array([piece.own_scale for piece in pieces]).T  # [piece, pos], NaN for a constant
@@ -349,8 +353,60 @@ def _attribution(cache, logits, target_id):
              "naive": [_floats(v) for v in np.array([piece.naive for piece in pieces]).T],  # [piece][pos]
              "exact": [_floats(v) for v in np.array([piece.exact for piece in pieces]).T],  # [piece][pos]
              "own_scale": [None if np.isnan(row[0]) else _floats(row) for row in own]}
-    return {"labels": a.labels, "values": [_floats(v[0]) for v in a.values], "logit": _floats(a.logit[0]),
-            "naive": naive}
+    out = {"labels": a.labels, "values": [_floats(v[0]) for v in a.values], "logit": _floats(a.logit[0]),
+           "naive": naive, "actual": None, "pushes": _pushes(model, cache)}
+    if len(tokens) > 1:  # the logit of the token that comes next, at every position that has one
+        ids = np.append(tokens[1:], tokens[-1])[None]  # [1, pos]: the last position's entry (no next token) is dropped
+        nxt = attribute(cache, ids, granularity="layer", logits=logits[None])
+        out["actual"] = {"ids": tokens[1:].tolist(), "labels": nxt.labels,
+                         "values": [_floats(v[0, :-1]) for v in nxt.values], "logit": _floats(nxt.logit[0, :-1])}
+    return out
+
+
+def _pushes(model, cache):
+    """What each part of the attribution writes, read through ln_final's cached σ as a whole row of
+    logits, (w ⊙ (c − mean c)/σ)·W_U for a write c (ln_final.b: b·W_U; b_U: itself), at the last
+    positions whose rows fit PUSH_BUDGET (at least the last): for every label of the attribution by
+    layer and by head, the PUSH_TOP tokens it raises most and the PUSH_TOP it lowers most, with the
+    amounts in logit units (to TOP10_DIGITS digits). The target's entry of a part's row is that
+    part's attribution value."""
+    p, cfg = model.params, model.cfg
+    sigma = cache["ln_final.hook_scale"][0, :, 0]  # [pos]
+    n_pos = len(sigma)
+    per_pos = 2 + cfg.n_layers * (3 + 2 * cfg.n_heads + 2)  # rows at one position
+    n = int(min(n_pos, max(1, PUSH_BUDGET // (per_pos * cfg.d_model * cfg.d_vocab))))
+    positions = list(range(n_pos - n, n_pos))
+    W_U, w = p["unembed.W_U"], p["ln_final.w"]
+    K = min(PUSH_TOP, cfg.d_vocab)
+    labels, up_ids, up, down_ids, down = None, [], [], [], []
+    for j in positions:
+        names, writes = ["embed", "pos_embed"], [cache["hook_embed"][0, j], cache["hook_pos_embed"][0, j]]
+        for L in range(cfg.n_layers):
+            blk = f"blocks.{L}."
+            W_O, b_V = p[blk + "attn.W_O"], value_bias(p, L)  # [head, d_head, d_model], [head, d_head]
+            heads = np.einsum("he,hed->hd", cache[blk + "attn.hook_z"][0, j] - b_V, W_O)  # [head, d_model]
+            shares = np.einsum("he,hed->hd", b_V, W_O)  # [head, d_model]
+            H = range(len(heads))
+            names += [f"L{L}.attn", f"L{L}.b_V", f"L{L}.b_O"] + [f"L{L}H{h}" for h in H] + [f"L{L}H{h}.b_V" for h in H]
+            writes += [heads.sum(0), shares.sum(0), p[blk + "attn.b_O"], *heads, *shares]
+            names += [f"L{L}.mlp", f"L{L}.b_out"]
+            writes += [cache[blk + "mlp.hook_post"][0, j] @ p[blk + "mlp.W_out"], p[blk + "mlp.b_out"]]
+        c = np.array(writes)  # [part, d_model]
+        rows = (w * (c - c.mean(-1, keepdims=True)) / sigma[j]) @ W_U  # [part, d_vocab]
+        constants = [("ln_final.b", p["ln_final.b"] @ W_U)] + ([("b_U", p["unembed.b_U"])] if "unembed.b_U" in p else [])
+        rows = np.concatenate([rows, np.array([row for _, row in constants])])  # [part, d_vocab]
+        labels = names + [name for name, _ in constants]
+        best = np.argpartition(-rows, K - 1, axis=-1)[:, :K]  # [part, K] the K largest, any order
+        best = np.take_along_axis(best, np.argsort(-np.take_along_axis(rows, best, -1), -1, kind="stable"), -1)
+        worst = np.argpartition(rows, K - 1, axis=-1)[:, :K]  # [part, K] the K smallest
+        worst = np.take_along_axis(worst, np.argsort(np.take_along_axis(rows, worst, -1), -1, kind="stable"), -1)
+        up_ids.append(best), up.append(np.take_along_axis(rows, best, -1))
+        down_ids.append(worst), down.append(np.take_along_axis(rows, worst, -1))
+    up_ids, down_ids = np.stack(up_ids, 1), np.stack(down_ids, 1)  # [part, position, K]
+    return {"positions": positions, "labels": labels, "up_ids": up_ids.tolist(), "down_ids": down_ids.tolist(),
+            "up": _rounded(np.stack(up, 1), TOP10_DIGITS), "down": _rounded(np.stack(down, 1), TOP10_DIGITS),
+            "token_strings": {str(k): v for k, v in _token_table(model, np.concatenate([up_ids.ravel(),
+                                                                                          down_ids.ravel()])).items()}}
 
 
 def _steering(model, tokens, steering, target_id, tuned_lens=None, layers=(), heads=()):

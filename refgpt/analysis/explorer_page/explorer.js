@@ -5,7 +5,8 @@
   const D = JSON.parse(document.getElementById("refgpt-data").textContent);
   const P = D.tokens.length;
   const state = { pos: P - 1, layer: D.steering ? D.steering.layer : D.layers[0], head: D.heads[0], lensKind: "logit", lensMetric: "top_prob",
-                  lnView: "scale", attrBy: "layer", steer: 0, paint: "attention", feature: -1 };  // feature −1: the selected position's largest
+                  lnView: "scale", attrBy: "layer", steer: 0, paint: "attention", feature: -1,
+                  attrTarget: "page", part: "" };  // attrTarget "actual": the token that comes next; part: a clicked bar  // feature −1: the selected position's largest
   const $ = (id) => document.getElementById(id);
   const tip = $("tooltip");
   const show = (s) => JSON.stringify(s);  // a token as a quoted string: spaces and newlines visible
@@ -134,7 +135,8 @@
 
   // ---- the selection ----------------------------------------------------------------------
   const views = [];
-  const SHARED = ["pos", "layer", "head", "lensKind", "lensMetric", "lnView", "attrBy", "steer", "paint", "feature"];
+  const SHARED = ["pos", "layer", "head", "lensKind", "lensMetric", "lnView", "attrBy", "steer", "paint", "feature",
+                  "attrTarget", "part"];
   function select(changes) {
     Object.assign(state, changes);
     for (const view of views) view();
@@ -156,6 +158,8 @@
     oneOf("lnView", ["scale", "mean", "norm"]);
     oneOf("attrBy", ["layer", "head"]);
     oneOf("paint", ["attention", "logprob"]);
+    oneOf("attrTarget", D.attribution.actual ? ["page", "actual"] : ["page"]);
+    oneOf("part", D.attribution.pushes.labels);
     return out;
   }
 
@@ -309,7 +313,9 @@
     return `${kind} lens · stream ${D.lens.streams[s]} · position ${p} ${show(D.tokens[p])}\n` +
       `top ${show(lens.top_token[s][p])} p=${fmt(lens.top_prob[s][p])}\n` +
       `entropy ${fmt(lens.entropy[s][p], 3)} nats · KL(final ‖ lens) ${fmt(lens.kl[s][p], 3)} nats\n` +
-      `target ${show(D.target.token)}: rank ${lens.target_rank[s][p]}, p=${fmt(lens.target_prob[s][p])}`;
+      `target ${show(D.target.token)}: rank ${lens.target_rank[s][p]}, p=${fmt(lens.target_prob[s][p])}\n` +
+      `top ${lens.top10_token[s][p].length}:` + lens.top10_token[s][p].map((t, k) =>
+        `\n${String(k + 1).padStart(3)}. ${visible(t).padEnd(14)} ${Number(lens.top10_prob[s][p][k]).toPrecision(4)}`).join("");
   }
   function drawLens(canvas, lens, kind, metric) {
     const cellW = Math.max(3, Math.min(48, Math.floor(1000 / P)));
@@ -396,19 +402,31 @@
     });
     return [...parts.entries()];
   }
+  $("attr-target-name").textContent = show(D.target.token);
+  for (const input of document.getElementsByName("attr-target")) input.onchange = () => select({ attrTarget: input.value });
+  if (!A.actual) $("attr-target-actual").disabled = true;
   views.push(() => {
-    const parts = components();
-    let sum = 0;
-    for (const v of A.values) sum += v[state.pos];  // every component, summed here on the page
-    const logit = A.logit[state.pos], error = Math.abs(sum - logit);
+    const actual = state.attrTarget === "actual" && A.actual;  // the actual next token: stored by layer, no entry at the end
     const summary = $("attr-summary");
-    summary.textContent = `logit of ${show(D.target.token)} at position ${state.pos} ${show(D.tokens[state.pos])}: ` +
-      `${logit.toPrecision(10)}; Σ of ${A.labels.length} components = ${sum.toPrecision(10)} ` +
-      `(|Σ − logit| = ${error.toExponential(2)})`;
-    summary.dataset.sum = sum; summary.dataset.logit = logit;
+    if (actual && state.pos === P - 1) {
+      summary.textContent = `the last position has no next token: select an earlier one, or the target ${show(D.target.token)}`;
+      summary.className = ""; summary.dataset.sum = summary.dataset.logit = "";
+      waterfall($("attr-canvas"), [], 0);
+      $("attr-top").innerHTML = "";
+      return;
+    }
+    const labels = actual ? A.actual.labels : A.labels, values = actual ? A.actual.values : A.values;
+    const parts = components(labels, values), token = actual ? D.tokens[state.pos + 1] : D.target.token;
+    let sum = 0;
+    for (const v of values) sum += v[state.pos];  // every component, summed here on the page
+    const logit = (actual ? A.actual.logit : A.logit)[state.pos], error = Math.abs(sum - logit);
+    summary.textContent = `logit of ${actual ? "the next token, " : ""}${show(token)} at position ${state.pos} ` +
+      `${show(D.tokens[state.pos])}: ${logit.toPrecision(10)}; Σ of ${labels.length} components = ${sum.toPrecision(10)} ` +
+      `(|Σ − logit| = ${error.toExponential(2)})` + (actual && state.attrBy === "head" ? " · the next token's split is stored by layer" : "");
+    summary.dataset.sum = sum; summary.dataset.logit = logit; summary.dataset.token = token;
     const ok = error <= 1e-9 * Math.max(1, Math.abs(logit));
     summary.className = ok ? "ok" : "bad";
-    waterfall($("attr-canvas"), parts, logit);
+    waterfall($("attr-canvas"), parts, logit, state.part || undefined, (label) => select({ part: label }));
     const top = [...parts].sort((a, b) => Math.abs(b[1]) - Math.abs(a[1])).slice(0, 12);
     $("attr-top").innerHTML = "";
     for (const [label, v] of top) {
@@ -416,6 +434,44 @@
       li.textContent = `${label.padEnd(12)} ${v >= 0 ? "+" : ""}${v.toFixed(4)}`;
       $("attr-top").appendChild(li);
     }
+  });
+
+  // What the clicked part writes, read through ln_final's cached σ: the tokens it pushes up and down.
+  const Pu = A.pushes;
+  views.push(() => {
+    const box = $("attr-push"), label = state.part, i = Pu.positions.indexOf(state.pos), k = Pu.labels.indexOf(label);
+    box.innerHTML = "";
+    const title = document.createElement("p");
+    title.id = "attr-push-title";
+    box.appendChild(title);
+    if (!label || k < 0) { title.textContent = "click a bar to list the tokens that part pushes up and down"; return; }
+    if (i < 0) {
+      title.textContent = `${label}: the page keeps what the parts push at positions ${Pu.positions[0]} … ` +
+        `${Pu.positions[Pu.positions.length - 1]} only (its budget); select one of them`;
+      return;
+    }
+    title.textContent = `${label} at position ${state.pos} ${show(D.tokens[state.pos])}, read through ln_final's cached ` +
+      `σ = ${D.ln_scale.ln_final[state.pos].toPrecision(4)}: the logits it adds, (w ⊙ (c − mean c)/σ)·W_U, largest and smallest`;
+    const grid = document.createElement("div");
+    grid.className = "steer-grid";
+    for (const [side, ids, vals, colour] of [["up", Pu.up_ids, Pu.up, "#2e7d32"], ["down", Pu.down_ids, Pu.down, "#c62828"]]) {
+      const column = document.createElement("div");
+      column.id = `attr-push-${side}`;
+      column.className = "bars";
+      column.innerHTML = `<b>pushes ${side}</b>`;
+      const big = Math.max(...Pu.up[k][i].map(Math.abs), ...Pu.down[k][i].map(Math.abs)) || 1;
+      ids[k][i].forEach((id, j) => {
+        const row = document.createElement("div"), v = vals[k][i][j];
+        row.className = "bar-row";
+        row.innerHTML = `<span class="name"></span><span class="bar" style="width:${Math.round(Math.abs(v) / big * 120)}px;` +
+          `background:${colour}"></span><span class="p">${v >= 0 ? "+" : ""}${v.toPrecision(4)}</span>`;
+        row.firstChild.textContent = visible(Pu.token_strings[String(id)]);
+        row.dataset.id = id; row.dataset.value = v;
+        column.appendChild(row);
+      });
+      grid.appendChild(column);
+    }
+    box.appendChild(grid);
   });
 
   // ---- question (1): the naive twin of the waterfall (docs/decomposition.md §1) -------------------
@@ -622,6 +678,7 @@
       if (i >= 0 && i < parts.length) pick(spans[i][0]);
     } : null;
     canvas.dataset.labels = JSON.stringify(spans.map((s) => s[0]));
+    canvas.dataset.padL = padL; canvas.dataset.barW = barW;
   }
 
   // ---- steering -----------------------------------------------------------------------------
@@ -821,6 +878,7 @@
     if (shared.lensMetric) $("lens-metric").value = shared.lensMetric;
     if (shared.lnView) $("ln-view").value = shared.lnView;
     if (shared.attrBy) $(`attr-by-${shared.attrBy}`).checked = true;
+    if (shared.attrTarget) $(`attr-target-${shared.attrTarget}`).checked = true;
     if (shared.paint) $("paint").value = shared.paint;
     if (shared.steer !== undefined && $("steer-slider")) $("steer-slider").value = shared.steer;
     select(shared);
