@@ -49,6 +49,7 @@ TOP_K = 5  # next tokens shown per position in the steering view
 TOP10_DIGITS = 4  # significant digits of the lens hovers' top-10 probabilities and of the pushes (the page shows 4)
 PUSH_TOP = 8  # tokens a part pushes up, and down, listed when its attribution bar is clicked
 PUSH_BUDGET = 2e10  # multiply-adds (rows · d_model · d_vocab) spent on the pushes: the last positions that fit
+PUSH_ROWS = 64  # parts read out at a time (GPT-2: a [64, d_vocab] block, 26 MB)
 
 
 class Explorer:
@@ -392,16 +393,21 @@ def _pushes(model, cache):
             names += [f"L{L}.mlp", f"L{L}.b_out"]
             writes += [cache[blk + "mlp.hook_post"][0, j] @ p[blk + "mlp.W_out"], p[blk + "mlp.b_out"]]
         c = np.array(writes)  # [part, d_model]
-        rows = (w * (c - c.mean(-1, keepdims=True)) / sigma[j]) @ W_U  # [part, d_vocab]
+        u = w * (c - c.mean(-1, keepdims=True)) / sigma[j]  # [part, d_model]: each write through the cached σ
         constants = [("ln_final.b", p["ln_final.b"] @ W_U)] + ([("b_U", p["unembed.b_U"])] if "unembed.b_U" in p else [])
-        rows = np.concatenate([rows, np.array([row for _, row in constants])])  # [part, d_vocab]
         labels = names + [name for name, _ in constants]
-        best = np.argpartition(-rows, K - 1, axis=-1)[:, :K]  # [part, K] the K largest, any order
-        best = np.take_along_axis(best, np.argsort(-np.take_along_axis(rows, best, -1), -1, kind="stable"), -1)
-        worst = np.argpartition(rows, K - 1, axis=-1)[:, :K]  # [part, K] the K smallest
-        worst = np.take_along_axis(worst, np.argsort(np.take_along_axis(rows, worst, -1), -1, kind="stable"), -1)
-        up_ids.append(best), up.append(np.take_along_axis(rows, best, -1))
-        down_ids.append(worst), down.append(np.take_along_axis(rows, worst, -1))
+        found = [[] for _ in range(4)]  # up ids, up values, down ids, down values: [part, K] blocks
+        for start in range(0, len(labels), PUSH_ROWS):  # PUSH_ROWS parts at a time: [rows, d_vocab], not [part, d_vocab]
+            rows = u[start:start + PUSH_ROWS] @ W_U  # [rows, d_vocab]
+            extra = [row for _, row in constants[max(0, start - len(u)):max(0, start + PUSH_ROWS - len(u))]]
+            rows = np.concatenate([rows, np.array(extra).reshape(-1, rows.shape[1])]) if extra else rows
+            for sign, (ids_out, values_out) in ((-1, found[:2]), (1, found[2:])):  # the K largest, then the K smallest
+                pick = np.argpartition(sign * rows, K - 1, axis=-1)[:, :K]  # [rows, K] any order
+                picked = np.take_along_axis(rows, pick, -1)  # [rows, K]
+                order = np.argsort(sign * picked, -1, kind="stable")
+                ids_out.append(np.take_along_axis(pick, order, -1)), values_out.append(np.take_along_axis(picked, order, -1))
+        for out, blocks in zip((up_ids, up, down_ids, down), found, strict=True):
+            out.append(np.concatenate(blocks))  # [part, K]
     up_ids, down_ids = np.stack(up_ids, 1), np.stack(down_ids, 1)  # [part, position, K]
     return {"positions": positions, "labels": labels, "up_ids": up_ids.tolist(), "down_ids": down_ids.tolist(),
             "up": _rounded(np.stack(up, 1), TOP10_DIGITS), "down": _rounded(np.stack(down, 1), TOP10_DIGITS),

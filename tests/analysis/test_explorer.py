@@ -508,3 +508,14 @@ def test_the_steered_runs_ln1_and_attention_are_the_models(model, page):
                 assert np.max(np.abs(stored * explorer.PATTERN_UNIT - A[h])) <= 0.5e-3 + 1e-15
     assert np.array_equal(np.array(s["clean"]["ln1_out"]),
                           model.run_with_cache(tokens)[1]["blocks.2.ln1.hook_normalized"][0, s["positions"]] * w + b)
+
+
+def test_the_pushes_and_their_budget_do_not_depend_on_the_block_size(model, monkeypatch):
+    """Read out PUSH_ROWS parts at a time or all at once: the same lists; a budget of one position's rows keeps the last."""
+    whole = explorer.explore(model, "To be, or not to", lens=False).data["attribution"]["pushes"]
+    monkeypatch.setattr(explorer, "PUSH_ROWS", 7)  # blocks that split the parts, the constant in the last
+    assert explorer.explore(model, "To be, or not to", lens=False).data["attribution"]["pushes"] == whole
+    cfg = model.cfg
+    monkeypatch.setattr(explorer, "PUSH_BUDGET", 1.0)  # less than one position's rows: the last position still
+    assert explorer.explore(model, "To be, or not to", lens=False).data["attribution"]["pushes"]["positions"] == \
+        [len(whole["up_ids"][0]) - 1] and cfg.n_layers == 4

@@ -49,6 +49,18 @@
     box.dataset.lo = lo; box.dataset.hi = hi;
   }
 
+  // Labels thinned by collision: of labels anchored at pixel positions xs (in order), the ones to draw,
+  // greedily from the first, each at least `gap` px past the last drawn. Text LINE px high rotated by
+  // an angle a from the axis needs LINE / sin a between anchors; unrotated rows need LINE.
+  const LINE = 11;
+  const gapAt = (degrees) => LINE / Math.sin(degrees * Math.PI / 180);
+  function thin(xs, gap) {
+    const keep = [];
+    let last = -Infinity;
+    xs.forEach((x, i) => { if (x - last >= gap - 1e-9) { keep.push(i); last = x; } });
+    return keep;
+  }
+
   function tooltip(event, text) {
     if (text === null) { tip.hidden = true; return; }
     tip.textContent = text;
@@ -95,15 +107,18 @@
       }
     }
     ctx.fillStyle = "#444";
-    if (o.rowLabel) {  // every row if there is room, else every k-th: labels never overprint
+    if (o.rowLabel) {  // labels thinned by collision: they never overprint
       ctx.textAlign = "right";
-      for (let r = 0; r < o.rows; r += Math.max(1, Math.ceil(10 / o.cellH))) ctx.fillText(o.rowLabel(r).slice(0, Math.floor(left / 6.2)), left - 4, r * o.cellH + o.cellH / 2);
+      const drawn = thin(Array.from({ length: o.rows }, (_, r) => r * o.cellH), LINE);
+      for (const r of drawn) ctx.fillText(o.rowLabel(r).slice(0, Math.floor(left / 6.2)), left - 4, r * o.cellH + o.cellH / 2);
       ctx.textAlign = "left";
+      canvas.dataset.rowLabels = JSON.stringify(drawn);
     }
-    if (o.colLabel) {  // every column if there is room, else every k-th
-      const every = Math.max(1, Math.ceil(12 / o.cellW));
+    if (o.colLabel) {  // rotated 45°: thinned by collision
+      const drawn = thin(Array.from({ length: o.cols }, (_, c) => c * o.cellW), gapAt(45));
+      canvas.dataset.colLabels = JSON.stringify(drawn);
       ctx.save();
-      for (let c = 0; c < o.cols; c += every) {
+      for (const c of drawn) {
         ctx.save();
         ctx.translate(left + c * o.cellW + o.cellW / 2, H + 4);
         ctx.rotate(Math.PI / 4);
@@ -380,7 +395,7 @@
       `<text x="${pad}" y="12">${title}</text>` +
       `<polyline points="${points}" fill="none" stroke="#1f5fa8" stroke-width="1.5"/>` +
       ys.map((v, i) => `<circle cx="${x(i)}" cy="${y(v)}" r="2.5" fill="#1f5fa8"><title>${names[i]}: ${sci(v)}</title></circle>`).join("") +
-      (names.length <= 40 ? names.map((n, i) => `<text transform="translate(${x(i) - 3},${H - 72}) rotate(45)">${n}</text>`).join("") : "") +
+      thin(names.map((_, i) => x(i)), gapAt(45)).map((i) => `<text transform="translate(${x(i) - 3},${H - 72}) rotate(45)">${names[i]}</text>`).join("") +
       `<text x="2" y="${y(ys[vs.indexOf(hi)])}">${sci(ys[vs.indexOf(hi)])}</text>` +
       `<text x="2" y="${y(ys[vs.indexOf(lo)])}">${sci(ys[vs.indexOf(lo)])}</text></svg>`;
   }
@@ -633,7 +648,7 @@
   // the bar named highlight (default: the selected head's or layer's) orange; pick(label) on a click.
   function waterfall(canvas, parts, logit, highlight, pick) {
     const n = parts.length + 1, W = 1000, padL = 50;
-    const barW0 = Math.max(1, Math.floor((W - padL) / n)), padB = barW0 >= 12 ? 70 : 20, H = 240 + padB;
+    const padB = 70, H = 240 + padB;
     const barW = Math.max(1, Math.floor((W - padL) / n));
     canvas.width = padL + barW * n; canvas.height = H;
     const ctx = canvas.getContext("2d");
@@ -653,9 +668,11 @@
       ctx.fillStyle = label === "logit" ? "#555" : label === selected ? "#e65100" : v >= 0 ? "#2e7d32" : "#c62828";
       ctx.fillRect(padL + i * barW, Math.min(y(a), y(b)), Math.max(1, barW - (barW > 3 ? 1 : 0)), Math.max(1, Math.abs(y(a) - y(b))));
     });
-    if (barW >= 12) {  // each bar's name under it, when there is room
+    {  // each bar's name under it, rotated 60°, thinned by collision
       ctx.fillStyle = "#444";
-      spans.forEach(([label], i) => {
+      const drawn = thin(spans.map((_, i) => i * barW), gapAt(60));
+      canvas.dataset.drawnLabels = JSON.stringify(drawn);
+      drawn.map((i) => [spans[i], i]).forEach(([[label], i]) => {
         ctx.save();
         ctx.translate(padL + i * barW + barW / 2 - 3, H - padB + 6);
         ctx.rotate(Math.PI / 3);
@@ -750,8 +767,8 @@
     function whatAttentionReads(run, largest) {
       const q = St.positions.includes(state.pos) ? state.pos : St.positions[0], i = St.positions.indexOf(q);
       const ref = St.runs.find((r) => r.coeff === largest);
-      $("steer-ln1-title").textContent = `what block ${St.layer}'s attention reads at steered position ${q} ` +
-        `${show(D.tokens[q])}: ln1's output γ ⊙ (x − mean)/σ + β, every component (select a shaded position to see another)`;
+      $("steer-ln1-title").textContent = `what block ${St.layer}'s attention reads at position ${q} ` +
+        `${show(D.tokens[q])}: ln1's output γ ⊙ (x − mean)/σ + β, per component (select another shaded position to see it)`;
       const summary = $("steer-ln1-summary");
       summary.textContent = `C = ${run.coeff}: the stream x entering block ${St.layer} differs from the largest C's by ` +
         `‖x − x(${largest})‖/‖x(${largest})‖ = ${run.resid_change[i].toPrecision(6)}; ln1's output by ` +
@@ -817,7 +834,7 @@
     const y = (v) => 24 + (hi - Math.log10(Math.max(v, 1e-300))) / span * (H - padB - 24);
     const colour = (k) => { const c = ramp(0.25 + 0.75 * k / Math.max(1, n - 1)); return css(c); };
     const path = (values) => values.map((v, i) => `${x(i).toFixed(1)},${y(v).toFixed(1)}`).join(" ");
-    const step = Math.max(1, Math.ceil(P / 40));  // labels thinned so that they never overprint
+    const labelled = thin(Array.from({ length: P }, (_, i) => x(i)), gapAt(45));  // labels thinned by collision
     const decades = [];
     for (let e = Math.ceil(lo); e <= Math.floor(hi); e += Math.max(1, Math.ceil((hi - lo) / 6))) decades.push(e);
     box.innerHTML = `<svg width="${W}" height="${H}" id="steer-norms-svg" data-lo="${range[0]}" data-hi="${range[1]}">` +
@@ -829,7 +846,7 @@
         `stroke-width="1.4" data-stream="${name}"/>`).join("") +
       `<polyline points="${path(clean.resid_norm[n - 1])}" fill="none" stroke="#555" stroke-dasharray="5,4" stroke-width="1.2"/>` +
       `<line x1="${x(state.pos)}" x2="${x(state.pos)}" y1="6" y2="${H - padB}" stroke="#ffb300"/>` +
-      Array.from({ length: P }, (_, i) => i).filter((i) => i % step === 0).map((i) =>
+      labelled.map((i) =>
         `<text transform="translate(${x(i) - 3},${H - padB + 10}) rotate(45)">${escapeXml(tokenLabel(i).slice(0, 10))}</text>`).join("") +
       `<text x="${padL}" y="12">lightest: stream ${names[0]} … darkest: ${names[n - 1]}; dashed: unsteered final</text></svg>`;
     const svg = box.firstChild;
@@ -847,18 +864,33 @@
     };
   }
   function escapeXml(t) { return t.replace(/[<>&"]/g, (c) => ({ "<": "&lt;", ">": "&gt;", "&": "&amp;", '"': "&quot;" })[c]); }
-  function lines(box, series, colours, title, log) {
-    const W = 460, H = 150, pad = 36;
+  function lines(box, series, colours, title, log) {  // one value per position: tokens below, hover for the values
+    const W = 460, H = 200, pad = 60, padB = 56;
     const f = log ? (v) => Math.log10(Math.max(v, 1e-300)) : (v) => v;
     const all = series.flat().map(f), lo = Math.min(...all), hi = Math.max(...all), span = hi - lo || 1;
     const x = (i) => pad + i * (W - pad - 6) / Math.max(1, P - 1);
-    const y = (v) => H - 16 - (f(v) - lo) / span * (H - 30);
+    const y = (v) => H - padB - (f(v) - lo) / span * (H - padB - 16);
     box.innerHTML = `<svg width="${W}" height="${H}"><text x="${pad}" y="10">${title}</text>` +
       series.map((s, k) => `<polyline points="${s.map((v, i) => `${x(i)},${y(v)}`).join(" ")}" fill="none" ` +
         `stroke="${colours[k]}" stroke-width="1.5"/>`).join("") +
-      `<line x1="${x(state.pos)}" x2="${x(state.pos)}" y1="14" y2="${H - 16}" stroke="#ffb300"/>` +
-      `<text x="0" y="${y(log ? 10 ** hi : hi) + 4}">${sci(log ? 10 ** hi : hi)}</text>` +
-      `<text x="0" y="${y(log ? 10 ** lo : lo)}">${sci(log ? 10 ** lo : lo)}</text></svg>`;
+      `<line x1="${x(state.pos)}" x2="${x(state.pos)}" y1="14" y2="${H - padB}" stroke="#ffb300"/>` +
+      `<line x1="${pad}" x2="${W - 6}" y1="${H - padB}" y2="${H - padB}" stroke="#999"/>` +
+      `<text x="${pad - 4}" y="${y(log ? 10 ** hi : hi) + 4}" text-anchor="end">${sci(log ? 10 ** hi : hi)}</text>` +
+      `<text x="${pad - 4}" y="${y(log ? 10 ** lo : lo)}" text-anchor="end">${sci(log ? 10 ** lo : lo)}</text>` +
+      thin(Array.from({ length: P }, (_, i) => x(i)), gapAt(45)).map((i) =>
+        `<text transform="translate(${x(i) - 3},${H - padB + 10}) rotate(45)">${escapeXml(tokenLabel(i).slice(0, 10))}</text>`).join("") +
+      `</svg>`;
+    const svg = box.firstChild;
+    svg.onmousemove = (e) => {
+      const b = svg.getBoundingClientRect(), i = Math.round((e.clientX - b.left - pad) / ((W - pad - 6) / Math.max(1, P - 1)));
+      if (i < 0 || i >= P) return tooltip(e, null);
+      tooltip(e, `position ${i} ${show(D.tokens[i])}: ` + series.map((s) => `${sci(s[i])} ${title}`).join(", "));
+    };
+    svg.onmouseleave = (e) => tooltip(e, null);
+    svg.onclick = (e) => {
+      const b = svg.getBoundingClientRect(), i = Math.round((e.clientX - b.left - pad) / ((W - pad - 6) / Math.max(1, P - 1)));
+      if (i >= 0 && i < P) select({ pos: i });
+    };
   }
   function bars(box, tokens, probs) {
     box.innerHTML = "";
