@@ -717,11 +717,11 @@
       `<div><b>without</b><div id="steer-clean" class="bars"></div></div><div><b>with</b>` +
       `<div id="steer-next" class="bars"></div></div></div></div><div class="steer-wide"><h3 id="steer-lens-title"></h3>` +
       `<canvas id="steer-lens"></canvas></div><div class="steer-wide"><h3 id="steer-kl-title"></h3>` +
-      `<canvas id="steer-kl-map"></canvas></div>` +
-      `<div class="steer-wide"><h3 id="steer-ln1-title"></h3><p id="steer-ln1-summary" class="legend"></p>` +
-      `<div id="steer-ln1"></div></div>` +
-      `<div class="steer-wide"><h3 id="steer-attn-title"></h3><div class="steer-grid"><div><canvas id="steer-attn-tv">` +
-      `</canvas></div><div><p id="steer-attn-head" class="legend"></p><canvas id="steer-attn"></canvas></div></div></div></div>`;
+      `<canvas id="steer-kl-map"></canvas></div></div>` +
+      `<div id="steer-reads"><h3 id="steer-ln1-title"></h3><p id="steer-ln1-summary" class="legend"></p>` +
+      `<div id="steer-ln1"></div>` +
+      `<h3 id="steer-attn-title"></h3><div class="steer-grid"><div><canvas id="steer-attn-tv">` +
+      `</canvas></div><div><p id="steer-attn-head" class="legend"></p><canvas id="steer-attn"></canvas></div></div></div>`;
     $("steer-slider").oninput = () => select({ steer: Number($("steer-slider").value) });
     const every = [St.clean, ...St.runs].flatMap((r) => r.resid_norm.flat());
     const normRange = [Math.min(...every), Math.max(...every)];  // fixed across coefficients: sizes compare
