@@ -519,3 +519,18 @@ def test_the_pushes_and_their_budget_do_not_depend_on_the_block_size(model, monk
     monkeypatch.setattr(explorer, "PUSH_BUDGET", 1.0)  # less than one position's rows: the last position still
     assert explorer.explore(model, "To be, or not to", lens=False).data["attribution"]["pushes"]["positions"] == \
         [len(whole["up_ids"][0]) - 1] and cfg.n_layers == 4
+
+
+@pytest.mark.parametrize("n, k", [(50257, 10), (8192, 8), (20, 10), (10, 10), (6, 3), (100, 8)])
+def test_top_k_is_a_stable_sort_of_each_row_cut_to_k(n, k):
+    """The lens hovers' and the pushes' selection: the k largest of each row, largest first, ties to the
+    lower index, as np.argsort(-x, kind="stable") orders them; a row with NaNs is sorted in full."""
+    rng = np.random.default_rng(n + k)
+    x = rng.standard_normal((7, n))
+    x[0, 3] = x[0, 5] = x[0].max() + 1  # a tie at the top
+    x[1] = np.round(x[1])  # many ties, at the k-th too
+    ids, values = explorer._top_k(x, k)
+    expected = np.argsort(-x, axis=-1, kind="stable")[:, :k]
+    assert np.array_equal(ids, expected) and np.array_equal(values, np.take_along_axis(x, expected, -1))
+    x[2, ::2] = np.nan
+    assert np.array_equal(explorer._top_k(x, k)[0], np.argsort(-x, axis=-1, kind="stable")[:, :k])
