@@ -276,9 +276,10 @@ def _lens(model, x, logits, target_id):
 
 def _top_k(x, k):
     """(ids, values) of the k largest entries of each row of x [rows, n], largest first, ties to the
-    lower index: [rows, k] each. Only the entries at least the k-th largest of every s-th entry are
-    sorted (a sample's k-th largest is at most the row's, so none of the k is missed: some n/s·k/… per
-    row instead of a selection over all n); a row with NaNs is sorted in full."""
+    lower index: [rows, k] each. Only the entries at least as large as the k-th largest of every s-th
+    entry are sorted: a sample's k-th largest is at most the row's, so none of the k is missed, and
+    about s·k entries per row pass it (one comparison per entry instead of a selection over all n). A
+    row with NaNs is sorted in full."""
     rows, n = x.shape
     sample = x[:, ::max(1, min(8, n // (4 * k)))]  # [rows, ≥ 4k unless n < 4k]
     bound = np.partition(sample, sample.shape[1] - k, axis=-1)[:, sample.shape[1] - k]  # [rows] ≤ the row's k-th largest

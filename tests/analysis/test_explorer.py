@@ -510,6 +510,7 @@ def test_the_steered_runs_ln1_and_attention_are_the_models(model, page):
                           model.run_with_cache(tokens)[1]["blocks.2.ln1.hook_normalized"][0, s["positions"]] * w + b)
 
 
+@pytest.mark.slow  # three pages
 def test_the_pushes_and_their_budget_do_not_depend_on_the_block_size(model, monkeypatch):
     """Read out PUSH_ROWS parts at a time or all at once: the same lists; a budget of one position's rows keeps the last."""
     whole = explorer.explore(model, "To be, or not to", lens=False).data["attribution"]["pushes"]
