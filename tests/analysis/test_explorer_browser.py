@@ -598,3 +598,27 @@ def test_the_actual_next_token_target_and_a_clicked_bars_pushes(browser, page, m
     assert find(browser, "#attr-push-title").text.startswith('L3.mlp at position 5 " am", read through ln_final')
     assert "part=L3.mlp" in browser.js("return location.hash")
     find(browser, "#attr-target-page").click()
+
+
+def test_axis_labels_are_thinned_by_collision_and_kept_when_they_fit(browser, page, model, tmp_path):
+    """Rotated 45°, labels one line (11 px) high overprint when their anchors are closer than
+    11 / sin 45° ≈ 15.6 px: on a long page the drawn ones are at least that far apart; on a short
+    page every column keeps its label, and every row."""
+    built = reopened(browser, page)
+    gap = 11 / np.sin(np.pi / 4)
+    for canvas_id in ("lens-canvas", "ln-canvas"):
+        canvas = find(browser, f"#{canvas_id}")
+        assert json.loads(canvas.get_attribute("data-col-labels")) == list(range(len(built.data["tokens"])))
+    long = explorer.explore(model, " ".join([TEXT] * 9), lens=False)
+    path = long.save(tmp_path / "long.html")
+    assert browser.open(path)[0] == []
+    n = len(long.data["tokens"])
+    for canvas_id in ("lens-canvas", "ln-canvas"):
+        canvas = find(browser, f"#{canvas_id}")
+        drawn = json.loads(canvas.get_attribute("data-col-labels"))
+        cell = float(browser.js("return arguments[0].dataset.cellW", canvas))
+        assert drawn[0] == 0 and 1 < len(drawn) < n, (canvas_id, n, cell)
+        assert min(np.diff(drawn)) * cell >= gap - 1e-9 and max(np.diff(drawn)) * cell < gap + cell
+        rows = json.loads(canvas.get_attribute("data-row-labels"))
+        height = float(browser.js("return arguments[0].dataset.cellH", canvas))
+        assert min(np.diff(rows)) * height >= 11 - 1e-9
