@@ -227,6 +227,7 @@ def _read_out(model, x):
 
 LENS_BLOCK = 16  # positions read out at a time, every stream at once: [stream·block, d_vocab] (GPT-2: 77 MB)
 LENS_TOP = 10  # tokens in a lens cell's hover
+LENS_STAT_ROWS = 8  # rows per block of the statistics on the threads (a GPT-2 row is 400 kB: not one at a time)
 
 
 def _lens(model, x, logits, target_id):
@@ -255,17 +256,18 @@ def _lens(model, x, logits, target_id):
             lp, i = log_p[a:z], np.arange(a, z)  # [rows, d_vocab], [rows]
             M, j = i // b, start + i % b  # [rows] stream, position
             p = np.exp(lp)  # [rows, d_vocab]
-            top = np.argmax(lp, axis=-1)  # [rows]
-            rows = np.arange(len(lp))
+            best, value = _top_k(lp, K)  # [rows, K] each: the first is argmax's (ties to the lower index)
             target = lp[:, target_id]  # [rows]
-            top_id[M, j], top_prob[M, j] = top, p[rows, top]
+            top_ids[M, j], top_probs[M, j] = best, np.exp(value)
+            top_id[M, j], top_prob[M, j] = best[:, 0], np.exp(value[:, 0])
             entropy[M, j] = -(p * lp).sum(-1)
             kl[M, j] = np.maximum((p_final[i % b] * (final[i % b] - lp)).sum(-1), 0.0)
-            target_rank[M, j], target_prob[M, j] = 1 + (lp > target[:, None]).sum(-1), np.exp(target)
-            best, value = _top_k(lp, K)  # [rows, K] each
-            top_ids[M, j], top_probs[M, j] = best, np.exp(value)
+            target_rank[M, j] = 1 + np.count_nonzero(lp > target[:, None], axis=-1)
+            target_prob[M, j] = np.exp(target)
 
-        threads.for_rows(stats, len(log_p), log_p.shape[1] * log_p.itemsize)
+        row_bytes = log_p.shape[1] * log_p.itemsize
+        blocks = threads.row_blocks(len(log_p), row_bytes, LENS_STAT_ROWS * row_bytes)
+        threads.map_blocks(stats, blocks, len(log_p) * row_bytes)
     text = _token_table(model, np.concatenate([top_id.ravel(), top_ids.ravel()]))  # id → its text, each id once
     return {"top_id": top_id.tolist(), "top_token": [[text[i] for i in row] for row in top_id.tolist()],
             "top_prob": _floats(top_prob), "entropy": _floats(entropy), "kl": _floats(kl),
