@@ -50,6 +50,7 @@ from ..errors import RefGPTError
 from ..files.ggml_blocks import TYPES, dequantize, quantize
 from ..reference import bounds
 from ..reference.compare import UNIT_ROUNDOFF
+from ..reference.gpt2 import gelu_new
 
 U = UNIT_ROUNDOFF["float32"]  # float32's unit roundoff: the products accumulate in float32
 U16 = 2.0**-11  # float16's
@@ -196,10 +197,64 @@ def _weights(model, weights: tuple[str, ...], biases: tuple[str, ...]):
     return W, b
 
 
+def gelu_bound(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(reference, bound) for a GELU (gelu_new) of the activations x as ggml computes it in float32
+    (ggml-cpu's ``ggml_vec_gelu_f32``): x rounded to float16 (x̃), then a table of
+    ``fp16(ggml_gelu_f32(x̃))``, 0 for x ≤ −10 and x for x ≥ 10. The reference is gelu_new(x) in
+    float64; the bound, term by term:
+
+        1.13·|x̃ − x|                       the float16 input (sup|gelu_new′| < 1.13; x̃ computed)
+      + ε = gelu_new_error(x̃, u) + ½|x̃|·sech²(a)·|a|·γ_2    the float32 formula: the reference's
+                                          §7 bound, plus float32's roundings of the two constants
+      + U16·(|reference| + 1.13·|x̃ − x| + ε) + 2⁻²⁵       the float16 table entry (2⁻²⁵: half
+                                          float16's subnormal step)
+
+    A port computing GELU in float32 without the table is within it too (its x̃ − x and table
+    rounding are 0). The clamps at ±10 differ from gelu_new by less than 2⁻²⁵."""
+    x = np.asarray(x, np.float64)
+    x_tilde = np.where(np.abs(x) < 10, x.astype(np.float32).astype(np.float16).astype(np.float64), x)
+    reference = gelu_new(x)  # [..]
+    moved = bounds.GELU_LIPSCHITZ * np.abs(x_tilde - x)
+    eps = np.zeros_like(x)
+    for at in (x, x_tilde):
+        a = bounds.SQRT_2_OVER_PI * (at + 0.044715 * at ** 3)  # the tanh argument
+        eps = np.maximum(eps, bounds.gelu_new_error(at, U) + 0.5 * np.abs(at) * (1 - np.tanh(a) ** 2) * np.abs(a)
+                         * float(bounds.gamma(2, U)))
+    return reference, moved + eps + U16 * (np.abs(reference) + moved + eps) + 2.0**-25
+
+
+def _verdict(op: str, weight: str, weight_type: str, y, reference, bound) -> OpVerdict:
+    ratio = np.abs(y - reference) / bound
+    at = np.unravel_index(int(np.nanargmax(np.where(np.isnan(ratio), np.inf, ratio))), ratio.shape)
+    return OpVerdict(op, weight, weight_type, float(ratio[at]), tuple(int(i) for i in at),
+                     float(abs(y - reference)[at]), float(bound[at]))
+
+
+def _resid_pre(candidate: dict, layer: int):
+    """The residual stream entering block ``layer``: its hook_resid_pre, or the previous block's
+    hook_resid_post (llama.cpp names l_out-(L−1), not the next block's input)."""
+    for name in (f"blocks.{layer}.hook_resid_pre", f"blocks.{layer - 1}.hook_resid_post"):
+        if name in candidate:
+            return np.asarray(candidate[name], np.float64)
+    return None
+
+
 def judge_products(model, candidate: dict, quantization: dict[str, str]) -> list[OpVerdict]:
-    """Every matrix product whose input and outputs the candidate holds, judged on its own input."""
+    """Every matrix product whose input and outputs the candidate holds, judged on its own input,
+    in the order GPT-2 computes them; with each block's GELU (``gelu_bound``) after W_in's product.
+
+    W_O's product, when the candidate does not name its output (llama.cpp: kqv_out-L, then
+    ffn_inp-L), is judged as the span z → W_O → +b_O → +resid_pre ending at hook_resid_mid, on the
+    candidate's own z and resid_pre r: the reference p + r, with p the product's reference, and
+    the bound B·(1 + u) + u·|p + r|, B the product's bound (the last addition rounds once, at
+    |y + r| ≤ |p + r| + B)."""
     verdicts = []
     for x_name, y_names, gguf_name, weights, biases in products(model.cfg.n_layers, "output.weight" not in quantization):
+        layer = int(x_name.split(".")[1]) if x_name.startswith("blocks.") else None
+        span = (x_name.endswith("attn.hook_z") and y_names[0] not in candidate
+                and f"blocks.{layer}.hook_resid_mid" in candidate and _resid_pre(candidate, layer) is not None)
+        if span:
+            y_names = (f"blocks.{layer}.hook_resid_mid",)
         if x_name not in candidate or not all(n in candidate for n in y_names):
             continue
         weight_type = quantization.get(gguf_name, "F32")
@@ -212,11 +267,19 @@ def judge_products(model, candidate: dict, quantization: dict[str, str]) -> list
         rows = x.reshape(-1, W.shape[0])  # [rows, d_in]
         y = np.concatenate([np.asarray(candidate[n], np.float64).reshape(rows.shape[0], -1) for n in y_names], axis=1)
         reference, bound = linear_bound(rows, W, b, weight_type)  # [rows, d_out]
-        ratio = np.abs(y - reference) / bound
-        at = np.unravel_index(int(np.nanargmax(np.where(np.isnan(ratio), np.inf, ratio))), ratio.shape)
+        if span:
+            resid = _resid_pre(candidate, layer).reshape(reference.shape)  # [rows, d_model]
+            reference = reference + resid  # [rows, d_model]
+            bound = bound * (1 + U) + U * np.abs(reference)
         op = y_names[0] if len(y_names) == 1 else y_names[0].rsplit(".", 1)[0] + ".hook_qkv"
-        verdicts.append(OpVerdict(op, gguf_name, weight_type, float(ratio[at]), tuple(int(i) for i in at),
-                                  float(abs(y - reference)[at]), float(bound[at])))
+        verdicts.append(_verdict(op, gguf_name, weight_type, y, reference, bound))
+        pre, post = f"blocks.{layer}.mlp.hook_pre", f"blocks.{layer}.mlp.hook_post"
+        if y_names == (pre,) and post in candidate:
+            if np.shape(candidate[post]) != np.shape(candidate[pre]):
+                raise RefGPTError(f"{post} {list(np.shape(candidate[post]))}: not the shape of {pre} "
+                                  f"{list(np.shape(candidate[pre]))}")
+            reference, bound = gelu_bound(candidate[pre])
+            verdicts.append(_verdict(post, "(GELU)", "-", np.asarray(candidate[post], np.float64), reference, bound))
     return verdicts
 
 
@@ -225,6 +288,10 @@ def judge_products(model, candidate: dict, quantization: dict[str, str]) -> list
 LLAMA_CPP_NAMES = {"attn_norm": "ln1.out", "kqv_out": "attn.hook_z", "ffn_inp": "hook_resid_mid",
                    "ffn_norm": "ln2.out", "ffn_up_b": "mlp.hook_pre", "ffn_gelu": "mlp.hook_post",
                    "ffn_out": "hook_mlp_out", "l_out": "hook_resid_post"}
+
+
+#: llama.cpp's GPT-2 input tensors: the embedding rows, the position rows, their sum (inpL)
+LLAMA_CPP_INPUTS = {"embd": "hook_embed", "pos_embd": "hook_pos_embed", "inpL": "blocks.0.hook_resid_pre"}
 
 
 def from_llama_cpp(captured: dict[str, np.ndarray], cfg) -> dict[str, np.ndarray]:
@@ -236,7 +303,9 @@ def from_llama_cpp(captured: dict[str, np.ndarray], cfg) -> dict[str, np.ndarray
         value = np.asarray(value)
         value = value.reshape(-1, value.shape[-1]) if value.ndim > 1 else value  # [pos, width]
         base, _, layer = name.rpartition("-")
-        if name == "result_norm":
+        if name in LLAMA_CPP_INPUTS:
+            out[LLAMA_CPP_INPUTS[name]] = value[None]
+        elif name == "result_norm":
             out["ln_final.out"] = value[None]
         elif name == "result_output":
             out["logits"] = value[None]
@@ -306,5 +375,5 @@ def format_split(report: SplitReport, limit: int | None = None) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["LLAMA_CPP_NAMES", "OpVerdict", "from_llama_cpp", "SplitReport", "TensorSplit", "format_split", "judge_products", "linear_bound", "nmse",
+__all__ = ["LLAMA_CPP_INPUTS", "LLAMA_CPP_NAMES", "OpVerdict", "from_llama_cpp", "gelu_bound", "SplitReport", "TensorSplit", "format_split", "judge_products", "linear_bound", "nmse",
            "products", "round_activations", "snr_db", "split"]

@@ -55,7 +55,10 @@ def test_llama_cpp_is_within_every_bound_and_its_quantization_error_is_reported(
     report = split(float_golden, quantized_golden, candidate, quantized)
     print(format_split(report))
     assert report.ok, format_split(report)
-    assert len(report.ops) == 3 * CFG.n_layers + 1  # every product but W_O's, whose output llama.cpp does not name
+    # every product (W_O's as the span ending at resid_mid: llama.cpp names no tensor after W_O) and every GELU
+    assert [op.op for op in report.ops[:5]] == ["blocks.0.attn.hook_qkv", "blocks.0.hook_resid_mid",
+                                                "blocks.0.mlp.hook_pre", "blocks.0.mlp.hook_post", "blocks.0.hook_mlp_out"]
+    assert len(report.ops) == 5 * CFG.n_layers + 1
     logits = next(t for t in report.tensors if t.name == "logits")
     assert logits.implementation_nmse is not None and logits.quantization_nmse is not None
     if kind == "F32":
