@@ -19,12 +19,17 @@ import tempfile
 import time
 from pathlib import Path
 
+from refgpt import Config
+
 VERSION = "0.3.36"
 SDIST_NAME = f"llama_cpp_python-{VERSION}.tar.gz"
 SDIST = Path(os.environ.get("REFGPT_LLAMA_CPP_SDIST",
                             Path(__file__).resolve().parent.parent / ".cache" / "llama-cpp-python" / SDIST_NAME))
 CACHE = Path(tempfile.gettempdir()) / f"refgpt-llama-cpp-{VERSION}"
 VENDOR = f"llama_cpp_python-{VERSION}/vendor/llama.cpp/"
+
+#: The converter's GPT-2: d_mlp = 4·d_model (it writes feed_forward_length so), GPT-2's vocabulary
+CONVERTER_CFG = Config(d_model=64, n_layers=2, n_heads=4, d_mlp=256, d_vocab=50257, n_ctx=32)
 
 #: The planted bug: GELU's cubic coefficient with a zero too many (0.044715 → 0.0044715), in the CPU
 #: kernel every GELU of llama.cpp's CPU backend computes (ggml-cpu/vec.h: ggml_gelu_f32 and the
@@ -59,6 +64,22 @@ def source_or_skip() -> Path:
         except OSError:  # another run unpacked it first
             shutil.rmtree(staging, ignore_errors=True)
     return tree
+
+
+def converter_model(seed: int = 21):
+    """A random GPT-2 of CONVERTER_CFG's shape, tied (the converter writes one matrix), with GPT-2's
+    own tokenizer: the converter recognises a BPE tokenizer by the hash of its pre-tokenization of a
+    fixed text (tests/tl_port.py's TOKENIZER_DIR; without it, a skip)."""
+    import refgpt
+    from random_models import random_params
+    from tl_port import TOKENIZER_DIR, tokenizer_files_or_skip
+
+    tokenizer_files_or_skip()
+    params = random_params(CONVERTER_CFG, seed)
+    params["unembed.W_U"] = params["embed.W_E"].T.copy()  # [d_model, d_vocab]
+    model = refgpt.Model(CONVERTER_CFG, params)
+    model.tokenizer = refgpt.Tokenizer.from_dir(TOKENIZER_DIR)
+    return model
 
 
 def convert(hf_dir: Path, outtype: str, outfile: Path) -> Path:

@@ -1,4 +1,5 @@
-"""llama.cpp's GPT-2 judged as a quantized port (REFGPT_LLAMA_CPP=long).
+"""llama.cpp's GPT-2 judged as a quantized port (REFGPT_LLAMA_CPP=long): on files refgpt writes, on
+files llama.cpp's own converter writes, and built with a planted kernel bug.
 
 llama-cpp-python is a source package: installing it builds its vendored llama.cpp with cmake,
 measured at 2,660 s (44 minutes: llama-cpp-python 0.3.36, one compile job at low priority on this
@@ -63,3 +64,53 @@ def test_llama_cpp_is_within_every_bound_and_its_quantization_error_is_reported(
     assert logits.implementation_nmse is not None and logits.quantization_nmse is not None
     if kind == "F32":
         assert logits.quantization_nmse < 1e-12  # float32-rounded weights only
+
+
+@pytest.mark.peer  # the converter runs on torch and transformers
+@pytest.mark.parametrize("outtype", ["f32", "f16", "q8_0"])
+def test_llama_cpp_on_its_own_converters_file_is_within_every_bound(tmp_path, outtype):
+    """The file llama.cpp's converter writes from refgpt's checkpoint (tests/oracle/test_llama_cpp_converter.py),
+    run by llama.cpp and judged against the golden of that very file."""
+    pytest.importorskip("llama_cpp", reason="pip install llama-cpp-python (builds llama.cpp from source)")
+    pytest.importorskip("torch", reason="llama.cpp's converter imports torch (the peers extra)")
+    from llama_cpp_capture import capture
+    from llama_cpp_source import CONVERTER_CFG, convert, converter_model
+
+    model = converter_model()
+    tokens = model.tokenizer.encode(" The converter's file, run by llama.cpp.")
+    hf = refgpt.save(model, tmp_path / "hf", dtype="float32")
+    path = convert(hf, outtype, tmp_path / f"converted.{outtype}.gguf")
+    quantized = refgpt.load(path)
+    report = split(golden.make(refgpt.load(hf), np.array([tokens]), command=["test"]),
+                   golden.make(quantized, np.array([tokens]), command=["test"]),
+                   from_llama_cpp(capture(path, tokens), CONVERTER_CFG), quantized)
+    print(format_split(report))
+    assert report.ok, format_split(report)
+    assert len(report.ops) == 5 * CONVERTER_CFG.n_layers + 1
+
+
+@pytest.mark.parametrize("kind", ["F32", "Q8_0", "Q4_0"])
+def test_a_bug_planted_in_llama_cpps_gelu_kernel_is_named_at_its_op_as_an_implementation_error(tmp_path, float_golden, kind):
+    """llama.cpp's libraries built from the source package with GELU's coefficient 0.044715 mistyped
+    as 0.0044715 in ggml-cpu (tests/llama_cpp_source.py; the first build takes tens of minutes, kept
+    between runs), loaded by llama-cpp-python through LLAMA_CPP_LIB_PATH: every product stays within its
+    bound, and the first op out of bounds is layer 0's GELU — an implementation error, at any type."""
+    pytest.importorskip("llama_cpp", reason="pip install llama-cpp-python (builds llama.cpp from source)")
+    from llama_cpp_capture import capture_in_process
+    from llama_cpp_source import patched_libraries
+
+    lib, seconds = patched_libraries()
+    if seconds is not None:
+        print(f"built llama.cpp's libraries with the planted bug in {seconds:.0f} s")
+    path = refgpt.save(_model(), tmp_path / f"m.{kind}.gguf", type=kind)
+    quantized = refgpt.load(path)
+    candidate = from_llama_cpp(capture_in_process(path, TOKENS, tmp_path / "captured.npz", lib_path=lib), CFG)
+    report = split(float_golden, golden.make(quantized, np.array([TOKENS]), command=["test"]), candidate, quantized)
+    text = format_split(report)
+    print(text)
+    first = report.first_failure
+    assert first is not None and first.op == "blocks.0.mlp.hook_post", text
+    assert "implementation error at blocks.0.mlp.hook_post" in text
+    products = [op for op in report.ops if op.weight != "(GELU)"]
+    assert all(op.ok for op in products), text  # each product judged on llama.cpp's own (wrong) input
+    assert {op.op for op in report.ops if not op.ok} == {f"blocks.{L}.mlp.hook_post" for L in range(CFG.n_layers)}

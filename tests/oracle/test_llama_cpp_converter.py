@@ -13,36 +13,21 @@ import numpy as np
 import pytest
 
 import refgpt
-from refgpt import Config
 
 pytestmark = [pytest.mark.peer, pytest.mark.slow]  # torch and transformers run the converter, ~10 s a file
 
 pytest.importorskip("torch", reason="llama.cpp's converter imports torch (the peers extra)")
 pytest.importorskip("transformers", reason="llama.cpp's converter reads the tokenizer with transformers")
 
-CFG = Config(d_model=64, n_layers=2, n_heads=4, d_mlp=256, d_vocab=50257, n_ctx=32)  # the converter: d_mlp = 4·d_model
 #: --outtype → the type of the weight matrices in the file
 OUTTYPES = {"f32": "F32", "f16": "F16", "q8_0": "Q8_0"}
 
 
-def gpt2_tokenizer_model(seed: int = 21) -> refgpt.Model:
-    """A random GPT-2 of CFG's shape, tied (as the converter writes one matrix), with GPT-2's tokenizer."""
-    from random_models import random_params
-    from tl_port import TOKENIZER_DIR, tokenizer_files_or_skip
-
-    tokenizer_files_or_skip()
-    params = random_params(CFG, seed)
-    params["unembed.W_U"] = params["embed.W_E"].T.copy()  # [d_model, d_vocab]
-    model = refgpt.Model(CFG, params)
-    model.tokenizer = refgpt.Tokenizer.from_dir(TOKENIZER_DIR)
-    return model
-
-
 def converted_files(tmp_path) -> tuple[refgpt.Model, dict[str, object]]:
     """(the float32 checkpoint's model, {outtype: the converter's GGUF file})."""
-    from llama_cpp_source import convert
+    from llama_cpp_source import convert, converter_model
 
-    hf = refgpt.save(gpt2_tokenizer_model(), tmp_path / "hf", dtype="float32")
+    hf = refgpt.save(converter_model(), tmp_path / "hf", dtype="float32")
     return refgpt.load(hf), {t: convert(hf, t, tmp_path / f"converted.{t}.gguf") for t in OUTTYPES}
 
 
