@@ -119,6 +119,40 @@ def linear_bound(x: np.ndarray, W: np.ndarray, b: np.ndarray | None, weight_type
     return reference, bound
 
 
+def int8_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """CTranslate2's int8 rounding of activation rows x [rows, n] (its CPU ``quantize_s8``): per row
+    a = 127 / max|x| in float32 (1 for a zero row), q = round(x·a) half to even, the product x·a
+    rounded to float32 first. Returns (q as float64 integers [rows, n], a [rows] float32)."""
+    x32 = np.ascontiguousarray(x, dtype=np.float32)  # [rows, n]
+    amax = np.abs(x32).max(axis=-1)  # [rows]
+    a = np.where(amax != 0, np.float32(127) / np.where(amax != 0, amax, 1), 1).astype(np.float32)  # [rows]
+    return np.rint(x32 * a[:, None]).astype(np.float64), a
+
+
+def int8_linear_bound(q: np.ndarray, a: np.ndarray, W_q: np.ndarray, w_scale: np.ndarray,
+                      b: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(reference, bound) for CTranslate2's int8 product of activation rows already rounded to
+    integers q [rows, d_in] with row scales a [rows] (``int8_rows``), by int8 weights W_q [d_out, d_in]
+    with row scales w_scale [d_out] (the weight stands for W_q / w_scale), plus bias b [d_out].
+
+    CTranslate2 accumulates c = Σ q·W_q in int32 — exactly (|c| ≤ 127²·d_in < 2³¹) — and its epilogue
+    (``dequantize_gemm_output``) computes y = fl(fl(fl(c)·fl(1/a)) / w_scale) (+ b, one more rounding):
+    four float32 roundings of c/(a·w_scale), none of a sum. The reference is c/(a·w_scale) + b in
+    float64 (= x̂·W + b with x̂ = q/a: the product of the activations it rounded), and
+
+        |y − reference|  ≤  (γ_4 + 2⁻⁵¹)·|c/(a·w_scale)|  [+ u·(|reference| + γ_4·|c/(a·w_scale)|) with a bias]
+
+    (2⁻⁵¹: the reference's own two float64 roundings). The activations' rounding is not in it:
+    with the rows' q and a the product is fixed to the last bit but these four roundings."""
+    c = np.asarray(q, np.float64) @ np.asarray(W_q, np.float64).T  # [rows, d_out]: integers, exact in float64
+    exact = c / (np.asarray(a, np.float64)[:, None] * np.asarray(w_scale, np.float64))  # [rows, d_out]
+    bound = (float(bounds.gamma(4, U)) + 2.0**-51) * np.abs(exact)  # [rows, d_out]
+    if b is None:
+        return exact, bound
+    reference = exact + np.asarray(b, np.float64)  # [rows, d_out]
+    return reference, bound + U * (np.abs(reference) + bound)
+
+
 @dataclass
 class OpVerdict:
     """One matrix product judged on the candidate's own input."""
@@ -223,11 +257,14 @@ def gelu_bound(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return reference, moved + eps + U16 * (np.abs(reference) + moved + eps) + 2.0**-25
 
 
-def _verdict(op: str, weight: str, weight_type: str, y, reference, bound) -> OpVerdict:
-    ratio = np.abs(y - reference) / bound
+def op_verdict(op: str, weight: str, weight_type: str, y, reference, bound) -> OpVerdict:
+    """The verdict on ``y`` against (reference, bound): its worst |y − reference| / bound and where
+    (an element equal to its reference is within any bound, 0 included)."""
+    error = np.abs(y - reference)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(error == 0, 0, error / bound)
     at = np.unravel_index(int(np.nanargmax(np.where(np.isnan(ratio), np.inf, ratio))), ratio.shape)
-    return OpVerdict(op, weight, weight_type, float(ratio[at]), tuple(int(i) for i in at),
-                     float(abs(y - reference)[at]), float(bound[at]))
+    return OpVerdict(op, weight, weight_type, float(ratio[at]), tuple(int(i) for i in at), float(error[at]), float(bound[at]))
 
 
 def _resid_pre(candidate: dict, layer: int):
@@ -272,14 +309,14 @@ def judge_products(model, candidate: dict, quantization: dict[str, str]) -> list
             reference = reference + resid  # [rows, d_model]
             bound = bound * (1 + U) + U * np.abs(reference)
         op = y_names[0] if len(y_names) == 1 else y_names[0].rsplit(".", 1)[0] + ".hook_qkv"
-        verdicts.append(_verdict(op, gguf_name, weight_type, y, reference, bound))
+        verdicts.append(op_verdict(op, gguf_name, weight_type, y, reference, bound))
         pre, post = f"blocks.{layer}.mlp.hook_pre", f"blocks.{layer}.mlp.hook_post"
         if y_names == (pre,) and post in candidate:
             if np.shape(candidate[post]) != np.shape(candidate[pre]):
                 raise RefGPTError(f"{post} {list(np.shape(candidate[post]))}: not the shape of {pre} "
                                   f"{list(np.shape(candidate[pre]))}")
             reference, bound = gelu_bound(candidate[pre])
-            verdicts.append(_verdict(post, "(GELU)", "-", np.asarray(candidate[post], np.float64), reference, bound))
+            verdicts.append(op_verdict(post, "(GELU)", "-", np.asarray(candidate[post], np.float64), reference, bound))
     return verdicts
 
 
@@ -375,5 +412,5 @@ def format_split(report: SplitReport, limit: int | None = None) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["LLAMA_CPP_INPUTS", "LLAMA_CPP_NAMES", "OpVerdict", "from_llama_cpp", "gelu_bound", "SplitReport", "TensorSplit", "format_split", "judge_products", "linear_bound", "nmse",
+__all__ = ["LLAMA_CPP_INPUTS", "LLAMA_CPP_NAMES", "OpVerdict", "from_llama_cpp", "gelu_bound", "int8_linear_bound", "int8_rows", "op_verdict", "SplitReport", "TensorSplit", "format_split", "judge_products", "linear_bound", "nmse",
            "products", "round_activations", "snr_db", "split"]

@@ -163,3 +163,25 @@ def test_goldens_and_candidates_that_do_not_fit_are_refused(setup):
         split(float_golden, quantized_golden, {**ours, "blocks.0.mlp.hook_pre": ours["blocks.0.mlp.hook_pre"][:, :3]}, model)
     with pytest.raises(RefGPTError, match="other tensor types"):
         split(float_golden, quantized_golden, ours, files["Q4_0"][1])
+
+
+def test_ctranslate2s_int8_product_is_within_its_bound_and_a_saturating_gemm_is_not():
+    """CTranslate2's int8 product (activations per row to int8, int32 sums, a float32 epilogue),
+    computed as its kernels do (tests/quantized_port.py), is within int8_linear_bound on random
+    rows; with the pair sums saturated to int16 (a u8×s8 GEMM without VNNI) it is out of it."""
+    from quantized_port import ct2_int8_product
+    from refgpt.oracle.quantized import int8_linear_bound, int8_rows, op_verdict
+
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((16, 64)).astype(np.float32)  # [rows, d_in]
+    W = rng.standard_normal((96, 64))  # [d_out, d_in]
+    bias = rng.standard_normal(96).astype(np.float32)  # [d_out]
+    w_scale = (np.float32(127) / np.abs(W).max(axis=1).astype(np.float32)).astype(np.float32)  # [d_out]
+    W_q = np.rint(W * w_scale[:, None]).astype(np.int8)  # [d_out, d_in]
+    q, a = int8_rows(x)
+    assert np.abs(q).max() == 127 and np.all(np.abs(q / a[:, None] - x) <= 0.5 / a[:, None] * (1 + 1e-6))
+    for b in (None, bias):
+        reference, bound = int8_linear_bound(q, a, W_q, w_scale, b)
+        assert op_verdict("y", "W", "int8", ct2_int8_product(q, a, W_q, w_scale, b), reference, bound).ok
+        wrong = ct2_int8_product(q, a, W_q, w_scale, b, saturate=True)
+        assert not op_verdict("y", "W", "int8", wrong, reference, bound).ok
