@@ -15,6 +15,8 @@ last graph tensor's."""
 from __future__ import annotations
 
 import os
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -27,6 +29,7 @@ from refgpt.oracle.quantized import format_split, from_llama_cpp, split
 pytestmark = pytest.mark.skipif(os.environ.get("REFGPT_LLAMA_CPP", "") != "long",
                                 reason="REFGPT_LLAMA_CPP=long runs llama.cpp (llama-cpp-python builds it from source)")
 
+ROOT = Path(__file__).resolve().parents[2]
 CFG = Config(d_model=64, n_layers=2, n_heads=4, d_mlp=256, d_vocab=320, n_ctx=32)
 TOKENS = [5, 200, 17, 42, 300, 9, 77, 1]
 
@@ -62,6 +65,10 @@ def test_llama_cpp_is_within_every_bound_and_its_quantization_error_is_reported(
     assert len(report.ops) == 5 * CFG.n_layers + 1
     logits = next(t for t in report.tensors if t.name == "logits")
     assert logits.implementation_nmse is not None and logits.quantization_nmse is not None
+    if kind == "Q4_0":  # docs/oracle.md's llama.cpp example is this run's
+        shown = re.findall(r"```text\n(.*?)```", (ROOT / "docs" / "oracle.md").read_text(encoding="utf-8"), flags=re.S)[-1]
+        printed = format_split(report).splitlines()
+        assert all(line in printed for line in shown.splitlines() if line != "..."), shown
     if kind == "F32":
         assert logits.quantization_nmse < 1e-12  # float32-rounded weights only
 
