@@ -65,6 +65,7 @@ def test_ctranslate2_int8s_logits_are_judged_locally_as_an_int8_product(converte
     with a saturating int16 GEMM (tests/quantized_port.py), on the quantized golden's input, is out
     of it, and named at the logits as an implementation error."""
     from quantized_port import ct2_int8_product
+    from refgpt import RefGPTError
     from refgpt.oracle.ctranslate2_file import judge_int8_logits, read_variables
     from refgpt.oracle.quantized import int8_rows
 
@@ -79,6 +80,10 @@ def test_ctranslate2_int8s_logits_are_judged_locally_as_an_int8_product(converte
     assert judge_int8_logits(tmp / "int8", ct2_int8_product(q, a, W_q, w_scale)[None]).ok
     wrong = judge_int8_logits(tmp / "int8", ct2_int8_product(q, a, W_q, w_scale, saturate=True)[None])
     assert not wrong.ok and wrong.op == "logits", wrong
+    with pytest.raises(RefGPTError, match="is not stored as int8"):
+        judge_int8_logits(tmp / "float32", _logits(tmp / "float32", tokens, "float32"))
+    with pytest.raises(RefGPTError, match="do not fit the projection"):
+        judge_int8_logits(tmp / "int8", np.zeros((1, 2, 7)))
 
 
 def test_ctranslate2_float32_is_refgpts_model_to_float32_rounding(converted):
