@@ -92,14 +92,9 @@ def convert(hf_dir: Path, outtype: str, outfile: Path) -> Path:
     return outfile
 
 
-def patched_libraries() -> tuple[Path, float | None]:
-    """(directory of libllama.so and its libggml*, seconds the build took or None if it was kept
-    from an earlier run): llama.cpp's libraries built from the source package with ``PATCH``."""
+def patched_source() -> Path:
+    """A copy of the source package's llama.cpp with ``PATCH`` applied (made once)."""
     tree = source_or_skip()
-    build = CACHE / "build-gelu-patch"
-    lib = build / "bin"
-    if (lib / "libllama.so").is_file() and (lib / "libggml-cpu.so").is_file():
-        return lib, None
     source = CACHE / "llama.cpp-gelu-patch"
     if not source.is_dir():
         shutil.copytree(tree, source)
@@ -109,6 +104,17 @@ def patched_libraries() -> tuple[Path, float | None]:
         assert text.count(PATCH[0]) == 1, f"{PATCH_FILE}: the line to patch is not unique"
         kernel.write_text(text.replace(PATCH[0], PATCH[1]))
     assert PATCH[1] in kernel.read_text(), f"{PATCH_FILE} no longer has {PATCH[0]!r}"
+    return source
+
+
+def patched_libraries() -> tuple[Path, float | None]:
+    """(directory of libllama.so and its libggml*, seconds the build took or None if it was kept
+    from an earlier run): llama.cpp's libraries built from the source package with ``PATCH``."""
+    build = CACHE / "build-gelu-patch"
+    lib = build / "bin"
+    if (lib / "libllama.so").is_file() and (lib / "libggml-cpu.so").is_file():
+        return lib, None
+    source = patched_source()
     start = time.monotonic()
     subprocess.run(["cmake", "-S", str(source), "-B", str(build), *BUILD_FLAGS], check=True, capture_output=True,
                    timeout=600)

@@ -74,6 +74,7 @@ def test_llama_cpp_is_within_every_bound_and_its_quantization_error_is_reported(
 
 
 @pytest.mark.peer  # the converter runs on torch and transformers
+@pytest.mark.slow
 @pytest.mark.parametrize("outtype", ["f32", "f16", "q8_0"])
 def test_llama_cpp_on_its_own_converters_file_is_within_every_bound(tmp_path, outtype):
     """The file llama.cpp's converter writes from refgpt's checkpoint (tests/oracle/test_llama_cpp_converter.py),
@@ -96,6 +97,7 @@ def test_llama_cpp_on_its_own_converters_file_is_within_every_bound(tmp_path, ou
     assert len(report.ops) == 5 * CONVERTER_CFG.n_layers + 1
 
 
+@pytest.mark.slow  # the first run builds llama.cpp's libraries
 @pytest.mark.parametrize("kind", ["F32", "Q8_0", "Q4_0"])
 def test_a_bug_planted_in_llama_cpps_gelu_kernel_is_named_at_its_op_as_an_implementation_error(tmp_path, float_golden, kind):
     """llama.cpp's libraries built from the source package with GELU's coefficient 0.044715 mistyped
