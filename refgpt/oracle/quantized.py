@@ -405,12 +405,16 @@ def format_split(report: SplitReport, limit: int | None = None) -> str:
     for op in report.ops:
         lines.append(f"{op.op:30} {op.weight:26} {op.weight_type:5} {op.worst:20.3g}  {'ok' if op.ok else 'IMPLEMENTATION ERROR'}")
     first = report.first_failure
+
+    def what(op: OpVerdict) -> str:
+        return "GELU" if op.weight == "(GELU)" else f"{op.weight}, {op.weight_type}"
+
     lines.append("")
     lines.append("every product within its bound: the differences from the float golden are the quantization's"
                  if first is None else
-                 f"implementation error at {first.op} ({first.weight}, {first.weight_type}): |candidate − reference| = "
+                 f"implementation error at {first.op} ({what(first)}): |candidate − reference| = "
                  f"{first.error:.3g} at {list(first.where)}, {first.worst:.3g}× the bound {first.allowed:.3g} for a "
-                 f"correct ggml product — a bug in the kernel, not the quantization")
+                 f"correct ggml {'GELU' if first.weight == '(GELU)' else 'product'} — a bug in the kernel, not the quantization")
     return "\n".join(lines)
 
 
