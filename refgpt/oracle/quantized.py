@@ -50,7 +50,7 @@ import numpy as np
 
 from ..errors import RefGPTError
 from ..files.ggml_blocks import TYPES, dequantize, quantize
-from ..reference import bounds
+from ..reference import bounds, local
 from ..reference.compare import UNIT_ROUNDOFF
 from ..reference.gpt2 import gelu_new
 
@@ -269,6 +269,20 @@ def op_verdict(op: str, weight: str, weight_type: str, y, reference, bound) -> O
     return OpVerdict(op, weight, weight_type, float(ratio[at]), tuple(int(i) for i in at), float(error[at]), float(bound[at]))
 
 
+def layer_norm_bound(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray]:
+    """(reference, bound) for a float32 LayerNorm's output w ⊙ x̂ + b [pos, d] on the candidate's
+    own input x [pos, d] (ggml: norm, then mul and add): the reference room's L7 at float32
+    (refgpt/reference/local.py) — x̂'s bound B — pushed through |w|, plus the output's own rounding
+    (``local.layer_norm_out`` on |x̂| + B) and L0's underflow allowance. ggml's 1/σ times ĉ is as
+    many roundings as ĉ/σ stored."""
+    prec = local.PRECISIONS["float32"]
+    x = np.asarray(x, np.float64).reshape(-1, np.shape(x)[-1])  # [rows, d]
+    w, b = np.asarray(w, np.float64), np.asarray(b, np.float64)  # [d]
+    x_hat, bound = local.layer_norm(x, w, b, eps, prec)["hook_normalized"]  # [rows, d]
+    _, out_bound = local.layer_norm_out(np.abs(x_hat) + bound, w, b, prec)  # [rows, d]
+    return x_hat * w + b, np.abs(w) * bound + out_bound + prec.tiny
+
+
 def _resid_pre(candidate: dict, layer: int):
     """The residual stream entering block ``layer``: its hook_resid_pre, or the previous block's
     hook_resid_post (llama.cpp names l_out-(L−1), not the next block's input)."""
@@ -288,8 +302,18 @@ def judge_products(model, candidate: dict, quantization: dict[str, str]) -> list
     the bound B·(1 + u) + u·|p + r|, B the product's bound (the last addition rounds once, at
     |y + r| ≤ |p + r| + B)."""
     verdicts = []
-    for x_name, y_names, gguf_name, weights, biases in products(model.cfg.n_layers, "output.weight" not in quantization):
+    n_layers, params = model.cfg.n_layers, model.params
+    for x_name, y_names, gguf_name, weights, biases in products(n_layers, "output.weight" not in quantization):
         layer = int(x_name.split(".")[1]) if x_name.startswith("blocks.") else None
+        if x_name.endswith(("ln1.out", "ln2.out")) or x_name == "ln_final.out":
+            stream = (_resid_pre(candidate, layer) if x_name.endswith("ln1.out") else
+                      candidate.get(f"blocks.{layer}.hook_resid_mid") if x_name.endswith("ln2.out") else
+                      candidate.get(f"blocks.{n_layers - 1}.hook_resid_post"))
+            if stream is not None and x_name in candidate:
+                ln = x_name.rsplit(".", 1)[0]
+                reference, bound = layer_norm_bound(stream, params[ln + ".w"], params[ln + ".b"], model.cfg.eps)
+                y = np.asarray(candidate[x_name], np.float64).reshape(reference.shape)
+                verdicts.append(op_verdict(x_name, "(LayerNorm)", "-", y, reference, bound))
         span = (x_name.endswith("attn.hook_z") and y_names[0] not in candidate
                 and f"blocks.{layer}.hook_resid_mid" in candidate and _resid_pre(candidate, layer) is not None)
         if span:
@@ -319,6 +343,12 @@ def judge_products(model, candidate: dict, quantization: dict[str, str]) -> list
                                   f"{list(np.shape(candidate[pre]))}")
             reference, bound = gelu_bound(candidate[pre])
             verdicts.append(op_verdict(post, "(GELU)", "-", np.asarray(candidate[post], np.float64), reference, bound))
+        a = f"blocks.{layer}."
+        if y_names == (a + "hook_mlp_out",) and all(a + n in candidate for n in ("hook_resid_mid", "hook_resid_post")):
+            reference, bound = local.add(np.asarray(candidate[a + "hook_resid_mid"], np.float64).reshape(y.shape), y,
+                                         local.PRECISIONS["float32"])
+            y_post = np.asarray(candidate[a + "hook_resid_post"], np.float64).reshape(reference.shape)
+            verdicts.append(op_verdict(a + "hook_resid_post", "(add)", "-", y_post, reference, bound))
     return verdicts
 
 
@@ -407,16 +437,16 @@ def format_split(report: SplitReport, limit: int | None = None) -> str:
     first = report.first_failure
 
     def what(op: OpVerdict) -> str:
-        return "GELU" if op.weight == "(GELU)" else f"{op.weight}, {op.weight_type}"
+        return op.weight.strip("()") if op.weight.startswith("(") else f"{op.weight}, {op.weight_type}"
 
     lines.append("")
     lines.append("every product within its bound: the differences from the float golden are the quantization's"
                  if first is None else
                  f"implementation error at {first.op} ({what(first)}): |candidate − reference| = "
                  f"{first.error:.3g} at {list(first.where)}, {first.worst:.3g}× the bound {first.allowed:.3g} for a "
-                 f"correct ggml {'GELU' if first.weight == '(GELU)' else 'product'} — a bug in the kernel, not the quantization")
+                 f"correct ggml {what(first) if first.weight.startswith('(') else 'product'} — a bug in the kernel, not the quantization")
     return "\n".join(lines)
 
 
-__all__ = ["LLAMA_CPP_INPUTS", "LLAMA_CPP_NAMES", "OpVerdict", "from_llama_cpp", "gelu_bound", "int8_linear_bound", "int8_rows", "op_verdict", "SplitReport", "TensorSplit", "format_split", "judge_products", "linear_bound", "nmse",
+__all__ = ["LLAMA_CPP_INPUTS", "LLAMA_CPP_NAMES", "OpVerdict", "from_llama_cpp", "gelu_bound", "int8_linear_bound", "int8_rows", "layer_norm_bound", "op_verdict", "SplitReport", "TensorSplit", "format_split", "judge_products", "linear_bound", "nmse",
            "products", "round_activations", "snr_db", "split"]

@@ -41,7 +41,7 @@ def test_a_correct_port_passes_and_its_quantization_error_is_reported(setup, kin
     assert json.loads(quantized_golden.metadata["quantization"])["blk.0.ffn_up.weight"] == kind
     report = split(float_golden, quantized_golden, QuantizedPort(path).run(TOKENS), model)
     assert report.ok, format_split(report)
-    assert len(report.ops) == 5 * CFG.n_layers + 1  # every product and every GELU
+    assert len(report.ops) == 8 * CFG.n_layers + 2  # every product, LayerNorm, GELU and residual add after the MLP
     logits = next(t for t in report.tensors if t.name == "logits")
     assert logits.quantization_nmse > 0 and logits.implementation_nmse > 0
     # the port's own error (activations rounded to 8 bits, float32) is below the file's quantization
@@ -123,7 +123,7 @@ def test_llama_cpp_names_map_to_refgpts(setup):
     verdicts = judge_products(model, mapped, model.quantization)
     # llama.cpp names no tensor after W_O and b_O: W_O's product is judged as the span ending at resid_mid
     expected = [v.op.replace("hook_attn_out", "hook_resid_mid") for v in judge_products(model, ours, model.quantization)]
-    assert [v.op for v in verdicts] == expected and len(expected) == 5 * CFG.n_layers + 1
+    assert [v.op for v in verdicts] == expected and len(expected) == 8 * CFG.n_layers + 2
     assert all(v.ok for v in verdicts), [(v.op, v.worst) for v in verdicts]
     # a wrong attention output (a thousandth of b_O missing) is named at the span
     wrong = dict(mapped)
