@@ -189,4 +189,17 @@ def judge_int8_logits(directory, logits) -> OpVerdict:
     return op_verdict("logits", name, "int8", rows, reference, bound)
 
 
-__all__ = ["judge_int8_logits", "read_model", "read_variables"]
+def int8_logits_notes(directory, logits) -> list[str]:
+    """``compare --runtime ctranslate2``'s note on an int8 model's logits (``judge_int8_logits``);
+    none for a model whose projection is not int8."""
+    variables, aliases = read_variables(as_path(directory, "CTranslate2 directory") / "model.bin")
+    name = aliases.get("decoder/projection/weight", "decoder/projection/weight")
+    if name not in variables or variables[name].dtype != np.int8:
+        return []
+    verdict = judge_int8_logits(directory, logits)
+    return [f"CTranslate2 int8: the logits judged as an int8 product on the input recovered from them "
+            f"(docs/oracle.md): worst error / bound {verdict.worst:.3g} at {list(verdict.where)}, "
+            + ("within it" if verdict.ok else "an IMPLEMENTATION ERROR in its int8 GEMM, not the quantization")]
+
+
+__all__ = ["int8_logits_notes", "judge_int8_logits", "read_model", "read_variables"]

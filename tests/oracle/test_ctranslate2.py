@@ -86,6 +86,16 @@ def test_ctranslate2_int8s_logits_are_judged_locally_as_an_int8_product(converte
         judge_int8_logits(tmp / "int8", np.zeros((1, 2, 7)))
 
 
+def test_compare_runs_ctranslate2_int8_and_notes_its_logits_local_verdict(converted, tmp_path, capsys):
+    from refgpt.cli import main
+
+    tmp, _ = converted
+    golden.write(tmp_path / "q.safetensors", golden.make(read_model(tmp / "int8"), np.array([TOKENS]), command=["test"]))
+    main(["compare", str(tmp_path / "q.safetensors"), str(tmp / "int8"), "--runtime", "ctranslate2"])
+    out = capsys.readouterr().out
+    assert "CTranslate2 int8: the logits judged as an int8 product" in out and "within it" in out, out
+
+
 def test_ctranslate2_float32_is_refgpts_model_to_float32_rounding(converted):
     """The reader maps every variable where CTranslate2 runs it: at float32 nothing but rounding is left."""
     tmp, tokens = converted
