@@ -92,7 +92,8 @@ def add_parser(subparsers):
                    "(checked against its recorded weights_sha256; default: the embedded model, if it is that one)")
     p.add_argument("--local-bound", choices=("worst", "probabilistic"), default="worst",
                    help="with --local: the long sums' bound, worst case (default) or Higham & Mary's "
-                        "probabilistic one (exceeded with probability ≤ 1e-9 per sum)")
+                        "probabilistic one (exceeded with probability ≤ 1e-9 per sum); the vocabulary's sums "
+                        "(log_probs, probs, the loss) are always judged by the probabilistic one")
     p.add_argument("--runtime", choices=tuple(RUNTIMES),
                    help="the engine that runs a model CANDIDATE: onnxruntime (the default for an .onnx file) or "
                         "tinygrad for an .onnx file, ctranslate2 for a CTranslate2 model directory, mlx for an HF "
