@@ -130,7 +130,10 @@ def _run_model(args):
     if (RUNTIMES[runtime] == ".onnx") != str(args.candidate).endswith(".onnx"):
         args.usage_error(f"--runtime {runtime} runs {'an .onnx file' if RUNTIMES[runtime] == '.onnx' else 'a model directory'}")
     if runtime == "ctranslate2":
+        from ..oracle.ctranslate2_file import int8_logits_notes
+
         captured, notes = ctranslate2_model.capture(args.candidate, golden.tensors["tokens"])
+        notes += int8_logits_notes(args.candidate, captured["logits"])
     elif runtime == "mlx":
         captured, notes = mlx_model.capture(args.candidate, golden.tensors["tokens"], cfg.n_layers)
     else:
