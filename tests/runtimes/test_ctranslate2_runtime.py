@@ -29,6 +29,19 @@ def test_the_embedded_model_in_ctranslate2_float32_passes(tmp_path, refgpt_cli):
     assert (tmp_path / "captured.safetensors").is_file()
 
 
+@pytest.mark.slow
+def test_a_random_model_of_gpt2_small_shape_in_ctranslate2_float32_passes(gpt2_small_saved, tmp_path, refgpt_cli):
+    from ctranslate2.converters import TransformersConverter
+
+    golden_path, directory = gpt2_small_saved
+    TransformersConverter(str(directory)).convert(str(tmp_path / "ct2"), quantization="float32")
+    result = refgpt_cli.in_process("compare", golden_path, tmp_path / "ct2", "--runtime", "ctranslate2", "--json")
+    assert result.stderr == "", result.stderr
+    report = json.loads(result.stdout)
+    assert result.returncode == 0 and report["ok"], report["first_divergence"]
+    assert [t["name"] for t in report["tensors"]] == ["tokens", "logits"]
+
+
 def test_a_directory_without_model_bin_is_refused_in_one_line(tmp_path, refgpt_cli):
     assert refgpt_cli.in_process("golden", "To be", "-o", tmp_path / "g.safetensors").returncode == 0
     (tmp_path / "empty").mkdir()

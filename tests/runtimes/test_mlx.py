@@ -54,6 +54,17 @@ def test_the_embedded_model_in_mlx_passes(tmp_path, refgpt_cli):
     assert result.returncode == 0 and report["ok"], report["first_divergence"]
 
 
+@pytest.mark.slow
+def test_a_random_model_of_gpt2_small_shape_in_mlx_passes(gpt2_small_saved, tmp_path, refgpt_cli):
+    golden_path, directory = gpt2_small_saved
+    _hub_layout(refgpt.load(directory), tmp_path / "hub")
+    result = refgpt_cli.in_process("compare", golden_path, tmp_path / "hub", "--runtime", "mlx", "--json")
+    assert result.stderr == "", result.stderr
+    report = json.loads(result.stdout)
+    assert result.returncode == 0 and report["ok"], report["first_divergence"]
+    assert {"blocks.11.ln2.out", "blocks.11.mlp.hook_post", "blocks.11.hook_attn_out"} <= {t["name"] for t in report["tensors"]}
+
+
 def test_one_block_s_attention_scale_is_named_at_that_block_s_attention(small_mlx):
     golden_path, directory = small_mlx
     g = golden.read(golden_path)

@@ -19,16 +19,10 @@ pytest.importorskip("transformers", reason="exporting needs transformers (the pe
 import onnx  # noqa: E402
 
 import refgpt  # noqa: E402
-from onnx_graphs import GPT2_SMALL, epsilon_times_100, exported, gelu_in_erf_form  # noqa: E402
+from onnx_graphs import epsilon_times_100, gelu_in_erf_form  # noqa: E402
 from refgpt.files.default_model import default_model_path  # noqa: E402
 from refgpt.oracle import golden  # noqa: E402
 from refgpt.runtimes import onnx_model  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def gpt2_small(tmp_path_factory):
-    # GPT-2's own initialisation scale (0.02), LayerNorm gains 1 + N(0, 0.02²), biases N(0, 0.02²)
-    return exported(tmp_path_factory, GPT2_SMALL, "gpt2_small", 0.02, 4)
 
 
 def _judged(golden_path, onnx_path, refgpt_cli, *more):

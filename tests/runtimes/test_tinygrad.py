@@ -34,6 +34,13 @@ def test_tinygrad_runs_a_correct_graph_within_tolerance(small, refgpt_cli):
     assert {"blocks.3.ln2.hook_scale", "blocks.3.attn.hook_pattern", "logits"} <= {t["name"] for t in report["tensors"]}
 
 
+@pytest.mark.slow
+def test_tinygrad_runs_a_correct_graph_of_gpt2_small_shape_within_tolerance(gpt2_small, refgpt_cli):
+    code, report = _judged(refgpt_cli, *gpt2_small)
+    assert code == 0 and report["ok"], report["first_divergence"]
+    assert {"blocks.11.ln2.hook_scale", "blocks.11.attn.hook_pattern", "logits"} <= {t["name"] for t in report["tensors"]}
+
+
 @pytest.mark.skipif(os.environ.get("REFGPT_RUNTIMES") != "long", reason="minutes of kernel compiling: REFGPT_RUNTIMES=long")
 def test_tinygrad_on_a_graph_with_layernorm_epsilon_times_100_names_that_layernorm(small, tmp_path, refgpt_cli):
     bad = epsilon_times_100(small[1], tmp_path / "eps.onnx", 5)  # blocks.2.ln2
