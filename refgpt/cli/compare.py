@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
+
 from .. import strict_json
 from ..errors import RefGPTError
 from ..files.checkpoint import load
@@ -115,36 +117,61 @@ def _golden(args):
     if cfg is None or "tokens" not in golden.tensors:
         raise RefGPTError(f"{args.reference}: a model candidate runs on the golden's tokens with the golden's "
                           f"config: REFERENCE must be a golden file written by `refgpt golden`")
-    if any(k.startswith("step.") for k in golden.tensors) or "attention_mask" in golden.tensors:
-        raise RefGPTError(f"{args.reference}: a decode or padded golden; a model candidate is run on one "
-                          f"unpadded forward pass (make the golden without --generate/padding)")
     return golden
 
 
 def _run_model(args):
     """Run the model CANDIDATE on the golden's tokens: (the golden, its tensors under refgpt's names,
     notes, and for TransformerLens 4's bridge every group of its names (tl_bridge.groups), else None)."""
-    from ..runtimes import ctranslate2_model, mlx_model, onnx_model, tl_bridge
+    from ..runtimes import ctranslate2_model, mlx_model, onnx_model, steps, tl_bridge
 
     golden = _golden(args)
     cfg = golden.config
     runtime = args.runtime or "onnxruntime"
     if (RUNTIMES[runtime] == ".onnx") != str(args.candidate).endswith(".onnx"):
         args.usage_error(f"--runtime {runtime} runs {'an .onnx file' if RUNTIMES[runtime] == '.onnx' else 'a model directory'}")
-    grouped = None
-    if runtime == "ctranslate2":
-        captured, notes = ctranslate2_model.capture(args.candidate, golden.tensors["tokens"])
-    elif runtime == "mlx":
-        captured, notes = mlx_model.capture(args.candidate, golden.tensors["tokens"], cfg.n_layers)
-    elif runtime == "transformer-lens":
-        grouped, notes = tl_bridge.capture(args.candidate, golden.tensors["tokens"], cfg.n_layers)
-        captured = {name: value for name, (_, value) in grouped[0].items()}
-    else:
-        captured, notes = onnx_model.capture(args.candidate, golden.tensors["tokens"], cfg.n_layers, runtime)
+    tokens, mask = golden.tensors["tokens"], golden.tensors.get("attention_mask")
+    if mask is not None and RUNTIMES[runtime] != ".onnx":
+        raise RefGPTError(f"{args.reference}: a padded golden; --runtime {runtime} is fed the token ids alone, and a "
+                          f"padded row needs its attention_mask and position_ids (an ONNX graph with those inputs)")
+    ranges = steps.step_ranges(golden.tensors)
+    positions = (np.concatenate([golden.tensors[f"step.{S}.position_ids"] for S, _, _ in ranges], axis=1) if ranges
+                 else golden.tensors.get("position_ids")) if mask is not None else None  # [batch, pos]
+
+    def run(end=None):  # the pass over the first ``end`` positions: (groups of (name, tensor) dicts, notes)
+        cut = (lambda x: x) if end is None else (lambda x: None if x is None else np.asarray(x)[:, :end])
+        if runtime == "transformer-lens":
+            return tl_bridge.capture(args.candidate, cut(tokens), cfg.n_layers)
+        if runtime == "ctranslate2":
+            captured, notes = ctranslate2_model.capture(args.candidate, cut(tokens))
+        elif runtime == "mlx":
+            captured, notes = mlx_model.capture(args.candidate, cut(tokens), cfg.n_layers)
+        else:
+            captured, notes = onnx_model.capture(args.candidate, cut(tokens), cfg.n_layers, runtime,
+                                                 attention_mask=cut(mask), position_ids=cut(positions))
+        return [{name: (name, value) for name, value in captured.items()}], notes
+
+    if not ranges:
+        grouped, notes = run()
+    else:  # a decode golden: each step a pass over the sequence so far (refgpt/runtimes/steps.py)
+        grouped, notes = [], list(steps.NOTES)
+        for S, end, new in ranges:
+            more, step_notes = run(end)
+            notes += [n for n in step_notes if n not in notes]
+            for i, group in enumerate(more):
+                stepped = steps.as_step({k: v for k, (_, v) in group.items()}, S, new)
+                names = {f"step.{S}.{k}": bridge for k, (bridge, _) in group.items()}
+                while len(grouped) <= i:
+                    grouped.append({})
+                grouped[i].update({k: (f"step.{S}.{names[k]}", v) for k, v in stepped.items()})
+        grouped[0]["tokens"] = ("tokens", np.asarray(tokens))
+        grouped[0].update({k: (k, v) for k, v in steps.chosen(golden, {k: v for k, (_, v) in grouped[0].items()},
+                                                              ranges).items()})
+    captured = {name: value for name, (_, value) in grouped[0].items()}
     if args.save:
         golden_file.write(args.save, golden_file.Golden(captured, {
             "captured_from": str(args.candidate), "runtime": runtime}))
-    return golden, captured, notes, grouped
+    return golden, captured, notes, grouped if runtime == "transformer-lens" else None
 
 
 def _onnx_named(args):
