@@ -75,6 +75,18 @@ def test_one_block_s_attention_scale_is_named_at_that_block_s_attention(small_ml
     assert not report.ok and report.first_divergence.name == "blocks.2.hook_attn_out"
 
 
+@pytest.mark.slow
+def test_local_verdicts_judge_what_mlx_exposes_and_name_what_it_hides(small_mlx, refgpt_cli):
+    golden_path, directory = small_mlx
+    result = refgpt_cli.in_process("compare", golden_path, directory, "--runtime", "mlx", "--local", "--local-model",
+                                   golden_path.parent / "refgpt")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr
+    assert "OK: no op introduced an error beyond its bound" in result.stdout
+    hidden = next(line for line in result.stdout.splitlines() if line.startswith("local verdicts: "))
+    for op in ("q", "k", "v", "scores", "pattern", "z", "ln mean", "ln scale", "ln normalized"):
+        assert f" {op} ×" in hidden, hidden
+
+
 def test_refgpt_s_saved_layout_is_refused_by_mlx_lm_in_one_line(small_mlx, tmp_path, refgpt_cli):
     golden_path, _ = small_mlx
     saved = golden_path.parent / "refgpt"  # refgpt.save's keys: transformer.h.0…

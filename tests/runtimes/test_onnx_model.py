@@ -101,3 +101,20 @@ def test_a_graph_of_another_depth_is_refused_naming_its_layernorms(small):
     graph = onnx.load(str(small[1])).graph
     with pytest.raises(refgpt.RefGPTError, match="has 9 LayerNormalization nodes; a GPT-2 of 3 layers"):
         onnx_model.tensor_names(graph, 3)
+
+
+@pytest.mark.slow
+def test_local_verdicts_on_the_graph_name_the_op_and_what_onnx_hides(small, tmp_path, refgpt_cli):
+    golden_path, onnx_path = small
+    weights = onnx_path.parent / "model"
+    result = refgpt_cli.in_process("compare", golden_path, onnx_path, "--local", "--local-model", weights)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr
+    assert "OK: no op introduced an error beyond its bound" in result.stdout
+    n = 2 * 4 + 1  # LayerNormalization never exposes x̂: every LayerNorm's normalized is skipped
+    assert f"local verdicts: {n} ops skipped, their output or inputs hidden by the runtime: ln normalized ×{n}" \
+        in result.stdout
+    bad = epsilon_times_100(onnx_path, tmp_path / "eps.onnx", 5)  # blocks.2.ln2
+    result = refgpt_cli.in_process("compare", golden_path, bad, "--local", "--local-model", weights, "--json")
+    assert result.returncode == 1
+    first = json.loads(result.stdout)["local_first"]
+    assert (first["op"], first["name"]) == ("ln scale", "blocks.2.ln2.hook_scale")
