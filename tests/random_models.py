@@ -104,7 +104,9 @@ def save_checkpoint(model: Model, directory: Path, dtype=np.float32, tensors: di
     directory = Path(directory)
     if tensors is None and config is None:
         if model.cfg.tie_word_embeddings:
+            tokenizer = model.tokenizer
             model = Model(model.cfg, {**model.params, "unembed.W_U": model.params["embed.W_E"].T}, dtype=model.dtype)
+            model.tokenizer = tokenizer
         return refgpt.save(model, directory, dtype=dtype)
     directory.mkdir(parents=True, exist_ok=True)
     if tensors is None:

@@ -218,9 +218,7 @@ def run(args) -> int:
     options = dict(atol=args.atol, rtol=args.rtol, profile=args.profile, forward_only=args.forward_only,
                    judge_pads=args.judge_pads)
     if grouped is not None:  # TransformerLens 4's bridge: every name it caches, each judged
-        from ..runtimes import tl_bridge
-
-        report = tl_bridge.judge(reference, grouped, **options)
+        report = oracle.compare_groups(reference, grouped, **options)
     else:
         report = oracle.compare(reference, candidate, name_map="refgpt" if args.name_map == "onnx" else args.name_map,
                                 **options)

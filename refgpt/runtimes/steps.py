@@ -18,11 +18,13 @@ with ``attention_mask`` and ``position_ids`` inputs; any other is refused in one
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 
 from ..errors import RefGPTError
-from ..oracle.name_maps import split_step
+
+_STEP = re.compile(r"step\.(\d+)\.")  # a decode golden's names (refgpt/oracle/decode.py): step.S.<golden name>
 
 NOTES = ["decode steps run as passes over the sequence so far, along the golden's tokens: each step's new "
          "positions judged; the KV cache (attn.cache_k, attn.cache_v) is not a runtime pass's tensor and is not judged"]
@@ -31,7 +33,7 @@ NOTES = ["decode steps run as passes over the sequence so far, along the golden'
 def step_ranges(golden_tensors) -> list[tuple[int, int, int]]:
     """(step S, the sequence length after it, its new positions) for every step of a decode golden."""
     out, end = [], 0
-    steps = sorted({s for s in (split_step(n)[0] for n in golden_tensors) if s is not None})
+    steps = sorted({int(m.group(1)) for m in map(_STEP.match, golden_tensors) if m})
     for S in steps:
         if f"step.{S}.tokens" not in golden_tensors:
             raise RefGPTError(f"the decode golden has no step.{S}.tokens: remake it with `refgpt golden --generate`")

@@ -20,8 +20,8 @@ PYTHONPATH (``python -m refgpt.runtimes.tl_bridge``). refgpt's core never import
 (``blocks.L.attn.hook_out``, ``blocks.L.mlp.in.hook_out``, ``blocks.L.ln1.hook_out`` …) and, in
 compatibility mode, TransformerLens 3's (``blocks.L.hook_attn_out``, ``blocks.L.mlp.hook_pre`` …),
 which are refgpt's. ``BRIDGE_NAMES`` says which refgpt tensor each of its own names is. Every
-cached name is judged (``judge``): the first group holds one name per refgpt tensor (TL 3's where
-the bridge has it), each later group the names left over, so an alias that fires on the wrong
+cached name is judged (``refgpt.oracle.comparison.compare_groups``): the first group holds one name
+per refgpt tensor (TL 3's where the bridge has it), each later group the names left over, so an alias that fires on the wrong
 tensor (TransformerLens #1639: ``hook_attn_out`` holding the residual-added state) is named at its
 op and layer, and the report's notes name the bridge's hook.
 
@@ -189,36 +189,6 @@ def groups(cache: dict, tokens, n_layers: int) -> tuple[list[dict[str, tuple[str
     if "tokens" not in out[0]:
         out[0]["tokens"] = ("tokens", np.asarray(tokens, np.int64))  # [batch, pos]: what it ran on
     return out, notes
-
-
-def judge(reference, grouped: list[dict], **compare_options):
-    """One report over every group (``groups``): the first group's, with each later group's tensors
-    judged the same way and put in forward order after the first group's of the same name; a failing
-    tensor cached under a name that is not refgpt's is named in the notes by its bridge name."""
-    from ..oracle import comparison
-    from ..oracle.golden import read
-    from ..oracle.name_maps import forward_key
-
-    if isinstance(reference, (str, os.PathLike)):
-        reference = read(reference)
-    report = comparison.compare(reference, {k: v for k, (_, v) in grouped[0].items()}, **compare_options)
-    options = {**compare_options, "profile": report.tolerance["profile"]} if report.tolerance["profile"] else compare_options
-    tensors = [(t, grouped[0]) for t in report.tensors]
-    for group in grouped[1:]:
-        group = {k: v for k, v in group.items() if k in reference.tensors}  # the rest: report.unexpected
-        if not group:
-            continue
-        more = comparison.compare(reference, {k: v for k, (_, v) in group.items()}, **options)
-        tensors += [(t, group) for t in more.tensors]
-    tensors.sort(key=lambda tg: forward_key(tg[0].name))  # stable: the first group's first
-    report.tensors = [t for t, _ in tensors]
-    for t, group in tensors:
-        bridge_name = group.get(t.name, (t.name,))[0]
-        if not t.ok and bridge_name != t.name:
-            report.notes.append(f"{t.name} ({t.status}) is the bridge's hook {bridge_name}")
-    report.notes.append(f"TransformerLens 4's bridge cached {sum(len(g) for g in grouped)} tensors under "
-                        f"{len(grouped[0])} refgpt names: every one judged")
-    return report
 
 
 def capture(directory, tokens, n_layers: int, dtype: str = "float32"):

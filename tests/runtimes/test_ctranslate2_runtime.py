@@ -27,6 +27,11 @@ def test_the_embedded_model_in_ctranslate2_float32_passes(tmp_path, refgpt_cli):
     assert [t["name"] for t in report["tensors"]] == ["tokens", "logits"]
     assert report["logits"]["top1_agreement"] == 1.0
     assert (tmp_path / "captured.safetensors").is_file()
+    # locally nothing can be judged: every op's output or inputs are hidden, and the report says so
+    local = refgpt_cli.in_process("compare", tmp_path / "g.safetensors", tmp_path / "ct2", "--runtime", "ctranslate2",
+                                  "--local")
+    assert local.returncode == 0 and "(0 ops judged)" in local.stdout
+    assert "their output or inputs hidden by the runtime: embed ×2, residual ×" in local.stdout
 
 
 @pytest.mark.slow

@@ -31,6 +31,7 @@ from random_models import GPT2_SMALL, saved  # noqa: E402
 from refgpt.files.default_model import default_model_path  # noqa: E402
 from refgpt.gpt2.config import Config  # noqa: E402
 from refgpt.oracle import golden  # noqa: E402
+from refgpt.oracle.comparison import compare_groups  # noqa: E402
 from refgpt.runtimes import tl_bridge  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -75,6 +76,7 @@ def _every_hook_judged(report, n_layers):
     # every alias judged too: hook_attn_out is cached under four names (TL 3's, attn.hook_out, attn.o.hook_out,
     # attn.hook_hidden_states), ln1.out under five (ln1.hook_out and the inputs of attn, q, k, v)
     assert names.count("blocks.0.hook_attn_out") == 4 and names.count("blocks.0.ln1.out") == 5
+    assert len(names) == 40 * n_layers + 13  # 40 names per block, 13 outside the blocks (the returned logits too)
     # unjudged: LayerNorm's mean (the bridge caches none) and the loss (run_with_cache on tokens computes none)
     assert sorted(report["missing"]) == sorted([f"blocks.{layer}.ln{i}.hook_mean" for layer in range(n_layers)
                                                 for i in (1, 2)] + ["ln_final.hook_mean", "targets", "loss"])
@@ -108,7 +110,7 @@ def test_the_bridge_runs_float64_and_passes_at_float64_s_tolerance(with_tl4, sma
     g = golden.read(golden_path)
     grouped, _ = tl_bridge.capture(directory, g.tensors["tokens"], SMALL.n_layers, dtype="float64")
     assert grouped[0]["logits"][1].dtype == np.float64
-    report = tl_bridge.judge(g, grouped)
+    report = compare_groups(g, grouped)
     assert report.ok and report.tolerance["profile"] == "float64", report.table(failing=True)
 
 
@@ -123,7 +125,7 @@ def test_a_hook_aliased_to_the_residual_stream_is_named_at_its_op_and_layer(tl4_
     assert done.returncode == 0, done.stderr[-3000:]
     with np.load(tmp_path / "cache.npz") as z:
         cache = {name: z[name] for name in z.files}
-    report = tl_bridge.judge(g, tl_bridge.groups(cache, g.tensors["tokens"], SMALL.n_layers)[0])
+    report = compare_groups(g, tl_bridge.groups(cache, g.tensors["tokens"], SMALL.n_layers)[0])
     assert not report.ok
     first = report.first_divergence
     assert (first.name, first.layer) == ("blocks.2.hook_attn_out", 2)
