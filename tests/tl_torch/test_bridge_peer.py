@@ -20,13 +20,11 @@ positions (``pos_embed.hook_in``) are compared exactly.
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 import peers as P
 
@@ -39,14 +37,6 @@ from refgpt.runtimes import tl_bridge  # noqa: E402
 HERE = Path(__file__).resolve().parent
 
 refgpt_name = tl_bridge.refgpt_name  # the bridge's names → refgpt's: one home, refgpt/runtimes/tl_bridge.py
-
-
-@pytest.fixture(scope="module")
-def tl4_dir():
-    found, why = tl4.overlay()
-    if found is None:
-        pytest.skip(why)
-    return found
 
 
 def test_the_bridge_agrees_on_every_cached_activation(tl4_dir, tmp_path):

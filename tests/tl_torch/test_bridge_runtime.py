@@ -38,14 +38,6 @@ HERE = Path(__file__).resolve().parent
 SMALL = Config(d_model=32, n_layers=4, n_heads=4, d_mlp=128, d_vocab=50, n_ctx=16)
 
 
-@pytest.fixture(scope="module")
-def tl4_dir():
-    found, why = tl4.overlay()
-    if found is None:
-        pytest.skip(why)
-    return found
-
-
 @pytest.fixture
 def with_tl4(tl4_dir, monkeypatch):
     """REFGPT_TL4_DIR set to the overlay, as a user beside TransformerLens 3 sets it."""
