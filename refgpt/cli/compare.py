@@ -18,7 +18,10 @@ A CANDIDATE that is an ``.onnx`` file is a model, not a dump: refgpt runs it on 
 computes under refgpt's names (refgpt/runtimes/onnx_model.py) and judges those; a CTranslate2
 model directory with ``--runtime ctranslate2`` gives its logits, an HF directory with ``--runtime mlx``
 mlx-lm's GPT-2's module outputs, and with ``--runtime transformer-lens`` TransformerLens 4's bridge
-every hook it caches (refgpt/runtimes/tl_bridge.py). ``--save FILE`` keeps the captured
+every hook it caches (refgpt/runtimes/tl_bridge.py). A decode golden's steps are run as passes over
+the sequence so far (refgpt/runtimes/steps.py); a padded golden's rows only on a graph fed
+attention_mask and position_ids. ``--local`` walks the captured tensors and names the ops the
+runtime hides. ``--save FILE`` keeps the captured
 tensors as a safetensors file under refgpt's names. ``--map onnx --onnx model.onnx``: a candidate
 keyed by that graph's tensor names (a Polygraphy RunResults .json).
 Exit status 0 when everything is within tolerance, 1 otherwise.
@@ -65,7 +68,8 @@ def add_parser(subparsers):
                        examples=EXAMPLES)
     p.add_argument("reference", metavar="REFERENCE", help="golden file written by `refgpt golden`")
     p.add_argument("candidate", metavar="CANDIDATE", help=".safetensors or .npz (or an llm.c .bin with --map llmc: "
-                   "acts_memory, refgpt's llm.c dump, or a debug state)")
+                   "acts_memory, refgpt's llm.c dump, or a debug state); or a model, run on the golden's tokens: an "
+                   ".onnx file, or a model directory with --runtime")
     p.add_argument("--atol", type=non_negative_float, help="absolute tolerance (with --rtol: |c − r| ≤ atol + rtol·|r|)")
     p.add_argument("--rtol", type=non_negative_float, help="relative tolerance")
     p.add_argument("--profile", choices=sorted(oracle.UNIT_ROUNDOFF),
