@@ -14,6 +14,7 @@ pytest.importorskip("transformers", reason="CTranslate2's converter reads the HF
 from refgpt.files.default_model import default_model_path  # noqa: E402
 
 
+@pytest.mark.slow
 def test_the_embedded_model_in_ctranslate2_float32_passes(tmp_path, refgpt_cli):
     from ctranslate2.converters import TransformersConverter
 
