@@ -52,6 +52,8 @@ def hover(browser, element, x, y):
     """Move the real mouse to (x, y) px from the element's top-left corner (inside its border)."""
     from selenium.webdriver.common.action_chains import ActionChains
 
+    # WebDriver measures the offset from the centre of the element's part in view: bring all of it in view first
+    browser.js("arguments[0].scrollIntoView({block: 'center', inline: 'center'})", element)
     size = browser.js("const b = arguments[0].getBoundingClientRect(); return [b.width, b.height, "
                       "arguments[0].clientLeft, arguments[0].clientTop]", element)
     ActionChains(browser.driver).move_to_element_with_offset(
@@ -96,7 +98,7 @@ def test_clicking_a_head_enlarges_it_and_hovering_shows_the_weight_and_tokens(br
     _, cache = model.run_with_cache(TEXT)
     weight = cache["blocks.2.attn.hook_pattern"][0, 1, q, k]
     shown = float(text.rsplit(": ", 1)[1])
-    assert text.startswith(f"L2H1 · query {q} {json.dumps(tokens[q])} → key {k} {json.dumps(tokens[k])}: ")
+    assert text.startswith(f"L2H1 · query {q} {printable(tokens[q])} → key {k} {printable(tokens[k])}: ")
     assert abs(shown - weight) <= 0.5e-3 + 0.5e-3  # stored to 1e-3, shown to 3 decimals
     text = hover(browser, canvas, *cell_centre(browser, canvas, 1, 5))
     assert text.endswith("masked (0)")  # a key after its query
@@ -114,14 +116,14 @@ def test_hovering_a_lens_cell_shows_its_tokens_and_the_switches_redraw_it(browse
     s = len(streams) - 1 - row
     text = hover(browser, canvas, *cell_centre(browser, canvas, row, pos))
     lens = d["lens"]["logit"]
-    assert f"logit lens · stream {streams[s]} · position {pos} {json.dumps(d['tokens'][pos])}" in text
-    assert f"top {json.dumps(lens['top_token'][s][pos])} p={lens['top_prob'][s][pos]:.4f}" in text
+    assert f"logit lens · stream {streams[s]} · position {pos} {printable(d['tokens'][pos])}" in text
+    assert f"top {printable(lens['top_token'][s][pos])} p={lens['top_prob'][s][pos]:.4f}" in text
     assert f"rank {lens['target_rank'][s][pos]}" in text
     before = browser.js("return arguments[0].toDataURL()", canvas)
     find(browser, "#lens-kind-tuned").click()
     text = hover(browser, canvas, *cell_centre(browser, canvas, row, pos))
     tuned = d["lens"]["tuned"]
-    assert text.startswith("tuned lens") and f"top {json.dumps(tuned['top_token'][s][pos])}" in text
+    assert text.startswith("tuned lens") and f"top {printable(tuned['top_token'][s][pos])}" in text
     from selenium.webdriver.support.ui import Select
     Select(find(browser, "#lens-metric")).select_by_value("kl")
     assert browser.js("return arguments[0].toDataURL()", canvas) != before
@@ -136,7 +138,7 @@ def test_the_layernorm_view_shows_the_caches_statistics(browser, page, model):
     canvas = find(browser, "#ln-canvas")
     rows = 2 * model.cfg.n_layers + 1
     text = hover(browser, canvas, *cell_centre(browser, canvas, 0, 2))  # the top row is ln_final
-    assert text.startswith(f"ln_final · position 2 {json.dumps(built.data['tokens'][2])}: σ = ")
+    assert text.startswith(f"ln_final · position 2 {printable(built.data['tokens'][2])}: σ = ")
     assert float(text.rsplit("= ", 1)[1]) == pytest.approx(cache["ln_final.hook_scale"][0, 2, 0], rel=1e-4)
     from selenium.webdriver.support.ui import Select
     Select(find(browser, "#ln-view")).select_by_value("norm")
@@ -186,7 +188,7 @@ def test_the_steering_slider_changes_the_views(browser, page, model):
     sv = steering_vector(model, "Love", "Hate", 2, 1e6)
     steered = model.run_with_hooks(model.to_tokens(TEXT), fwd_hooks=sv)[0, pos]
     first = find(browser, "#steer-next .bar-row .name").text
-    assert first == json.dumps(model.to_single_str_token(int(np.argmax(steered))))
+    assert first == printable(model.to_single_str_token(int(np.argmax(steered))))
 
 
 def test_the_notebook_object_renders_in_its_iframe(browser, page, tmp_path):
@@ -238,7 +240,7 @@ def test_a_gpt2_small_shaped_page_at_256_tokens_works(browser, tmp_path):
     lens = find(browser, "#lens-canvas")
     text = hover(browser, lens, *cell_centre(browser, lens, 0, 255))
     top = built.data["lens"]["logit"]["top_token"][-1][255]
-    assert text.startswith("logit lens · stream final_post · position 255") and f"top {json.dumps(top)}" in text
+    assert text.startswith("logit lens · stream final_post · position 255") and f"top {printable(top)}" in text
     assert find(browser, "#attr-summary").get_attribute("class") == "ok"
 
 
@@ -477,8 +479,8 @@ def test_the_sae_view_draws_the_waterfall_by_feature_and_a_features_logits_and_a
         rows = browser.driver.find_elements("css selector", f"#sae-{side} .bar-row")
         assert [int(r.get_attribute("data-id")) for r in rows] == info[side]["ids"]
         assert [float(r.get_attribute("data-value")) for r in rows] == info[side]["values"]
-        assert [json.loads(r.find_element("css selector", ".name").text) for r in rows] == \
-            [d["token_strings"][str(t)] for t in info[side]["ids"]]
+        assert [r.find_element("css selector", ".name").text for r in rows] == \
+            [printable(d["token_strings"][str(t)]) for t in info[side]["ids"]]
     assert f"F{feature}" in find(browser, "#sae-feature-title").text
     assert "feature=" + str(feature) in browser.js("return location.hash")
     find(browser, "#sae").screenshot(str(tmp_path / "sae.png"))  # the view renders (docs/figures/explorer_sae.png)
@@ -595,7 +597,7 @@ def test_the_actual_next_token_target_and_a_clicked_bars_pushes(browser, page, m
         assert [float(r.get_attribute("data-value")) for r in rows] == pushes[side][k][5]
         assert [r.find_element("css selector", ".name").text for r in rows] == \
             [printable(pushes["token_strings"][str(t)], 10**6) for t in pushes[f"{side}_ids"][k][5]]
-    assert find(browser, "#attr-push-title").text.startswith('L3.mlp at position 5 " am", read through ln_final')
+    assert find(browser, "#attr-push-title").text.startswith('L3.mlp at position 5 ␣am, read through ln_final')
     assert "part=L3.mlp" in browser.js("return location.hash")
     find(browser, "#attr-target-page").click()
 

@@ -9,7 +9,7 @@
                   attrTarget: "page", part: "" };  // attrTarget "actual": the token that comes next; part: a clicked bar  // feature −1: the selected position's largest
   const $ = (id) => document.getElementById(id);
   const tip = $("tooltip");
-  const show = (s) => JSON.stringify(s);  // a token as a quoted string: spaces and newlines visible
+  const show = (s) => visible(s);  // every token on the page is written one way: visible, below
   // A token as one visible label, as refgpt.analysis.plots.printable writes it: ␣ for a space, ⏎ for a
   // newline, ⇥ for a tab, \xNN (\uNNNN) for a control or unprintable character (tests check both agree).
   const visible = (t) => [...t].map((ch) => ch === " " ? "\u2423" : ch === "\n" ? "\u23ce" : ch === "\t" ? "\u21e5"
