@@ -193,7 +193,7 @@ def run(args) -> int:
         print(report.to_json() if args.json else report.table(names=args.names, failing=args.failing))
         return 0 if report.ok else 1
     verdicts, skipped = local.judge_files(args.reference, args.candidate, _local_model(args), args.name_map,
-                                          args.profile, args.local_bound)
+                                          args.profile, args.local_bound, args.forward_only)
     if args.json:
         answer = json.loads(report.to_json())
         verdict = {"skipped": skipped, "local_first": None} if verdicts is None else verdicts.as_dict()

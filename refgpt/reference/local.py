@@ -166,17 +166,19 @@ def add(a, b, prec):
     return y, (prec.u_acc + prec.u_store * (1 + prec.u_acc) + U) * np.abs(y)
 
 
-def affine(x, W, b, spec, prec, kind=WORST, dx=None):
-    """L3: (x·W + b by einsum ``spec``, bound); ``dx`` a bound on x's own error (a span's input)."""
+def affine(x, W, b, spec, prec, kind=WORST, dx=None, scale=1.0):
+    """L3: (scale·(x·W) + b by einsum ``spec``, bound); ``dx`` a bound on x's own error (a span's
+    input); ``scale`` ≠ 1 (L9's ∂q, ∂k): applied to an operand or the product, and itself a rounded
+    constant: two more roundings at u_el for the port, one at U for float64."""
     k = int(np.prod([W.shape[i] for i in contracted(spec)]))
-    product = np.einsum(spec, x, W, optimize=True)  # [...] (optimize: by BLAS)
+    product = scale * np.einsum(spec, x, W, optimize=True)  # [...] (optimize: by BLAS)
     y = product + b  # [...]
-    magnitude = np.einsum(spec, np.abs(x), np.abs(W), optimize=True) + np.abs(b)  # [...]
-    sums = kind.g(k + 1, prec.u_acc) * magnitude  # [...] the port's accumulation
-    bound = sums * (1 + 2 * prec.u_store) + rounded(prec, product, y) + gamma(k + 1) * magnitude
+    magnitude = abs(scale) * np.einsum(spec, np.abs(x), np.abs(W), optimize=True) + np.abs(b)  # [...]
+    g = kind.g(k + 1, prec.u_acc) + (scale != 1) * 2 * prec.u_el  # the port's accumulation (and its ×scale)
+    bound = g * magnitude * (1 + 2 * prec.u_store) + rounded(prec, product, y) + gamma(k + 1 + (scale != 1)) * magnitude
     if dx is not None:  # x's own error pushed through |W|, and the port's sums and roundings of it
-        spread = kind.g(k + 1, prec.u_acc) * (1 + 2 * prec.u_store) + 2 * prec.u_store * (1 + prec.u_store)
-        bound = bound + (1 + spread) * np.einsum(spec, dx, np.abs(W), optimize=True)
+        spread = g * (1 + 2 * prec.u_store) + 2 * prec.u_store * (1 + prec.u_store)
+        bound = bound + (1 + spread) * abs(scale) * np.einsum(spec, dx, np.abs(W), optimize=True)
     return y, bound
 
 
@@ -204,9 +206,10 @@ def scores(q, k, scale, prec, kind=WORST):
     return np.where(future, -np.inf, y), np.where(future, np.inf, bound)
 
 
-def softmax(s, prec, kind=WORST):
-    """L5: (softmax of the port's scores, the causal mask applied, bound)."""
-    future = np.triu(np.ones(s.shape[-2:], dtype=bool), k=1)  # [query, key]
+def softmax(s, prec, kind=WORST, causal=True):
+    """L5: (softmax of the port's scores over the last axis, the causal mask applied unless not
+    ``causal`` (the logits' softmax of L12), bound)."""
+    future = np.triu(np.ones(s.shape[-2:], dtype=bool), k=1) & causal  # [query, key]
     s = np.where(future, -np.inf, s)  # [head, query, key]
     p = gpt2.softmax(s)  # [head, query, key]
     shifted = s - s.max(-1, keepdims=True)  # [head, query, key]
@@ -249,3 +252,67 @@ def gelu_new(pre, prec):
     """L8: (gelu_new of the port's pre, bound)."""
     return gpt2.gelu_new(pre), (bounds.gelu_new_error(pre, prec.u_el) + bounds.gelu_new_error(pre)
                                 + prec.u_store * np.abs(gpt2.gelu_new(pre)))
+
+
+# ---- the backward: each op's backward from the port's own upstream gradient and saved values ----
+
+
+def layer_norm_backward(grad, w, normalized, scale, prec, kind=WORST, dgrad=None, dnormalized=None):
+    """L10: (gpt2.layer_norm_backward's ∂x [pos, d] from the port's ∂out, x̂ and σ, bound);
+    ``dgrad``, ``dnormalized`` bounds on the port's ∂out and x̂ own errors (a span's input)."""
+    n = grad.shape[-1]
+    dx = gpt2.layer_norm_backward(grad, w, normalized, scale)[0]  # [pos, d_model]
+    g, xh = np.abs(grad * w), np.abs(normalized)  # [pos, d_model]
+    M = (g * xh).mean(-1, keepdims=True)  # [pos, 1]
+    K = (g + g.mean(-1, keepdims=True) + xh * M) / scale  # [pos, d_model]
+    K = K + K.mean(-1, keepdims=True)
+    formulas = (np.abs(normalized.mean(-1, keepdims=True)) + prec.u_el * xh.mean(-1, keepdims=True)) * M / scale
+    bound = ((kind.g(2 * n, prec.u_acc) + 8 * prec.u_el + gamma(2 * n + 6)) * K + formulas * (1 + 8 * prec.u_el)
+             + prec.u_store * np.abs(dx))
+    if dgrad is not None:  # the linear map of ∂out, in absolute values
+        e = np.abs(w) * dgrad  # [pos, d_model]
+        bound = bound + (1 + 8 * prec.u_el) * (e + e.mean(-1, keepdims=True) + xh * (e * xh).mean(-1, keepdims=True)) / scale
+    if dnormalized is not None:  # x̂ + δ: −(δ·mean(g x̂) + x̂·mean(g δ) + δ·mean(g δ))/σ, and mean(x̂)'s term
+        m = (g * dnormalized).mean(-1, keepdims=True)  # [pos, 1]
+        bound = bound + (1 + 8 * prec.u_el) * ((dnormalized + dnormalized.mean(-1, keepdims=True)) * (M + m)
+                                               + xh * m) / scale
+    return dx, bound
+
+
+def gelu_new_backward(pre, grad, prec):
+    """L8's backward: (∂post ⊙ gelu_new′(pre) from the port's pre and ∂post, bound): bounds.py §8 at
+    u_el with its three constants rounded, plus u_store·|y|."""
+    y = gpt2.gelu_new_backward(pre, grad)  # [pos, d_mlp]
+    return y, (bounds.gelu_new_backward_error(pre, grad, prec.u_el, constants=3)
+               + bounds.gelu_new_backward_error(pre, grad) + prec.u_store * np.abs(y))
+
+
+def softmax_backward(p, dp, prec, kind=WORST):
+    """L11: (p ⊙ (∂p − Σ p ⊙ ∂p) [head, query, key] from the port's pattern and ∂pattern, bound)."""
+    n = p.shape[-1]
+    weighted = (p * dp).sum(-1, keepdims=True)  # [head, query, 1]
+    y = p * (dp - weighted)  # [head, query, key]
+    M = (p * np.abs(dp)).sum(-1, keepdims=True)  # [head, query, 1]
+    e_sum = (kind.g(n, prec.u_acc) + 2 * prec.u_el) * M  # the products, their sum
+    size = np.abs(dp) + np.abs(weighted) + e_sum  # [head, query, key]
+    return y, p * ((e_sum + (2 * prec.u_el + prec.u_store) * size) * (1 + 3 * prec.u_el)
+                   + gamma(n + 1) * M + 3 * U * size)
+
+
+def cross_entropy_backward(logits, targets, count, prec, kind=WORST):
+    """L12: ((softmax(logits) − onehot(targets))/count [pos, d_vocab] from the port's logits, bound);
+    a position whose target is negative (−100) has none: 0."""
+    p, bound = softmax(logits, prec, kind, causal=False)  # [pos, d_vocab]
+    has = targets >= 0  # [pos]
+    p[has, targets[has]] -= 1
+    return np.where(has[:, None], p / count, 0.0), np.where(
+        has[:, None], (bound + (3 * prec.u_el + prec.u_store + 3 * U) * np.abs(p)) / count, 0.0)
+
+
+def scatter(tokens, grad, d_vocab, prec, kind=WORST):
+    """L13's ∂W_E: Σ of ∂embed [N, d] over the positions holding each token → [d_vocab, d], bound."""
+    y, M = np.zeros((d_vocab, grad.shape[-1])), np.zeros((d_vocab, grad.shape[-1]))  # [d_vocab, d_model]
+    np.add.at(y, tokens, grad)
+    np.add.at(M, tokens, np.abs(grad))
+    count = np.maximum(np.bincount(tokens, minlength=d_vocab), 1)[:, None]  # [d_vocab, 1]
+    return y, (kind.g(count, prec.u_acc) * (1 + prec.u_store) + gamma(count)) * M + prec.u_store * np.abs(y)
