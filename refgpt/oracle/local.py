@@ -401,12 +401,8 @@ def _ln_backward(walk, acts, prefix, x_name, upstream, reader, p, L, r, prec, su
     else:
         walk.skip(op, name, L, f"{G + prefix}out not dumped, nor {', '.join(reader[1])}")
         return
-    if prefix + "hook_normalized" in acts:
-        normalized, dnormalized = acts[prefix + "hook_normalized"], None
-    elif all(n in acts for n in (x_name, prefix + "hook_mean", prefix + "hook_scale")):
-        normalized = (acts[x_name] - acts[prefix + "hook_mean"]) / acts[prefix + "hook_scale"]  # [pos, d_model]
-        dnormalized = (gamma(2, prec.u_el) + 2 * rl.U) * np.abs(normalized)
-    else:
+    normalized, dnormalized = _normalized(acts, prefix, x_name, prec)
+    if normalized is None:
         walk.skip(op, name, L, f"{prefix}hook_normalized not dumped, nor {x_name}, {prefix}hook_mean")
         return
     needs = [prefix + "hook_scale"] + ([upstream] if upstream else [])
@@ -425,6 +421,17 @@ def _ln_backward(walk, acts, prefix, x_name, upstream, reader, p, L, r, prec, su
     _judged(walk, op, name, L, r, acts, needs, compute, sums)
 
 
+def _normalized(acts, prefix, x_name, prec):
+    """(x̂, None) as the port dumped it, or (x̂ = (x − μ)/σ from the port's x, μ and σ, and the bound
+    on the port's own x̂: llm.c's (x − μ)·rstd, two roundings at u_el), or (None, None)."""
+    if prefix + "hook_normalized" in acts:
+        return np.asarray(acts[prefix + "hook_normalized"], np.float64), None
+    if all(n in acts for n in (x_name, prefix + "hook_mean", prefix + "hook_scale")):
+        normalized = (np.asarray(acts[x_name], np.float64) - acts[prefix + "hook_mean"]) / acts[prefix + "hook_scale"]
+        return normalized, (gamma(2, prec.u_el) + 2 * rl.U) * np.abs(normalized)  # [(batch,) pos, d_model]
+    return None, None
+
+
 def _weight_gradients(walk, p, cfg, tokens, acts, prec, sums):
     """Each parameter's gradient, a sum over the batch's rows and positions (L3 with k = batch·pos),
     from the port's own gradients and forward values; ∂W_E a scatter-add over the tokens (L13)."""
@@ -440,22 +447,29 @@ def _weight_gradients(walk, p, cfg, tokens, acts, prec, sums):
             return rl.layer_norm_out(A(prefix + "hook_normalized"), p[prefix + "w"], p[prefix + "b"], prec)
         return None, None
 
-    def weight(name, L, x, dx, g_name, spec, x_name):
-        lacking = [n for n in (G + name, g_name) if n not in acts] + ([] if x is not None else [x_name])
+    def weight(name, L, x, dx, g_name, spec, x_name, needed=False):
+        """Judge ∂``name`` if dumped; (reference, bound) if judged or ``needed`` (tied_W_E's part)."""
+        lacking = [n for n in ([] if needed else [G + name]) + [g_name] if n not in acts] + (
+            [] if x is not None else [x_name])
         if lacking:
             walk.skip("weight backward", G + name, L, f"{', '.join(lacking)} not dumped")
             return None
         ref, bound = rl.affine(x, A(g_name), 0.0, spec, prec, sums, dx)
-        walk.judge("weight backward", G + name, L, None, A(G + name), ref, bound, sums)
+        if G + name in acts:
+            walk.judge("weight backward", G + name, L, None, A(G + name), ref, bound, sums)
         return ref, bound
 
     final, d_final = ln_out("ln_final.")
-    W_U = weight("unembed.W_U", None, final, d_final, G + "logits", "bpd,bpv->dv", "ln_final.out")
+    W_U = weight("unembed.W_U", None, final, d_final, G + "logits", "bpd,bpv->dv", "ln_final.out",
+                 needed=G + "tied_W_E" in acts)
     if "unembed.b_U" in p:
         weight("unembed.b_U", None, ones, None, G + "logits", "bp,bpv->v", "")
-    for prefix, L, g_name in [("ln_final.", None, G + "ln_final.out")] + [
-            (f"blocks.{L}.ln{i}.", L, G + f"blocks.{L}.ln{i}.out") for L in range(cfg.n_layers) for i in (1, 2)]:
-        weight(prefix + "w", L, A(prefix + "hook_normalized"), None, g_name, "bpd,bpd->d", prefix + "hook_normalized")
+    inputs = {"ln1.": "hook_resid_pre", "ln2.": "hook_resid_mid"}
+    for prefix, L, x_name in [("ln_final.", None, f"blocks.{cfg.n_layers - 1}.hook_resid_post")] + [
+            (f"blocks.{L}.{ln}", L, f"blocks.{L}.{x}") for L in range(cfg.n_layers) for ln, x in inputs.items()]:
+        g_name = G + prefix + "out"
+        normalized, d_normalized = _normalized(acts, prefix, x_name, prec)
+        weight(prefix + "w", L, normalized, d_normalized, g_name, "bpd,bpd->d", prefix + "hook_normalized")
         weight(prefix + "b", L, ones, None, g_name, "bp,bpd->d", "")
     for L in range(cfg.n_layers):
         b, a, m = f"blocks.{L}.", f"blocks.{L}.attn.", f"blocks.{L}.mlp."

@@ -178,13 +178,14 @@ def affine_bound(x, W, b, spec):
     return 2 * gamma(k + 1) * (np.einsum(spec, np.abs(x), np.abs(W)) + np.abs(b))
 
 
-def softmax_error(p, scores):
-    """§6, one computation: |p̂ − p| ≤ p·(η + Σ p·η + γ_{n−1} + u), η = u·|s − max s| + LIBM, for
-    p = softmax(scores) over the last axis (−∞ entries: p = 0, exactly)."""
+def softmax_error(p, scores, u=U, sums=None):
+    """§6, one computation: |p̂ − p| ≤ p·(η + Σ p·η + γ_{n−1} + u), η = u·|s − max s| + 8u, for
+    p = softmax(scores) over the last axis (−∞ entries: p = 0, exactly), every step at unit
+    roundoff u; ``sums``: the sum's bound in place of γ_{n−1}(u) (refgpt/reference/local.py L5)."""
     shifted = scores - scores.max(-1, keepdims=True)  # [..., n] ≤ 0, −∞ where masked
-    eta = U * np.abs(np.where(np.isfinite(shifted), shifted, 0.0)) + LIBM  # [..., n]
+    eta = u * np.abs(np.where(np.isfinite(shifted), shifted, 0.0)) + 8 * u  # [..., n]
     eta_mean = (p * eta).sum(-1, keepdims=True)  # [..., 1]
-    return p * (eta + eta_mean + gamma(scores.shape[-1] - 1) + U)  # [..., n]
+    return p * (eta + eta_mean + (gamma(scores.shape[-1] - 1, u) if sums is None else sums) + u)  # [..., n]
 
 
 def softmax_propagation(p, d_scores):

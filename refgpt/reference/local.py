@@ -39,6 +39,39 @@ The bounds, one computation of the port (P) plus one of float64 (R), each op's i
      reads it is judged as a span "ln out → op" from x̂: that bound pushed through |W| is added to L3's.
   L8 gelu_new: bounds.py §7 at u = u_el, plus u_store·|y|.
 
+The backward (L9–L13): each op's backward from the port's own upstream gradient and saved forward
+values, the same two computations (P and R). Every line is linear in the gradient it is handed:
+  L9  a backward product — ∂final = ∂logits·W_Uᵀ (k = d_vocab), ∂post = ∂mlp_out·W_outᵀ, ∂ln2.out =
+      ∂pre·W_inᵀ, ∂z = ∂attn_out·W_Oᵀ, ∂pattern = ∂z·vᵀ (k = e; the future keys are not judged),
+      ∂v = patternᵀ·∂z (k = pos), ∂q = s·∂scores·k and ∂k = s·∂scoresᵀ·q (k = pos), ∂ln1.out =
+      ∂q·W_Qᵀ + ∂k·W_Kᵀ + ∂v·W_Vᵀ (one sum of k = 3·h·e, or three and two adds: 2(u_el + u_store)·M
+      more), and every parameter's gradient (k = batch·pos) — is L3 with b = 0; a scale s other
+      than 1 is a rounded constant applied to an operand or the product: 2·u_el·M more (U·M for R).
+      Each product of the port may underflow: k·(half the smallest subnormal at u_acc) absolute.
+  L10 LayerNorm's backward, from the port's ∂out, x̂ and σ (gpt2.py's textbook on the port's values),
+      ĝ = ∂out ⊙ w, M = mean|ĝ ⊙ x̂|, K = (|ĝ| + mean|ĝ| + |x̂|·M)/σ:
+        (g_{2n}(u_acc) + 8·u_el + γ_{2n+6}(U))·(K + mean K) + (|mean x̂| + u_el·mean|x̂|)·M/σ·(1 + 8u_el)
+        + u_store·|∂x| + 2n·(half the smallest subnormal)/σ
+      — ĝ, mean ĝ, mean(ĝ ⊙ x̂) (two products, a sum, /n), x̂·that, two subtractions and ×1/σ or /σ
+      (σ or rstd rounded): ≤ 8 roundings at u_el on terms bounded by K; a port chaining ∂σ, ∂c, ∂μ
+      (refgpt's, autograd's) sums n terms twice (the second: the ∂c's, whose mean is mean K), and
+      differs from the textbook by mean(x̂)·mean(ĝ ⊙ x̂)/σ exactly (bounds.py §9), mean(x̂) the port's
+      own up to a rounding of each x̂. Added to the residual stream's gradient: L2. A port that dumped
+      no x̂ (llm.c) recomputes it as (x − μ)·rstd: two roundings at u_el, pushed through the map.
+  L11 the softmax's backward p ⊙ (∂p − Σ p ⊙ ∂p) from the port's pattern and ∂pattern, M = Σ p·|∂p|:
+        p·[(E + (2u_el + u_store)·(|∂p| + |Σ p ⊙ ∂p| + E))·(1 + 3u_el) + γ_{n+1}(U)·M + 3U·(…)],
+        E = (g_n(u_acc) + 2u_el)·M   (the products and their sum; the difference, ×p, stored)
+  L12 the loss's ∂logits = (softmax(logits) − onehot)/count from the port's logits: L5 over the
+      vocabulary without the mask, then the subtraction, ×1/count (a rounded constant) and the store:
+      (L5 + (3u_el + u_store + 3U)·|p − onehot|)/count; a position without a target: 0.
+  L13 ∂W_E, a scatter-add of ∂embed over the positions holding each token (c of them):
+      (g_c(u_acc)·(1 + u_store) + γ_c(U))·Σ|terms| + u_store·|∂W_E|.
+  gelu_new's backward: bounds.py §8 at u_el with its three constants (c, 0.044715, 3·0.044715)
+  rounded, plus u_store·|∂pre|; relu's: a copy (L1). The residual stream's copies of a gradient
+  (∂mlp_out = ∂resid_post, …, ∂hook_embed = ∂resid_pre₀): L1.
+  Where the port dumped no ∂out of a LayerNorm, its reader's backward (W_in, q/k/v, the unembedding)
+  and the LayerNorm's are judged as one span, the reader's L9 bound pushed through L10's map.
+
 g is the kind of bound, stated for each op in the report:
   worst          g_k(u) = γ_k(u) = k·u/(1 − k·u): any order, blocking or FMA (Higham §3.1). Blind
                  for long sums: float32 at k = 50,257 allows 3e-3.
@@ -175,7 +208,8 @@ def affine(x, W, b, spec, prec, kind=WORST, dx=None, scale=1.0):
     y = product + b  # [...]
     magnitude = abs(scale) * np.einsum(spec, np.abs(x), np.abs(W), optimize=True) + np.abs(b)  # [...]
     g = kind.g(k + 1, prec.u_acc) + (scale != 1) * 2 * prec.u_el  # the port's accumulation (and its ×scale)
-    bound = g * magnitude * (1 + 2 * prec.u_store) + rounded(prec, product, y) + gamma(k + 1 + (scale != 1)) * magnitude
+    bound = (g * magnitude * (1 + 2 * prec.u_store) + rounded(prec, product, y) + gamma(k + 1 + (scale != 1)) * magnitude
+             + k * UNDERFLOW[prec.acc])  # L0 for each product that underflows (sums of subnormals are exact)
     if dx is not None:  # x's own error pushed through |W|, and the port's sums and roundings of it
         spread = g * (1 + 2 * prec.u_store) + 2 * prec.u_store * (1 + prec.u_store)
         bound = bound + (1 + spread) * abs(scale) * np.einsum(spec, dx, np.abs(W), optimize=True)
@@ -212,13 +246,9 @@ def softmax(s, prec, kind=WORST, causal=True):
     future = np.triu(np.ones(s.shape[-2:], dtype=bool), k=1) & causal  # [query, key]
     s = np.where(future, -np.inf, s)  # [head, query, key]
     p = gpt2.softmax(s)  # [head, query, key]
-    shifted = s - s.max(-1, keepdims=True)  # [head, query, key]
     n = np.maximum((~future).sum(-1, keepdims=True), 2)  # [query, 1] keys seen
-    bound = 0.0
-    for u_el, u_acc, g in ((prec.u_el, prec.u_acc, kind.g(n - 1, prec.u_acc)), (U, U, gamma(n - 1))):
-        eta = u_el * np.abs(np.where(np.isfinite(shifted), shifted, 0.0)) + 8 * u_el  # [head, query, key]
-        bound = bound + p * (eta + (p * eta).sum(-1, keepdims=True) + g + u_el)
-    return p, bound + prec.u_store * p
+    return p, (bounds.softmax_error(p, s, prec.u_el, kind.g(n - 1, prec.u_acc))
+               + bounds.softmax_error(p, s, U, gamma(n - 1)) + prec.u_store * p)
 
 
 def mix(p, v, prec, kind=WORST):
@@ -268,7 +298,7 @@ def layer_norm_backward(grad, w, normalized, scale, prec, kind=WORST, dgrad=None
     K = K + K.mean(-1, keepdims=True)
     formulas = (np.abs(normalized.mean(-1, keepdims=True)) + prec.u_el * xh.mean(-1, keepdims=True)) * M / scale
     bound = ((kind.g(2 * n, prec.u_acc) + 8 * prec.u_el + gamma(2 * n + 6)) * K + formulas * (1 + 8 * prec.u_el)
-             + prec.u_store * np.abs(dx))
+             + prec.u_store * np.abs(dx) + 2 * n * UNDERFLOW[prec.acc] / scale)
     if dgrad is not None:  # the linear map of ∂out, in absolute values
         e = np.abs(w) * dgrad  # [pos, d_model]
         bound = bound + (1 + 8 * prec.u_el) * (e + e.mean(-1, keepdims=True) + xh * (e * xh).mean(-1, keepdims=True)) / scale
@@ -296,7 +326,7 @@ def softmax_backward(p, dp, prec, kind=WORST):
     e_sum = (kind.g(n, prec.u_acc) + 2 * prec.u_el) * M  # the products, their sum
     size = np.abs(dp) + np.abs(weighted) + e_sum  # [head, query, key]
     return y, p * ((e_sum + (2 * prec.u_el + prec.u_store) * size) * (1 + 3 * prec.u_el)
-                   + gamma(n + 1) * M + 3 * U * size)
+                   + gamma(n + 1) * M + 3 * U * size) + n * UNDERFLOW[prec.acc]
 
 
 def cross_entropy_backward(logits, targets, count, prec, kind=WORST):
