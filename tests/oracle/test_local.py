@@ -171,7 +171,7 @@ def page_section() -> str:
     from doc_pages import DOCS
     text = (DOCS / "oracle.md").read_text(encoding="utf-8")
     start = text.index(SECTION)
-    return text[start: text.find("\n## ", start + 1)]
+    return text[start: text.find("\n### ", start + 1)]  # its backward subsection: tests/oracle/test_local_backward.py
 
 
 def write_my_bf16_port(directory):
