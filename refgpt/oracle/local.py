@@ -454,7 +454,7 @@ def _weight_gradients(walk, p, cfg, tokens, acts, prec, sums):
         if lacking:
             walk.skip("weight backward", G + name, L, f"{', '.join(lacking)} not dumped")
             return None
-        ref, bound = rl.affine(x, A(g_name), 0.0, spec, prec, sums, dx)
+        ref, bound = rl.affine(x, A(g_name), 0.0, spec, prec, sums, dx, stored=True)
         if G + name in acts:
             walk.judge("weight backward", G + name, L, None, A(G + name), ref, bound, sums)
         return ref, bound
@@ -492,7 +492,7 @@ def _weight_gradients(walk, p, cfg, tokens, acts, prec, sums):
             walk.judge("weight backward", G + "embed.W_E", None, None, A(G + "embed.W_E"), *W_E, sums)
         if G + "pos_embed.W_pos" in acts:
             ref, bound = rl.affine(np.ones(B), A(next((n for n in (G + "hook_pos_embed", embed) if n in acts))), 0.0,
-                                   "b,bpd->pd", prec, sums)
+                                   "b,bpd->pd", prec, sums, stored=True)
             full = np.zeros(p["pos_embed.W_pos"].shape)  # [n_ctx, d_model]: the positions not used get 0
             full_bound = full.copy()
             full[:pos], full_bound[:pos] = ref, bound

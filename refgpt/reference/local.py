@@ -45,7 +45,8 @@ values, the same two computations (P and R). Every line is linear in the gradien
       ∂pre·W_inᵀ, ∂z = ∂attn_out·W_Oᵀ, ∂pattern = ∂z·vᵀ (k = e; the future keys are not judged),
       ∂v = patternᵀ·∂z (k = pos), ∂q = s·∂scores·k and ∂k = s·∂scoresᵀ·q (k = pos), ∂ln1.out =
       ∂q·W_Qᵀ + ∂k·W_Kᵀ + ∂v·W_Vᵀ (one sum of k = 3·h·e, or three and two adds: 2(u_el + u_store)·M
-      more), and every parameter's gradient (k = batch·pos) — is L3 with b = 0; a scale s other
+      more), and every parameter's gradient (k = batch·pos; each product may be stored first: u_el·M
+      more, autograd's elementwise multiply before its sum) — is L3 with b = 0; a scale s other
       than 1 is a rounded constant applied to an operand or the product: 2·u_el·M more (U·M for R).
       Each product of the port may underflow: k·(half the smallest subnormal at u_acc) absolute.
   L10 LayerNorm's backward, from the port's ∂out, x̂ and σ (gpt2.py's textbook on the port's values),
@@ -64,8 +65,9 @@ values, the same two computations (P and R). Every line is linear in the gradien
   L12 the loss's ∂logits = (softmax(logits) − onehot)/count from the port's logits: L5 over the
       vocabulary without the mask, then the subtraction, ×1/count (a rounded constant) and the store:
       (L5 + (3u_el + u_store + 3U)·|p − onehot|)/count; a position without a target: 0.
-  L13 ∂W_E, a scatter-add of ∂embed over the positions holding each token (c of them):
-      (g_c(u_acc)·(1 + u_store) + γ_c(U))·Σ|terms| + u_store·|∂W_E|.
+  L13 ∂W_E, a scatter-add of ∂embed over the positions holding each token (c of them), added up in
+      the stored precision (torch's index_add on a bfloat16 tensor):
+      (g_c(u_el)·(1 + u_store) + γ_c(U))·Σ|terms| + u_store·|∂W_E|.
   gelu_new's backward: bounds.py §8 at u_el with its three constants (c, 0.044715, 3·0.044715)
   rounded, plus u_store·|∂pre|; relu's: a copy (L1). The residual stream's copies of a gradient
   (∂mlp_out = ∂resid_post, …, ∂hook_embed = ∂resid_pre₀): L1.
@@ -199,15 +201,16 @@ def add(a, b, prec):
     return y, (prec.u_acc + prec.u_store * (1 + prec.u_acc) + U) * np.abs(y)
 
 
-def affine(x, W, b, spec, prec, kind=WORST, dx=None, scale=1.0):
+def affine(x, W, b, spec, prec, kind=WORST, dx=None, scale=1.0, stored=False):
     """L3: (scale·(x·W) + b by einsum ``spec``, bound); ``dx`` a bound on x's own error (a span's
     input); ``scale`` ≠ 1 (L9's ∂q, ∂k): applied to an operand or the product, and itself a rounded
-    constant: two more roundings at u_el for the port, one at U for float64."""
+    constant: two more roundings at u_el for the port, one at U for float64; ``stored``: each
+    product may be stored before the sum (autograd's multiply, then sum: L9's ∂w), u_el more."""
     k = int(np.prod([W.shape[i] for i in contracted(spec)]))
     product = scale * np.einsum(spec, x, W, optimize=True)  # [...] (optimize: by BLAS)
     y = product + b  # [...]
     magnitude = abs(scale) * np.einsum(spec, np.abs(x), np.abs(W), optimize=True) + np.abs(b)  # [...]
-    g = kind.g(k + 1, prec.u_acc) + (scale != 1) * 2 * prec.u_el  # the port's accumulation (and its ×scale)
+    g = kind.g(k + 1, prec.u_acc) + ((scale != 1) * 2 + stored) * prec.u_el  # the port's sum, ×scale, products
     bound = (g * magnitude * (1 + 2 * prec.u_store) + rounded(prec, product, y) + gamma(k + 1 + (scale != 1)) * magnitude
              + k * UNDERFLOW[prec.acc])  # L0 for each product that underflows (sums of subnormals are exact)
     if dx is not None:  # x's own error pushed through |W|, and the port's sums and roundings of it
@@ -345,4 +348,4 @@ def scatter(tokens, grad, d_vocab, prec, kind=WORST):
     np.add.at(y, tokens, grad)
     np.add.at(M, tokens, np.abs(grad))
     count = np.maximum(np.bincount(tokens, minlength=d_vocab), 1)[:, None]  # [d_vocab, 1]
-    return y, (kind.g(count, prec.u_acc) * (1 + prec.u_store) + gamma(count)) * M + prec.u_store * np.abs(y)
+    return y, (kind.g(count, prec.u_el) * (1 + prec.u_store) + gamma(count)) * M + prec.u_store * np.abs(y)

@@ -235,3 +235,48 @@ def test_compare_local_judges_the_c_ports_backward_from_its_llmc_dump(refgpt_cli
     answer = json.loads(out)
     assert answer["local_first"]["name"] == "grad.blocks.2.mlp.hook_pre"
     assert answer["local_first"]["op"] == "gelu_new backward"
+
+
+# ---- TransformerLens 3.9 as a port: torch's autograd in float32 and bfloat16 -------------------------
+
+
+def tl_backward(seed, store, tmp_path):
+    """(refgpt's float64 weights, Config, tokens, TL's cache with every backward hook's gradient, its
+    logits and its parameters' .grad, under a golden's names) for a random HF GPT-2 in ``store``."""
+    peers = pytest.importorskip("peers")
+    peers.require_peers()
+    import refgpt
+    import torch
+    from refgpt.oracle.name_maps import ModelShape, to_refgpt
+    config = peers.random_hf_config(seed, act_fns=["gelu_new"])
+    hf = peers.random_hf_model(config, seed, f32_exact=True)
+    peers.save_hf_layout(hf, tmp_path / f"m{seed}")
+    ref = refgpt.load(str(tmp_path / f"m{seed}"), dtype="float64", tokenizer=False)
+    tl = peers.tl_model_from_hf(hf, store)
+    tokens = np.random.default_rng(seed).integers(0, config.vocab_size, (2, config.n_positions))
+    cache, fwd, bwd = tl.get_caching_hooks(incl_bwd=True)
+    with tl.hooks(fwd_hooks=fwd, bwd_hooks=bwd):
+        logits = tl(torch.as_tensor(tokens))
+        V = logits.shape[-1]  # the mean next-token loss, its softmax in float32 (as HF's loss upcasts)
+        torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, V).float(),
+                                          torch.as_tensor(tokens[:, 1:]).reshape(-1)).backward()
+    dumped = {name: value.detach().to(torch.float64).numpy() for name, value in cache.items()}
+    dumped["logits"] = logits.detach().to(torch.float64).numpy()
+    dumped.update({name + ".grad": p.grad.to(torch.float64).numpy() for name, p in tl.named_parameters()
+                   if p.grad is not None and name != "unembed.b_U"})
+    cfg = ref.cfg
+    acts, _ = to_refgpt(dumped, "tl", ModelShape(cfg.n_layers, cfg.n_heads, cfg.d_vocab, cfg))
+    return ref.params, cfg, tokens, acts
+
+
+@pytest.mark.peer
+@pytest.mark.parametrize("store", ["float32", "bfloat16"])
+def test_transformer_lens_autograd_is_a_correct_backward_with_no_local_flag(store, tmp_path):
+    """TL dumps no LayerNorm ∂out: ln1 and ln2 are judged as spans with their readers (q/k/v, W_in),
+    their ∂w and ∂b skipped; every other backward op is judged."""
+    for seed in range(20 if LONG else 2):
+        params, cfg, tokens, acts = tl_backward(seed, store, tmp_path)
+        report = local.judge(params, cfg, tokens, acts, store)
+        assert report.first is None, local.format_local(report)
+        ops = {v.op for v in backward_verdicts(report) if v.skipped is None}
+        assert {"W_in backward → ln backward", "q, k, v backward → ln backward", "loss backward"} <= ops
