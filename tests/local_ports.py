@@ -23,6 +23,10 @@ import numpy as np
 from refgpt.reference.local import round_to
 
 PLANTS = ("gelu_constant", "ln_eps_outside_sqrt", "score_scale", "W_O_head_1pct", "ln_eps_one_position")
+#: GPT-2 small's shape as an HF config's fields (tests/peers.py's random_hf_config takes them).
+GPT2_SMALL = dict(n_layer=12, n_embd=768, n_head=12, n_positions=1024, vocab_size=50257, n_inner=None,
+                  layer_norm_epsilon=1e-5, scale_attn_weights=True, scale_attn_by_inverse_layer_idx=False,
+                  reorder_and_upcast_attn=False, tie_word_embeddings=True)
 BACKWARD_PLANTS = ("ln_backward_mean", "gelu_backward", "key_scale", "softmax_backward_weight")
 
 

@@ -325,15 +325,8 @@ def _backward_row(walk, p, cfg, acts, r, prec, sums, targets, count):
         _copy(walk, G + b + "hook_mlp_out", G + b + "hook_resid_post", L, r, acts, prec)
         _judged(walk, "W_out backward", G + m + "hook_post", L, r, acts, [G + b + "hook_mlp_out"],
                 lambda: rl.affine(acts[G + b + "hook_mlp_out"], p[m + "W_out"], 0.0, "pd,md->pm", prec, sums), sums)
-        act = f"{cfg.act_fn} backward"
-        if cfg.act_fn in ("gelu_new", "gelu_pytorch_tanh"):
-            _judged(walk, act, G + m + "hook_pre", L, r, acts, [m + "hook_pre", G + m + "hook_post"],
-                    lambda: rl.gelu_new_backward(acts[m + "hook_pre"], acts[G + m + "hook_post"], prec))
-        elif cfg.act_fn == "relu":  # ∂post where pre > 0, else 0: a copy
-            _judged(walk, act, G + m + "hook_pre", L, r, acts, [m + "hook_pre", G + m + "hook_post"], lambda: (
-                y := np.where(acts[m + "hook_pre"] > 0, acts[G + m + "hook_post"], 0.0), rl.copy(y, prec)))
-        else:
-            walk.skip(act, G + m + "hook_pre", L, f"no local bound for {cfg.act_fn}'s backward yet (gelu_new, relu)")
+        _judged(walk, f"{cfg.act_fn} backward", G + m + "hook_pre", L, r, acts, [m + "hook_pre", G + m + "hook_post"],
+                lambda: rl.activation_backward(cfg.act_fn, acts[m + "hook_pre"], acts[G + m + "hook_post"], prec))
         w_in = ("W_in backward", [G + m + "hook_pre"],
                 lambda: rl.affine(acts[G + m + "hook_pre"], p[m + "W_in"], 0.0, "pm,dm->pd", prec, sums))
         _judged(walk, w_in[0], G + b + "ln2.out", L, r, acts, w_in[1], w_in[2], sums)

@@ -68,8 +68,10 @@ values, the same two computations (P and R). Every line is linear in the gradien
   L13 ∂W_E, a scatter-add of ∂embed over the positions holding each token (c of them), added up in
       the stored precision (torch's index_add on a bfloat16 tensor):
       (g_c(u_el)·(1 + u_store) + γ_c(U))·Σ|terms| + u_store·|∂W_E|.
-  gelu_new's backward: bounds.py §8 at u_el with its three constants (c, 0.044715, 3·0.044715)
-  rounded, plus u_store·|∂pre|; relu's: a copy (L1). The residual stream's copies of a gradient
+  The activations' backward ∂post ⊙ f′(pre): the tanh GELUs by bounds.py §8 at u_el with their three
+  constants (c, 0.044715, 3·0.044715) rounded; relu's exact; tanh, silu, quick_gelu and gelu (erf)
+  by ``derivative_error``'s |Δf′| at u_el (and at U), ×|∂post|, + (u_el + U)·|∂pre| for the product;
+  all + u_store·|∂pre|. The residual stream's copies of a gradient
   (∂mlp_out = ∂resid_post, …, ∂hook_embed = ∂resid_pre₀): L1.
   Where the port dumped no ∂out of a LayerNorm, its reader's backward (W_in, q/k/v, the unembedding)
   and the LayerNorm's are judged as one span, the reader's L9 bound pushed through L10's map.
@@ -312,12 +314,39 @@ def layer_norm_backward(grad, w, normalized, scale, prec, kind=WORST, dgrad=None
     return dx, bound
 
 
-def gelu_new_backward(pre, grad, prec):
-    """L8's backward: (∂post ⊙ gelu_new′(pre) from the port's pre and ∂post, bound): bounds.py §8 at
-    u_el with its three constants rounded, plus u_store·|y|."""
-    y = gpt2.gelu_new_backward(pre, grad)  # [pos, d_mlp]
-    return y, (bounds.gelu_new_backward_error(pre, grad, prec.u_el, constants=3)
-               + bounds.gelu_new_backward_error(pre, grad) + prec.u_store * np.abs(y))
+def activation_backward(act, pre, grad, prec):
+    """L8's backward, every activation gpt2.ACTIVATIONS holds: (∂post ⊙ f′(pre) from the port's pre
+    and ∂post, bound); the tanh GELUs by bounds.py §8 at u_el with their three constants rounded, the
+    others by ``derivative_error``; then ×∂post and the store."""
+    y = gpt2.ACTIVATIONS[act][1](pre, grad)  # [pos, d_mlp]
+    if act in ("gelu_new", "gelu_pytorch_tanh", "gelu_fast"):  # gelu_fast: §8 with c = 0.7978845608
+        e = bounds.gelu_new_backward_error(pre, grad, prec.u_el, constants=3) + bounds.gelu_new_backward_error(pre, grad)
+    else:
+        e = np.abs(grad) * (derivative_error(act, pre, prec.u_el) + derivative_error(act, pre, U)) + (prec.u_el + U) * np.abs(y)
+    return y, e + prec.u_store * np.abs(y)
+
+
+def derivative_error(act, x, u):
+    """|f̂′(x) − f′(x)| of one computation at unit roundoff u, exp, tanh and erf within 4 ulps (8u):
+    relu exact; tanh 1 − t², t within 8u: 17u·t² + 2u·|1 − t²|; silu and quick_gelu s + a·x·s·(1 − s),
+    s = σ(a·x) within ε = (2|a·x| + 12)·u relative (a rounded and a·x: 2u relative in exp's argument,
+    exp's 8u, 1 + e, the division), then the products (4 roundings) and the sum; gelu
+    Φ(x) + x·φ(x): erf(x·√½) within 8u + its argument's 3u through erf′, x·φ within (x² + 12)·u."""
+    if act == "relu":
+        return np.zeros_like(x)
+    if act == "tanh":
+        t = np.tanh(x)
+        return 17 * u * t * t + 2 * u * np.abs(1 - t * t)
+    if act == "gelu":
+        z, phi = x * np.sqrt(0.5), np.exp(-0.5 * x * x) / np.sqrt(2 * np.pi)
+        erf = np.vectorize(math.erf, otypes=[float])(z)
+        return (0.5 * (8 * u * np.abs(erf) + 3 * u * np.abs(z) * 2 / np.sqrt(np.pi) * np.exp(-z * z) + u * (1 + np.abs(erf)))
+                + np.abs(x) * phi * (x * x + 12) * u + u * (0.5 * (1 + erf) + np.abs(x) * phi))
+    a = 1.702 if act == "quick_gelu" else 1.0  # silu, swish
+    ax = np.abs(a * x)
+    s = gpt2.sigmoid(a * x)
+    eps = (2 * ax + 12) * u
+    return eps * s + ax * s * (eps * (1 - s) + eps * s + u * (1 - s)) + 5 * u * ax * s * (1 - s) + u * s
 
 
 def softmax_backward(p, dp, prec, kind=WORST):

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from local_ports import port_forward
+from local_ports import GPT2_SMALL, port_forward
 from refgpt import strict_json
 from random_models import model_and_tokens, random_params
 from refgpt import Config, Model, RefGPTError
@@ -272,9 +272,6 @@ def test_a_heads_z_one_percent_off_in_transformer_lens_bfloat16_is_named_at_z(tm
     assert first.index[2] == 0  # (row, position, head, …): the head
 
 
-GPT2_SMALL = dict(n_layer=12, n_embd=768, n_head=12, n_positions=1024, vocab_size=50257, n_inner=None,
-                  layer_norm_epsilon=1e-5, scale_attn_weights=True, scale_attn_by_inverse_layer_idx=False,
-                  reorder_and_upcast_attn=False, tie_word_embeddings=True)
 
 
 @pytest.mark.peer
