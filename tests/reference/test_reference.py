@@ -143,7 +143,8 @@ def test_judge_gives_the_engines_verdict_on_a_golden(tmp_path, bug):
 
 
 def test_the_room_reads_in_one_sitting_and_runs_alone():
-    """At most 1,061 lines of code (issue 38's backward local bounds added 61; beside them, the docstrings that derive and explain it:
+    """At most 1,061 lines of code (issue 38's backward local bounds added 61; beside them, the
+    docstrings that derive and explain it:
     the bounds' derivation alone is 100 lines); importable with NumPy alone, in a fresh interpreter
     (the room's modules import each other and numpy only: tests/core/test_layers.py checks every import)."""
     code = 0
