@@ -1,13 +1,16 @@
-"""Local verdicts: every forward op of a port judged on the port's own inputs (issue 38).
+"""Local verdicts: every op of a port's forward and backward judged on the port's own inputs (issue 38).
 
-``judge`` walks a port's dumped activations (TransformerLens hook names, [batch, pos, …]) op by op:
+``judge`` walks a port's dumped activations (TransformerLens hook names, [batch, pos, …]) op by op,
+then, if it dumped gradients (a golden's ``grad.`` names), its backward in the order the backward
+computes them — each op's backward from the port's own upstream gradient and saved activations,
+every parameter's gradient (a sum over the batch) last:
 each op is recomputed in float64 by the reference (refgpt/reference/local.py) from the port's own
 values of its inputs and the checkpoint's weights rounded to the port's storage precision, and the
 port's output is held to that within the op's rounding bound at the port's precision. An op over
 its bound introduced an error — it is the bug, wherever the drift it inherited came from; an op
 whose output drifted from the golden file but is within its local bound inherited that drift.
 
-The report: ``first`` (the first op in forward order over its bound, with the introduced error,
+The report: ``first`` (the first op over its bound, forward then backward, with the introduced error,
 the bound, the inherited error when a golden's values are given, the index and both values) and
 per op the worst ratio introduced/bound, NMSE (Σ(port − ref)² / Σ ref², ggml's test-backend-ops
 metric) and SNR in dB, and which kind of bound judged it. An op whose output or inputs the port did
@@ -518,6 +521,9 @@ def judge_files(reference, candidate, model, name_map="refgpt", precision=None, 
     if cand is None:  # an llm.c .bin: its activations and gradients
         cand = comparison._read_llmc_bin(candidate, ref, g)
     if name_map == "llmc" and any(k.startswith(("grads.", "grads_acts.")) for k in cand):
+        if g is None or g.config is None:
+            raise RefGPTError("llm.c gradients need a refgpt golden file as the reference (its config gives the "
+                              "model's shape)")
         cand, _ = llmc_dump.to_refgpt_gradients(cand, g.config)
     cand, _ = to_refgpt({k: v for k, v in cand.items() if not k.startswith(("tokens", "targets", "loss"))},
                         name_map, shape)
@@ -550,7 +556,8 @@ def format_local(report: LocalReport, all_ops=False, out_of_tolerance=()) -> str
         lines.append(f"OK: no op introduced an error beyond its bound ({sum(v.skipped is None for v in report.ops)}"
                      " ops judged)")
     else:
-        lines.append(f"FIRST LOCAL FAILURE: {first.op} at {first.name} (row {first.index[0]}, index "
+        where = "summed over the batch" if first.index[0] is None else f"row {first.index[0]}"
+        lines.append(f"FIRST LOCAL FAILURE: {first.op} at {first.name} ({where}, index "
                      f"{list(first.index[1:])}): port {first.port:.9g}, reference {first.reference:.9g}, "
                      f"introduced {first.introduced:.3g} > bound {first.bound:.3g}"
                      + ("" if first.inherited is None else f", inherited {first.inherited:.3g}"))
