@@ -318,3 +318,28 @@ def test_gpt2_small_shaped_transformer_lens_backward_has_no_local_flag(store, tm
     report = local.judge(params, cfg, tokens, acts, store)
     assert report.first is None, local.format_local(report)
     assert sum(v.skipped is None for v in backward_verdicts(report)) > 12 * 20
+
+
+@pytest.mark.parametrize("store", ["float32", "bfloat16"])
+def test_the_probabilistic_kind_judges_the_backward_too(store):
+    tokens, acts = port(0.3, store)
+    report = local.judge(params_of(0.3), CFG, tokens, acts, store, kind="probabilistic")
+    assert report.first is None, local.format_local(report)
+    assert next(v for v in report.ops if v.name == "grad.ln_final.out").kind.startswith("probabilistic")
+
+
+def test_a_forward_bug_leaves_the_backward_clean_on_its_own_inputs():
+    """The port's forward has layer 1's W_O 1 % too large in one head; its backward, correct, runs on
+    those activations. Only attn out at layer 1 is flagged: every gradient drifted from the golden's
+    (inherited), none was introduced by a backward op."""
+    tokens = tokens_of()
+    params = params_of(0.3)
+    acts = port_forward(params, CFG, tokens, "bfloat16", plant="W_O_head_1pct", layer=1, head=1)
+    acts.update(port_backward(params, CFG, tokens, acts, "bfloat16"))
+    model = Model(CFG, params)
+    logits, cache = model.run_with_cache(tokens)
+    golden = {**cache.cache_dict, "logits": logits, **compute_gradients(model, tokens)}
+    report = local.judge(params, CFG, tokens, acts, "bfloat16", golden=lambda name, row: golden[name][row])
+    assert [v.name for v in report.flagged] == ["blocks.1.hook_attn_out"]
+    drifted = next(v for v in report.ops if v.name == "grad.blocks.0.hook_resid_pre")
+    assert drifted.inherited > 0 and drifted.drift > 0 and not drifted.flagged
