@@ -297,7 +297,7 @@ def _is_parameter_gradient(name):
     return is_gradient(name) and not leaf.startswith("hook_") and leaf not in _ACTIVATION_LEAVES
 
 
-def _judged(walk, op, name, L, r, acts, needs, compute, kind=None, op_if_span=None):
+def _judged(walk, op, name, L, r, acts, needs, compute, kind=None):
     """Judge ``name`` by ``compute()`` → (reference, bound) when it and ``needs`` were dumped, else
     skip it naming what was not. True if judged."""
     lacking = [n for n in (name, *needs) if n not in acts]
@@ -314,12 +314,10 @@ def _backward_row(walk, p, cfg, acts, r, prec, sums, targets, count):
     G = GRAD
     _judged(walk, "loss backward", G + "logits", None, r, acts, ["logits"],
             lambda: rl.cross_entropy_backward(acts["logits"], targets, count, prec, sums), sums)
-    W_U = p["unembed.W_U"]
-    _judged(walk, "unembed backward", G + "ln_final.out", None, r, acts, [G + "logits"],
-            lambda: rl.affine(acts[G + "logits"], W_U, 0.0, "pv,dv->pd", prec, sums), sums)
+    unembed = ("unembed backward", [G + "logits"],
+               lambda: rl.affine(acts[G + "logits"], p["unembed.W_U"], 0.0, "pv,dv->pd", prec, sums))
+    _judged(walk, unembed[0], G + "ln_final.out", None, r, acts, unembed[1], unembed[2], sums)
     last = f"blocks.{cfg.n_layers - 1}."
-    unembed = ("unembed backward", [G + "logits"], lambda: rl.affine(acts[G + "logits"], W_U, 0.0, "pv,dv->pd", prec,
-                                                                      sums))
     _ln_backward(walk, acts, "ln_final.", last + "hook_resid_post", None, unembed, p, None, r, prec, sums)
     for L in reversed(range(cfg.n_layers)):
         b, a, m = f"blocks.{L}.", f"blocks.{L}.attn.", f"blocks.{L}.mlp."
