@@ -19,7 +19,10 @@ The bounds, one computation of the port (P) plus one of float64 (R), each op's i
 (M = the sum of the terms' magnitudes, γ_k(u) = k·u/(1 − k·u), U = 2⁻⁵³):
 
   L0 underflow: every element also gets 4·(half the smallest subnormal) absolute: a probability
-     of 3e-8 stored in float16 is 0.
+     of 3e-8 stored in float16 is 0. An L3/L9 product also k·(half the smallest subnormal at u_acc)
+     (each of its k products may underflow), and a port may flush subnormals (FTZ and DAZ, as
+     oneDNN's bfloat16 matmuls do): a subnormal operand counts as the smallest normal pushed through
+     the other operand's |values|, a result below the smallest normal may be 0.
   L1 copy (embedding gathers, a block's resid_pre)   |y_P − y_R| ≤ u_store·|y|   (a change of dtype)
   L2 add (the residual adds, the position add)       ≤ (u_acc + u_store(1 + u_acc) + U)·|y|
   L3 affine y = x·W + b, k terms (q, k, v; attention's output from z with k = n_heads·d_head; the
@@ -103,6 +106,9 @@ from .compare import UNIT_ROUNDOFF
 
 #: Half the smallest subnormal: a rounding's absolute error where the value underflows.
 UNDERFLOW = {"float64": 2.0 ** -1075, "float32": 2.0 ** -150, "bfloat16": 2.0 ** -134, "float16": 2.0 ** -25}
+#: The smallest normal number: a port may read a subnormal input as 0 and flush a subnormal result
+#: to 0 (DAZ, FTZ: oneDNN's bfloat16 matmuls do), an absolute error below this.
+NORMAL = {"float64": 2.0 ** -1022, "float32": 2.0 ** -126, "bfloat16": 2.0 ** -126, "float16": 2.0 ** -14}
 
 
 @dataclass(frozen=True)
@@ -214,7 +220,13 @@ def affine(x, W, b, spec, prec, kind=WORST, dx=None, scale=1.0, stored=False):
     magnitude = abs(scale) * np.einsum(spec, np.abs(x), np.abs(W), optimize=True) + np.abs(b)  # [...]
     g = kind.g(k + 1, prec.u_acc) + ((scale != 1) * 2 + stored) * prec.u_el  # the port's sum, ×scale, products
     bound = (g * magnitude * (1 + 2 * prec.u_store) + rounded(prec, product, y) + gamma(k + 1 + (scale != 1)) * magnitude
-             + k * UNDERFLOW[prec.acc])  # L0 for each product that underflows (sums of subnormals are exact)
+             + k * UNDERFLOW[prec.acc] + NORMAL[prec.store] * (np.abs(y) < NORMAL[prec.store]))  # L0, FTZ
+    for operand in (0, 1):  # DAZ: a subnormal operand read as 0, its size pushed through the other's
+        a = (x, W)[operand]
+        if np.any((a != 0) & (np.abs(a) < NORMAL[prec.store])):
+            flushed = np.where((a != 0) & (np.abs(a) < NORMAL[prec.store]), NORMAL[prec.store], 0.0)  # [...]
+            pair = (flushed, np.abs(W)) if operand == 0 else (np.abs(x), flushed)
+            bound = bound + abs(scale) * np.einsum(spec, *pair, optimize=True)
     if dx is not None:  # x's own error pushed through |W|, and the port's sums and roundings of it
         spread = g * (1 + 2 * prec.u_store) + 2 * prec.u_store * (1 + prec.u_store)
         bound = bound + (1 + spread) * abs(scale) * np.einsum(spec, dx, np.abs(W), optimize=True)
