@@ -19,10 +19,10 @@ The bounds, one computation of the port (P) plus one of float64 (R), each op's i
 (M = the sum of the terms' magnitudes, γ_k(u) = k·u/(1 − k·u), U = 2⁻⁵³):
 
   L0 underflow: every element also gets 4·(half the smallest subnormal) absolute: a probability
-     of 3e-8 stored in float16 is 0. An L3/L9 product also k·(half the smallest subnormal at u_acc)
-     (each of its k products may underflow), and a port may flush subnormals (FTZ and DAZ, as
-     oneDNN's bfloat16 matmuls do): a subnormal operand counts as the smallest normal pushed through
-     the other operand's |values|, a result below the smallest normal may be 0.
+     of 3e-8 stored in float16 is 0. A port may flush subnormals to 0 (FTZ and DAZ, as oneDNN's
+     bfloat16 matmuls do), so an L3/L9 product also gets k·(the smallest normal at u_acc) (each of
+     its k products may be flushed), a subnormal operand counts as the smallest normal pushed through
+     the other operand's |values|, and a result below the smallest normal may be 0.
   L1 copy (embedding gathers, a block's resid_pre)   |y_P − y_R| ≤ u_store·|y|   (a change of dtype)
   L2 add (the residual adds, the position add)       ≤ (u_acc + u_store(1 + u_acc) + U)·|y|
   L3 affine y = x·W + b, k terms (q, k, v; attention's output from z with k = n_heads·d_head; the
@@ -55,7 +55,7 @@ values, the same two computations (P and R). Every line is linear in the gradien
   L10 LayerNorm's backward, from the port's ∂out, x̂ and σ (gpt2.py's textbook on the port's values),
       ĝ = ∂out ⊙ w, M = mean|ĝ ⊙ x̂|, K = (|ĝ| + mean|ĝ| + |x̂|·M)/σ:
         (g_{2n}(u_acc) + 8·u_el + γ_{2n+6}(U))·(K + mean K) + (|mean x̂| + u_el·mean|x̂|)·M/σ·(1 + 8u_el)
-        + u_store·|∂x| + 2n·(half the smallest subnormal)/σ
+        + u_store·|∂x| + 2n·(the smallest normal: L0)/σ
       — ĝ, mean ĝ, mean(ĝ ⊙ x̂) (two products, a sum, /n), x̂·that, two subtractions and ×1/σ or /σ
       (σ or rstd rounded): ≤ 8 roundings at u_el on terms bounded by K; a port chaining ∂σ, ∂c, ∂μ
       (refgpt's, autograd's) sums n terms twice (the second: the ∂c's, whose mean is mean K), and
@@ -220,7 +220,7 @@ def affine(x, W, b, spec, prec, kind=WORST, dx=None, scale=1.0, stored=False):
     magnitude = abs(scale) * np.einsum(spec, np.abs(x), np.abs(W), optimize=True) + np.abs(b)  # [...]
     g = kind.g(k + 1, prec.u_acc) + ((scale != 1) * 2 + stored) * prec.u_el  # the port's sum, ×scale, products
     bound = (g * magnitude * (1 + 2 * prec.u_store) + rounded(prec, product, y) + gamma(k + 1 + (scale != 1)) * magnitude
-             + k * UNDERFLOW[prec.acc] + NORMAL[prec.store] * (np.abs(y) < NORMAL[prec.store]))  # L0, FTZ
+             + k * NORMAL[prec.acc] + NORMAL[prec.store] * (np.abs(y) < NORMAL[prec.store]))  # L0: products, output
     for operand in (0, 1):  # DAZ: a subnormal operand read as 0, its size pushed through the other's
         a = (x, W)[operand]
         if np.any((a != 0) & (np.abs(a) < NORMAL[prec.store])):
@@ -315,7 +315,7 @@ def layer_norm_backward(grad, w, normalized, scale, prec, kind=WORST, dgrad=None
     K = K + K.mean(-1, keepdims=True)
     formulas = (np.abs(normalized.mean(-1, keepdims=True)) + prec.u_el * xh.mean(-1, keepdims=True)) * M / scale
     bound = ((kind.g(2 * n, prec.u_acc) + 8 * prec.u_el + gamma(2 * n + 6)) * K + formulas * (1 + 8 * prec.u_el)
-             + prec.u_store * np.abs(dx) + 2 * n * UNDERFLOW[prec.acc] / scale)
+             + prec.u_store * np.abs(dx) + 2 * n * NORMAL[prec.acc] / scale)
     if dgrad is not None:  # the linear map of ∂out, in absolute values
         e = np.abs(w) * dgrad  # [pos, d_model]
         bound = bound + (1 + 8 * prec.u_el) * (e + e.mean(-1, keepdims=True) + xh * (e * xh).mean(-1, keepdims=True)) / scale
@@ -370,7 +370,7 @@ def softmax_backward(p, dp, prec, kind=WORST):
     e_sum = (kind.g(n, prec.u_acc) + 2 * prec.u_el) * M  # the products, their sum
     size = np.abs(dp) + np.abs(weighted) + e_sum  # [head, query, key]
     return y, p * ((e_sum + (2 * prec.u_el + prec.u_store) * size) * (1 + 3 * prec.u_el)
-                   + gamma(n + 1) * M + 3 * U * size) + n * UNDERFLOW[prec.acc]
+                   + gamma(n + 1) * M + 3 * U * size) + n * NORMAL[prec.acc]
 
 
 def cross_entropy_backward(logits, targets, count, prec, kind=WORST):
