@@ -92,7 +92,8 @@ def add_parser(subparsers):
                    "(checked against its recorded weights_sha256; default: the embedded model, if it is that one)")
     p.add_argument("--local-bound", choices=("worst", "probabilistic"), default="worst",
                    help="with --local: the long sums' bound, worst case (default) or Higham & Mary's "
-                        "probabilistic one (exceeded with probability ≤ 1e-9 per sum)")
+                        "probabilistic one (exceeded with probability ≤ 1e-9 per sum); the vocabulary's sums "
+                        "(log_probs, probs, the loss) are always judged by the probabilistic one")
     p.add_argument("--runtime", choices=tuple(RUNTIMES),
                    help="the engine that runs a model CANDIDATE: onnxruntime (the default for an .onnx file) or "
                         "tinygrad for an .onnx file, ctranslate2 for a CTranslate2 model directory, mlx for an HF "
@@ -129,7 +130,10 @@ def _run_model(args):
     if (RUNTIMES[runtime] == ".onnx") != str(args.candidate).endswith(".onnx"):
         args.usage_error(f"--runtime {runtime} runs {'an .onnx file' if RUNTIMES[runtime] == '.onnx' else 'a model directory'}")
     if runtime == "ctranslate2":
+        from ..oracle.ctranslate2_file import int8_logits_notes
+
         captured, notes = ctranslate2_model.capture(args.candidate, golden.tensors["tokens"])
+        notes += int8_logits_notes(args.candidate, captured["logits"])
     elif runtime == "mlx":
         captured, notes = mlx_model.capture(args.candidate, golden.tensors["tokens"], cfg.n_layers)
     else:

@@ -20,7 +20,7 @@ The bounds, one computation of the port (P) plus one of float64 (R), each op's i
 
   L0 underflow: every element also gets 4·(half the smallest subnormal) absolute: a probability
      of 3e-8 stored in float16 is 0. A port may flush subnormals to 0 (FTZ and DAZ, as oneDNN's
-     bfloat16 matmuls do), so an L3/L9 product also gets k·(the smallest normal at u_acc) (each of
+     bfloat16 matmuls do), so an L3/L11 product also gets k·(the smallest normal at u_acc) (each of
      its k products may be flushed), a subnormal operand counts as the smallest normal pushed through
      the other operand's |values|, and a result below the smallest normal may be 0.
   L1 copy (embedding gathers, a block's resid_pre)   |y_P − y_R| ≤ u_store·|y|   (a change of dtype)
@@ -41,10 +41,20 @@ The bounds, one computation of the port (P) plus one of float64 (R), each op's i
      Where the port dumped no LayerNorm output (TransformerLens's names have none), the op that
      reads it is judged as a span "ln out → op" from x̂: that bound pushed through |W| is added to L3's.
   L8 gelu_new: bounds.py §7 at u = u_el, plus u_store·|y|.
+  L9 log_softmax over n logits, d = x − max x, S = Σ exp d, p = exp y (for each side):
+        u_el·(|d_j| + |max x|) + η_j + Σ p·η + g_{n−1}(u_acc) + 9·u_el·(log S + |y_j|) + 2·u_el,
+     plus u_store·(1 + |y_j|) once: covers d − log S, x − (max + log S) and log(e/S) (the
+     probability stored before its log, where it does not underflow: a log-probability above
+     log of the smallest normal), exp and log within 4 ulps. The vocabulary's probs are L5
+     with every key allowed.
+  L10 a loss −log p from the port's stored probability: (8·u_el + u_store + 8·U)·|y| (from the
+     port's log_probs it is L1's negated copy; from its logits, L9 at the target).
+L4 and L5 take the keys ``allowed`` per query: causal by default, the last queries of the keys for a
+decode step (its queries read the port's own KV cache), and the pad keys of a padded row masked.
 
-The backward (L9–L13): each op's backward from the port's own upstream gradient and saved forward
+The backward (L11–L15): each op's backward from the port's own upstream gradient and saved forward
 values, the same two computations (P and R). Every line is linear in the gradient it is handed:
-  L9  a backward product — ∂final = ∂logits·W_Uᵀ (k = d_vocab), ∂post = ∂mlp_out·W_outᵀ, ∂ln2.out =
+  L11 a backward product — ∂final = ∂logits·W_Uᵀ (k = d_vocab), ∂post = ∂mlp_out·W_outᵀ, ∂ln2.out =
       ∂pre·W_inᵀ, ∂z = ∂attn_out·W_Oᵀ, ∂pattern = ∂z·vᵀ (k = e; the future keys are not judged),
       ∂v = patternᵀ·∂z (k = pos), ∂q = s·∂scores·k and ∂k = s·∂scoresᵀ·q (k = pos), ∂ln1.out =
       ∂q·W_Qᵀ + ∂k·W_Kᵀ + ∂v·W_Vᵀ (one sum of k = 3·h·e, or three and two adds: 2(u_el + u_store)·M
@@ -52,7 +62,7 @@ values, the same two computations (P and R). Every line is linear in the gradien
       more, autograd's elementwise multiply before its sum) — is L3 with b = 0; a scale s other
       than 1 is a rounded constant applied to an operand or the product: 2·u_el·M more (U·M for R).
       Each product of the port may underflow: k·(half the smallest subnormal at u_acc) absolute.
-  L10 LayerNorm's backward, from the port's ∂out, x̂ and σ (gpt2.py's textbook on the port's values),
+  L12 LayerNorm's backward, from the port's ∂out, x̂ and σ (gpt2.py's textbook on the port's values),
       ĝ = ∂out ⊙ w, M = mean|ĝ ⊙ x̂|, K = (|ĝ| + mean|ĝ| + |x̂|·M)/σ:
         (g_{2n}(u_acc) + 8·u_el + γ_{2n+6}(U))·(K + mean K) + (|mean x̂| + u_el·mean|x̂|)·M/σ·(1 + 8u_el)
         + u_store·|∂x| + 2n·(the smallest normal: L0)/σ
@@ -62,13 +72,13 @@ values, the same two computations (P and R). Every line is linear in the gradien
       differs from the textbook by mean(x̂)·mean(ĝ ⊙ x̂)/σ exactly (bounds.py §9), mean(x̂) the port's
       own up to a rounding of each x̂. Added to the residual stream's gradient: L2. A port that dumped
       no x̂ (llm.c) recomputes it as (x − μ)·rstd: two roundings at u_el, pushed through the map.
-  L11 the softmax's backward p ⊙ (∂p − Σ p ⊙ ∂p) from the port's pattern and ∂pattern, M = Σ p·|∂p|:
+  L13 the softmax's backward p ⊙ (∂p − Σ p ⊙ ∂p) from the port's pattern and ∂pattern, M = Σ p·|∂p|:
         p·[(E + (2u_el + u_store)·(|∂p| + |Σ p ⊙ ∂p| + E))·(1 + 3u_el) + γ_{n+1}(U)·M + 3U·(…)],
         E = (g_n(u_acc) + 2u_el)·M   (the products and their sum; the difference, ×p, stored)
-  L12 the loss's ∂logits = (softmax(logits) − onehot)/count from the port's logits: L5 over the
+  L14 the loss's ∂logits = (softmax(logits) − onehot)/count from the port's logits: L5 over the
       vocabulary without the mask, then the subtraction, ×1/count (a rounded constant) and the store:
       (L5 + (3u_el + u_store + 3U)·|p − onehot|)/count; a position without a target: 0.
-  L13 ∂W_E, a scatter-add of ∂embed over the positions holding each token (c of them), added up in
+  L15 ∂W_E, a scatter-add of ∂embed over the positions holding each token (c of them), added up in
       the stored precision (torch's index_add on a bfloat16 tensor):
       (g_c(u_el)·(1 + u_store) + γ_c(U))·Σ|terms| + u_store·|∂W_E|.
   The activations' backward ∂post ⊙ f′(pre): the tanh GELUs by bounds.py §8 at u_el with their three
@@ -77,7 +87,7 @@ values, the same two computations (P and R). Every line is linear in the gradien
   all + u_store·|∂pre|. The residual stream's copies of a gradient
   (∂mlp_out = ∂resid_post, …, ∂hook_embed = ∂resid_pre₀): L1.
   Where the port dumped no ∂out of a LayerNorm, its reader's backward (W_in, q/k/v, the unembedding)
-  and the LayerNorm's are judged as one span, the reader's L9 bound pushed through L10's map.
+  and the LayerNorm's are judged as one span, the reader's L11 bound pushed through L12's map.
 
 g is the kind of bound, stated for each op in the report:
   worst          g_k(u) = γ_k(u) = k·u/(1 − k·u): any order, blocking or FMA (Higham §3.1). Blind
@@ -211,9 +221,9 @@ def add(a, b, prec):
 
 def affine(x, W, b, spec, prec, kind=WORST, dx=None, scale=1.0, stored=False):
     """L3: (scale·(x·W) + b by einsum ``spec``, bound); ``dx`` a bound on x's own error (a span's
-    input); ``scale`` ≠ 1 (L9's ∂q, ∂k): applied to an operand or the product, and itself a rounded
+    input); ``scale`` ≠ 1 (L11's ∂q, ∂k): applied to an operand or the product, and itself a rounded
     constant: two more roundings at u_el for the port, one at U for float64; ``stored``: each
-    product may be stored before the sum (autograd's multiply, then sum: L9's ∂w), u_el more."""
+    product may be stored before the sum (autograd's multiply, then sum: L11's ∂w), u_el more."""
     k = int(np.prod([W.shape[i] for i in contracted(spec)]))
     product = scale * np.einsum(spec, x, W, optimize=True)  # [...] (optimize: by BLAS)
     y = product + b  # [...]
@@ -247,25 +257,53 @@ def contracted(spec):
     return [i for i, letter in enumerate(w) if letter not in output]
 
 
-def scores(q, k, scale, prec, kind=WORST):
-    """L4: (s·q·kᵀ [head, query, key] with the causal −∞, bound)."""
+def causal(queries, keys):
+    """[query, key] True where a query may attend: the last ``queries`` of ``keys`` positions (a
+    decode step's new ones), each to itself and every key before it."""
+    return np.tril(np.ones((queries, keys), dtype=bool), k=keys - queries)
+
+
+def scores(q, k, scale, prec, kind=WORST, allowed=None):
+    """L4: (s·q·kᵀ [head, query, key], −∞ where not ``allowed`` [query, key] (default causal), bound)."""
     e = q.shape[-1]
     y = np.einsum("qhe,khe->hqk", q, k) * scale  # [head, query, key]
     magnitude = scale * np.einsum("qhe,khe->hqk", np.abs(q), np.abs(k))  # [head, query, key]
-    future = np.triu(np.ones(y.shape[-2:], dtype=bool), k=1)  # [query, key]
+    allowed = causal(*y.shape[-2:]) if allowed is None else allowed  # [query, key]
     bound = (kind.g(e, prec.u_acc) + 4 * prec.u_el + gamma(e + 1)) * magnitude
-    return np.where(future, -np.inf, y), np.where(future, np.inf, bound)
+    return np.where(allowed, y, -np.inf), np.where(allowed, bound, np.inf)
 
 
-def softmax(s, prec, kind=WORST, causal=True):
-    """L5: (softmax of the port's scores over the last axis, the causal mask applied unless not
-    ``causal`` (the logits' softmax of L12), bound)."""
-    future = np.triu(np.ones(s.shape[-2:], dtype=bool), k=1) & causal  # [query, key]
-    s = np.where(future, -np.inf, s)  # [head, query, key]
-    p = gpt2.softmax(s)  # [head, query, key]
-    n = np.maximum((~future).sum(-1, keepdims=True), 2)  # [query, 1] keys seen
-    return p, (bounds.softmax_error(p, s, prec.u_el, kind.g(n - 1, prec.u_acc))
-               + bounds.softmax_error(p, s, U, gamma(n - 1)) + prec.u_store * p)
+def softmax(s, prec, kind=WORST, allowed=None):
+    """L5: (softmax over the last axis of the port's scores where ``allowed`` [query, key] (default
+    causal; the vocabulary's softmax: all), bound)."""
+    allowed = causal(*s.shape[-2:]) if allowed is None else allowed  # [query, key]
+    s = np.where(allowed, s, -np.inf)  # [head, query, key]
+    n = np.maximum(np.broadcast_to(allowed, s.shape).sum(-1, keepdims=True), 2)  # [..., 1] keys seen
+    with np.errstate(invalid="ignore"):  # a row with no key allowed (a pad's query) is NaN: not judged
+        p = gpt2.softmax(s)  # [head, query, key]
+        return p, (bounds.softmax_error(p, s, prec.u_el, kind.g(n - 1, prec.u_acc))
+                   + bounds.softmax_error(p, s, U, gamma(n - 1)) + prec.u_store * p)
+
+
+def log_softmax(x, prec, kind=WORST):
+    """L9: (log-softmax of the port's logits [..., n], bound)."""
+    m = x.max(-1, keepdims=True)  # [..., 1]
+    d = x - m  # [..., n]
+    log_sum = np.log(np.exp(d).sum(-1, keepdims=True))  # [..., 1]
+    y = d - log_sum  # [..., n]
+    bound = prec.u_store * (1 + np.abs(y))
+    for u_el, g in ((prec.u_el, kind.g(x.shape[-1] - 1, prec.u_acc)), (U, gamma(x.shape[-1] - 1))):
+        eta = u_el * np.abs(d) + 8 * u_el  # [..., n]
+        bound = bound + (u_el * (np.abs(d) + np.abs(m)) + eta + (np.exp(y) * eta).sum(-1, keepdims=True) + g
+                         + 9 * u_el * (log_sum + np.abs(y)) + 2 * u_el)
+    return y, bound
+
+
+def neg_log(p, prec):
+    """L10: (−log p, bound): a loss from the port's probability of the target."""
+    with np.errstate(divide="ignore"):
+        y = -np.log(p)  # [...]
+    return y, (8 * prec.u_el + prec.u_store + 8 * U) * np.abs(y)
 
 
 def mix(p, v, prec, kind=WORST):
@@ -305,7 +343,7 @@ def gelu_new(pre, prec):
 
 
 def layer_norm_backward(grad, w, normalized, scale, prec, kind=WORST, dgrad=None, dnormalized=None):
-    """L10: (gpt2.layer_norm_backward's ∂x [pos, d] from the port's ∂out, x̂ and σ, bound);
+    """L12: (gpt2.layer_norm_backward's ∂x [pos, d] from the port's ∂out, x̂ and σ, bound);
     ``dgrad``, ``dnormalized`` bounds on the port's ∂out and x̂ own errors (a span's input)."""
     n = grad.shape[-1]
     dx = gpt2.layer_norm_backward(grad, w, normalized, scale)[0]  # [pos, d_model]
@@ -362,7 +400,7 @@ def derivative_error(act, x, u):
 
 
 def softmax_backward(p, dp, prec, kind=WORST):
-    """L11: (p ⊙ (∂p − Σ p ⊙ ∂p) [head, query, key] from the port's pattern and ∂pattern, bound)."""
+    """L13: (p ⊙ (∂p − Σ p ⊙ ∂p) [head, query, key] from the port's pattern and ∂pattern, bound)."""
     n = p.shape[-1]
     weighted = (p * dp).sum(-1, keepdims=True)  # [head, query, 1]
     y = p * (dp - weighted)  # [head, query, key]
@@ -374,9 +412,9 @@ def softmax_backward(p, dp, prec, kind=WORST):
 
 
 def cross_entropy_backward(logits, targets, count, prec, kind=WORST):
-    """L12: ((softmax(logits) − onehot(targets))/count [pos, d_vocab] from the port's logits, bound);
+    """L14: ((softmax(logits) − onehot(targets))/count [pos, d_vocab] from the port's logits, bound);
     a position whose target is negative (−100) has none: 0."""
-    p, bound = softmax(logits, prec, kind, causal=False)  # [pos, d_vocab]
+    p, bound = softmax(logits, prec, kind, allowed=True)  # [pos, d_vocab]
     has = targets >= 0  # [pos]
     p[has, targets[has]] -= 1
     return np.where(has[:, None], p / count, 0.0), np.where(
@@ -384,7 +422,7 @@ def cross_entropy_backward(logits, targets, count, prec, kind=WORST):
 
 
 def scatter(tokens, grad, d_vocab, prec, kind=WORST):
-    """L13's ∂W_E: Σ of ∂embed [N, d] over the positions holding each token → [d_vocab, d], bound."""
+    """L15's ∂W_E: Σ of ∂embed [N, d] over the positions holding each token → [d_vocab, d], bound."""
     y, M = np.zeros((d_vocab, grad.shape[-1])), np.zeros((d_vocab, grad.shape[-1]))  # [d_vocab, d_model]
     np.add.at(y, tokens, grad)
     np.add.at(M, tokens, np.abs(grad))

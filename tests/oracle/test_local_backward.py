@@ -1,4 +1,4 @@
-"""Local verdicts of the backward (refgpt/oracle/local.py, bounds L9–L13 of refgpt/reference/local.py):
+"""Local verdicts of the backward (refgpt/oracle/local.py, bounds L11–L15 of refgpt/reference/local.py):
 each op's backward recomputed in float64 from the port's own upstream gradient and saved values,
 judged at the port's precision — no flag for correct backward ports (refgpt's float32, the NumPy
 port of tests/local_ports.py at float32, bfloat16 and float16, the C port's five builds), and every
