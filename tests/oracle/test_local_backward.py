@@ -157,21 +157,7 @@ def test_undumped_inputs_are_judged_as_spans_or_skipped_with_the_reason():
 def c_port_dump(build, seed, tmp_path, defines=()):
     """(params, cfg, tokens, the C port's activations and gradients under a golden's names)."""
     import c_port
-    from refgpt.oracle import llmc_dump
-    from refgpt.oracle.name_maps import ModelShape, to_refgpt
-    flags, build_defines = c_port.BUILDS[build]
-    exe = c_port.build(flags, (*build_defines, *defines))
-    if exe is None:
-        pytest.skip("no C compiler")
-    cfg = Config(d_model=64, n_layers=3, n_heads=4, d_mlp=256, d_vocab=97, n_ctx=32)
-    params = random_params(cfg, seed=seed, scale=0.3)
-    params["unembed.W_U"] = params["embed.W_E"].T.copy()  # llm.c ties them
-    tokens = np.random.default_rng(seed).integers(0, cfg.d_vocab, (2, 16))
-    dump = c_port.run_port(exe, c_port.write_inputs(tmp_path, Model(cfg, params), tokens, tokens), tmp_path)
-    raw, _ = llmc_dump.to_refgpt_gradients(llmc_dump.read_dump(dump, cfg), cfg)
-    raw = {k: v for k, v in raw.items() if not k.startswith(("tokens", "targets", "loss"))}
-    acts, _ = to_refgpt(raw, "llmc", ModelShape(cfg.n_layers, cfg.n_heads, cfg.d_vocab, cfg))
-    return params, cfg, tokens, acts
+    return c_port.local_dump(build, seed, tmp_path, defines, gradients=True)
 
 
 @pytest.mark.slow
