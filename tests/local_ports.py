@@ -14,6 +14,13 @@ tensors cut from it (its KV cache the k, v of every position so far).
 ``outputs`` the port also dumps ``log_probs`` (x − max − log Σ exp, in float32 from its stored
 logits), ``probs`` and the next-token ``loss`` (−log_probs at the target); "softmax_padded" is
 llm.c's bug: the vocabulary's sum taken over the padded vocabulary (``padded`` logits of 0 more).
+
+``port_backward`` is the same port's backward of the mean next-token loss, as torch's autograd runs
+it at reduced precision: every op in float32 from the stored gradients and saved activations, its
+result rounded to ``store``; the textbook LayerNorm backward (ĝ − mean ĝ − x̂·mean(ĝ ⊙ x̂))/σ.
+BACKWARD_PLANTS are the oracle's backward bugs: the LayerNorm backward without its mean term, GELU's
+backward without the 3 of d(x³)/dx, ∂k without the score scale, the softmax backward's sum without
+the pattern weight.
 """
 
 from __future__ import annotations
@@ -26,6 +33,11 @@ from refgpt.reference.local import round_to
 
 PLANTS = ("gelu_constant", "ln_eps_outside_sqrt", "score_scale", "W_O_head_1pct", "ln_eps_one_position",
           "softmax_padded")
+#: GPT-2 small's shape as an HF config's fields (tests/peers.py's random_hf_config takes them).
+GPT2_SMALL = dict(n_layer=12, n_embd=768, n_head=12, n_positions=1024, vocab_size=50257, n_inner=None,
+                  layer_norm_epsilon=1e-5, scale_attn_weights=True, scale_attn_by_inverse_layer_idx=False,
+                  reorder_and_upcast_attn=False, tie_word_embeddings=True)
+BACKWARD_PLANTS = ("ln_backward_mean", "gelu_backward", "key_scale", "softmax_backward_weight")
 
 
 def port_forward(params, cfg, tokens, store="bfloat16", plant=None, layer=0, position=0, head=0, outputs=False,
@@ -136,3 +148,93 @@ def port_decode(params, cfg, ref, store="bfloat16", **plant):
                 out[name] = value
         start = end
     return out
+
+
+def port_backward(params, cfg, tokens, acts, store="bfloat16", plant=None, layer=0):
+    """The gradients of the mean next-token loss under a golden's names (``grad.`` + what was
+    differentiated: activations [batch, pos, …], parameters their own shape), float32 arrays of
+    ``store`` values, from ``acts`` = port_forward's activations (the saved values)."""
+    if plant is not None and plant not in BACKWARD_PLANTS:
+        raise ValueError(plant)
+    f32 = np.float32
+    R = lambda a: round_to(a, store).astype(f32)  # noqa: E731
+    W = {name: R(w) for name, w in params.items()}
+    A = {name: np.asarray(a, f32) for name, a in acts.items()}
+    tokens = np.atleast_2d(tokens)
+    B, pos = tokens.shape
+    g = {}
+    logits = A["logits"]  # [batch, pos, d_vocab]
+    e = np.exp(logits - logits.max(-1, keepdims=True))
+    dl = e / e.sum(-1, keepdims=True, dtype=f32)  # [batch, pos, d_vocab] the probabilities, in float32
+    b_i, p_i = np.meshgrid(np.arange(B), np.arange(pos - 1), indexing="ij")
+    dl[b_i, p_i, tokens[:, 1:]] -= f32(1)
+    dl[:, -1] = 0  # the last position has no target
+    g["logits"] = dl = R(dl / f32(B * (pos - 1)))
+    g["ln_final.out"] = d = R(dl @ W["unembed.W_U"].T)  # [batch, pos, d_model]
+    final = R(R(A["ln_final.hook_normalized"] * W["ln_final.w"]) + W["ln_final.b"])  # what the unembedding read
+    g["unembed.W_U"] = R(np.einsum("bpd,bpv->dv", final, dl, optimize=True))
+    dx = _ln_backward(g, "ln_final.", d, A, W, R, None, plant == "ln_backward_mean" and layer == cfg.n_layers)
+    c = f32(math.sqrt(2 / math.pi))
+    for L in reversed(range(cfg.n_layers)):
+        b, a, m, here = f"blocks.{L}.", f"blocks.{L}.attn.", f"blocks.{L}.mlp.", L == layer
+        g[b + "hook_resid_post"] = g[b + "hook_mlp_out"] = dx
+        g[m + "W_out"] = R(np.einsum("bpm,bpd->md", A[m + "hook_post"], dx, optimize=True))
+        g[m + "b_out"] = R(dx.sum((0, 1), dtype=f32))
+        g[m + "hook_post"] = d_post = R(dx @ W[m + "W_out"].T)  # [batch, pos, d_mlp]
+        x = A[m + "hook_pre"]
+        t = np.tanh(c * (x + f32(0.044715) * x ** 3))
+        slope = f32(0.044715 if plant == "gelu_backward" and here else 3 * 0.044715)
+        g[m + "hook_pre"] = d_pre = R((f32(0.5) * (1 + t) + f32(0.5) * x * (1 - t * t) * c * (1 + slope * x * x))
+                                      * d_post)
+        h = R(R(A[b + "ln2.hook_normalized"] * W[b + "ln2.w"]) + W[b + "ln2.b"])  # the MLP's input
+        g[m + "W_in"] = R(np.einsum("bpd,bpm->dm", h, d_pre, optimize=True))
+        g[m + "b_in"] = R(d_pre.sum((0, 1), dtype=f32))
+        g[b + "ln2.out"] = d = R(d_pre @ W[m + "W_in"].T)
+        dx = _ln_backward(g, b + "ln2.", d, A, W, R, dx, plant == "ln_backward_mean" and here)
+        g[b + "hook_resid_mid"] = g[b + "hook_attn_out"] = dx
+        g[a + "W_O"] = R(np.einsum("bphe,bpd->hed", A[a + "hook_z"], dx, optimize=True))
+        g[a + "b_O"] = R(dx.sum((0, 1), dtype=f32))
+        g[a + "hook_z"] = dz = R(np.einsum("bpd,hed->bphe", dx, W[a + "W_O"], optimize=True))
+        q, k, v, pattern = (A[a + n] for n in ("hook_q", "hook_k", "hook_v", "hook_pattern"))
+        g[a + "hook_pattern"] = dp = R(np.einsum("bqhe,bkhe->bhqk", dz, v, optimize=True))  # every entry, as autograd
+        g[a + "hook_v"] = R(np.einsum("bhqk,bqhe->bkhe", pattern, dz, optimize=True))
+        weights = pattern if not (plant == "softmax_backward_weight" and here) else np.ones_like(pattern)
+        weighted = (weights * dp).sum(-1, keepdims=True, dtype=f32)  # [batch, head, query, 1]
+        g[a + "hook_attn_scores"] = ds = R(pattern * R(dp - weighted))
+        scale = f32(cfg.score_scale(L))
+        g[a + "hook_q"] = R(R(np.einsum("bhqk,bkhe->bqhe", ds, k, optimize=True)) * scale)
+        key_scale = f32(1) if plant == "key_scale" and here else scale
+        g[a + "hook_k"] = R(R(np.einsum("bhqk,bqhe->bkhe", ds, q, optimize=True)) * key_scale)
+        h = R(R(A[b + "ln1.hook_normalized"] * W[b + "ln1.w"]) + W[b + "ln1.b"])  # attention's input
+        d = None
+        for n in "QKV":
+            dn = g[a + f"hook_{n.lower()}"]  # [batch, pos, head, d_head]
+            g[a + f"W_{n}"] = R(np.einsum("bpd,bphe->hde", h, dn, optimize=True))
+            g[a + f"b_{n}"] = R(dn.sum((0, 1), dtype=f32))
+            part = R(np.einsum("bphe,hde->bpd", dn, W[a + f"W_{n}"], optimize=True))
+            d = part if d is None else R(d + part)
+        g[b + "ln1.out"] = d
+        dx = _ln_backward(g, b + "ln1.", d, A, W, R, dx, False)
+        g[b + "hook_resid_pre"] = dx
+    g["hook_embed"] = g["hook_pos_embed"] = dx
+    W_E = np.zeros(W["embed.W_E"].shape, f32)  # [d_vocab, d_model]
+    np.add.at(W_E, tokens.reshape(-1), dx.reshape(B * pos, -1))
+    g["embed.W_E"] = R(W_E)
+    W_pos = np.zeros(W["pos_embed.W_pos"].shape, f32)  # [n_ctx, d_model]
+    W_pos[:pos] = dx.sum(0, dtype=f32)
+    g["pos_embed.W_pos"] = R(W_pos)
+    return {"grad." + name: value for name, value in g.items()}
+
+
+def _ln_backward(g, prefix, d, A, W, R, upstream, drop_mean):
+    """The textbook LayerNorm backward from ∂out ``d``, the saved x̂ and σ; ∂w, ∂b and ∂x̂ into ``g``;
+    returns ∂input plus ``upstream`` (the residual stream's gradient, or None)."""
+    f32 = np.float32
+    xh, scale = A[prefix + "hook_normalized"], A[prefix + "hook_scale"]
+    g[prefix + "w"] = R(np.einsum("bpd,bpd->d", d, xh, optimize=True))
+    g[prefix + "b"] = R(d.sum((0, 1), dtype=f32))
+    g[prefix + "hook_normalized"] = gh = R(d * W[prefix + "w"])  # [batch, pos, d_model] ∂x̂
+    mean_g = f32(0) if drop_mean else R(gh.mean(-1, keepdims=True, dtype=f32))
+    mean_gx = R(R(gh * xh).mean(-1, keepdims=True, dtype=f32))
+    dx = R(R(R(gh - mean_g) - R(xh * mean_gx)) / scale)
+    return dx if upstream is None else R(upstream + dx)

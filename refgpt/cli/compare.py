@@ -236,7 +236,7 @@ def run(args) -> int:
         return 0 if report.ok else 1
     verdicts, skipped = local.judge_files(args.reference, candidate, _local_model(args),
                                           "refgpt" if args.name_map == "onnx" else args.name_map,
-                                          args.profile, args.local_bound)
+                                          args.profile, args.local_bound, args.forward_only)
     if args.json:
         answer = json.loads(report.to_json())
         verdict = {"skipped": skipped, "local_first": None} if verdicts is None else verdicts.as_dict()

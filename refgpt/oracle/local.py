@@ -1,13 +1,16 @@
-"""Local verdicts: every forward op of a port judged on the port's own inputs (issue 38).
+"""Local verdicts: every op of a port's forward and backward judged on the port's own inputs (issue 38).
 
-``judge`` walks a port's dumped activations (TransformerLens hook names, [batch, pos, …]) op by op:
+``judge`` walks a port's dumped activations (TransformerLens hook names, [batch, pos, …]) op by op,
+then, if it dumped gradients (a golden's ``grad.`` names), its backward in the order the backward
+computes them — each op's backward from the port's own upstream gradient and saved activations,
+every parameter's gradient (a sum over the batch) last:
 each op is recomputed in float64 by the reference (refgpt/reference/local.py) from the port's own
 values of its inputs and the checkpoint's weights rounded to the port's storage precision, and the
 port's output is held to that within the op's rounding bound at the port's precision. An op over
 its bound introduced an error — it is the bug, wherever the drift it inherited came from; an op
 whose output drifted from the golden file but is within its local bound inherited that drift.
 
-The report: ``first`` (the first op in forward order over its bound, with the introduced error,
+The report: ``first`` (the first op over its bound, forward then backward, with the introduced error,
 the bound, the inherited error when a golden's values are given, the index and both values) and
 per op the worst ratio introduced/bound, NMSE (Σ(port − ref)² / Σ ref², ggml's test-backend-ops
 metric) and SNR in dB, and which kind of bound judged it. An op whose output or inputs the port did
@@ -35,11 +38,13 @@ import numpy as np
 
 from ..errors import RefGPTError
 from ..reference import local as rl
+from ..reference.bounds import gamma
 from . import comparison, llmc_dump
 from ..files.checkpoint import load as load_checkpoint
 from ..files.default_model import default_model_path
 from .golden import weight_hashes
-from .name_maps import decode_to_refgpt, split_step, to_refgpt
+from .gradients import full_targets
+from .name_maps import GRAD, decode_to_refgpt, is_gradient, split_step, to_refgpt
 from .quantized import snr_db  # −10·log10(NMSE), one home
 
 
@@ -231,12 +236,22 @@ def judge(params, cfg, tokens, acts, precision="float32", kind="worst", golden=N
     positions = np.broadcast_to(np.arange(pos), (batch, pos)) if position_ids is None else np.asarray(position_ids)
     targets = tokens[:, 1:] if targets is None else np.asarray(targets)  # [batch, n]
     walk = _Walk(prec, golden, rl.Kind("probabilistic", p_fail))
-    acts = {name: a for name, a in acts.items() if np.ndim(a) >= 2}  # [batch, …]: not a mean loss
+    per_row = {name: a for name, a in acts.items() if np.ndim(a) >= 2 and not _is_parameter_gradient(name)}
+    rows = []  # [batch, …]: not a mean loss, nor a parameter's gradient
     for r in range(batch):
-        row = {name: np.asarray(a[r], np.float64) for name, a in acts.items()}
+        row = {name: np.asarray(a[r], np.float64) for name, a in per_row.items()}
+        rows.append(row)
         walk.real = None if attention_mask is None else mask[r]
         _forward_row(walk, p, cfg, _Row(r, tokens[r], positions[r], mask[r], mask[r], targets=targets[r]), row,
                      prec, sums)
+    if any(is_gradient(name) for name in acts):  # the backward, from the mean loss over the targets
+        if attention_mask is not None:
+            raise RefGPTError("local verdicts: the backward of a padded batch is not judged (nor made by a golden)")
+        full = full_targets(tokens, targets)  # [batch, pos], −100 where a position has none
+        walk.real = None
+        for r, row in enumerate(rows):
+            _backward_row(walk, p, cfg, row, r, prec, sums, full[r], int((full >= 0).sum()))
+        _weight_gradients(walk, p, cfg, tokens, acts, prec, sums)
     return LocalReport(str(prec), list(walk.verdicts.values()))
 
 
@@ -469,7 +484,220 @@ def _affine(walk, op, name, L, r, acts, x, dx, W, b, spec, prec, sums, missing, 
     walk.judge(op if dx is None else f"ln out → {op}", name, L, r, acts[name], ref, bound, sums)
 
 
-def judge_files(reference, candidate, model, name_map="refgpt", precision=None, kind="worst"):
+# ---- the backward: each op's backward from the port's own upstream gradient and saved values ------
+
+#: A gradient whose last name part is one of these is an activation's (judged row by row); any
+#: other ``grad.`` name is a parameter's (summed over the batch: judged whole).
+_ACTIVATION_LEAVES = ("out", "logits")
+
+
+def _is_parameter_gradient(name):
+    leaf = name.rsplit(".", 1)[-1]
+    return is_gradient(name) and not leaf.startswith("hook_") and leaf not in _ACTIVATION_LEAVES
+
+
+def _judged(walk, op, name, L, r, acts, needs, compute, kind=None):
+    """Judge ``name`` by ``compute()`` → (reference, bound) when it and ``needs`` were dumped, else
+    skip it naming what was not. True if judged."""
+    lacking = [n for n in (name, *needs) if n not in acts]
+    if lacking:
+        walk.skip(op, name, L, f"{', '.join(lacking)} not dumped")
+        return False
+    ref, bound = compute()
+    walk.judge(op, name, L, r, acts[name], ref, bound, kind)
+    return True
+
+
+def _backward_row(walk, p, cfg, acts, r, prec, sums, targets, count):
+    """One row's activation gradients, in the order the backward computes them."""
+    G = GRAD
+    _judged(walk, "loss backward", G + "logits", None, r, acts, ["logits"],
+            lambda: rl.cross_entropy_backward(acts["logits"], targets, count, prec, sums), sums)
+    unembed = ("unembed backward", [G + "logits"],
+               lambda: rl.affine(acts[G + "logits"], p["unembed.W_U"], 0.0, "pv,dv->pd", prec, sums))
+    _judged(walk, unembed[0], G + "ln_final.out", None, r, acts, unembed[1], unembed[2], sums)
+    last = f"blocks.{cfg.n_layers - 1}."
+    _ln_backward(walk, acts, "ln_final.", last + "hook_resid_post", None, unembed, p, None, r, prec, sums)
+    for L in reversed(range(cfg.n_layers)):
+        b, a, m = f"blocks.{L}.", f"blocks.{L}.attn.", f"blocks.{L}.mlp."
+        if L < cfg.n_layers - 1:
+            _copy(walk, G + b + "hook_resid_post", G + f"blocks.{L + 1}.hook_resid_pre", L, r, acts, prec)
+        _copy(walk, G + b + "hook_mlp_out", G + b + "hook_resid_post", L, r, acts, prec)
+        _judged(walk, "W_out backward", G + m + "hook_post", L, r, acts, [G + b + "hook_mlp_out"],
+                lambda: rl.affine(acts[G + b + "hook_mlp_out"], p[m + "W_out"], 0.0, "pd,md->pm", prec, sums), sums)
+        _judged(walk, f"{cfg.act_fn} backward", G + m + "hook_pre", L, r, acts, [m + "hook_pre", G + m + "hook_post"],
+                lambda: rl.activation_backward(cfg.act_fn, acts[m + "hook_pre"], acts[G + m + "hook_post"], prec))
+        w_in = ("W_in backward", [G + m + "hook_pre"],
+                lambda: rl.affine(acts[G + m + "hook_pre"], p[m + "W_in"], 0.0, "pm,dm->pd", prec, sums))
+        _judged(walk, w_in[0], G + b + "ln2.out", L, r, acts, w_in[1], w_in[2], sums)
+        _ln_backward(walk, acts, b + "ln2.", b + "hook_resid_mid", G + b + "hook_resid_post", w_in, p, L, r, prec, sums)
+        _copy(walk, G + b + "hook_attn_out", G + b + "hook_resid_mid", L, r, acts, prec)
+        _judged(walk, "W_O backward", G + a + "hook_z", L, r, acts, [G + b + "hook_attn_out"],
+                lambda: rl.affine(acts[G + b + "hook_attn_out"], p[a + "W_O"], 0.0, "pd,hed->phe", prec, sums), sums)
+        _attention_backward(walk, acts, a, L, r, cfg.score_scale(L), prec, sums)
+        qkv = ("q, k, v backward", [G + a + f"hook_{n}" for n in "qkv"], lambda: _qkv_backward(acts, p, a, prec, sums))
+        _judged(walk, qkv[0], G + b + "ln1.out", L, r, acts, qkv[1], qkv[2], sums)
+        _ln_backward(walk, acts, b + "ln1.", b + "hook_resid_pre", G + b + "hook_resid_mid", qkv, p, L, r, prec, sums)
+    for name in ("hook_embed", "hook_pos_embed"):
+        _copy(walk, G + name, G + "blocks.0.hook_resid_pre", None, r, acts, prec, "embed backward")
+
+
+def _copy(walk, name, source, L, r, acts, prec, op="residual backward"):
+    """A residual connection hands its gradient on unchanged (L1)."""
+    _judged(walk, op, name, L, r, acts, [source], lambda: (acts[source], rl.copy(acts[source], prec)))
+
+
+def _attention_backward(walk, acts, a, L, r, scale, prec, sums):
+    """∂z → ∂pattern and ∂v (L3), the softmax's backward (L13), ∂scores → ∂q and ∂k (L3 with the scale)."""
+    G = GRAD
+    pos = next((acts[n].shape[0] for n in (a + "hook_q", a + "hook_v") if n in acts), 0)
+    future = np.triu(np.ones((pos, pos), dtype=bool), k=1)  # [query, key]: never read, never judged
+
+    def pattern_grad():
+        ref, bound = rl.affine(acts[G + a + "hook_z"], acts[a + "hook_v"], 0.0, "qhe,khe->hqk", prec, sums)
+        return np.where(future, acts[G + a + "hook_pattern"], ref), np.where(future, 0.0, bound)
+
+    _judged(walk, "z backward → pattern", G + a + "hook_pattern", L, r, acts, [G + a + "hook_z", a + "hook_v"],
+            pattern_grad, sums)
+    _judged(walk, "z backward → v", G + a + "hook_v", L, r, acts, [G + a + "hook_z", a + "hook_pattern"],
+            lambda: rl.affine(acts[a + "hook_pattern"], acts[G + a + "hook_z"], 0.0, "hqk,qhe->khe", prec, sums), sums)
+    _judged(walk, "softmax backward", G + a + "hook_attn_scores", L, r, acts, [G + a + "hook_pattern", a + "hook_pattern"],
+            lambda: rl.softmax_backward(acts[a + "hook_pattern"], np.where(future, 0.0, acts[G + a + "hook_pattern"]),
+                                        prec, sums), sums)
+    for n, spec, other in (("q", "hqk,khe->qhe", "hook_k"), ("k", "hqk,qhe->khe", "hook_q")):
+        _judged(walk, f"scores backward → {n}", G + a + f"hook_{n}", L, r, acts, [G + a + "hook_attn_scores", a + other],
+                lambda spec=spec, other=other: rl.affine(acts[G + a + "hook_attn_scores"], acts[a + other], 0.0, spec,
+                                                         prec, sums, scale=scale), sums)
+
+
+def _qkv_backward(acts, p, a, prec, sums):
+    """∂ln1.out = ∂q·W_Qᵀ + ∂k·W_Kᵀ + ∂v·W_Vᵀ: one sum of 3·n_heads·d_head terms (llm.c's one matmul),
+    or three and two adds: each partial product and sum stored, 2·(u_el + u_store) more."""
+    dqkv = np.concatenate([acts[GRAD + a + f"hook_{n}"] for n in "qkv"], axis=1)  # [pos, 3·head, d_head]
+    W = np.concatenate([p[a + f"W_{n}"] for n in "QKV"])  # [3·head, d_model, d_head]
+    ref, bound = rl.affine(dqkv, W, 0.0, "phe,hde->pd", prec, sums)
+    magnitude = np.einsum("phe,hde->pd", np.abs(dqkv), np.abs(W), optimize=True)  # [pos, d_model]
+    return ref, bound + 2 * (prec.u_el + prec.u_store) * magnitude
+
+
+def _ln_backward(walk, acts, prefix, x_name, upstream, reader, p, L, r, prec, sums):
+    """LayerNorm ``prefix``'s backward (L12) from the port's ∂out, x̂ and σ, plus the ``upstream``
+    residual gradient (L2; None for ln_final): judged at ∂``x_name``. Without a dumped ∂out, from
+    ``reader`` = (its op, its inputs, compute → (∂out, bound)) as the span "reader → ln backward";
+    without a dumped x̂, x̂ = (x − μ)/σ from the port's x, μ and σ (llm.c's: two roundings at u_el)."""
+    G, w = GRAD, p[prefix + "w"]
+    name, op = G + x_name, "ln backward"
+    if G + prefix + "out" in acts:
+        grad, dgrad = acts[G + prefix + "out"], None
+    elif all(n in acts for n in reader[1]):
+        (grad, dgrad), op = reader[2](), f"{reader[0]} → ln backward"
+    else:
+        walk.skip(op, name, L, f"{G + prefix}out not dumped, nor {', '.join(reader[1])}")
+        return
+    normalized, dnormalized = _normalized(acts, prefix, x_name, prec)
+    if normalized is None:
+        walk.skip(op, name, L, f"{prefix}hook_normalized not dumped, nor {x_name}, {prefix}hook_mean")
+        return
+    needs = [prefix + "hook_scale"] + ([upstream] if upstream else [])
+    if G + prefix + "hook_normalized" in acts and dgrad is None:  # ∂x̂ = ∂out ⊙ w: one product
+        _judged(walk, "ln backward x̂", G + prefix + "hook_normalized", L, r, acts, [], lambda: (
+            y := grad * w, (prec.u_el + prec.u_store + rl.U) * np.abs(y)))
+
+    def compute():
+        dx, bound = rl.layer_norm_backward(grad, w, normalized, acts[prefix + "hook_scale"], prec, sums, dgrad,
+                                           dnormalized)
+        if upstream is None:
+            return dx, bound
+        y, added = rl.add(acts[upstream], dx, prec)
+        return y, bound + added
+
+    _judged(walk, op, name, L, r, acts, needs, compute, sums)
+
+
+def _normalized(acts, prefix, x_name, prec):
+    """(x̂, None) as the port dumped it, or (x̂ = (x − μ)/σ from the port's x, μ and σ, and the bound
+    on the port's own x̂: llm.c's (x − μ)·rstd, two roundings at u_el), or (None, None)."""
+    if prefix + "hook_normalized" in acts:
+        return np.asarray(acts[prefix + "hook_normalized"], np.float64), None
+    if all(n in acts for n in (x_name, prefix + "hook_mean", prefix + "hook_scale")):
+        normalized = (np.asarray(acts[x_name], np.float64) - acts[prefix + "hook_mean"]) / acts[prefix + "hook_scale"]
+        return normalized, (gamma(2, prec.u_el) + 2 * rl.U) * np.abs(normalized)  # [(batch,) pos, d_model]
+    return None, None
+
+
+def _weight_gradients(walk, p, cfg, tokens, acts, prec, sums):
+    """Each parameter's gradient, a sum over the batch's rows and positions (L3 with k = batch·pos),
+    from the port's own gradients and forward values; ∂W_E a scatter-add over the tokens (L15)."""
+    G = GRAD
+    B, pos = tokens.shape
+    ones = np.ones((B, pos))
+    A = lambda name: np.asarray(acts[name], np.float64) if name in acts else None  # noqa: E731
+
+    def ln_out(prefix):  # the forward's LayerNorm output as the port handed it on, with its bound if rebuilt
+        if prefix + "out" in acts:
+            return A(prefix + "out"), None
+        if prefix + "hook_normalized" in acts:
+            return rl.layer_norm_out(A(prefix + "hook_normalized"), p[prefix + "w"], p[prefix + "b"], prec)
+        return None, None
+
+    def weight(name, L, x, dx, g_name, spec, x_name, needed=False):
+        """Judge ∂``name`` if dumped; (reference, bound) if judged or ``needed`` (tied_W_E's part)."""
+        lacking = [n for n in ([] if needed else [G + name]) + [g_name] if n not in acts] + (
+            [] if x is not None else [x_name])
+        if lacking:
+            walk.skip("weight backward", G + name, L, f"{', '.join(lacking)} not dumped")
+            return None
+        ref, bound = rl.affine(x, A(g_name), 0.0, spec, prec, sums, dx, stored=True)
+        if G + name in acts:
+            walk.judge("weight backward", G + name, L, None, A(G + name), ref, bound, sums)
+        return ref, bound
+
+    final, d_final = ln_out("ln_final.")
+    W_U = weight("unembed.W_U", None, final, d_final, G + "logits", "bpd,bpv->dv", "ln_final.out",
+                 needed=G + "tied_W_E" in acts)
+    if "unembed.b_U" in p:
+        weight("unembed.b_U", None, ones, None, G + "logits", "bp,bpv->v", "")
+    inputs = {"ln1.": "hook_resid_pre", "ln2.": "hook_resid_mid"}
+    for prefix, L, x_name in [("ln_final.", None, f"blocks.{cfg.n_layers - 1}.hook_resid_post")] + [
+            (f"blocks.{L}.{ln}", L, f"blocks.{L}.{x}") for L in range(cfg.n_layers) for ln, x in inputs.items()]:
+        g_name = G + prefix + "out"
+        normalized, d_normalized = _normalized(acts, prefix, x_name, prec)
+        weight(prefix + "w", L, normalized, d_normalized, g_name, "bpd,bpd->d", prefix + "hook_normalized")
+        weight(prefix + "b", L, ones, None, g_name, "bp,bpd->d", "")
+    for L in range(cfg.n_layers):
+        b, a, m = f"blocks.{L}.", f"blocks.{L}.attn.", f"blocks.{L}.mlp."
+        weight(m + "W_out", L, A(m + "hook_post"), None, G + b + "hook_mlp_out", "bpm,bpd->md", m + "hook_post")
+        weight(m + "b_out", L, ones, None, G + b + "hook_mlp_out", "bp,bpd->d", "")
+        h, dh = ln_out(b + "ln2.")
+        weight(m + "W_in", L, h, dh, G + m + "hook_pre", "bpd,bpm->dm", b + "ln2.out")
+        weight(m + "b_in", L, ones, None, G + m + "hook_pre", "bp,bpm->m", "")
+        weight(a + "W_O", L, A(a + "hook_z"), None, G + b + "hook_attn_out", "bphe,bpd->hed", a + "hook_z")
+        weight(a + "b_O", L, ones, None, G + b + "hook_attn_out", "bp,bpd->d", "")
+        h, dh = ln_out(b + "ln1.")
+        for n in "QKV":
+            weight(a + f"W_{n}", L, h, dh, G + a + f"hook_{n.lower()}", "bpd,bphe->hde", b + "ln1.out")
+            weight(a + f"b_{n}", L, ones, None, G + a + f"hook_{n.lower()}", "bp,bphe->he", "")
+    embed = next((n for n in (G + "hook_embed", G + "blocks.0.hook_resid_pre") if n in acts), None)
+    W_E = None
+    if embed is not None:
+        W_E = rl.scatter(tokens.reshape(-1), A(embed).reshape(B * pos, -1), cfg.d_vocab, prec, sums)
+        if G + "embed.W_E" in acts:
+            walk.judge("weight backward", G + "embed.W_E", None, None, A(G + "embed.W_E"), *W_E, sums)
+        if G + "pos_embed.W_pos" in acts:
+            ref, bound = rl.affine(np.ones(B), A(next((n for n in (G + "hook_pos_embed", embed) if n in acts))), 0.0,
+                                   "b,bpd->pd", prec, sums, stored=True)
+            full = np.zeros(p["pos_embed.W_pos"].shape)  # [n_ctx, d_model]: the positions not used get 0
+            full_bound = full.copy()
+            full[:pos], full_bound[:pos] = ref, bound
+            walk.judge("weight backward", G + "pos_embed.W_pos", None, None, A(G + "pos_embed.W_pos"), full, full_bound,
+                       sums)
+    if G + "tied_W_E" in acts and W_E is not None and W_U is not None:  # one matrix used twice: the two summed
+        ref, bound = rl.add(W_E[0], W_U[0].T, prec)
+        walk.judge("weight backward", G + "tied_W_E", None, None, A(G + "tied_W_E"), ref, bound + W_E[1] + W_U[1].T,
+                   sums)
+
+
+def judge_files(reference, candidate, model, name_map="refgpt", precision=None, kind="worst", forward_only=False):
     """``refgpt compare --local``: (LocalReport, None), or (None, the one line saying why local
     verdicts were skipped). ``model`` is the checkpoint's Model in float64 (or None: skipped); a
     golden that recorded its weights' sha256 must have been made from ``model``'s files."""
@@ -486,10 +714,17 @@ def judge_files(reference, candidate, model, name_map="refgpt", precision=None, 
     if steps and isinstance(candidate, (str, Path)) and Path(candidate).is_dir():  # llm.c's per-step dumps
         candidate, name_map = llmc_dump.read_steps(candidate, ref, g), "refgpt"
     cand, dtypes, _ = comparison.load(candidate, name_map, shape)
-    if cand is None:  # an llm.c .bin: its activations and losses (its gradients are not judged locally yet)
+    if cand is None:  # an llm.c .bin: its activations, losses and gradients
         cand = {k: v for k, v in comparison._read_llmc_bin(candidate, ref, g).items()
-                if not k.startswith(("grad", "tokens", "targets"))}
+                if not k.startswith(("tokens", "targets"))}
+    if name_map == "llmc" and any(k.startswith(("grads.", "grads_acts.")) for k in cand):
+        if g is None or g.config is None:
+            raise RefGPTError("llm.c gradients need a refgpt golden file as the reference (its config gives the "
+                              "model's shape)")
+        cand, _ = llmc_dump.to_refgpt_gradients(cand, g.config)
     cand, _ = (decode_to_refgpt(cand, name_map, shape, steps[-1]) if steps else to_refgpt(cand, name_map, shape))
+    if forward_only:
+        cand = {k: v for k, v in cand.items() if not is_gradient(k)}
     precision = precision or comparison.default_profile(cand, dtypes)
     golden = lambda name, row: np.asarray(ref[name][row], np.float64) if name in ref else None  # noqa: E731
     if steps:
@@ -522,7 +757,8 @@ def format_local(report: LocalReport, all_ops=False, out_of_tolerance=()) -> str
         lines.append(f"FIRST LOCAL FAILURE: {first.op} at {first.name} ({_where(first)}row {first.row}): "
                      f"{first.mismatch}")
     else:
-        lines.append(f"FIRST LOCAL FAILURE: {first.op} at {first.name} ({_where(first)}row {first.index[0]}, index "
+        where = "summed over the batch" if first.index[0] is None else f"row {first.index[0]}"
+        lines.append(f"FIRST LOCAL FAILURE: {first.op} at {first.name} ({_where(first)}{where}, index "
                      f"{list(first.index[1:])}): port {first.port:.9g}, reference {first.reference:.9g}, "
                      f"introduced {first.introduced:.3g} > bound {first.bound:.3g}"
                      + ("" if first.inherited is None else f", inherited {first.inherited:.3g}"))

@@ -19,7 +19,10 @@ The bounds, one computation of the port (P) plus one of float64 (R), each op's i
 (M = the sum of the terms' magnitudes, γ_k(u) = k·u/(1 − k·u), U = 2⁻⁵³):
 
   L0 underflow: every element also gets 4·(half the smallest subnormal) absolute: a probability
-     of 3e-8 stored in float16 is 0.
+     of 3e-8 stored in float16 is 0. A port may flush subnormals to 0 (FTZ and DAZ, as oneDNN's
+     bfloat16 matmuls do), so an L3/L11 product also gets k·(the smallest normal at u_acc) (each of
+     its k products may be flushed), a subnormal operand counts as the smallest normal pushed through
+     the other operand's |values|, and a result below the smallest normal may be 0.
   L1 copy (embedding gathers, a block's resid_pre)   |y_P − y_R| ≤ u_store·|y|   (a change of dtype)
   L2 add (the residual adds, the position add)       ≤ (u_acc + u_store(1 + u_acc) + U)·|y|
   L3 affine y = x·W + b, k terms (q, k, v; attention's output from z with k = n_heads·d_head; the
@@ -49,6 +52,43 @@ The bounds, one computation of the port (P) plus one of float64 (R), each op's i
 L4 and L5 take the keys ``allowed`` per query: causal by default, the last queries of the keys for a
 decode step (its queries read the port's own KV cache), and the pad keys of a padded row masked.
 
+The backward (L11–L15): each op's backward from the port's own upstream gradient and saved forward
+values, the same two computations (P and R). Every line is linear in the gradient it is handed:
+  L11 a backward product — ∂final = ∂logits·W_Uᵀ (k = d_vocab), ∂post = ∂mlp_out·W_outᵀ, ∂ln2.out =
+      ∂pre·W_inᵀ, ∂z = ∂attn_out·W_Oᵀ, ∂pattern = ∂z·vᵀ (k = e; the future keys are not judged),
+      ∂v = patternᵀ·∂z (k = pos), ∂q = s·∂scores·k and ∂k = s·∂scoresᵀ·q (k = pos), ∂ln1.out =
+      ∂q·W_Qᵀ + ∂k·W_Kᵀ + ∂v·W_Vᵀ (one sum of k = 3·h·e, or three and two adds: 2(u_el + u_store)·M
+      more), and every parameter's gradient (k = batch·pos; each product may be stored first: u_el·M
+      more, autograd's elementwise multiply before its sum) — is L3 with b = 0; a scale s other
+      than 1 is a rounded constant applied to an operand or the product: 2·u_el·M more (U·M for R).
+      Each product of the port may underflow: k·(half the smallest subnormal at u_acc) absolute.
+  L12 LayerNorm's backward, from the port's ∂out, x̂ and σ (gpt2.py's textbook on the port's values),
+      ĝ = ∂out ⊙ w, M = mean|ĝ ⊙ x̂|, K = (|ĝ| + mean|ĝ| + |x̂|·M)/σ:
+        (g_{2n}(u_acc) + 8·u_el + γ_{2n+6}(U))·(K + mean K) + (|mean x̂| + u_el·mean|x̂|)·M/σ·(1 + 8u_el)
+        + u_store·|∂x| + 2n·(the smallest normal: L0)/σ
+      — ĝ, mean ĝ, mean(ĝ ⊙ x̂) (two products, a sum, /n), x̂·that, two subtractions and ×1/σ or /σ
+      (σ or rstd rounded): ≤ 8 roundings at u_el on terms bounded by K; a port chaining ∂σ, ∂c, ∂μ
+      (refgpt's, autograd's) sums n terms twice (the second: the ∂c's, whose mean is mean K), and
+      differs from the textbook by mean(x̂)·mean(ĝ ⊙ x̂)/σ exactly (bounds.py §9), mean(x̂) the port's
+      own up to a rounding of each x̂. Added to the residual stream's gradient: L2. A port that dumped
+      no x̂ (llm.c) recomputes it as (x − μ)·rstd: two roundings at u_el, pushed through the map.
+  L13 the softmax's backward p ⊙ (∂p − Σ p ⊙ ∂p) from the port's pattern and ∂pattern, M = Σ p·|∂p|:
+        p·[(E + (2u_el + u_store)·(|∂p| + |Σ p ⊙ ∂p| + E))·(1 + 3u_el) + γ_{n+1}(U)·M + 3U·(…)],
+        E = (g_n(u_acc) + 2u_el)·M   (the products and their sum; the difference, ×p, stored)
+  L14 the loss's ∂logits = (softmax(logits) − onehot)/count from the port's logits: L5 over the
+      vocabulary without the mask, then the subtraction, ×1/count (a rounded constant) and the store:
+      (L5 + (3u_el + u_store + 3U)·|p − onehot|)/count; a position without a target: 0.
+  L15 ∂W_E, a scatter-add of ∂embed over the positions holding each token (c of them), added up in
+      the stored precision (torch's index_add on a bfloat16 tensor):
+      (g_c(u_el)·(1 + u_store) + γ_c(U))·Σ|terms| + u_store·|∂W_E|.
+  The activations' backward ∂post ⊙ f′(pre): the tanh GELUs by bounds.py §8 at u_el with their three
+  constants (c, 0.044715, 3·0.044715) rounded; relu's exact; tanh, silu, quick_gelu and gelu (erf)
+  by ``derivative_error``'s |Δf′| at u_el (and at U), ×|∂post|, + (u_el + U)·|∂pre| for the product;
+  all + u_store·|∂pre|. The residual stream's copies of a gradient
+  (∂mlp_out = ∂resid_post, …, ∂hook_embed = ∂resid_pre₀): L1.
+  Where the port dumped no ∂out of a LayerNorm, its reader's backward (W_in, q/k/v, the unembedding)
+  and the LayerNorm's are judged as one span, the reader's L11 bound pushed through L12's map.
+
 g is the kind of bound, stated for each op in the report:
   worst          g_k(u) = γ_k(u) = k·u/(1 − k·u): any order, blocking or FMA (Higham §3.1). Blind
                  for long sums: float32 at k = 50,257 allows 3e-3.
@@ -76,6 +116,9 @@ from .compare import UNIT_ROUNDOFF
 
 #: Half the smallest subnormal: a rounding's absolute error where the value underflows.
 UNDERFLOW = {"float64": 2.0 ** -1075, "float32": 2.0 ** -150, "bfloat16": 2.0 ** -134, "float16": 2.0 ** -25}
+#: The smallest normal number: a port may read a subnormal input as 0 and flush a subnormal result
+#: to 0 (DAZ, FTZ: oneDNN's bfloat16 matmuls do), an absolute error below this.
+NORMAL = {"float64": 2.0 ** -1022, "float32": 2.0 ** -126, "bfloat16": 2.0 ** -126, "float16": 2.0 ** -14}
 
 
 @dataclass(frozen=True)
@@ -176,17 +219,27 @@ def add(a, b, prec):
     return y, (prec.u_acc + prec.u_store * (1 + prec.u_acc) + U) * np.abs(y)
 
 
-def affine(x, W, b, spec, prec, kind=WORST, dx=None):
-    """L3: (x·W + b by einsum ``spec``, bound); ``dx`` a bound on x's own error (a span's input)."""
+def affine(x, W, b, spec, prec, kind=WORST, dx=None, scale=1.0, stored=False):
+    """L3: (scale·(x·W) + b by einsum ``spec``, bound); ``dx`` a bound on x's own error (a span's
+    input); ``scale`` ≠ 1 (L11's ∂q, ∂k): applied to an operand or the product, and itself a rounded
+    constant: two more roundings at u_el for the port, one at U for float64; ``stored``: each
+    product may be stored before the sum (autograd's multiply, then sum: L11's ∂w), u_el more."""
     k = int(np.prod([W.shape[i] for i in contracted(spec)]))
-    product = np.einsum(spec, x, W, optimize=True)  # [...] (optimize: by BLAS)
+    product = scale * np.einsum(spec, x, W, optimize=True)  # [...] (optimize: by BLAS)
     y = product + b  # [...]
-    magnitude = np.einsum(spec, np.abs(x), np.abs(W), optimize=True) + np.abs(b)  # [...]
-    sums = kind.g(k + 1, prec.u_acc) * magnitude  # [...] the port's accumulation
-    bound = sums * (1 + 2 * prec.u_store) + rounded(prec, product, y) + gamma(k + 1) * magnitude
+    magnitude = abs(scale) * np.einsum(spec, np.abs(x), np.abs(W), optimize=True) + np.abs(b)  # [...]
+    g = kind.g(k + 1, prec.u_acc) + ((scale != 1) * 2 + stored) * prec.u_el  # the port's sum, ×scale, products
+    bound = (g * magnitude * (1 + 2 * prec.u_store) + rounded(prec, product, y) + gamma(k + 1 + (scale != 1)) * magnitude
+             + k * NORMAL[prec.acc] + NORMAL[prec.store] * (np.abs(y) < NORMAL[prec.store]))  # L0: products, output
+    for operand in (0, 1):  # DAZ: a subnormal operand read as 0, its size pushed through the other's
+        a = (x, W)[operand]
+        if np.any((a != 0) & (np.abs(a) < NORMAL[prec.store])):
+            flushed = np.where((a != 0) & (np.abs(a) < NORMAL[prec.store]), NORMAL[prec.store], 0.0)  # [...]
+            pair = (flushed, np.abs(W)) if operand == 0 else (np.abs(x), flushed)
+            bound = bound + abs(scale) * np.einsum(spec, *pair, optimize=True)
     if dx is not None:  # x's own error pushed through |W|, and the port's sums and roundings of it
-        spread = kind.g(k + 1, prec.u_acc) * (1 + 2 * prec.u_store) + 2 * prec.u_store * (1 + prec.u_store)
-        bound = bound + (1 + spread) * np.einsum(spec, dx, np.abs(W), optimize=True)
+        spread = g * (1 + 2 * prec.u_store) + 2 * prec.u_store * (1 + prec.u_store)
+        bound = bound + (1 + spread) * abs(scale) * np.einsum(spec, dx, np.abs(W), optimize=True)
     return y, bound
 
 
@@ -225,15 +278,11 @@ def softmax(s, prec, kind=WORST, allowed=None):
     causal; the vocabulary's softmax: all), bound)."""
     allowed = causal(*s.shape[-2:]) if allowed is None else allowed  # [query, key]
     s = np.where(allowed, s, -np.inf)  # [head, query, key]
+    n = np.maximum(np.broadcast_to(allowed, s.shape).sum(-1, keepdims=True), 2)  # [..., 1] keys seen
     with np.errstate(invalid="ignore"):  # a row with no key allowed (a pad's query) is NaN: not judged
         p = gpt2.softmax(s)  # [head, query, key]
-        shifted = s - s.max(-1, keepdims=True)  # [head, query, key]
-    n = np.maximum(np.broadcast_to(allowed, s.shape).sum(-1, keepdims=True), 2)  # [..., 1] keys seen
-    bound = 0.0
-    for u_el, u_acc, g in ((prec.u_el, prec.u_acc, kind.g(n - 1, prec.u_acc)), (U, U, gamma(n - 1))):
-        eta = u_el * np.abs(np.where(np.isfinite(shifted), shifted, 0.0)) + 8 * u_el  # [head, query, key]
-        bound = bound + p * (eta + (p * eta).sum(-1, keepdims=True) + g + u_el)
-    return p, bound + prec.u_store * p
+        return p, (bounds.softmax_error(p, s, prec.u_el, kind.g(n - 1, prec.u_acc))
+                   + bounds.softmax_error(p, s, U, gamma(n - 1)) + prec.u_store * p)
 
 
 def log_softmax(x, prec, kind=WORST):
@@ -288,3 +337,94 @@ def gelu_new(pre, prec):
     """L8: (gelu_new of the port's pre, bound)."""
     return gpt2.gelu_new(pre), (bounds.gelu_new_error(pre, prec.u_el) + bounds.gelu_new_error(pre)
                                 + prec.u_store * np.abs(gpt2.gelu_new(pre)))
+
+
+# ---- the backward: each op's backward from the port's own upstream gradient and saved values ----
+
+
+def layer_norm_backward(grad, w, normalized, scale, prec, kind=WORST, dgrad=None, dnormalized=None):
+    """L12: (gpt2.layer_norm_backward's ∂x [pos, d] from the port's ∂out, x̂ and σ, bound);
+    ``dgrad``, ``dnormalized`` bounds on the port's ∂out and x̂ own errors (a span's input)."""
+    n = grad.shape[-1]
+    dx = gpt2.layer_norm_backward(grad, w, normalized, scale)[0]  # [pos, d_model]
+    g, xh = np.abs(grad * w), np.abs(normalized)  # [pos, d_model]
+    M = (g * xh).mean(-1, keepdims=True)  # [pos, 1]
+    K = (g + g.mean(-1, keepdims=True) + xh * M) / scale  # [pos, d_model]
+    K = K + K.mean(-1, keepdims=True)
+    formulas = (np.abs(normalized.mean(-1, keepdims=True)) + prec.u_el * xh.mean(-1, keepdims=True)) * M / scale
+    bound = ((kind.g(2 * n, prec.u_acc) + 8 * prec.u_el + gamma(2 * n + 6)) * K + formulas * (1 + 8 * prec.u_el)
+             + prec.u_store * np.abs(dx) + 2 * n * NORMAL[prec.acc] / scale)
+    if dgrad is not None:  # the linear map of ∂out, in absolute values
+        e = np.abs(w) * dgrad  # [pos, d_model]
+        bound = bound + (1 + 8 * prec.u_el) * (e + e.mean(-1, keepdims=True) + xh * (e * xh).mean(-1, keepdims=True)) / scale
+    if dnormalized is not None:  # x̂ + δ: −(δ·mean(g x̂) + x̂·mean(g δ) + δ·mean(g δ))/σ, and mean(x̂)'s term
+        m = (g * dnormalized).mean(-1, keepdims=True)  # [pos, 1]
+        bound = bound + (1 + 8 * prec.u_el) * ((dnormalized + dnormalized.mean(-1, keepdims=True)) * (M + m)
+                                               + xh * m) / scale
+    return dx, bound
+
+
+def activation_backward(act, pre, grad, prec):
+    """L8's backward, every activation gpt2.ACTIVATIONS holds: (∂post ⊙ f′(pre) from the port's pre
+    and ∂post, bound); the tanh GELUs by bounds.py §8 at u_el with their three constants rounded, the
+    others by ``derivative_error``; then ×∂post and the store."""
+    y = gpt2.ACTIVATIONS[act][1](pre, grad)  # [pos, d_mlp]
+    if act in ("gelu_new", "gelu_pytorch_tanh", "gelu_fast"):  # gelu_fast: §8 with c = 0.7978845608
+        e = bounds.gelu_new_backward_error(pre, grad, prec.u_el, constants=3) + bounds.gelu_new_backward_error(pre, grad)
+    else:
+        e = np.abs(grad) * (derivative_error(act, pre, prec.u_el) + derivative_error(act, pre, U)) + (prec.u_el + U) * np.abs(y)
+    return y, e + prec.u_store * np.abs(y)
+
+
+def derivative_error(act, x, u):
+    """|f̂′(x) − f′(x)| of one computation at unit roundoff u, exp, tanh and erf within 4 ulps (8u):
+    relu exact; tanh 1 − t², t within 8u: 17u·t² + 2u·|1 − t²|; silu and quick_gelu s + a·x·s·(1 − s),
+    s = σ(a·x) within ε = (2|a·x| + 12)·u relative (a rounded and a·x: 2u relative in exp's argument,
+    exp's 8u, 1 + e, the division), then the products (4 roundings) and the sum; gelu
+    Φ(x) + x·φ(x): erf(x·√½) within 8u + its argument's 3u through erf′, x·φ within (x² + 12)·u."""
+    if act == "relu":
+        return np.zeros_like(x)
+    if act == "tanh":
+        t = np.tanh(x)
+        return 17 * u * t * t + 2 * u * np.abs(1 - t * t)
+    if act == "gelu":
+        z, phi = x * np.sqrt(0.5), np.exp(-0.5 * x * x) / np.sqrt(2 * np.pi)
+        erf = np.vectorize(math.erf, otypes=[float])(z)
+        return (0.5 * (8 * u * np.abs(erf) + 3 * u * np.abs(z) * 2 / np.sqrt(np.pi) * np.exp(-z * z) + u * (1 + np.abs(erf)))
+                + np.abs(x) * phi * (x * x + 12) * u + u * (0.5 * (1 + erf) + np.abs(x) * phi))
+    a = 1.702 if act == "quick_gelu" else 1.0  # silu, swish
+    ax = np.abs(a * x)
+    s = gpt2.sigmoid(a * x)
+    eps = (2 * ax + 12) * u
+    return eps * s + ax * s * (eps * (1 - s) + eps * s + u * (1 - s)) + 5 * u * ax * s * (1 - s) + u * s
+
+
+def softmax_backward(p, dp, prec, kind=WORST):
+    """L13: (p ⊙ (∂p − Σ p ⊙ ∂p) [head, query, key] from the port's pattern and ∂pattern, bound)."""
+    n = p.shape[-1]
+    weighted = (p * dp).sum(-1, keepdims=True)  # [head, query, 1]
+    y = p * (dp - weighted)  # [head, query, key]
+    M = (p * np.abs(dp)).sum(-1, keepdims=True)  # [head, query, 1]
+    e_sum = (kind.g(n, prec.u_acc) + 2 * prec.u_el) * M  # the products, their sum
+    size = np.abs(dp) + np.abs(weighted) + e_sum  # [head, query, key]
+    return y, p * ((e_sum + (2 * prec.u_el + prec.u_store) * size) * (1 + 3 * prec.u_el)
+                   + gamma(n + 1) * M + 3 * U * size) + n * NORMAL[prec.acc]
+
+
+def cross_entropy_backward(logits, targets, count, prec, kind=WORST):
+    """L14: ((softmax(logits) − onehot(targets))/count [pos, d_vocab] from the port's logits, bound);
+    a position whose target is negative (−100) has none: 0."""
+    p, bound = softmax(logits, prec, kind, allowed=True)  # [pos, d_vocab]
+    has = targets >= 0  # [pos]
+    p[has, targets[has]] -= 1
+    return np.where(has[:, None], p / count, 0.0), np.where(
+        has[:, None], (bound + (3 * prec.u_el + prec.u_store + 3 * U) * np.abs(p)) / count, 0.0)
+
+
+def scatter(tokens, grad, d_vocab, prec, kind=WORST):
+    """L15's ∂W_E: Σ of ∂embed [N, d] over the positions holding each token → [d_vocab, d], bound."""
+    y, M = np.zeros((d_vocab, grad.shape[-1])), np.zeros((d_vocab, grad.shape[-1]))  # [d_vocab, d_model]
+    np.add.at(y, tokens, grad)
+    np.add.at(M, tokens, np.abs(grad))
+    count = np.maximum(np.bincount(tokens, minlength=d_vocab), 1)[:, None]  # [d_vocab, 1]
+    return y, (kind.g(count, prec.u_el) * (1 + prec.u_store) + gamma(count)) * M + prec.u_store * np.abs(y)

@@ -313,7 +313,7 @@ def test_the_pages_decode_example_prints_what_the_page_shows(refgpt_cli, tmp_pat
     monkeypatch.chdir(tmp_path)
     text = (DOCS / "oracle.md").read_text(encoding="utf-8")
     start = text.index(SUBSECTION)
-    section = text[start: text.find("\n## ", start)]
+    section = text[start: min(i for i in (text.find("\n## ", start), text.find("\n### ", start + 1)) if i != -1)]
     commands = [line for block in re.findall(r"```bash\n(.*?)```", section, flags=re.S) for line in block.splitlines()]
     shown = re.findall(r"^```\n(FIRST LOCAL FAILURE: .*?)^```", section, flags=re.S | re.M)[0].splitlines()
     assert [c.split()[:2] for c in commands] == [["refgpt", "golden"], ["refgpt", "compare"]]
