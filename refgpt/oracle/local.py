@@ -97,8 +97,8 @@ class LocalReport:
 
 
 class _Walk:
-    def __init__(self, precision, kind, golden):
-        self.precision, self.kind, self.golden = precision, kind, golden
+    def __init__(self, precision, kind, golden, layer_norm="two-pass"):
+        self.precision, self.kind, self.golden, self.layer_norm = precision, kind, golden, layer_norm
         self.verdicts: dict[str, OpVerdict] = {}
 
     def verdict(self, op, name, layer, kind=None) -> OpVerdict:
@@ -140,24 +140,31 @@ class _Walk:
                 v.inherited = float(abs(reference[i] - golden[i]))
 
 
-def judge(params, cfg, tokens, acts, precision="float32", kind="worst", golden=None, p_fail=1e-9) -> LocalReport:
+def judge(params, cfg, tokens, acts, precision="float32", kind="worst", golden=None, p_fail=1e-9,
+          layer_norm="two-pass") -> LocalReport:
     """Local verdicts on a port's forward: ``params`` the checkpoint's weights (TransformerLens
     names, any float dtype), ``cfg`` its Config, ``tokens`` [batch, pos], ``acts`` the port's
     activations by hook name ([batch, pos, …], as run_with_cache names them; ``logits``
     [batch, pos, d_vocab] too), ``precision`` a key of refgpt.reference.local.PRECISIONS, ``kind``
     "worst" or "probabilistic" (for the long sums: the affine ops, z and the softmax's sum), and
     ``golden`` optionally a function (name, row) → the golden's float64 value, for the inherited
-    error. Every row is judged on its own; every position of every row is real (no padding)."""
+    error. ``layer_norm``: "two-pass" (L7: the statistics and x̂ judged, as TransformerLens and
+    llm.c compute them) or "any" (L9: each LayerNorm judged from its input to its dumped output, for
+    a port whose mean and variance come from another algorithm — torch's nn.LayerNorm, HF's, by
+    Welford's updates — with L9's stated errors). Every row is judged on its own; every position of
+    every row is real (no padding)."""
     if precision not in rl.PRECISIONS:
         raise RefGPTError(f"local verdicts: unknown precision {precision!r}; one of {', '.join(rl.PRECISIONS)}")
     if kind not in ("worst", "probabilistic"):
         raise RefGPTError(f"local verdicts: unknown kind of bound {kind!r}; 'worst' or 'probabilistic'")
+    if layer_norm not in LAYER_NORMS:
+        raise RefGPTError(f"local verdicts: unknown LayerNorm algorithm {layer_norm!r}; one of {', '.join(LAYER_NORMS)}")
     prec, sums = rl.PRECISIONS[precision], rl.Kind(kind, p_fail)
     p = {name: rl.round_to(w, prec.store) for name, w in params.items()}  # the port's weights
     tokens = np.asarray(tokens)
     if tokens.ndim == 1:
         tokens = tokens[None]
-    walk = _Walk(prec, sums, golden)
+    walk = _Walk(prec, sums, golden, layer_norm)
     for r in range(tokens.shape[0]):
         row = {name: np.asarray(a[r], np.float64) for name, a in acts.items()}
         _forward_row(walk, p, cfg, tokens[r], row, r, prec, sums)
@@ -233,11 +240,24 @@ def _add(walk, name, L, r, acts, left, right, prec, missing):
     walk.judge("residual", name, L, r, acts[name], ref, bound)
 
 
+#: How a port computes its LayerNorms' mean and variance: "two-pass" (L7, the default), "any" (L9).
+LAYER_NORMS = ("two-pass", "any")
+
+
 def _layer_norm(walk, acts, prefix, x_name, p, eps, L, r, prec, missing):
     """The LayerNorm's statistics judged on the port's input; returns what its readers are handed:
     (the port's output and None) if it dumped one, else (w ⊙ x̂ + b from its x̂, that line's bound)
     — the reader is then judged as a span — or (None, None)."""
     w, b = p[prefix + "w"], p[prefix + "b"]
+    if walk.layer_norm == "any":  # L9: from the input to the dumped output; no statistic is L7's
+        for stat in ("hook_mean", "hook_scale", "hook_normalized"):
+            walk.skip(f"ln {stat[5:]}", prefix + stat, L, "layer_norm 'any': the LayerNorm is judged input to output")
+        if x_name in acts and prefix + "out" in acts:
+            ref, bound = rl.layer_norm_any(acts[x_name], w, b, eps, prec)
+            walk.judge("ln", prefix + "out", L, r, acts[prefix + "out"], ref, bound)
+            return acts[prefix + "out"], None
+        walk.skip("ln", prefix + "out", L, f"{', '.join(missing(x_name, prefix + 'out'))} not dumped")
+        return None, None
     if x_name in acts:
         for stat, (ref, bound) in rl.layer_norm(acts[x_name], w, b, eps, prec).items():
             if prefix + stat in acts:
