@@ -286,7 +286,7 @@ def _affine(walk, op, name, L, r, acts, x, dx, W, b, spec, prec, sums, missing, 
     walk.judge(op if dx is None else f"ln out → {op}", name, L, r, acts[name], ref, bound, sums)
 
 
-def judge_files(reference, candidate, model, name_map="refgpt", precision=None, kind="worst"):
+def judge_files(reference, candidate, model, name_map="refgpt", precision=None, kind="worst", layer_norm="two-pass"):
     """``refgpt compare --local``: (LocalReport, None), or (None, the one line saying why local
     verdicts were skipped). ``model`` is the checkpoint's Model in float64 (or None: skipped); a
     golden that recorded its weights' sha256 must have been made from ``model``'s files."""
@@ -310,7 +310,8 @@ def judge_files(reference, candidate, model, name_map="refgpt", precision=None, 
     cand, _ = to_refgpt(cand, name_map, shape)
     precision = precision or comparison.default_profile(cand, dtypes)
     golden = lambda name, row: np.asarray(ref[name][row], np.float64) if name in ref else None  # noqa: E731
-    return judge(model.params, model.cfg, np.asarray(ref["tokens"]), cand, precision, kind, golden), None
+    return judge(model.params, model.cfg, np.asarray(ref["tokens"]), cand, precision, kind, golden,
+                 layer_norm=layer_norm), None
 
 
 def embedded_if_recorded(reference):

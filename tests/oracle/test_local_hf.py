@@ -86,3 +86,29 @@ def test_hfs_layer_norm_with_one_positions_epsilon_wrong_is_named_at_its_op(stor
         handle.remove()
     first = local.judge(params, cfg, tokens, acts, store, layer_norm="any").first
     assert (first.op, first.name, first.index[1]) == ("ln", "blocks.0.ln2.out", 5)
+
+
+def test_compare_local_judges_an_hf_dump_with_local_layer_norm_any(refgpt_cli, tmp_path, monkeypatch):
+    """The command line: HF's activations saved under refgpt's names, judged with
+    --local-layer-norm any: every op judged, no flag; without it the LayerNorms are not judged."""
+    import peers
+    import refgpt
+    from safetensors.numpy import save_file
+    from hf_port import hf_port_acts
+    from refgpt.oracle import golden
+    monkeypatch.chdir(tmp_path)
+    _, _, tokens, hf = hf_case(2, tmp_path)
+    peers.save_hf_layout(hf, tmp_path / "ckpt")
+    golden.write(tmp_path / "g.safetensors", golden.make(refgpt.load(tmp_path / "ckpt", tokenizer=False), tokens))
+    acts = hf_port_acts(peers.as_dtype(hf, "float32"), tokens)
+    save_file({"tokens": tokens, **{k: v.astype(np.float32) for k, v in acts.items() if k != "ln_final.in"}},
+              str(tmp_path / "hf.safetensors"))
+    args = ("compare", "g.safetensors", "hf.safetensors", "--local", "--local-model", "ckpt")
+    status, out, err = refgpt_cli.in_process(*args, "--local-layer-norm", "any")
+    assert status == 0, out + err
+    table = out[out.index("local verdicts at"):]  # the local part, after the whole-tensor table
+    assert "OK: no op introduced an error beyond its bound" in table and "blocks.0.ln1.out" in table
+    status, out, err = refgpt_cli.in_process(*args)
+    assert status == 0 and "blocks.0.ln1.out" not in out[out.index("local verdicts at"):], out + err
+    status, _, err = refgpt_cli.in_process("compare", "g.safetensors", "hf.safetensors", "--local-layer-norm", "any")
+    assert status == 2 and "--local-layer-norm goes with --local" in err
