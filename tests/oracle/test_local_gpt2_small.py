@@ -118,7 +118,7 @@ def test_the_pages_gpt2_small_example_names_w_o_at_layer_10_where_the_whole_tens
     assert any(line.startswith("OK: all ") for line in shown)
     assert "FIRST LOCAL FAILURE: attn out at blocks.10.hook_attn_out" in out
     local_part = out[out.index("local verdicts at"):].splitlines()  # after the whole-tensor table
-    assert [line.split()[1] for line in local_part if line.endswith("FLAGGED")] == ["blocks.10.hook_attn_out"]
+    assert [line[21:].split()[0] for line in local_part if line.endswith("FLAGGED")] == ["blocks.10.hook_attn_out"]
 
 
 def test_one_positions_layer_norm_epsilon_wrong_at_layer_9_is_named_there(small):
