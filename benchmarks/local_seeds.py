@@ -35,8 +35,8 @@ def main(n_seeds):
     local.judge = _recording_judge
     tests = {"test_local.py::test_refgpts_float32_pass_of_random_models_has_no_local_flag":
              (test_local.test_refgpts_float32_pass_of_random_models_has_no_local_flag, judged),
-             "test_local_layer_norm.py::test_l9_holds_for_welford_one_pass_and_two_pass":
-             (test_local_layer_norm.test_l9_holds_for_welford_one_pass_and_two_pass, test_local_layer_norm.RATIOS)}
+             "test_local_layer_norm.py::test_l11_holds_for_welford_one_pass_and_two_pass":
+             (test_local_layer_norm.test_l11_holds_for_welford_one_pass_and_two_pass, test_local_layer_norm.RATIOS)}
     for name, (test, ratios) in tests.items():
         t0, failures = time.perf_counter(), 0
         for s in range(n_seeds):

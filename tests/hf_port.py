@@ -12,7 +12,7 @@ its Welford moments and output in float32 (layer_norm_kernel.cpp, moments_utils.
 softmax takes max, exp and the sum in float32 and rounds p once; every other elementwise op (the
 residual adds, the score's × scaling, each step of HF's gelu_new written in Python) computes in
 float32 and rounds its result to the storage type. So: refgpt.reference.local.PRECISIONS["bfloat16"]
-and ["float16"] (storage u, float32 accumulation), the LayerNorm judged by L9 (``layer_norm="any"``).
+and ["float16"] (storage u, float32 accumulation), the LayerNorm judged by L11 (``layer_norm="any"``).
 """
 
 from __future__ import annotations

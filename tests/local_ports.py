@@ -4,7 +4,16 @@ op computed in float32 from the stored inputs and its result rounded to ``store`
 own op order (a two-pass LayerNorm, x̂·w then + b, q·kᵀ then / √d_head, softmax, pattern·v), the
 way TransformerLens runs in bfloat16 on a CPU, whose matmuls accumulate in float32.
 
-``plant`` puts one bug in, by name (PLANTS), at ``layer`` (and ``position`` / ``head``).
+``attention_mask`` [batch, pos] (1 real, 0 pad): pads are masked keys, and positions count each
+row's real tokens (a pad key's score is float32's most negative number, as HF's: a left pad's
+query, with no real key, attends its pads and stays finite; pads are not judged). ``port_decode``
+decodes as llm.c's generation loop does: the whole sequence so far at every step, each step's
+tensors cut from it (its KV cache the k, v of every position so far).
+
+``plant`` puts one bug in, by name (PLANTS), at ``layer`` (and ``position`` / ``head``). With
+``outputs`` the port also dumps ``log_probs`` (x − max − log Σ exp, in float32 from its stored
+logits), ``probs`` and the next-token ``loss`` (−log_probs at the target); "softmax_padded" is
+llm.c's bug: the vocabulary's sum taken over the padded vocabulary (``padded`` logits of 0 more).
 """
 
 from __future__ import annotations
@@ -15,10 +24,12 @@ import numpy as np
 
 from refgpt.reference.local import round_to
 
-PLANTS = ("gelu_constant", "ln_eps_outside_sqrt", "score_scale", "W_O_head_1pct", "ln_eps_one_position")
+PLANTS = ("gelu_constant", "ln_eps_outside_sqrt", "score_scale", "W_O_head_1pct", "ln_eps_one_position",
+          "softmax_padded")
 
 
-def port_forward(params, cfg, tokens, store="bfloat16", plant=None, layer=0, position=0, head=0):
+def port_forward(params, cfg, tokens, store="bfloat16", plant=None, layer=0, position=0, head=0, outputs=False,
+                 padded=0, attention_mask=None):
     """tokens [batch, pos] → the port's activations by TransformerLens hook name, [batch, pos, …]
     (the logits under "logits"), float32 arrays holding ``store`` values."""
     if plant is not None and plant not in PLANTS:
@@ -30,7 +41,12 @@ def port_forward(params, cfg, tokens, store="bfloat16", plant=None, layer=0, pos
         W_O = W[f"blocks.{layer}.attn.W_O"].copy()
         W_O[head] = R(W_O[head] * f32(1.01))
         W[f"blocks.{layer}.attn.W_O"] = W_O
-    rows = [_row(W, cfg, np.asarray(t), R, plant, layer, position) for t in np.atleast_2d(tokens)]
+    tokens = np.atleast_2d(tokens)
+    masks = np.ones(tokens.shape, np.int64) if attention_mask is None else np.asarray(attention_mask)
+    rows = [_row(W, cfg, np.asarray(t), R, plant, layer, position, m == 1) for t, m in zip(tokens, masks)]
+    if outputs:
+        for t, acts in zip(np.atleast_2d(tokens), rows):
+            _outputs(acts, np.asarray(t), R, padded if plant == "softmax_padded" else 0)
     return {name: np.stack([r[name] for r in rows]) for name in rows[0]}
 
 
@@ -50,9 +66,10 @@ def _layer_norm(acts, prefix, x, w, b, eps, R, wrong_eps_at=None):
     return R(R(normalized * w) + b)  # [pos, d_model]
 
 
-def _row(W, cfg, tokens, R, plant, layer, position):
+def _row(W, cfg, tokens, R, plant, layer, position, real):
     f32, acts, pos = np.float32, {}, len(tokens)
-    acts["hook_embed"], acts["hook_pos_embed"] = W["embed.W_E"][tokens], W["pos_embed.W_pos"][:pos]
+    positions = np.where(real, np.cumsum(real) - 1, 0)  # [pos]: each real token's count of real ones before it
+    acts["hook_embed"], acts["hook_pos_embed"] = W["embed.W_E"][tokens], W["pos_embed.W_pos"][positions]
     x = R(acts["hook_embed"] + acts["hook_pos_embed"])  # [pos, d_model]
     future = np.triu(np.ones((pos, pos), dtype=bool), k=1)  # [query, key]
     c = f32(math.sqrt(2 / (3.14 if plant == "gelu_constant" else math.pi)))
@@ -66,7 +83,7 @@ def _row(W, cfg, tokens, R, plant, layer, position):
         q, k, v = (R(np.einsum("pd,hde->phe", h, W[a + "W_" + n]) + W[a + "b_" + n]) for n in "QKV")
         scale = f32(1 / cfg.d_head if plant == "score_scale" and here else cfg.score_scale(L))
         scores = R(R(np.einsum("qhe,khe->hqk", q, k)) * scale)  # [head, query, key]
-        scores = np.where(future, -np.inf, scores).astype(f32)
+        scores = np.where(future, -np.inf, np.where(real, scores, np.finfo(f32).min)).astype(f32)  # pads: HF's min
         e = np.exp(scores - scores.max(-1, keepdims=True))  # [head, query, key]
         pattern = R(e / e.sum(-1, keepdims=True))  # [head, query, key]
         z = R(np.einsum("hqk,khe->qhe", pattern, v))  # [pos, head, d_head]
@@ -84,3 +101,38 @@ def _row(W, cfg, tokens, R, plant, layer, position):
     h = _layer_norm(acts, "ln_final.", x, W["ln_final.w"], W["ln_final.b"], cfg.eps, R)
     acts["logits"] = R(h @ W["unembed.W_U"])  # [pos, d_vocab]
     return acts
+
+
+def _outputs(acts, tokens, R, padded):
+    f32 = np.float32
+    logits = acts["logits"]  # [pos, d_vocab]
+    m = logits.max(-1, keepdims=True)  # [pos, 1]
+    d = R(logits - m)  # [pos, d_vocab]
+    e = np.exp(d)  # [pos, d_vocab] float32
+    total = e.sum(-1, keepdims=True, dtype=f32) + f32(padded) * np.exp(-m)  # [pos, 1] (+ the padding's e⁰⁻ᵐ)
+    acts["log_probs"] = R(d - R(np.log(total)))  # [pos, d_vocab]
+    acts["probs"] = R(e / total)  # [pos, d_vocab]
+    acts["loss"] = R(-acts["log_probs"][np.arange(len(tokens) - 1), tokens[1:]])  # [pos − 1]
+
+
+def port_decode(params, cfg, ref, store="bfloat16", **plant):
+    """The port's decode along a decode golden's tensors ``ref`` (each step's tokens; its
+    attention_mask if padded) → the step tensors under the golden's names (refgpt/oracle/decode.py);
+    ``plant``: port_forward's plant, layer, position, head."""
+    from refgpt.oracle.decode import step_rows
+    from refgpt.oracle.name_maps import split_step
+    steps = sorted({split_step(n)[0] for n in ref} - {None})
+    sequence = np.concatenate([np.asarray(ref[f"step.{S}.tokens"]) for S in steps], axis=1)  # [batch, P + N − 1]
+    mask = ref.get("attention_mask")
+    out, start = {}, 0
+    for S in steps:
+        end = start + np.shape(ref[f"step.{S}.tokens"])[1]
+        full = port_forward(params, cfg, sequence[:, :end], store, outputs=True,
+                            attention_mask=None if mask is None else np.asarray(mask)[:, :end], **plant)
+        for name in ref:
+            step, inner = split_step(name)
+            value = step_rows(full, inner, start, end) if step == S else None
+            if value is not None:
+                out[name] = value
+        start = end
+    return out

@@ -92,7 +92,8 @@ def add_parser(subparsers):
                    "(checked against its recorded weights_sha256; default: the embedded model, if it is that one)")
     p.add_argument("--local-bound", choices=("worst", "probabilistic"), default="worst",
                    help="with --local: the long sums' bound, worst case (default) or Higham & Mary's "
-                        "probabilistic one (exceeded with probability ≤ 1e-9 per sum)")
+                        "probabilistic one (exceeded with probability ≤ 1e-9 per sum); the vocabulary's sums "
+                        "(log_probs, probs, the loss) are always judged by the probabilistic one")
     p.add_argument("--local-layer-norm", choices=local.LAYER_NORMS, default="two-pass",
                    help="with --local: how the port computes its LayerNorms' mean and variance: two-pass "
                         "(default; TransformerLens's, llm.c's: each statistic judged) or any (torch's nn.LayerNorm, "

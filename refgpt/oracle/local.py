@@ -12,6 +12,16 @@ the bound, the inherited error when a golden's values are given, the index and b
 per op the worst ratio introduced/bound, NMSE (Σ(port − ref)² / Σ ref², ggml's test-backend-ops
 metric) and SNR in dB, and which kind of bound judged it. An op whose output or inputs the port did
 not dump is listed as skipped with the reason.
+
+``judge_decode`` walks a decode golden's steps (refgpt/oracle/decode.py) the same way, each step's
+queries reading the port's own KV cache after the step, and that cache judged as a copy: the port's
+cache after the step before, this step's k and v appended (a cache appended twice or not at all is
+named there, by its shape). A padded batch (``attention_mask``) is judged at its real positions, the
+pad keys masked and positions taken from the golden's ``position_ids``. After the logits come
+log_probs, probs and the loss: the vocabulary's sums are judged by the probabilistic bound (P(exceed)
+≤ 1e-9 per sum), since the worst case is blind there (float32 at 50,257 terms allows 3e-3: llm.c's
+softmax over its padded vocabulary, every probability off by ~1e-3, passes it). Each verdict carries
+its step and row.
 """
 
 from __future__ import annotations
@@ -19,16 +29,17 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
 from ..errors import RefGPTError
 from ..reference import local as rl
-from . import comparison
+from . import comparison, llmc_dump
 from ..files.checkpoint import load as load_checkpoint
 from ..files.default_model import default_model_path
 from .golden import weight_hashes
-from .name_maps import split_step, to_refgpt
+from .name_maps import decode_to_refgpt, split_step, to_refgpt
 from .quantized import snr_db  # −10·log10(NMSE), one home
 
 
@@ -52,6 +63,12 @@ class OpVerdict:
     squared_error: float = 0.0
     squared_reference: float = 0.0
     skipped: str | None = None
+    step: int | None = None  # a decode step's op
+    mismatch: str | None = None  # the port's tensor has another shape than the op's output (a KV-path bug)
+
+    @property
+    def row(self) -> int | None:
+        return self.index[0] if self.index else None
 
     @property
     def flagged(self) -> bool:
@@ -59,6 +76,8 @@ class OpVerdict:
 
     @property
     def nmse(self) -> float:
+        if self.mismatch:
+            return math.inf
         return self.squared_error / self.squared_reference if self.squared_reference else (
             0.0 if self.squared_error == 0 else math.inf)
 
@@ -67,8 +86,8 @@ class OpVerdict:
         return snr_db(self.nmse)
 
     def as_dict(self) -> dict:
-        keys = ("op", "name", "layer", "kind", "ratio", "index", "port", "reference", "introduced", "bound",
-                "inherited", "drift", "skipped")
+        keys = ("op", "name", "layer", "step", "row", "kind", "ratio", "index", "port", "reference", "introduced",
+                "bound", "inherited", "drift", "skipped", "mismatch")
         d = {k: getattr(self, k) for k in keys}
         d.update(index=list(self.index), nmse=self.nmse, snr_db=self.snr_db, flagged=self.flagged)
         return d
@@ -90,32 +109,53 @@ class LocalReport:
 
     def as_dict(self) -> dict:
         first = self.first
-        keep = ("op", "name", "layer", "row", "index", "introduced", "bound", "inherited", "port", "reference")
+        keep = ("op", "name", "layer", "step", "row", "index", "introduced", "bound", "inherited", "port", "reference",
+                "mismatch")
         return {"precision": self.precision,
                 "local_first": None if first is None else {k: v for k, v in first.as_dict().items() if k in keep},
                 "ops": [v.as_dict() for v in self.ops]}
 
 
 class _Walk:
-    def __init__(self, precision, kind, golden, layer_norm="two-pass"):
-        self.precision, self.kind, self.golden, self.layer_norm = precision, kind, golden, layer_norm
+    """The verdicts so far; ``prefix``/``step`` name a decode step's ops, ``real`` [new] the positions of
+    the row being walked that are judged (a padded row's real tokens)."""
+
+    def __init__(self, precision, golden, vocab, layer_norm="two-pass"):
+        self.precision, self.golden, self.vocab = precision, golden, vocab  # vocab: the vocabulary's sums' kind
+        self.layer_norm = layer_norm  # a key of LAYER_NORMS: how the port computes its LayerNorms
         self.verdicts: dict[str, OpVerdict] = {}
+        self.prefix, self.step, self.real = "", None, None
 
     def verdict(self, op, name, layer, kind=None) -> OpVerdict:
+        name = self.prefix + name
         if name not in self.verdicts:
-            self.verdicts[name] = OpVerdict(op, name, layer, str(kind or rl.WORST))
+            self.verdicts[name] = OpVerdict(op, name, layer, str(kind or rl.WORST), step=self.step)
         return self.verdicts[name]
 
     def skip(self, op, name, layer, reason):
-        self.verdict(op, name, layer).skipped = reason
+        v = self.verdict(op, name, layer)
+        if not v.index:  # judged in another row or step: kept
+            v.skipped = reason
 
-    def judge(self, op, name, layer, row, port, reference, bound, kind=None):
-        """Hold the port's value to the reference's within ``bound`` (masked −∞ entries of both: 0)."""
+    def judge(self, op, name, layer, row, port, reference, bound, kind=None, at=None):
+        """Hold the port's value to the reference's within ``bound`` (masked −∞ entries of both: 0), at
+        the entries ``at`` (default: the real positions, the query axis of attention's [head, query, key])."""
         v = self.verdict(op, name, layer, kind)
+        v.skipped = None
         port, reference = np.asarray(port, np.float64), np.asarray(reference, np.float64)
+        if port.shape != reference.shape:  # a cache appended twice, a key missing: the op's output is not there
+            if v.mismatch is None:
+                v.mismatch = f"shape {list(port.shape)}, expected {list(reference.shape)}"
+                v.ratio, v.index, v.introduced, v.bound = math.inf, (row,), math.inf, 0.0
+            return
+        if at is None and self.real is not None:
+            attention = name.endswith(("hook_attn_scores", "hook_pattern"))
+            at = self.real[None, :, None] if attention else self.real.reshape(-1, *[1] * (port.ndim - 1))
         with np.errstate(invalid="ignore"):
             diff = np.where(port == reference, 0.0, np.abs(port - reference))  # [...]
         diff = np.where(np.isnan(diff), np.inf, diff)  # a NaN on one side is infinitely wrong
+        if at is not None:  # pads are not judged (their values are the port's affair)
+            diff, port, reference = (np.where(at, a, 0.0) for a in (diff, port, reference))
         bound = np.broadcast_to((np.asarray(bound, np.float64) + self.precision.tiny) * rl.bounds.SLACK,
                                 diff.shape)  # [...]
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -126,12 +166,16 @@ class _Walk:
         v.squared_error += float((diff[finite] ** 2).sum())
         v.squared_reference += float((reference[finite] ** 2).sum())
         worst = float(ratio.max(initial=0.0))
-        golden = self.golden(name, row) if self.golden else None
+        golden = self.golden(self.prefix + name, row) if self.golden else None
+        if golden is not None and np.shape(golden) != port.shape:
+            golden = None
         if golden is not None:
             with np.errstate(invalid="ignore"):
                 drift = np.where(port == golden, 0.0, np.abs(port - golden))  # [...]
+            if at is not None:
+                drift = np.where(at, drift, 0.0)
             v.drift = max(v.drift or 0.0, float(np.nanmax(drift, initial=0.0)))
-        if worst > v.ratio or not v.index:
+        if v.mismatch is None and (worst > v.ratio or not v.index):
             i = np.unravel_index(int(np.argmax(ratio)), ratio.shape) if ratio.size else ()
             v.ratio, v.index = worst, (row, *(int(j) for j in i))
             v.port, v.reference, v.introduced, v.bound = (float(port[i]), float(reference[i]), float(diff[i]),
@@ -140,41 +184,143 @@ class _Walk:
                 v.inherited = float(abs(reference[i] - golden[i]))
 
 
-def judge(params, cfg, tokens, acts, precision="float32", kind="worst", golden=None, p_fail=1e-9,
-          layer_norm="two-pass") -> LocalReport:
-    """Local verdicts on a port's forward: ``params`` the checkpoint's weights (TransformerLens
-    names, any float dtype), ``cfg`` its Config, ``tokens`` [batch, pos], ``acts`` the port's
-    activations by hook name ([batch, pos, …], as run_with_cache names them; ``logits``
-    [batch, pos, d_vocab] too), ``precision`` a key of refgpt.reference.local.PRECISIONS, ``kind``
-    "worst" or "probabilistic" (for the long sums: the affine ops, z and the softmax's sum), and
-    ``golden`` optionally a function (name, row) → the golden's float64 value, for the inherited
-    error. ``layer_norm``: "two-pass" (L7: the statistics and x̂ judged, as TransformerLens and
-    llm.c compute them) or "any" (L9: each LayerNorm judged from its input to its dumped output, for
-    a port whose mean and variance come from another algorithm — torch's nn.LayerNorm, HF's, by
-    Welford's updates — with L9's stated errors). Every row is judged on its own; every position of
-    every row is real (no padding)."""
+@dataclass
+class _Row:
+    """One row of one pass: ``positions`` [new] its position ids, ``real`` [new] its judged (real)
+    positions, ``keys_real`` [keys] the keys its queries may read (not pads); a decode step's
+    ``step`` and ``before`` (the port's tensors of the step before: its KV cache), whose queries read
+    the port's own cache (None: a forward pass, reading its own k, v); ``targets`` [n] the loss's."""
+
+    r: int
+    tokens: np.ndarray
+    positions: np.ndarray
+    real: np.ndarray
+    keys_real: np.ndarray
+    step: int | None = None
+    before: dict | None = None
+    targets: np.ndarray | None = None
+
+
+def _check(precision, kind, p_fail, layer_norm="two-pass"):
+    if layer_norm not in LAYER_NORMS:
+        raise RefGPTError(f"local verdicts: unknown LayerNorm algorithm {layer_norm!r}; "
+                          f"one of {', '.join(LAYER_NORMS)}")
     if precision not in rl.PRECISIONS:
         raise RefGPTError(f"local verdicts: unknown precision {precision!r}; one of {', '.join(rl.PRECISIONS)}")
     if kind not in ("worst", "probabilistic"):
         raise RefGPTError(f"local verdicts: unknown kind of bound {kind!r}; 'worst' or 'probabilistic'")
-    if layer_norm not in LAYER_NORMS:
-        raise RefGPTError(f"local verdicts: unknown LayerNorm algorithm {layer_norm!r}; one of {', '.join(LAYER_NORMS)}")
-    prec, sums = rl.PRECISIONS[precision], rl.Kind(kind, p_fail)
+    return rl.PRECISIONS[precision], rl.Kind(kind, p_fail)
+
+
+def judge(params, cfg, tokens, acts, precision="float32", kind="worst", golden=None, p_fail=1e-9, targets=None,
+          attention_mask=None, position_ids=None, layer_norm="two-pass") -> LocalReport:
+    """Local verdicts on a port's forward: ``params`` the checkpoint's weights (TransformerLens
+    names, any float dtype), ``cfg`` its Config, ``tokens`` [batch, pos], ``acts`` the port's
+    activations by hook name ([batch, pos, …], as run_with_cache names them; ``logits``,
+    ``log_probs``, ``probs`` [batch, pos, d_vocab] and ``loss`` [batch, n] too), ``precision`` a key of
+    refgpt.reference.local.PRECISIONS, ``kind`` "worst" or "probabilistic" (for the long sums: the
+    affine ops, z and the softmax's sum; the vocabulary's sums, in log_probs, probs and the loss, are
+    always judged by the probabilistic kind: there the worst case is blind), and ``golden`` optionally
+    a function (name, row) → the golden's float64 value, for the inherited error. ``targets``
+    [batch, n] the loss's (default the next tokens); ``attention_mask`` [batch, pos] (1 real, 0 pad)
+    and ``position_ids`` [batch, pos] a padded batch's: pads are neither judged nor read as keys.
+    ``layer_norm``: "two-pass" (L7: the statistics and x̂ judged, as TransformerLens and llm.c compute
+    them) or "any" (L11: each LayerNorm judged from its input to its dumped output, for a port whose
+    mean and variance come from another algorithm — torch's nn.LayerNorm, HF's, by Welford's
+    updates — within L11's stated errors). Every row is judged on its own."""
+    prec, sums = _check(precision, kind, p_fail, layer_norm)
     p = {name: rl.round_to(w, prec.store) for name, w in params.items()}  # the port's weights
     tokens = np.asarray(tokens)
     if tokens.ndim == 1:
         tokens = tokens[None]
-    walk = _Walk(prec, sums, golden, layer_norm)
-    for r in range(tokens.shape[0]):
+    batch, pos = tokens.shape
+    mask = np.ones((batch, pos), bool) if attention_mask is None else np.asarray(attention_mask) == 1  # [batch, pos]
+    positions = np.broadcast_to(np.arange(pos), (batch, pos)) if position_ids is None else np.asarray(position_ids)
+    targets = tokens[:, 1:] if targets is None else np.asarray(targets)  # [batch, n]
+    walk = _Walk(prec, golden, rl.Kind("probabilistic", p_fail), layer_norm)
+    acts = {name: a for name, a in acts.items() if np.ndim(a) >= 2}  # [batch, …]: not a mean loss
+    for r in range(batch):
         row = {name: np.asarray(a[r], np.float64) for name, a in acts.items()}
-        _forward_row(walk, p, cfg, tokens[r], row, r, prec, sums)
+        walk.real = None if attention_mask is None else mask[r]
+        _forward_row(walk, p, cfg, _Row(r, tokens[r], positions[r], mask[r], mask[r], targets=targets[r]), row,
+                     prec, sums)
     return LocalReport(str(prec), list(walk.verdicts.values()))
 
 
-def _forward_row(walk, p, cfg, tokens, acts, r, prec, sums):
-    pos = len(tokens)
+def judge_decode(params, cfg, ref, acts, precision="float32", kind="worst", golden=None, p_fail=1e-9,
+                 layer_norm="two-pass") -> LocalReport:
+    """Local verdicts on a port's decode (refgpt/oracle/decode.py's names): every step's ops on the
+    port's own inputs, its attention reading the port's own KV cache after the step
+    (``step.S.blocks.L.attn.cache_k``/``cache_v``), that cache judged as the copy of the port's cache
+    after step S − 1 with the step's k, v appended. ``ref`` the decode golden's tensors (each step's
+    tokens, position ids, the attention mask if padded), ``acts`` the port's, by the same names;
+    ``layer_norm`` as judge's."""
+    prec, sums = _check(precision, kind, p_fail, layer_norm)
+    p = {name: rl.round_to(w, prec.store) for name, w in params.items()}
+    steps = sorted({split_step(n)[0] for n in ref if split_step(n)[0] is not None})
+    walk = _Walk(prec, golden, rl.Kind("probabilistic", p_fail), layer_norm)
+    start, kept = 0, {}  # kept: (row, blocks.L.attn.keys / values) → the port's k, v of every step so far
+    for S in steps:
+        feed = np.asarray(ref[f"step.{S}.tokens"])  # [batch, new]
+        if np.shape(acts.get(f"step.{S}.tokens")) == feed.shape:  # the port's own inputs, if it dumped them
+            feed = np.asarray(acts[f"step.{S}.tokens"])
+        batch, new = feed.shape
+        end = start + new
+        mask = (np.asarray(ref["attention_mask"])[:, :end] == 1 if "attention_mask" in ref
+                else np.ones((batch, end), bool))  # [batch, keys]
+        positions = np.asarray(ref[f"step.{S}.position_ids"])  # [batch, new]
+        walk.prefix, walk.step = f"step.{S}.", S
+        inner = {split_step(n)[1]: a for n, a in acts.items() if split_step(n)[0] == S and np.ndim(a) >= 2}
+        before = {split_step(n)[1]: a for n, a in acts.items()
+                  if split_step(n)[0] == S - 1 and split_step(n)[1].endswith(("cache_k", "cache_v"))}
+        for r in range(batch):
+            row = {name: np.asarray(a[r], np.float64) for name, a in inner.items()}
+            walk.real = None if "attention_mask" not in ref else mask[r, start:]
+            earlier = {n: np.asarray(a[r], np.float64) for n, a in before.items()}
+            earlier.update({n: a for (i, n), a in kept.items() if i == r})
+            _forward_row(walk, p, cfg, _Row(r, feed[r], positions[r], mask[r, start:], mask[r], S, earlier), row,
+                         prec, sums)
+            for L in range(cfg.n_layers):
+                for h, n in (("hook_k", "keys"), ("hook_v", "values")):
+                    name = f"blocks.{L}.attn."
+                    if name + h in row:
+                        old = kept.get((r, name + n))
+                        kept[r, name + n] = row[name + h] if old is None else np.concatenate([old, row[name + h]])
+        start = end
+    walk.prefix, walk.step = "", None
+    return LocalReport(str(prec), list(walk.verdicts.values()))
+
+
+def _kv_cache(walk, row, acts, L, prec):
+    """Layer L's KV cache after a decode step judged as a copy (the port's cache after the step before,
+    then this step's k, v appended); returns the (k, v) [keys, head, d_head] the step's queries read:
+    the port's cache, else (a port that dumps no cache, as TransformerLens's run_with_cache) the k, v
+    it dumped at every step so far, else (None, None)."""
+    a = f"blocks.{L}.attn."
+    for c, h in (("cache_k", "hook_k"), ("cache_v", "hook_v")):
+        if a + c not in acts:
+            walk.skip("kv cache", a + c, L, "not dumped")
+        elif a + h not in acts or (row.step > 0 and a + c not in row.before):
+            walk.skip("kv cache", a + c, L, f"{a + h} or the cache before the step not dumped")
+        else:
+            expected = acts[a + h] if row.step == 0 else np.concatenate([row.before[a + c], acts[a + h]])
+            at = row.keys_real[:, None, None] if len(row.keys_real) == len(expected) else None  # [keys, 1, 1]
+            walk.judge("kv cache", a + c, L, row.r, acts[a + c], expected, rl.copy(expected, prec), at=at)
+    if a + "cache_k" in acts and a + "cache_v" in acts:
+        return acts[a + "cache_k"], acts[a + "cache_v"]
+    earlier = row.before.get(a + "keys"), row.before.get(a + "values")  # no cache dumped: the port's own k, v
+    if a + "hook_k" not in acts or a + "hook_v" not in acts or (row.step > 0 and earlier[0] is None):
+        return None, None
+    if row.step == 0:
+        return acts[a + "hook_k"], acts[a + "hook_v"]
+    return np.concatenate([earlier[0], acts[a + "hook_k"]]), np.concatenate([earlier[1], acts[a + "hook_v"]])
+
+
+def _forward_row(walk, p, cfg, row, acts, prec, sums):
+    tokens, r = row.tokens, row.r
     missing = lambda *names: [n for n in names if n not in acts]  # noqa: E731
-    for name, ref in (("hook_embed", p["embed.W_E"][tokens]), ("hook_pos_embed", p["pos_embed.W_pos"][:pos])):
+    positions = np.clip(row.positions, 0, p["pos_embed.W_pos"].shape[0] - 1)  # [new] (a pad's id is not judged)
+    for name, ref in (("hook_embed", p["embed.W_E"][tokens]), ("hook_pos_embed", p["pos_embed.W_pos"][positions])):
         if name in acts:
             walk.judge("embed", name, None, r, acts[name], ref, rl.copy(ref, prec))
         else:
@@ -191,23 +337,7 @@ def _forward_row(walk, p, cfg, tokens, acts, r, prec, sums):
         for n in "qkv":
             _affine(walk, n, a + f"hook_{n}", L, r, acts, h, dh,
                     p[a + f"W_{n.upper()}"], p[a + f"b_{n.upper()}"], "pd,hde->phe", prec, sums, missing)
-        if missing(a + "hook_q", a + "hook_k", a + "hook_attn_scores"):
-            walk.skip("scores", a + "hook_attn_scores", L, "not dumped, or q, k not dumped")
-        else:
-            ref, bound = rl.scores(acts[a + "hook_q"], acts[a + "hook_k"], cfg.score_scale(L), prec, sums)
-            finite = np.isfinite(ref)  # [head, query, key]: the mask's entries are the port's own affair
-            walk.judge("scores", a + "hook_attn_scores", L, r, np.where(finite, acts[a + "hook_attn_scores"], 0.0),
-                       np.where(finite, ref, 0.0), np.where(finite, bound, 0.0), sums)
-        if missing(a + "hook_attn_scores", a + "hook_pattern"):
-            walk.skip("pattern", a + "hook_pattern", L, "not dumped, or scores not dumped")
-        else:
-            ref, bound = rl.softmax(acts[a + "hook_attn_scores"], prec, sums)
-            walk.judge("pattern", a + "hook_pattern", L, r, acts[a + "hook_pattern"], ref, bound, sums)
-        if missing(a + "hook_pattern", a + "hook_v", a + "hook_z"):
-            walk.skip("z", a + "hook_z", L, "not dumped, or pattern, v not dumped")
-        else:
-            ref, bound = rl.mix(acts[a + "hook_pattern"], acts[a + "hook_v"], prec, sums)
-            walk.judge("z", a + "hook_z", L, r, acts[a + "hook_z"], ref, bound, sums)
+        _attention(walk, cfg, row, acts, a, L, prec, sums, missing)
         _affine(walk, "attn out", b + "hook_attn_out", L, r, acts, acts.get(a + "hook_z"), None,
                 p[a + "W_O"], p[a + "b_O"], "phe,hed->pd", prec, sums, missing, a + "hook_z")
         _add(walk, b + "hook_resid_mid", L, r, acts, b + "hook_resid_pre", b + "hook_attn_out", prec, missing)
@@ -229,6 +359,81 @@ def _forward_row(walk, p, cfg, tokens, acts, r, prec, sums):
     h, dh = _layer_norm(walk, acts, "ln_final.", last, p, cfg.eps, None, r, prec, missing)
     b_U = p.get("unembed.b_U", np.zeros(p["unembed.W_U"].shape[-1]))
     _affine(walk, "logits", "logits", None, r, acts, h, dh, p["unembed.W_U"], b_U, "pd,dv->pv", prec, sums, missing)
+    _outputs(walk, row, acts, prec, walk.vocab)
+
+
+def _attention(walk, cfg, row, acts, a, L, prec, sums, missing):
+    """Scores, pattern and z of one layer; the keys and values the port's queries read are its own:
+    this pass's k, v, or a decode step's KV cache. Pad keys and the future are masked."""
+    r = row.r
+    kv = (acts.get(a + "hook_k"), acts.get(a + "hook_v")) if row.step is None else _kv_cache(walk, row, acts, L, prec)
+    keys = None if kv[0] is None else len(kv[0])
+    allowed = None
+    if keys is not None and keys == len(row.keys_real):  # [query, key]
+        allowed = rl.causal(len(row.tokens), keys) & row.keys_real[None, :]
+    if missing(a + "hook_q", a + "hook_attn_scores") or kv[0] is None:
+        walk.skip("scores", a + "hook_attn_scores", L, "not dumped, or q, k not dumped")
+    elif allowed is None:
+        walk.skip("scores", a + "hook_attn_scores", L, f"the KV cache holds {keys} positions, not "
+                                                        f"{len(row.keys_real)} (judged at its cache)")
+    else:
+        ref, bound = rl.scores(acts[a + "hook_q"], kv[0], cfg.score_scale(L), prec, sums, allowed)
+        finite = np.isfinite(ref)  # [head, query, key]: the mask's entries are the port's own affair
+        port = acts[a + "hook_attn_scores"]
+        if port.shape == ref.shape:
+            port = np.where(finite, port, 0.0)
+        walk.judge("scores", a + "hook_attn_scores", L, r, port, np.where(finite, ref, 0.0),
+                   np.where(finite, bound, 0.0), sums)
+    if missing(a + "hook_attn_scores", a + "hook_pattern") or allowed is None \
+            or acts[a + "hook_attn_scores"].shape[-1] != allowed.shape[-1]:
+        walk.skip("pattern", a + "hook_pattern", L, "not dumped, or scores not dumped")
+    else:
+        ref, bound = rl.softmax(acts[a + "hook_attn_scores"], prec, sums, allowed)
+        walk.judge("pattern", a + "hook_pattern", L, r, acts[a + "hook_pattern"], ref, bound, sums)
+    if missing(a + "hook_pattern", a + "hook_z") or kv[1] is None or acts[a + "hook_pattern"].shape[-1] != len(kv[1]):
+        walk.skip("z", a + "hook_z", L, "not dumped, or pattern, v not dumped")
+    else:
+        ref, bound = rl.mix(acts[a + "hook_pattern"], kv[1], prec, sums)
+        walk.judge("z", a + "hook_z", L, r, acts[a + "hook_z"], ref, bound, sums)
+
+
+def _outputs(walk, row, acts, prec, vocab):
+    """log_probs, probs and the loss from the port's logits (and the loss from its log_probs or probs),
+    by the probabilistic kind ``vocab``: a vocabulary's sum is where the worst case is blind."""
+    r = row.r
+    logits = acts.get("logits")
+    everything = None if logits is None else np.ones(logits.shape[-1], bool)  # [vocab]: every logit is read
+    for name, op, of in (("log_probs", "log_softmax", rl.log_softmax),
+                         ("probs", "softmax", lambda x, pr, k: rl.softmax(x, pr, k, everything))):
+        if name not in acts:
+            continue
+        if logits is None:
+            walk.skip(op, name, None, "logits not dumped")
+            continue
+        ref, bound = of(logits, prec, vocab)
+        walk.judge(op, name, None, r, acts[name], ref, bound, vocab)
+    if "loss" not in acts or row.targets is None:
+        return
+    loss = acts["loss"]  # [n]
+    n = min(len(loss), len(row.targets))
+    at, i, t = np.zeros(len(loss), bool), np.arange(n), row.targets[:n]
+    at[:n] = row.real[:n] & (row.real[1:n + 1] if len(row.real) > n else True)  # a real position, a real target
+    ref, bound = np.zeros(len(loss)), np.zeros(len(loss))
+    if "log_probs" in acts:  # −log_probs[t]: a negated copy
+        op, k = "loss", None
+        ref[:n] = -acts["log_probs"][i, t]
+        bound = rl.copy(ref, prec)
+    elif "probs" in acts:
+        op, k = "loss", None
+        ref[:n], bound[:n] = rl.neg_log(acts["probs"][i, t], prec)
+    elif logits is not None:
+        op, k = "log_softmax → loss", vocab
+        y, b = rl.log_softmax(logits[:n], prec, vocab)
+        ref[:n], bound[:n] = -y[i, t], b[i, t]
+    else:
+        walk.skip("loss", "loss", None, "logits not dumped")
+        return
+    walk.judge(op, "loss", None, r, loss, ref, bound, k, at=at)
 
 
 def _add(walk, name, L, r, acts, left, right, prec, missing):
@@ -240,7 +445,7 @@ def _add(walk, name, L, r, acts, left, right, prec, missing):
     walk.judge("residual", name, L, r, acts[name], ref, bound)
 
 
-#: How a port computes its LayerNorms' mean and variance: "two-pass" (L7, the default), "any" (L9).
+#: How a port computes its LayerNorms' mean and variance: "two-pass" (L7, the default), "any" (L11).
 LAYER_NORMS = ("two-pass", "any")
 
 
@@ -249,7 +454,7 @@ def _layer_norm(walk, acts, prefix, x_name, p, eps, L, r, prec, missing):
     (the port's output and None) if it dumped one, else (w ⊙ x̂ + b from its x̂, that line's bound)
     — the reader is then judged as a span — or (None, None)."""
     w, b = p[prefix + "w"], p[prefix + "b"]
-    if walk.layer_norm == "any":  # L9: from the input to the dumped output; no statistic is L7's
+    if walk.layer_norm == "any":  # L11: from the input to the dumped output; no statistic is L7's
         for stat in ("hook_mean", "hook_scale", "hook_normalized"):
             walk.skip(f"ln {stat[5:]}", prefix + stat, L, "layer_norm 'any': the LayerNorm is judged input to output")
         if x_name in acts and prefix + "out" in acts:
@@ -294,24 +499,26 @@ def judge_files(reference, candidate, model, name_map="refgpt", precision=None, 
         return None, ("local verdicts skipped: no weights (give --local-model DIR, the checkpoint the golden was "
                       "made from)")
     ref, _, g = comparison.load(reference)
-    if any(split_step(n)[0] is not None for n in ref):
-        return None, "local verdicts skipped: a decode golden's steps are not judged locally yet"
-    if "attention_mask" in ref:
-        return None, "local verdicts skipped: a padded golden's rows are not judged locally yet"
+    steps = sorted({split_step(n)[0] for n in ref} - {None})
     recorded = json.loads(g.metadata.get("weights_sha256", "{}")) if g is not None else {}
     if recorded and recorded != weight_hashes(model.source):
         raise RefGPTError(f"{model.source}: not the weights {reference} was made from (its recorded weights_sha256 "
                           f"differs): local verdicts need the golden's own checkpoint")
     shape = comparison._model_shape(ref, g)
+    if steps and isinstance(candidate, (str, Path)) and Path(candidate).is_dir():  # llm.c's per-step dumps
+        candidate, name_map = llmc_dump.read_steps(candidate, ref, g), "refgpt"
     cand, dtypes, _ = comparison.load(candidate, name_map, shape)
-    if cand is None:  # an llm.c .bin: its activations (its gradients are not judged locally yet)
+    if cand is None:  # an llm.c .bin: its activations and losses (its gradients are not judged locally yet)
         cand = {k: v for k, v in comparison._read_llmc_bin(candidate, ref, g).items()
-                if not k.startswith(("grad", "tokens", "targets", "loss"))}
-    cand, _ = to_refgpt(cand, name_map, shape)
+                if not k.startswith(("grad", "tokens", "targets"))}
+    cand, _ = (decode_to_refgpt(cand, name_map, shape, steps[-1]) if steps else to_refgpt(cand, name_map, shape))
     precision = precision or comparison.default_profile(cand, dtypes)
     golden = lambda name, row: np.asarray(ref[name][row], np.float64) if name in ref else None  # noqa: E731
+    if steps:
+        return judge_decode(model.params, model.cfg, ref, cand, precision, kind, golden, layer_norm=layer_norm), None
     return judge(model.params, model.cfg, np.asarray(ref["tokens"]), cand, precision, kind, golden,
-                 layer_norm=layer_norm), None
+                 targets=ref.get("targets"), attention_mask=ref.get("attention_mask"),
+                 position_ids=ref.get("position_ids"), layer_norm=layer_norm), None
 
 
 def embedded_if_recorded(reference):
@@ -333,8 +540,11 @@ def format_local(report: LocalReport, all_ops=False, out_of_tolerance=()) -> str
     if first is None:
         lines.append(f"OK: no op introduced an error beyond its bound ({sum(v.skipped is None for v in report.ops)}"
                      " ops judged)")
+    elif first.mismatch:
+        lines.append(f"FIRST LOCAL FAILURE: {first.op} at {first.name} ({_where(first)}row {first.row}): "
+                     f"{first.mismatch}")
     else:
-        lines.append(f"FIRST LOCAL FAILURE: {first.op} at {first.name} (row {first.index[0]}, index "
+        lines.append(f"FIRST LOCAL FAILURE: {first.op} at {first.name} ({_where(first)}row {first.index[0]}, index "
                      f"{list(first.index[1:])}): port {first.port:.9g}, reference {first.reference:.9g}, "
                      f"introduced {first.introduced:.3g} > bound {first.bound:.3g}"
                      + ("" if first.inherited is None else f", inherited {first.inherited:.3g}"))
@@ -348,3 +558,7 @@ def format_local(report: LocalReport, all_ops=False, out_of_tolerance=()) -> str
                                                else "")
         lines.append(f"{v.op:20s} {v.name:34s} {v.ratio:11.3g} {v.nmse:9.2g} {v.snr_db:7.1f}  {v.kind}{note}")
     return "\n".join(lines)
+
+
+def _where(v: OpVerdict) -> str:
+    return "" if v.step is None else f"step {v.step}, "

@@ -38,7 +38,15 @@ The bounds, one computation of the port (P) plus one of float64 (R), each op's i
      Where the port dumped no LayerNorm output (TransformerLens's names have none), the op that
      reads it is judged as a span "ln out → op" from x̂: that bound pushed through |W| is added to L3's.
   L8 gelu_new: bounds.py §7 at u = u_el, plus u_store·|y|.
-  L9 LayerNorm from its input x [n] to its output y = w ⊙ (x − μ)·r + b, r = 1/√(σ² + ε), for ANY
+  L9 log_softmax over n logits, d = x − max x, S = Σ exp d, p = exp y (for each side):
+        u_el·(|d_j| + |max x|) + η_j + Σ p·η + g_{n−1}(u_acc) + 9·u_el·(log S + |y_j|) + 2·u_el,
+     plus u_store·(1 + |y_j|) once: covers d − log S, x − (max + log S) and log(e/S) (the
+     probability stored before its log, where it does not underflow: a log-probability above
+     log of the smallest normal), exp and log within 4 ulps. The vocabulary's probs are L5
+     with every key allowed.
+  L10 a loss −log p from the port's stored probability: (8·u_el + u_store + 8·U)·|y| (from the
+     port's log_probs it is L1's negated copy; from its logits, L9 at the target).
+  L11 LayerNorm from its input x [n] to its output y = w ⊙ (x − μ)·r + b, r = 1/√(σ² + ε), for ANY
      algorithm whose mean and variance are within (A = max|x|, per position)
         |μ̂ − μ| ≤ e_μ = γ_{2n+8}(u_acc)·A        |σ̂² − σ²| ≤ e_v = γ_{4n+32}(u_acc)·A²
      (``layer_norm_any``: chosen by the caller for a port that says so, never L7's default). What
@@ -51,12 +59,14 @@ The bounds, one computation of the port (P) plus one of float64 (R), each op's i
      moments_utils.h: Welford over chunks, in float32 for bfloat16 and float16, the chunks' states
      merged by Chan's update, itself a convex combination of the means plus δ²·n_a·n_b/n) is
      assumed within the same: stated, measured (benchmarks/RESULTS.md), not derived here.
-     L9 is a fused kernel's bound (torch's, any one-kernel LayerNorm): every step at u_acc, only y
+     L11 is a fused kernel's bound (torch's, any one-kernel LayerNorm): every step at u_acc, only y
      stored. r̂ = 1/√(σ̂² + ε) in three roundings and ≤ 4 ulps (as LIBM) at u_acc: relative error
         ρ = (1 + 8u_acc)(1 + γ_3(u_acc))/√(1 − t) − 1,   t = e_v/(σ² + ε)   (t ≥ 1: no bound, ∞)
      x̂ as (x − μ̂)·r̂ or x·r̂ − μ̂·r̂, FMA or not: |x̂_P − x̂| ≤ E = r·[e_μ(1 + ρ) + |x − μ|·ρ
      + γ_2(u_acc)·(|x| + |μ| + e_μ)(1 + ρ)]; y = x̂·w + b: |w|·E + γ_2(u_acc)·(|x̂ ⊙ w| + |w|·E + |b|),
      stored once (u_store·|y|), plus the float64 side's own (§4's x̂ bound ·|w|, γ_2(U)).
+L4 and L5 take the keys ``allowed`` per query: causal by default, the last queries of the keys for a
+decode step (its queries read the port's own KV cache), and the pad keys of a padded row masked.
 
 g is the kind of bound, stated for each op in the report:
   worst          g_k(u) = γ_k(u) = k·u/(1 − k·u): any order, blocking or FMA (Higham §3.1). Blind
@@ -68,7 +78,7 @@ g is the kind of bound, stated for each op in the report:
                  here for a stated failure probability per sum (``lambda_for``).
 
 Assumptions a port can break without a bug (so not default everywhere): a LayerNorm done by
-Welford's update or with rsqrt is not L7's two-pass computation (L9 is its bound, chosen for such a
+Welford's update or with rsqrt is not L7's two-pass computation (L11 is its bound, chosen for such a
 port by name: refgpt/oracle/local.py's ``layer_norm="any"``); a port whose dumped tensor is not
 the value its next op read (a float32 value dumped as bfloat16) is judged on the dump.
 """
@@ -214,28 +224,57 @@ def contracted(spec):
     return [i for i, letter in enumerate(w) if letter not in output]
 
 
-def scores(q, k, scale, prec, kind=WORST):
-    """L4: (s·q·kᵀ [head, query, key] with the causal −∞, bound)."""
+def causal(queries, keys):
+    """[query, key] True where a query may attend: the last ``queries`` of ``keys`` positions (a
+    decode step's new ones), each to itself and every key before it."""
+    return np.tril(np.ones((queries, keys), dtype=bool), k=keys - queries)
+
+
+def scores(q, k, scale, prec, kind=WORST, allowed=None):
+    """L4: (s·q·kᵀ [head, query, key], −∞ where not ``allowed`` [query, key] (default causal), bound)."""
     e = q.shape[-1]
     y = np.einsum("qhe,khe->hqk", q, k) * scale  # [head, query, key]
     magnitude = scale * np.einsum("qhe,khe->hqk", np.abs(q), np.abs(k))  # [head, query, key]
-    future = np.triu(np.ones(y.shape[-2:], dtype=bool), k=1)  # [query, key]
+    allowed = causal(*y.shape[-2:]) if allowed is None else allowed  # [query, key]
     bound = (kind.g(e, prec.u_acc) + 4 * prec.u_el + gamma(e + 1)) * magnitude
-    return np.where(future, -np.inf, y), np.where(future, np.inf, bound)
+    return np.where(allowed, y, -np.inf), np.where(allowed, bound, np.inf)
 
 
-def softmax(s, prec, kind=WORST):
-    """L5: (softmax of the port's scores, the causal mask applied, bound)."""
-    future = np.triu(np.ones(s.shape[-2:], dtype=bool), k=1)  # [query, key]
-    s = np.where(future, -np.inf, s)  # [head, query, key]
-    p = gpt2.softmax(s)  # [head, query, key]
-    shifted = s - s.max(-1, keepdims=True)  # [head, query, key]
-    n = np.maximum((~future).sum(-1, keepdims=True), 2)  # [query, 1] keys seen
+def softmax(s, prec, kind=WORST, allowed=None):
+    """L5: (softmax over the last axis of the port's scores where ``allowed`` [query, key] (default
+    causal; the vocabulary's softmax: all), bound)."""
+    allowed = causal(*s.shape[-2:]) if allowed is None else allowed  # [query, key]
+    s = np.where(allowed, s, -np.inf)  # [head, query, key]
+    with np.errstate(invalid="ignore"):  # a row with no key allowed (a pad's query) is NaN: not judged
+        p = gpt2.softmax(s)  # [head, query, key]
+        shifted = s - s.max(-1, keepdims=True)  # [head, query, key]
+    n = np.maximum(np.broadcast_to(allowed, s.shape).sum(-1, keepdims=True), 2)  # [..., 1] keys seen
     bound = 0.0
     for u_el, u_acc, g in ((prec.u_el, prec.u_acc, kind.g(n - 1, prec.u_acc)), (U, U, gamma(n - 1))):
         eta = u_el * np.abs(np.where(np.isfinite(shifted), shifted, 0.0)) + 8 * u_el  # [head, query, key]
         bound = bound + p * (eta + (p * eta).sum(-1, keepdims=True) + g + u_el)
     return p, bound + prec.u_store * p
+
+
+def log_softmax(x, prec, kind=WORST):
+    """L9: (log-softmax of the port's logits [..., n], bound)."""
+    m = x.max(-1, keepdims=True)  # [..., 1]
+    d = x - m  # [..., n]
+    log_sum = np.log(np.exp(d).sum(-1, keepdims=True))  # [..., 1]
+    y = d - log_sum  # [..., n]
+    bound = prec.u_store * (1 + np.abs(y))
+    for u_el, g in ((prec.u_el, kind.g(x.shape[-1] - 1, prec.u_acc)), (U, gamma(x.shape[-1] - 1))):
+        eta = u_el * np.abs(d) + 8 * u_el  # [..., n]
+        bound = bound + (u_el * (np.abs(d) + np.abs(m)) + eta + (np.exp(y) * eta).sum(-1, keepdims=True) + g
+                         + 9 * u_el * (log_sum + np.abs(y)) + 2 * u_el)
+    return y, bound
+
+
+def neg_log(p, prec):
+    """L10: (−log p, bound): a loss from the port's probability of the target."""
+    with np.errstate(divide="ignore"):
+        y = -np.log(p)  # [...]
+    return y, (8 * prec.u_el + prec.u_store + 8 * U) * np.abs(y)
 
 
 def mix(p, v, prec, kind=WORST):
@@ -272,8 +311,8 @@ def gelu_new(pre, prec):
 
 
 def layer_norm_any(x, w, b, eps, prec):
-    """L9: (gpt2.layer_norm's output on the port's x [pos, d], bound) for any mean and variance
-    algorithm within L9's e_μ and e_v (Welford's, torch's CPU kernel)."""
+    """L11: (gpt2.layer_norm's output on the port's x [pos, d], bound) for any mean and variance
+    algorithm within L11's e_μ and e_v (Welford's, torch's CPU kernel)."""
     y, stats = gpt2.layer_norm(x, w, b, eps)
     n, u = x.shape[-1], prec.u_acc  # a fused kernel: its steps at the accumulator's precision
     A = np.abs(x).max(-1, keepdims=True)  # [pos, 1]

@@ -32,7 +32,8 @@ def test_correct_ports_of_random_models_have_no_local_flag():
 def trained():
     import refgpt
     model = refgpt.load(refgpt.default_model_path(), dtype="float64")
-    tokens = np.atleast_2d(model.to_tokens("The quick brown fox jumps over the lazy dog. To be, or not to be: that is the question."))
+    text = "The quick brown fox jumps over the lazy dog. To be, or not to be: that is the question."
+    tokens = np.atleast_2d(model.to_tokens(text))
     return model, tokens
 
 

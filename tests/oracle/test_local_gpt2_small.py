@@ -109,7 +109,8 @@ def test_the_pages_gpt2_small_example_names_w_o_at_layer_10_where_the_whole_tens
     assert [c.split()[:2] for c in commands] == [["refgpt", "golden"], ["refgpt", "compare"]]
     with w_o_one_percent_off(tl):
         cache = tl_cache(tl, tokens)
-    save_file({k: v.contiguous().clone() for k, v in cache.items()}, str(directory / "tl_bf16.safetensors"))  # TL shares resid_post with the next resid_pre
+    # each cloned: TransformerLens's cache shares a block's resid_post with the next one's resid_pre
+    save_file({k: v.contiguous().clone() for k, v in cache.items()}, str(directory / "tl_bf16.safetensors"))
     with contextlib.chdir(directory):
         status, out, err = refgpt_cli.in_process(*shlex.split(commands[1])[1:])
     assert status == 1, err  # the whole-tensor rule passes (its OK line is shown); the local verdict fails

@@ -1,6 +1,6 @@
 """HF transformers as a port judged locally (refgpt/oracle/local.py): GPT2LMHeadModel in float32,
 bfloat16 and float16 on torch's CPU kernels, dumped through its own modules' hooks
-(tests/hf_port.py), with no local flag; its LayerNorm (torch's Welford kernel) judged by L9, chosen
+(tests/hf_port.py), with no local flag; its LayerNorm (torch's Welford kernel) judged by L11, chosen
 by name (``layer_norm="any"``), never by default."""
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def test_hf_with_the_two_pass_default_leaves_its_layer_norms_unjudged_not_loosen
 @pytest.mark.parametrize("store", ["float32", "bfloat16"])
 def test_hfs_layer_norm_with_one_positions_epsilon_wrong_is_named_at_its_op(store, tmp_path):
     """A bug in torch's LayerNorm as HF calls it (ln_2 at layer 0, one position's ε large enough to
-    move its σ by 5 %) is named at that LayerNorm by L9, at that position."""
+    move its σ by 5 %) is named at that LayerNorm by L11, at that position."""
     import torch
     import peers
     from hf_port import hf_port_acts
@@ -74,7 +74,8 @@ def test_hfs_layer_norm_with_one_positions_epsilon_wrong_is_named_at_its_op(stor
         x = args[0].float()
         var = x.var(-1, unbiased=False, keepdim=True)[:, 5:6]  # [batch, 1, 1] position 5
         eps = module.eps + 0.1025 * var
-        y = (x[:, 5:6] - x[:, 5:6].mean(-1, keepdim=True)) / torch.sqrt(var + eps) * module.weight.float() + module.bias.float()
+        y = ((x[:, 5:6] - x[:, 5:6].mean(-1, keepdim=True)) / torch.sqrt(var + eps) * module.weight.float()
+             + module.bias.float())
         out = out.clone()
         out[:, 5:6] = y.to(out.dtype)
         return out

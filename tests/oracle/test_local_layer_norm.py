@@ -1,5 +1,5 @@
-"""L9 (refgpt/reference/local.py ``layer_norm_any``): a LayerNorm judged from its input to its output
-for any mean/variance algorithm within L9's stated errors. Held under hypothesis against the
+"""L11 (refgpt/reference/local.py ``layer_norm_any``): a LayerNorm judged from its input to its output
+for any mean/variance algorithm within L11's stated errors. Held under hypothesis against the
 algorithms it names — Welford's updates, the one-pass E[x²] − μ², the two-pass, each in float32 as
 a fused kernel (every step at float32, y stored at float32, bfloat16 or float16) — and torch's own
 CPU kernel; and a wrong ε is still seen."""
@@ -68,7 +68,7 @@ def rows(draw):
 
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
 @given(rows(), st.sampled_from(sorted(ALGORITHMS)), st.sampled_from(["float32", "bfloat16", "float16"]))
-def test_l9_holds_for_welford_one_pass_and_two_pass(case, algorithm, store):
+def test_l11_holds_for_welford_one_pass_and_two_pass(case, algorithm, store):
     x, w, b, eps = case
     prec = rl.PRECISIONS[store]
     x, w, b = (rl.round_to(a, store) for a in (x, w, b))
@@ -84,7 +84,7 @@ def test_l9_holds_for_welford_one_pass_and_two_pass(case, algorithm, store):
 @pytest.mark.slow
 @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
 @given(rows(), st.sampled_from(["float32", "bfloat16", "float16"]))
-def test_l9_holds_for_torchs_cpu_layer_norm(case, store):
+def test_l11_holds_for_torchs_cpu_layer_norm(case, store):
     torch = pytest.importorskip("torch")
     x, w, b, eps = case
     prec = rl.PRECISIONS[store]
@@ -99,7 +99,7 @@ def test_l9_holds_for_torchs_cpu_layer_norm(case, store):
 
 
 @pytest.mark.parametrize("store", ["float32", "bfloat16"])
-def test_l9_sees_one_rows_epsilon_wrong_by_five_percent_of_sigma(store):
+def test_l11_sees_one_rows_epsilon_wrong_by_five_percent_of_sigma(store):
     rng = np.random.default_rng(0)
     x, w, b = (rl.round_to(a, store) for a in (rng.standard_normal((4, 768)), 1 + 0.3 * rng.standard_normal(768),
                                                0.2 * rng.standard_normal(768)))
