@@ -101,6 +101,10 @@ def add_parser(subparsers):
                    help="with --local: the long sums' bound, worst case (default) or Higham & Mary's "
                         "probabilistic one (exceeded with probability ≤ 1e-9 per sum); the vocabulary's sums "
                         "(log_probs, probs, the loss) are always judged by the probabilistic one")
+    p.add_argument("--local-layer-norm", choices=local.LAYER_NORMS, default="two-pass",
+                   help="with --local: how the port computes its LayerNorms' mean and variance: two-pass "
+                        "(default; TransformerLens's, llm.c's: each statistic judged) or any (torch's nn.LayerNorm, "
+                        "HF's: each LayerNorm judged from its input to its output)")
     p.add_argument("--runtime", choices=tuple(RUNTIMES),
                    help="the engine that runs a model CANDIDATE: onnxruntime (the default for an .onnx file) or "
                         "tinygrad for an .onnx file, ctranslate2 for a CTranslate2 model directory, mlx for an HF "
@@ -208,6 +212,8 @@ def run(args) -> int:
         args.usage_error("--names and --failing filter the table; --json gives every tensor (filter it there)")
     if not args.local and (args.local_model is not None or args.local_bound != "worst"):
         args.usage_error("--local-model and --local-bound go with --local")
+    if not args.local and args.local_layer_norm != "two-pass":
+        args.usage_error("--local-layer-norm goes with --local")
     if (args.runtime or args.save) and args.name_map == "onnx":
         args.usage_error("--runtime and --save run a model CANDIDATE; with --map onnx the candidate holds tensors "
                          "already computed (a Polygraphy RunResults .json), keyed by --onnx's graph")
@@ -236,7 +242,7 @@ def run(args) -> int:
         return 0 if report.ok else 1
     verdicts, skipped = local.judge_files(args.reference, candidate, _local_model(args),
                                           "refgpt" if args.name_map == "onnx" else args.name_map,
-                                          args.profile, args.local_bound, args.forward_only)
+                                          args.profile, args.local_bound, args.forward_only, args.local_layer_norm)
     if args.json:
         answer = json.loads(report.to_json())
         verdict = {"skipped": skipped, "local_first": None} if verdicts is None else verdicts.as_dict()
@@ -276,7 +282,7 @@ def _local_model(args):
 def _run_quantized(args) -> int:
     if args.atol is not None or args.rtol is not None or args.profile or args.name_map != "refgpt" or args.names \
             or args.failing or args.judge_pads or args.forward_only or args.local or args.local_model is not None \
-            or args.local_bound != "worst" \
+            or args.local_bound != "worst" or args.local_layer_norm != "two-pass" \
             or args.runtime or args.save or args.onnx:
         args.usage_error("with --float-golden only --gguf and --json apply: the bounds are derived per product")
     from ..oracle.quantized import format_split, split

@@ -125,8 +125,9 @@ class _Walk:
     """The verdicts so far; ``prefix``/``step`` name a decode step's ops, ``real`` [new] the positions of
     the row being walked that are judged (a padded row's real tokens)."""
 
-    def __init__(self, precision, golden, vocab):
+    def __init__(self, precision, golden, vocab, layer_norm="two-pass"):
         self.precision, self.golden, self.vocab = precision, golden, vocab  # vocab: the vocabulary's sums' kind
+        self.layer_norm = layer_norm  # a key of LAYER_NORMS: how the port computes its LayerNorms
         self.verdicts: dict[str, OpVerdict] = {}
         self.prefix, self.step, self.real = "", None, None
 
@@ -205,7 +206,10 @@ class _Row:
     targets: np.ndarray | None = None
 
 
-def _check(precision, kind, p_fail):
+def _check(precision, kind, p_fail, layer_norm="two-pass"):
+    if layer_norm not in LAYER_NORMS:
+        raise RefGPTError(f"local verdicts: unknown LayerNorm algorithm {layer_norm!r}; "
+                          f"one of {', '.join(LAYER_NORMS)}")
     if precision not in rl.PRECISIONS:
         raise RefGPTError(f"local verdicts: unknown precision {precision!r}; one of {', '.join(rl.PRECISIONS)}")
     if kind not in ("worst", "probabilistic"):
@@ -214,7 +218,7 @@ def _check(precision, kind, p_fail):
 
 
 def judge(params, cfg, tokens, acts, precision="float32", kind="worst", golden=None, p_fail=1e-9, targets=None,
-          attention_mask=None, position_ids=None) -> LocalReport:
+          attention_mask=None, position_ids=None, layer_norm="two-pass") -> LocalReport:
     """Local verdicts on a port's forward: ``params`` the checkpoint's weights (TransformerLens
     names, any float dtype), ``cfg`` its Config, ``tokens`` [batch, pos], ``acts`` the port's
     activations by hook name ([batch, pos, …], as run_with_cache names them; ``logits``,
@@ -225,8 +229,11 @@ def judge(params, cfg, tokens, acts, precision="float32", kind="worst", golden=N
     a function (name, row) → the golden's float64 value, for the inherited error. ``targets``
     [batch, n] the loss's (default the next tokens); ``attention_mask`` [batch, pos] (1 real, 0 pad)
     and ``position_ids`` [batch, pos] a padded batch's: pads are neither judged nor read as keys.
-    Every row is judged on its own."""
-    prec, sums = _check(precision, kind, p_fail)
+    ``layer_norm``: "two-pass" (L7: the statistics and x̂ judged, as TransformerLens and llm.c compute
+    them) or "any" (L16: each LayerNorm judged from its input to its dumped output, for a port whose
+    mean and variance come from another algorithm — torch's nn.LayerNorm, HF's, by Welford's
+    updates — within L16's stated errors). Every row is judged on its own."""
+    prec, sums = _check(precision, kind, p_fail, layer_norm)
     p = {name: rl.round_to(w, prec.store) for name, w in params.items()}  # the port's weights
     tokens = np.asarray(tokens)
     if tokens.ndim == 1:
@@ -235,7 +242,7 @@ def judge(params, cfg, tokens, acts, precision="float32", kind="worst", golden=N
     mask = np.ones((batch, pos), bool) if attention_mask is None else np.asarray(attention_mask) == 1  # [batch, pos]
     positions = np.broadcast_to(np.arange(pos), (batch, pos)) if position_ids is None else np.asarray(position_ids)
     targets = tokens[:, 1:] if targets is None else np.asarray(targets)  # [batch, n]
-    walk = _Walk(prec, golden, rl.Kind("probabilistic", p_fail))
+    walk = _Walk(prec, golden, rl.Kind("probabilistic", p_fail), layer_norm)
     per_row = {name: a for name, a in acts.items() if np.ndim(a) >= 2 and not _is_parameter_gradient(name)}
     rows = []  # [batch, …]: not a mean loss, nor a parameter's gradient
     for r in range(batch):
@@ -255,16 +262,18 @@ def judge(params, cfg, tokens, acts, precision="float32", kind="worst", golden=N
     return LocalReport(str(prec), list(walk.verdicts.values()))
 
 
-def judge_decode(params, cfg, ref, acts, precision="float32", kind="worst", golden=None, p_fail=1e-9) -> LocalReport:
+def judge_decode(params, cfg, ref, acts, precision="float32", kind="worst", golden=None, p_fail=1e-9,
+                 layer_norm="two-pass") -> LocalReport:
     """Local verdicts on a port's decode (refgpt/oracle/decode.py's names): every step's ops on the
     port's own inputs, its attention reading the port's own KV cache after the step
     (``step.S.blocks.L.attn.cache_k``/``cache_v``), that cache judged as the copy of the port's cache
     after step S − 1 with the step's k, v appended. ``ref`` the decode golden's tensors (each step's
-    tokens, position ids, the attention mask if padded), ``acts`` the port's, by the same names."""
-    prec, sums = _check(precision, kind, p_fail)
+    tokens, position ids, the attention mask if padded), ``acts`` the port's, by the same names;
+    ``layer_norm`` as judge's."""
+    prec, sums = _check(precision, kind, p_fail, layer_norm)
     p = {name: rl.round_to(w, prec.store) for name, w in params.items()}
     steps = sorted({split_step(n)[0] for n in ref if split_step(n)[0] is not None})
-    walk = _Walk(prec, golden, rl.Kind("probabilistic", p_fail))
+    walk = _Walk(prec, golden, rl.Kind("probabilistic", p_fail), layer_norm)
     start, kept = 0, {}  # kept: (row, blocks.L.attn.keys / values) → the port's k, v of every step so far
     for S in steps:
         feed = np.asarray(ref[f"step.{S}.tokens"])  # [batch, new]
@@ -451,11 +460,24 @@ def _add(walk, name, L, r, acts, left, right, prec, missing):
     walk.judge("residual", name, L, r, acts[name], ref, bound)
 
 
+#: How a port computes its LayerNorms' mean and variance: "two-pass" (L7, the default), "any" (L16).
+LAYER_NORMS = ("two-pass", "any")
+
+
 def _layer_norm(walk, acts, prefix, x_name, p, eps, L, r, prec, missing):
     """The LayerNorm's statistics judged on the port's input; returns what its readers are handed:
     (the port's output and None) if it dumped one, else (w ⊙ x̂ + b from its x̂, that line's bound)
     — the reader is then judged as a span — or (None, None)."""
     w, b = p[prefix + "w"], p[prefix + "b"]
+    if walk.layer_norm == "any":  # L16: from the input to the dumped output; no statistic is L7's
+        for stat in ("hook_mean", "hook_scale", "hook_normalized"):
+            walk.skip(f"ln {stat[5:]}", prefix + stat, L, "layer_norm 'any': the LayerNorm is judged input to output")
+        if x_name in acts and prefix + "out" in acts:
+            ref, bound = rl.layer_norm_any(acts[x_name], w, b, eps, prec)
+            walk.judge("ln", prefix + "out", L, r, acts[prefix + "out"], ref, bound)
+            return acts[prefix + "out"], None
+        walk.skip("ln", prefix + "out", L, f"{', '.join(missing(x_name, prefix + 'out'))} not dumped")
+        return None, None
     if x_name in acts:
         for stat, (ref, bound) in rl.layer_norm(acts[x_name], w, b, eps, prec).items():
             if prefix + stat in acts:
@@ -697,7 +719,8 @@ def _weight_gradients(walk, p, cfg, tokens, acts, prec, sums):
                    sums)
 
 
-def judge_files(reference, candidate, model, name_map="refgpt", precision=None, kind="worst", forward_only=False):
+def judge_files(reference, candidate, model, name_map="refgpt", precision=None, kind="worst", forward_only=False,
+                layer_norm="two-pass"):
     """``refgpt compare --local``: (LocalReport, None), or (None, the one line saying why local
     verdicts were skipped). ``model`` is the checkpoint's Model in float64 (or None: skipped); a
     golden that recorded its weights' sha256 must have been made from ``model``'s files."""
@@ -728,10 +751,10 @@ def judge_files(reference, candidate, model, name_map="refgpt", precision=None, 
     precision = precision or comparison.default_profile(cand, dtypes)
     golden = lambda name, row: np.asarray(ref[name][row], np.float64) if name in ref else None  # noqa: E731
     if steps:
-        return judge_decode(model.params, model.cfg, ref, cand, precision, kind, golden), None
+        return judge_decode(model.params, model.cfg, ref, cand, precision, kind, golden, layer_norm=layer_norm), None
     return judge(model.params, model.cfg, np.asarray(ref["tokens"]), cand, precision, kind, golden,
                  targets=ref.get("targets"), attention_mask=ref.get("attention_mask"),
-                 position_ids=ref.get("position_ids")), None
+                 position_ids=ref.get("position_ids"), layer_norm=layer_norm), None
 
 
 def embedded_if_recorded(reference):

@@ -49,6 +49,25 @@ The bounds, one computation of the port (P) plus one of float64 (R), each op's i
      with every key allowed.
   L10 a loss −log p from the port's stored probability: (8·u_el + u_store + 8·U)·|y| (from the
      port's log_probs it is L1's negated copy; from its logits, L9 at the target).
+  L16 LayerNorm from its input x [n] to its output y = w ⊙ (x − μ)·r + b, r = 1/√(σ² + ε), for ANY
+     algorithm whose mean and variance are within (A = max|x|, per position)
+        |μ̂ − μ| ≤ e_μ = γ_{2n+8}(u_acc)·A        |σ̂² − σ²| ≤ e_v = γ_{4n+32}(u_acc)·A²
+     (``layer_norm_any``: chosen by the caller for a port that says so, never L7's default). What
+     gives these: Σx and Σx² or Σ(x − μ̂)² in any order, one pass or two: μ within γ_n·A, σ² within
+     (3γ_{n+2} + 3u)·A² (the one-pass E[x²] − μ² is the worst: its μ² carries 2|μ|·e_μ); Welford's
+     updates m_k = m + (x_k − m)/k: a convex combination, so step k's rounding (≤ 2u·2A/k + u·A)
+     is damped by k/n: μ within u·(n/2 + 5)·A; M2_k = M2 + (x_k − m̂_{k−1})(x_k − m̂_k): n products
+     each carrying the running means' errors (≤ 4A·u(k/2 + 5)·A) and three roundings: σ² within
+     u·(n + 32)·A² + γ_n·σ². torch's CPU kernel (aten/src/ATen/native/cpu/layer_norm_kernel.cpp,
+     moments_utils.h: Welford over chunks, in float32 for bfloat16 and float16, the chunks' states
+     merged by Chan's update, itself a convex combination of the means plus δ²·n_a·n_b/n) is
+     assumed within the same: stated, measured (benchmarks/RESULTS.md), not derived here.
+     L16 is a fused kernel's bound (torch's, any one-kernel LayerNorm): every step at u_acc, only y
+     stored. r̂ = 1/√(σ̂² + ε) in three roundings and ≤ 4 ulps (as LIBM) at u_acc: relative error
+        ρ = (1 + 8u_acc)(1 + γ_3(u_acc))/√(1 − t) − 1,   t = e_v/(σ² + ε)   (t ≥ 1: no bound, ∞)
+     x̂ as (x − μ̂)·r̂ or x·r̂ − μ̂·r̂, FMA or not: |x̂_P − x̂| ≤ E = r·[e_μ(1 + ρ) + |x − μ|·ρ
+     + γ_2(u_acc)·(|x| + |μ| + e_μ)(1 + ρ)]; y = x̂·w + b: |w|·E + γ_2(u_acc)·(|x̂ ⊙ w| + |w|·E + |b|),
+     stored once (u_store·|y|), plus the float64 side's own (§4's x̂ bound ·|w|, γ_2(U)).
 L4 and L5 take the keys ``allowed`` per query: causal by default, the last queries of the keys for a
 decode step (its queries read the port's own KV cache), and the pad keys of a padded row masked.
 
@@ -99,7 +118,8 @@ g is the kind of bound, stated for each op in the report:
                  here for a stated failure probability per sum (``lambda_for``).
 
 Assumptions a port can break without a bug (so not default everywhere): a LayerNorm done by
-Welford's update or with rsqrt is not L7's two-pass computation; a port whose dumped tensor is not
+Welford's update or with rsqrt is not L7's two-pass computation (L16 is its bound, chosen for such a
+port by name: refgpt/oracle/local.py's ``layer_norm="any"``); a port whose dumped tensor is not
 the value its next op read (a float32 value dumped as bfloat16) is judged on the dump.
 """
 
@@ -428,3 +448,22 @@ def scatter(tokens, grad, d_vocab, prec, kind=WORST):
     np.add.at(M, tokens, np.abs(grad))
     count = np.maximum(np.bincount(tokens, minlength=d_vocab), 1)[:, None]  # [d_vocab, 1]
     return y, (kind.g(count, prec.u_el) * (1 + prec.u_store) + gamma(count)) * M + prec.u_store * np.abs(y)
+
+def layer_norm_any(x, w, b, eps, prec):
+    """L16: (gpt2.layer_norm's output on the port's x [pos, d], bound) for any mean and variance
+    algorithm within L16's e_μ and e_v (Welford's, torch's CPU kernel)."""
+    y, stats = gpt2.layer_norm(x, w, b, eps)
+    n, u = x.shape[-1], prec.u_acc  # a fused kernel: its steps at the accumulator's precision
+    A = np.abs(x).max(-1, keepdims=True)  # [pos, 1]
+    e_mean = gamma(2 * n + 8, u) * A  # [pos, 1]
+    scale, mean = stats["hook_scale"], stats["hook_mean"]  # [pos, 1] √(σ² + ε), μ
+    t = gamma(4 * n + 32, u) * A * A / (scale * scale)  # [pos, 1] e_v/(σ² + ε)
+    solvable = t < 1  # [pos, 1] else σ̂² may be 0: no bound
+    rho = (1 + 8 * u) * (1 + gamma(3, u)) / np.sqrt(np.where(solvable, 1 - t, 1)) - 1  # [pos, 1]
+    e_norm = (e_mean * (1 + rho) + np.abs(x - mean) * rho + gamma(2, u) * (np.abs(x) + np.abs(mean) + e_mean)
+              * (1 + rho)) / scale  # [pos, d_model] |x̂_P − x̂|
+    own = bounds.layer_norm_bounds(x, scale, eps)[2]  # [pos, d_model] the float64 side's x̂
+    xw = np.abs(stats["hook_normalized"] * w)  # [pos, d_model]
+    bound = (np.abs(w) * (e_norm + own) + gamma(2, u) * (xw + np.abs(w) * e_norm + np.abs(b))
+             + gamma(2) * (xw + np.abs(b)) + rounded(prec, y))  # [pos, d_model]
+    return y, np.where(solvable, bound, np.inf)
