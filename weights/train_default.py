@@ -167,11 +167,18 @@ def bos_gap(model: Model, texts, lengths=BOS_GAP["lengths"], n: int = BOS_GAP["p
     for length in lengths:
         prompts = short_prompts(model.tokenizer, texts, length, n, seed)  # [n, length]
         first = np.full((len(prompts), 1), bos, dtype=prompts.dtype)  # [n, 1]
-        without = mean_loss(model, prompts)
-        with_first = mean_loss(model, np.concatenate([first, prompts], axis=1), skip=1)
+        without = _mean_loss_by_parts(model, prompts)
+        with_first = _mean_loss_by_parts(model, np.concatenate([first, prompts], axis=1), skip=1)
         out[str(length)] = {"prompts": int(len(prompts)), "without_bos": without, "with_bos": with_first,
                             "gap": with_first / without - 1.0}
     return out
+
+
+def _mean_loss_by_parts(model: Model, batch: np.ndarray, skip: int = 0, rows: int = 32) -> float:
+    """``mean_loss`` ``rows`` windows at a time, so the log-probabilities [rows, length, d_vocab]
+    stay small (256 prompts at once would take a gigabyte in float64)."""
+    parts = [batch[i:i + rows] for i in range(0, len(batch), rows)]  # each [≤ rows, length]
+    return sum(mean_loss(model, part, skip) * len(part) for part in parts) / len(batch)
 
 
 def unigram_baseline(train: np.ndarray, val: np.ndarray, d_vocab: int) -> dict[str, float]:
@@ -225,7 +232,7 @@ def tied_grads(grads) -> dict[str, np.ndarray]:
 
 def mean_loss(model: Model, batch: np.ndarray, skip: int = 0) -> float:
     """Mean next-token loss of ``model`` on windows [n, length] (forward only), leaving out the
-    first ``skip`` predictions."""
+    first ``skip`` predictions of each window."""
     logits = model(batch[:, :-1], prepend_bos=False)  # [n, length − 1, d_vocab]
     logp = log_softmax(logits)  # [n, length − 1, d_vocab]
     target_logp = np.take_along_axis(logp, batch[:, 1:, None].astype(np.int64), -1)  # [n, length − 1, 1]

@@ -271,6 +271,28 @@ def test_to_be_or_not_to_puts_be_on_top(model):
     assert [round(float(p[t]), 3) for t in top] == [0.098, 0.05, 0.026]
 
 
+BOS_GAP_TEXT = REPO / "tests" / "data" / "macbeth_act1.txt"  # Macbeth is a held-out work
+
+
+def recorded_bos_gap() -> dict[str, tuple[float, float, float]]:
+    """weights/README.md's "BOS gap" table: prompt length → (with, without, gap in %)."""
+    return {length.split()[0]: (float(with_), float(without), float(gap.replace("%", "").replace("−", "-")))
+            for length, _, with_, without, gap in readme_table("BOS gap")}
+
+
+@pytest.mark.slow
+def test_the_bos_gap_on_held_out_short_prompts_is_the_readme_s(model):
+    """weights/README.md's BOS-gap table is measured on these weights: the mean loss on 256
+    prompts of 8 and of 32 tokens from line starts of Macbeth's first act, with <|endoftext|>
+    first (the API's default) and without, on the same targets (train_default.bos_gap)."""
+    from refgpt.weights import train_default as T
+
+    measured = T.bos_gap(model, [BOS_GAP_TEXT.read_text(encoding="utf-8")])
+    assert {k: (round(g["with_bos"], 3), round(g["without_bos"], 3), round(100 * g["gap"], 1))
+            for k, g in measured.items()} == recorded_bos_gap()
+    assert [g["prompts"] for g in measured.values()] == [256, 255]  # one line too near the end for 32 tokens
+
+
 def test_refgpt_predict_prints_be_first(refgpt_cli):
     status, out, _ = refgpt_cli.in_process("predict", "To be, or not to", "--top-k", "3")
     assert status == 0
