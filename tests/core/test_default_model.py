@@ -194,6 +194,8 @@ def test_weights_readme_quotes_the_training_run_truly(log):
         f"(perplexity {np.exp(log['baseline']['val_loss']):.0f})",
         f"{np.mean(log['train_loss'][-50:]):.3f} nats/token (mean of the last 50 steps)",
     ]
+    if log["hyper"].get("bos_fraction"):  # the recipe's BOS windows (weights/train_default.py)
+        quoted.append(f"{log['hyper']['bos_fraction']:.0%} of them starting with `<|endoftext|>`")
     assert [q for q in quoted if q not in readme] == []
     assert log["stopped_early"] is False and log["seed"] == 0
     assert [name.removesuffix("_gut.txt") for name in log["val_works"]] == ["julius_caesar", "macbeth", "twelfth_night"]
