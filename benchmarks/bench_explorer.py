@@ -30,6 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
 from browser import Browser  # noqa: E402
+from machine import describe, machine  # noqa: E402
 from random_models import random_model  # noqa: E402
 from tl_port import TOKENIZER_DIR  # noqa: E402
 from refgpt import Config, Tokenizer  # noqa: E402
@@ -43,6 +44,7 @@ def main():
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--loads", type=int, default=5)
     args = parser.parse_args()
+    where = describe(machine())  # the BLAS and its kernel, the threads, the load at the start
     model = random_model(GPT2_SMALL, seed=1, scale=0.05)
     model.tokenizer = Tokenizer.from_dir(TOKENIZER_DIR)
     tokens = model.to_tokens((REPO / "README.md").read_text(encoding="utf-8"))[0][:args.tokens]
@@ -67,7 +69,7 @@ def main():
     sizes = {k: len(json.dumps(v, separators=(",", ":"), ensure_ascii=False)) for k, v in page.data.items()}
     result = {"tokens": len(tokens), "heads": 144, "page_MiB": round(size / 2**20, 2),
               "pattern_MiB": round(sizes["pattern"] / 2**20, 2), "attribution_MiB": round(sizes["attribution"] / 2**20, 2),
-              "build_s": round(built, 1), "build_cpu_s": round(cpu, 1), "build_peak_MB": round(peak / 1e6),
+              "build_s": round(built, 1), "build_cpu_s": round(cpu, 1), "machine": where, "build_peak_MB": round(peak / 1e6),
               "load_average": round(os.getloadavg()[0], 1), "load_ms_median": round(statistics.median(loads)), "loads_ms": [round(x) for x in loads]}
     print(json.dumps(result, indent=1))
 

@@ -72,10 +72,14 @@ def main(only=None):
             shoot(browser, "#lens", "explorer_lens.png")
             shoot(browser, "#layernorm", "explorer_layernorm.png")
             browser.driver.find_element("id", "attr-by-head").click()
+            browser.js("refgptExplorer.select({part: 'L3.mlp'})")  # as a click on its bar: the tokens it pushes
             shoot(browser, "#attribution", "explorer_attribution.png")
             browser.driver.find_element("css selector", '#tokens .tok[data-pos="2"]').click()  # a steered position
             browser.js("const s = document.getElementById('steer-slider'); s.value = 2; s.dispatchEvent(new Event('input'))")
+            browser.js("document.getElementById('steer-reads').hidden = true")
             shoot(browser, "#steering", "explorer_steering.png")  # C = 50: every stream, the tuned lens, the KL to C = 10⁶
+            browser.js("document.getElementById('steer-reads').hidden = false; refgptExplorer.select({layer: 3, head: 1})")
+            shoot(browser, "#steer-reads", "explorer_steering_reads.png")  # what attention reads: ln1 out, the patterns
             shoot_sae(browser)
         finally:
             browser.quit()

@@ -65,3 +65,24 @@ def capture(path, tokens, threads: int = 1) -> dict[str, np.ndarray]:
         lc.llama_free(context)
         lc.llama_model_free(model)
     return captured
+
+
+def capture_in_process(path, tokens, out, lib_path=None) -> dict[str, np.ndarray]:
+    """``capture`` in a fresh interpreter (with ``lib_path``: llama-cpp-python loading the libllama
+    and libggml* there, through its ``LLAMA_CPP_LIB_PATH``), its tensors passed back in ``out`` (.npz)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = dict(os.environ)
+    if lib_path is not None:
+        env["LLAMA_CPP_LIB_PATH"] = str(lib_path)
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), env.get("PYTHONPATH", "")])
+    script = ("import sys, numpy as np; from llama_cpp_capture import capture; "
+              "np.savez(sys.argv[2], **capture(sys.argv[1], [int(t) for t in sys.argv[3:]]))")
+    run = subprocess.run([sys.executable, "-c", script, str(path), str(out), *map(str, tokens)], env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    with np.load(out) as npz:
+        return {name: npz[name] for name in npz.files}

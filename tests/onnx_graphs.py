@@ -7,13 +7,10 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-import refgpt
-from random_models import random_model, random_tokens, save_checkpoint
+from random_models import saved
 from refgpt.gpt2.config import Config
-from refgpt.oracle import golden
 from refgpt.runtimes import onnx_model
 
-GPT2_SMALL = Config(d_model=768, n_layers=12, n_heads=12, d_mlp=3072, d_vocab=50257, n_ctx=1024)
 SMALL = Config(d_model=32, n_layers=4, n_heads=4, d_mlp=128, d_vocab=50, n_ctx=16)
 # 2 × 16 positions: each LayerNorm's scale has 32 elements, enough for the bias check (≥ 16), which
 # is what sees epsilon ×100 — a shift of ε·99/(2·scale) in every element, far below the elementwise
@@ -23,11 +20,8 @@ SMALL_POS = 16
 
 def exported(tmp_path_factory, cfg, name, scale, pos):
     """(the golden file, the exported .onnx) of a random model with ``cfg`` on 2 × ``pos`` tokens."""
-    where = tmp_path_factory.mktemp(name)
-    model = refgpt.load(save_checkpoint(random_model(cfg, seed=1, scale=scale), where / "model"))
-    tokens = random_tokens(cfg, pos, batch=2, seed=2)
-    path = onnx_model.export(where / "model", where / "model.onnx")
-    return golden.write(where / "golden.safetensors", golden.make(model, tokens)), path
+    golden_path, directory = saved(tmp_path_factory, cfg, name, scale, pos)
+    return golden_path, onnx_model.export(directory, directory.parent / "model.onnx")
 
 
 def epsilon_times_100(path, out, ln_index):

@@ -140,3 +140,24 @@ class QuantizedPort:
     def _f32_any(self, name):
         """A weight of any type as float32 (embedding rows are read, not multiplied): ggml's get_rows dequantizes."""
         return self.g.tensor(name)
+
+
+def ct2_int8_product(q, a, W_q, w_scale, bias=None, saturate=False) -> np.ndarray:
+    """CTranslate2's int8 product, computed as its CPU kernels do, of activation rows rounded to
+    integers q [rows, d_in] with scales a [rows] (refgpt.oracle.quantized.int8_rows), by int8 weights
+    W_q [d_out, d_in] of row scales w_scale [d_out]: int32 sums, then y = c·(1/a) / w_scale (+ bias)
+    in float32. ``saturate``: the planted kernel bug of a u8×s8 GEMM without VNNI (AVX2's
+    ``vpmaddubsw``), the activations shifted to q + 128 and each pair's sum of products saturated to
+    int16 before the int32 sum (the shift's 128·ΣW_q then taken off)."""
+    q = np.asarray(q, np.int64)  # [rows, d_in]
+    W = np.asarray(W_q, np.int64)  # [d_out, d_in]
+    if saturate:
+        shifted = q + 128  # [rows, d_in]: u8
+        pairs = shifted[:, None, :] * W[None, :, :]  # [rows, d_out, d_in]
+        pair_sums = np.clip(pairs[..., 0::2] + pairs[..., 1::2], -32768, 32767)  # [rows, d_out, d_in/2]
+        c = pair_sums.sum(axis=-1) - 128 * W.sum(axis=1)  # [rows, d_out]
+    else:
+        c = q @ W.T  # [rows, d_out]
+    inverse_a = (np.float32(1) / np.asarray(a, np.float32))[:, None]  # [rows, 1]
+    y = (c.astype(np.float32) * inverse_a) / np.asarray(w_scale, np.float32)  # [rows, d_out]
+    return y if bias is None else (y + np.asarray(bias, np.float32)).astype(np.float32)

@@ -20,6 +20,10 @@ from refgpt.gpt2.activations import ACTIVATIONS
 from refgpt.gpt2.params import param_shapes
 
 
+#: GPT-2 small's shape (124M parameters), for tests of peers and runtimes at the real width and depth.
+GPT2_SMALL = Config(d_model=768, n_layers=12, n_heads=12, d_mlp=3072, d_vocab=50257, n_ctx=1024)
+
+
 def random_params(cfg: Config, seed: int, scale: float = 0.3) -> dict[str, np.ndarray]:
     """float64 parameters for ``cfg``: LayerNorm gains 1 + N(0, scale²), everything else N(0, scale²)."""
     rng = np.random.default_rng(seed)
@@ -36,16 +40,22 @@ def tied_model(cfg: Config, seed: int = 0, tokenizer: bool = False) -> Model:
     apart), for the formats that store one matrix (GGUF, CTranslate2). With ``tokenizer``, a
     byte-level BPE of cfg.d_vocab ≥ 259 tokens: the 256 bytes, 'Ġt', 'Ġth' (two merges), fillers
     ``w0``, ``w1``, … and <|endoftext|> last."""
-    from refgpt.gpt2.tokenizer import bytes_to_unicode
-
     params = random_params(cfg, seed)
     params["unembed.W_U"] = params["embed.W_E"].T.copy()  # [d_model, d_vocab]
     model = Model(cfg, params)
     if tokenizer:
-        tokens = list(bytes_to_unicode().values()) + ["Ġt", "Ġth"]
-        tokens += [f"w{i}" for i in range(cfg.d_vocab - len(tokens) - 1)] + ["<|endoftext|>"]
-        model.tokenizer = refgpt.Tokenizer({t: i for i, t in enumerate(tokens)}, [("Ġ", "t"), ("Ġt", "h")])
+        model.tokenizer = byte_tokenizer(cfg.d_vocab)
     return model
+
+
+def byte_tokenizer(d_vocab: int) -> refgpt.Tokenizer:
+    """A byte-level BPE of ``d_vocab`` ≥ 259 tokens: the 256 bytes, 'Ġt', 'Ġth' (two merges), fillers
+    ``w0``, ``w1``, … and <|endoftext|> last (converters that need a vocabulary, as CTranslate2's)."""
+    from refgpt.gpt2.tokenizer import bytes_to_unicode
+
+    tokens = list(bytes_to_unicode().values()) + ["Ġt", "Ġth"]
+    tokens += [f"w{i}" for i in range(d_vocab - len(tokens) - 1)] + ["<|endoftext|>"]
+    return refgpt.Tokenizer({t: i for i, t in enumerate(tokens)}, [("Ġ", "t"), ("Ġt", "h")])
 
 
 @st.composite
@@ -94,7 +104,9 @@ def save_checkpoint(model: Model, directory: Path, dtype=np.float32, tensors: di
     directory = Path(directory)
     if tensors is None and config is None:
         if model.cfg.tie_word_embeddings:
+            tokenizer = model.tokenizer
             model = Model(model.cfg, {**model.params, "unembed.W_U": model.params["embed.W_E"].T}, dtype=model.dtype)
+            model.tokenizer = tokenizer
         return refgpt.save(model, directory, dtype=dtype)
     directory.mkdir(parents=True, exist_ok=True)
     if tensors is None:
@@ -113,3 +125,16 @@ def rel_err(actual, reference) -> float:
     """max |actual − reference| / max(1, max |reference|): the project's relative error."""
     actual, reference = np.asarray(actual, np.float64), np.asarray(reference, np.float64)
     return float(np.max(np.abs(actual - reference)) / max(1.0, float(np.max(np.abs(reference)))))
+
+
+def saved(tmp_path_factory, cfg, name, scale, pos):
+    """(the golden file, the directory refgpt.save wrote) of a random model with ``cfg`` on 2 × ``pos``
+    tokens; the golden is the saved (float32-stored, tied) model's."""
+    from refgpt.oracle import golden
+
+    where = tmp_path_factory.mktemp(name)
+    model = random_model(cfg, seed=1, scale=scale)
+    model.tokenizer = byte_tokenizer(cfg.d_vocab) if cfg.d_vocab >= 259 else None  # for CTranslate2's converter
+    model = refgpt.load(save_checkpoint(model, where / "model"))
+    tokens = random_tokens(cfg, pos, batch=2, seed=2)
+    return golden.write(where / "golden.safetensors", golden.make(model, tokens)), where / "model"

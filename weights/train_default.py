@@ -21,7 +21,17 @@ on the training works only.
 **Model.** A GPT-2 (tanh GELU, pre-LayerNorm, learned positions, tied embeddings) of ``CONFIG``'s
 size, initialised as HF's ``GPT2PreTrainedModel._init_weights`` does, trained on random windows
 of n_ctx + 1 tokens of the training works (each work preceded by ``<|endoftext|>``), with AdamW,
-linear warm-up and cosine decay, and weight decay on the matrices only.
+linear warm-up and cosine decay, and weight decay on the matrices only. A fraction
+(``HYPER["bos_fraction"]``, one half) of the windows start with ``<|endoftext|>`` at position 0
+followed by text from a random point (``with_bos``): refgpt's API, as TransformerLens's, puts
+``<|endoftext|>`` first by default, and a model trained on random windows alone almost never saw
+it at position 0 (39 times in 1.4 million starts), so its loss on short prompts with it first was
+a quarter higher than without. The other half start anywhere, so prompts without it work too.
+
+**BOS gap.** ``bos_gap`` measures both ways on held-out short prompts (lines of the validation
+works, 8 and 32 tokens): the mean loss on the same targets (every prompt token after the first)
+with ``<|endoftext|>`` first and without. The run records it; tests/core/test_default_model.py
+re-measures it on Macbeth's first act.
 
 **Baseline.** The unigram model: every token predicted with its frequency in the training split
 (add-one smoothed, so a token unseen in training has a finite loss). Its loss on the validation
@@ -71,7 +81,8 @@ SEED = 0
 INITIALIZER_RANGE = 0.02
 CONFIG = Config(d_model=144, n_layers=4, n_heads=4, d_mlp=576, d_vocab=VOCAB_SIZE, n_ctx=128)
 HYPER = {"batch": 16, "steps": 3200, "lr": 3e-3, "min_lr": 3e-4, "warmup": 100, "betas": (0.9, 0.95),
-         "eps": 1e-8, "weight_decay": 0.1, "eval_every": 100, "eval_windows": 64}
+         "eps": 1e-8, "weight_decay": 0.1, "eval_every": 100, "eval_windows": 64, "bos_fraction": 0.5}
+BOS_GAP = {"lengths": (8, 32), "prompts": 256, "seed": 0}  # the held-out short prompts bos_gap scores
 PROMPTS = ("To be, or not to", "O Romeo, Romeo!", "Now is the winter of", "The king", "Friends, Romans,",
            "What light through yonder", "My lord, I")
 
@@ -119,6 +130,55 @@ def windows(stream: np.ndarray, n: int, length: int, rng: np.random.Generator) -
     """``n`` random windows of ``length`` consecutive tokens: [n, length]."""
     starts = rng.integers(0, len(stream) - length + 1, size=n)  # [n]
     return stream[starts[:, None] + np.arange(length)]  # [n, length]
+
+
+def with_bos(batch: np.ndarray, fraction: float, bos: int, rng: np.random.Generator) -> np.ndarray:
+    """``batch`` [n, length] with position 0 of each window replaced by ``bos`` with probability
+    ``fraction``: those windows are <|endoftext|> followed by text from a random point, as the API
+    feeds a prompt. Its own ``rng``, so the window starts are those of a run without it."""
+    out = batch.copy()  # [n, length]
+    out[rng.random(len(batch)) < fraction, 0] = bos
+    return out
+
+
+def short_prompts(tok: Tokenizer, texts, length: int, n: int, seed: int) -> np.ndarray:
+    """``n`` prompts of ``length`` tokens [n, length]: the text from the start of randomly chosen
+    non-blank lines of ``texts`` (seeded), as someone would paste a line or two."""
+    starts = [(i, j) for i, text in enumerate(texts) for j in range(len(text))
+              if (j == 0 or text[j - 1] == "\n") and not text[j].isspace()]
+    picks = np.random.default_rng(seed).choice(len(starts), size=min(n, len(starts)), replace=False)
+    prompts = []
+    for k in sorted(picks):
+        i, j = starts[k]
+        ids = tok.encode(texts[i][j:j + 16 * length])
+        if len(ids) >= length:  # a line near a text's end may be too short: left out
+            prompts.append(ids[:length])
+    return np.array(prompts, dtype=np.int64)  # [n, length]
+
+
+def bos_gap(model: Model, texts, lengths=BOS_GAP["lengths"], n: int = BOS_GAP["prompts"],
+            seed: int = BOS_GAP["seed"]) -> dict[str, dict[str, float]]:
+    """Mean next-token loss (nats/token) on held-out short prompts with <|endoftext|> first and
+    without, per prompt length, on the same targets: every prompt token after the first (with it
+    first, the model also predicts the first token from <|endoftext|> alone; that has no
+    counterpart without it and is left out). ``gap`` = with / without − 1."""
+    bos = model.tokenizer.eot_token
+    out = {}
+    for length in lengths:
+        prompts = short_prompts(model.tokenizer, texts, length, n, seed)  # [n, length]
+        first = np.full((len(prompts), 1), bos, dtype=prompts.dtype)  # [n, 1]
+        without = _mean_loss_by_parts(model, prompts)
+        with_first = _mean_loss_by_parts(model, np.concatenate([first, prompts], axis=1), skip=1)
+        out[str(length)] = {"prompts": int(len(prompts)), "without_bos": without, "with_bos": with_first,
+                            "gap": with_first / without - 1.0}
+    return out
+
+
+def _mean_loss_by_parts(model: Model, batch: np.ndarray, skip: int = 0, rows: int = 32) -> float:
+    """``mean_loss`` ``rows`` windows at a time, so the log-probabilities [rows, length, d_vocab]
+    stay small (256 prompts at once would take a gigabyte in float64)."""
+    parts = [batch[i:i + rows] for i in range(0, len(batch), rows)]  # each [≤ rows, length]
+    return sum(mean_loss(model, part, skip) * len(part) for part in parts) / len(batch)
 
 
 def unigram_baseline(train: np.ndarray, val: np.ndarray, d_vocab: int) -> dict[str, float]:
@@ -170,11 +230,13 @@ def tied_grads(grads) -> dict[str, np.ndarray]:
     return g
 
 
-def mean_loss(model: Model, batch: np.ndarray) -> float:
-    """Mean next-token loss of ``model`` on windows [n, length] (forward only)."""
-    logits = model(batch[:, :-1])  # [n, length − 1, d_vocab]
+def mean_loss(model: Model, batch: np.ndarray, skip: int = 0) -> float:
+    """Mean next-token loss of ``model`` on windows [n, length] (forward only), leaving out the
+    first ``skip`` predictions of each window."""
+    logits = model(batch[:, :-1], prepend_bos=False)  # [n, length − 1, d_vocab]
     logp = log_softmax(logits)  # [n, length − 1, d_vocab]
-    return float(-np.take_along_axis(logp, batch[:, 1:, None].astype(np.int64), -1).mean())
+    target_logp = np.take_along_axis(logp, batch[:, 1:, None].astype(np.int64), -1)  # [n, length − 1, 1]
+    return float(-target_logp[:, skip:].mean())
 
 
 def lr_at(step: int, hyper: dict) -> float:
@@ -188,10 +250,12 @@ def lr_at(step: int, hyper: dict) -> float:
 def train(cfg: Config, train_ids: np.ndarray, val_ids: np.ndarray, hyper: dict, seed: int = SEED,
           deadline: float | None = None, log=print) -> tuple[dict[str, np.ndarray], dict]:
     """Train from ``init_params(cfg, seed)``; return (params, record). Windows of n_ctx + 1 tokens
-    feed n_ctx positions with next-token targets. Stops early (and says so) at ``deadline``
+    feed n_ctx positions with next-token targets; ``hyper["bos_fraction"]`` of them start with
+    <|endoftext|> (id d_vocab − 1, ``with_bos``). Stops early (and says so) at ``deadline``
     (time.time()), finishing with an evaluation."""
     params = init_params(cfg, seed)
     rng = np.random.default_rng(seed + 1)
+    bos_rng = np.random.default_rng(seed + 3)
     val_batch = windows(val_ids, hyper["eval_windows"], cfg.n_ctx + 1, np.random.default_rng(seed + 2))
     opt = AdamW(params, lr=hyper["lr"], betas=hyper["betas"], eps=hyper["eps"],
                 weight_decay=hyper["weight_decay"], decay=lambda name: params[name].ndim >= 2)
@@ -202,6 +266,7 @@ def train(cfg: Config, train_ids: np.ndarray, val_ids: np.ndarray, hyper: dict, 
             record["eval_steps"].append(step)
             record["val_loss"].append(mean_loss(tied_model(cfg, params), val_batch))
         batch = windows(train_ids, hyper["batch"], cfg.n_ctx + 1, rng)  # [batch, n_ctx + 1]
+        batch = with_bos(batch, hyper.get("bos_fraction", 0.0), cfg.d_vocab - 1, bos_rng)  # [batch, n_ctx + 1]
         grads = loss_and_grads(tied_model(cfg, params), batch[:, :-1], batch[:, 1:])
         lr = lr_at(step, hyper)
         opt.step(tied_grads(grads), lr=lr)
@@ -301,6 +366,7 @@ def main(argv=None) -> int:
     model.tokenizer = tok
     refgpt.save(model, out, dtype="float32", config={"initializer_range": INITIALIZER_RANGE})  # bos/eos: <|endoftext|>
     record.update(samples=samples(model, PROMPTS), baseline=baseline, hyper=hyper, seed=SEED,
+                  bos_gap=bos_gap(model, val_texts), bos_gap_settings=BOS_GAP,
                   config=json.loads((out / "config.json").read_text(encoding="utf-8")), bpe_seconds=bpe_seconds,
                   n_train_tokens=int(len(train_ids)), n_val_tokens=int(len(val_ids)),
                   sdist_sha256=SDIST_SHA256, val_works=list(VAL_WORKS),
@@ -331,13 +397,17 @@ def report(r: dict, cfg: Config) -> str:
         f"| vocabulary | {cfg.d_vocab} (BPE trained on the training works in {r['bpe_seconds']:.1f} s) |",
         f"| model | d_model {cfg.d_model}, {cfg.n_layers} layers, {cfg.n_heads} heads, d_mlp {cfg.d_mlp}, "
         f"n_ctx {cfg.n_ctx}, tied embeddings; {n_params:,} parameters |",
-        f"| training | {len(r['steps'])} steps of {r['hyper']['batch']}×{cfg.n_ctx} tokens, AdamW "
+        f"| training | {len(r['steps'])} steps of {r['hyper']['batch']}×{cfg.n_ctx} tokens "
+        f"({r['hyper'].get('bos_fraction', 0.0):.0%} of the windows with <\\|endoftext\\|> at position 0), AdamW "
         f"(lr {r['hyper']['lr']} → {r['hyper']['min_lr']}, warm-up {r['hyper']['warmup']}, betas "
         f"{tuple(r['hyper']['betas'])}, weight decay {r['hyper']['weight_decay']} on matrices), float32, seed {r['seed']} |",
         f"| wall time | {r['wall_seconds'] / 60:.1f} min ({r['wall_seconds'] / max(1, len(r['steps'])):.2f} s/step)"
         f"{' — stopped early at the time limit' if r['stopped_early'] else ''} |",
         f"| final train loss (mean of last 50 steps) | {np.mean(r['train_loss'][-50:]):.3f} nats/token |",
         f"| **validation loss** | **{r['val_loss'][-1]:.3f}** nats/token (perplexity {math.exp(r['val_loss'][-1]):.0f}) |",
+        *[f"| BOS gap, {k}-token held-out prompts ({g['prompts']}) | {g['with_bos']:.3f} nats/token with "
+          f"<\\|endoftext\\|> first, {g['without_bos']:.3f} without: {100 * g['gap']:+.1f} % |"
+          for k, g in r.get("bos_gap", {}).items()],
         f"| unigram baseline on validation | {b['val_loss']:.3f} nats/token (perplexity {math.exp(b['val_loss']):.0f}); "
         f"train unigram entropy {b['train_entropy']:.3f} |",
         f"| machine | Python {r['machine']['python']}, NumPy {r['machine']['numpy']}, {r['machine']['processor']} |",

@@ -30,13 +30,14 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import threads
 from ..errors import RefGPTError
 from ..files.atomic_write import write_atomically
 from ..files.default_model import is_default_model
 from ..gpt2 import ln_views
 from ..gpt2.activations import log_softmax
 from ..tl.decomposition import token_id
-from .attribution import attribute, naive_attribution
+from .attribution import attribute, naive_attribution, value_bias
 from .interventions import add_vector, last_token_difference, steering_vector
 from .measurements import norm, stream_labels, streams
 
@@ -45,6 +46,10 @@ PATTERN_UNIT = 1e-3  # attention weights are stored as whole multiples of this
 PATTERN_DIGITS = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"  # v < 62: one character
 PATTERN_PREFIXES = "!#$%&()*+,-./:;="  # v ≥ 62: PATTERN_PREFIXES[(v − 62) // 62] + PATTERN_DIGITS[(v − 62) % 62]
 TOP_K = 5  # next tokens shown per position in the steering view
+TOP10_DIGITS = 4  # significant digits of the lens hovers' top-10 probabilities and of the pushes (the page shows 4)
+PUSH_TOP = 8  # tokens a part pushes up, and down, listed when its attribution bar is clicked
+PUSH_BUDGET = 2e10  # multiply-adds (rows · d_model · d_vocab) spent on the pushes: the last positions that fit
+PUSH_ROWS = 64  # parts read out at a time (GPT-2: a [64, d_vocab] block, 26 MB)
 
 
 class Explorer:
@@ -126,8 +131,8 @@ def explore(model, text, *, target=None, prepend_bos=None, layers=None, heads=No
                  "tuned": None if tuned_lens is None else
                  _lens(model, _translated(streams(cache)[:, 0], tuned_lens), logits, target_id),
                  "tuned_source": None if tuned_lens is None else _lens_source(tuned_lens)},
-        "attribution": _attribution(cache, logits, target_id),
-        "steering": None if steering is None else _steering(model, tokens, steering, target_id, tuned_lens),
+        "attribution": _attribution(cache, logits, target_id, tokens, model),
+        "steering": None if steering is None else _steering(model, tokens, steering, target_id, tuned_lens, layers, heads),
         "sae": None if sae is None else sae(model, cache, target_id, logits),
     }
     return Explorer(data)
@@ -158,6 +163,12 @@ def _token_strings(model, ids):
     if model.tokenizer is None:
         return [f"#{int(i)}" for i in ids]
     return model.to_str_tokens(np.asarray(ids, dtype=np.int64), prepend_bos=False)
+
+
+def _token_table(model, ids) -> dict:
+    """{id: its text as _token_strings writes it} for the distinct ids among ``ids``."""
+    distinct = np.unique(np.asarray(ids, dtype=np.int64))
+    return dict(zip(distinct.tolist(), _token_strings(model, distinct), strict=True))
 
 
 def pattern_string(pattern) -> str:
@@ -214,32 +225,74 @@ def _read_out(model, x):
     return logits + p["unembed.b_U"] if "unembed.b_U" in p else logits
 
 
-LENS_BLOCK = 32  # positions read out at a time: a [block, d_vocab] array, not [pos, d_vocab] (GPT-2: 13 MB, not 100)
+LENS_BLOCK = 16  # positions read out at a time, every stream at once: [stream·block, d_vocab] (GPT-2: 77 MB)
+LENS_TOP = 10  # tokens in a lens cell's hover
+LENS_STAT_ROWS = 8  # rows per block of the statistics on the threads (a GPT-2 row is 400 kB: not one at a time)
 
 
 def _lens(model, x, logits, target_id):
-    """Per stream (rows of x [stream, pos, d_model]) and position: the lens's top token and its
-    probability, its entropy, KL(final ‖ lens) in nats, and the target's rank (1 = top) and probability.
-    Read out LENS_BLOCK positions at a time (each position's numbers are its own row's), so the
-    page's memory does not grow with d_vocab × positions."""
-    keys = ("top_id", "top_token", "top_prob", "entropy", "kl", "target_rank", "target_prob")
-    out = {k: [[] for _ in range(len(x))] for k in keys}
-    for start in range(0, x.shape[1], LENS_BLOCK):
-        final = log_softmax(logits[start:start + LENS_BLOCK])  # [block, d_vocab]
+    """Per stream (rows of x [stream, pos, d_model]; the last is the final stream, whose read-out is
+    the model's own ``logits`` [pos, d_vocab]) and position: the lens's top token and its
+    probability, its LENS_TOP most likely tokens and their probabilities, its entropy, KL(final ‖
+    lens) in nats, and the target's rank (1 = top) and probability. Read out LENS_BLOCK positions
+    at a time with every stream in one product (a taller product runs nearer the BLAS's peak), the
+    statistics a block of rows at a time on the threads, so the memory does not grow with
+    d_vocab × positions."""
+    S, P = x.shape[:2]
+    K = min(LENS_TOP, logits.shape[-1])
+    top_id, target_rank = np.zeros((S, P), np.int64), np.zeros((S, P), np.int64)
+    top_prob, entropy, kl, target_prob = (np.zeros((S, P)) for _ in range(4))
+    top_ids, top_probs = np.zeros((S, P, K), np.int64), np.zeros((S, P, K))
+    for start in range(0, P, LENS_BLOCK):
+        stop = min(P, start + LENS_BLOCK)
+        b = stop - start
+        final = log_softmax(logits[start:stop])  # [block, d_vocab]
         p_final = np.exp(final)  # [block, d_vocab]
-        for M, stream in enumerate(x):  # one stream at a time: [block, d_vocab] logits
-            log_p = log_softmax(_read_out(model, stream[start:start + LENS_BLOCK]))  # [block, d_vocab]
-            p = np.exp(log_p)  # [block, d_vocab]
-            top = np.argmax(log_p, axis=-1)  # [block]
-            target = log_p[:, target_id]  # [block]
-            out["top_id"][M] += top.tolist()
-            out["top_token"][M] += _token_strings(model, top)
-            out["top_prob"][M] += _floats(p[np.arange(len(top)), top])
-            out["entropy"][M] += _floats(-(p * log_p).sum(-1))
-            out["kl"][M] += _floats(np.maximum((p_final * (final - log_p)).sum(-1), 0.0))
-            out["target_rank"][M] += (1 + (log_p > target[:, None]).sum(-1)).tolist()
-            out["target_prob"][M] += _floats(np.exp(target))
-    return out
+        read = _read_out(model, x[:-1, start:stop].reshape(-1, x.shape[-1]))  # [(stream − 1)·block, d_vocab]
+        log_p = np.concatenate([log_softmax(read), final])  # [stream·block, d_vocab]: the final stream's is the model's
+        del read
+
+        def stats(a, z):  # rows a … z of log_p: row r is stream r // b at position start + r % b
+            lp, i = log_p[a:z], np.arange(a, z)  # [rows, d_vocab], [rows]
+            M, j = i // b, start + i % b  # [rows] stream, position
+            p = np.exp(lp)  # [rows, d_vocab]
+            best, value = _top_k(lp, K)  # [rows, K] each: the first is argmax's (ties to the lower index)
+            target = lp[:, target_id]  # [rows]
+            top_ids[M, j], top_probs[M, j] = best, np.exp(value)
+            top_id[M, j], top_prob[M, j] = best[:, 0], np.exp(value[:, 0])
+            entropy[M, j] = -(p * lp).sum(-1)
+            kl[M, j] = np.maximum((p_final[i % b] * (final[i % b] - lp)).sum(-1), 0.0)
+            target_rank[M, j] = 1 + np.count_nonzero(lp > target[:, None], axis=-1)
+            target_prob[M, j] = np.exp(target)
+
+        row_bytes = log_p.shape[1] * log_p.itemsize
+        blocks = threads.row_blocks(len(log_p), row_bytes, LENS_STAT_ROWS * row_bytes)
+        threads.map_blocks(stats, blocks, len(log_p) * row_bytes)
+    text = _token_table(model, np.concatenate([top_id.ravel(), top_ids.ravel()]))  # id → its text, each id once
+    return {"top_id": top_id.tolist(), "top_token": [[text[i] for i in row] for row in top_id.tolist()],
+            "top_prob": _floats(top_prob), "entropy": _floats(entropy), "kl": _floats(kl),
+            "target_rank": target_rank.tolist(), "target_prob": _floats(target_prob),
+            "top10_token": [[[text[i] for i in cell] for cell in row] for row in top_ids.tolist()],
+            "top10_prob": _rounded(top_probs, TOP10_DIGITS)}
+
+
+def _top_k(x, k):
+    """(ids, values) of the k largest entries of each row of x [rows, n], largest first, ties to the
+    lower index: [rows, k] each. Only the entries at least as large as the k-th largest of every s-th
+    entry are sorted: a sample's k-th largest is at most the row's, so none of the k is missed, and
+    about s·k entries per row pass it (one comparison per entry instead of a selection over all n). A
+    row with NaNs is sorted in full."""
+    rows, n = x.shape
+    sample = x[:, ::max(1, min(8, n // (4 * k)))]  # [rows, ≥ 4k unless n < 4k]
+    bound = np.partition(sample, sample.shape[1] - k, axis=-1)[:, sample.shape[1] - k]  # [rows] ≤ the row's k-th largest
+    r, c = np.nonzero(x >= bound[:, None])  # the candidates, row by row
+    v = x[r, c]
+    if np.bincount(r, minlength=rows).min(initial=k) < k:  # NaN: a bound nothing reaches
+        ids = np.argsort(-x, axis=-1, kind="stable")[:, :k]  # [rows, k]
+        return ids, np.take_along_axis(x, ids, -1)
+    order = np.lexsort((c, -v, r))  # by row, largest first, ties to the lower index
+    first = np.searchsorted(r[order], np.arange(rows))[:, None] + np.arange(k)  # [rows, k]
+    return c[order][first], v[order][first]
 
 
 def _kl_map(model, x, reference):
@@ -310,8 +363,10 @@ def _translated(x, lens):
     return np.stack([lens.translate(x[M], M) for M in range(len(x) - 1)] + [x[-1]])
 
 
-def _attribution(cache, logits, target_id):
-    """The target's logit at every position split by head and constant (refgpt.analysis.attribution)."""
+def _attribution(cache, logits, target_id, tokens, model):
+    """The target's logit at every position split by head and constant (refgpt.analysis.attribution);
+    the actual next token's logit at each position but the last, split by layer; and what each part
+    pushes up and down through ln_final's cached σ (``_pushes``)."""
     a = attribute(cache, target_id, granularity="head", logits=logits[None])
     pieces = [naive_attribution(cache, target_id, pos=j, logits=logits[None]) for j in range(len(logits))]
     own = np.array([piece.own_scale for piece in pieces]).T  # [piece, pos], NaN for a constant
@@ -319,11 +374,66 @@ def _attribution(cache, logits, target_id):
              "naive": [_floats(v) for v in np.array([piece.naive for piece in pieces]).T],  # [piece][pos]
              "exact": [_floats(v) for v in np.array([piece.exact for piece in pieces]).T],  # [piece][pos]
              "own_scale": [None if np.isnan(row[0]) else _floats(row) for row in own]}
-    return {"labels": a.labels, "values": [_floats(v[0]) for v in a.values], "logit": _floats(a.logit[0]),
-            "naive": naive}
+    out = {"labels": a.labels, "values": [_floats(v[0]) for v in a.values], "logit": _floats(a.logit[0]),
+           "naive": naive, "actual": None, "pushes": _pushes(model, cache)}
+    if len(tokens) > 1:  # the logit of the token that comes next, at every position that has one
+        ids = np.append(tokens[1:], tokens[-1])[None]  # [1, pos]: the last position's entry (no next token) is dropped
+        nxt = attribute(cache, ids, granularity="layer", logits=logits[None])
+        out["actual"] = {"ids": tokens[1:].tolist(), "labels": nxt.labels,
+                         "values": [_floats(v[0, :-1]) for v in nxt.values], "logit": _floats(nxt.logit[0, :-1])}
+    return out
 
 
-def _steering(model, tokens, steering, target_id, tuned_lens=None):
+def _pushes(model, cache):
+    """What each part of the attribution writes, read through ln_final's cached σ as a whole row of
+    logits, (w ⊙ (c − mean c)/σ)·W_U for a write c (ln_final.b: b·W_U; b_U: itself), at the last
+    positions whose rows fit PUSH_BUDGET (at least the last): for every label of the attribution by
+    layer and by head, the PUSH_TOP tokens it raises most and the PUSH_TOP it lowers most, with the
+    amounts in logit units (to TOP10_DIGITS digits). The target's entry of a part's row is that
+    part's attribution value."""
+    p, cfg = model.params, model.cfg
+    sigma = cache["ln_final.hook_scale"][0, :, 0]  # [pos]
+    n_pos = len(sigma)
+    per_pos = 2 + cfg.n_layers * (3 + 2 * cfg.n_heads + 2)  # rows at one position
+    n = int(min(n_pos, max(1, PUSH_BUDGET // (per_pos * cfg.d_model * cfg.d_vocab))))
+    positions = list(range(n_pos - n, n_pos))
+    W_U, w = p["unembed.W_U"], p["ln_final.w"]
+    K = min(PUSH_TOP, cfg.d_vocab)
+    labels, up_ids, up, down_ids, down = None, [], [], [], []
+    for j in positions:
+        names, writes = ["embed", "pos_embed"], [cache["hook_embed"][0, j], cache["hook_pos_embed"][0, j]]
+        for L in range(cfg.n_layers):
+            blk = f"blocks.{L}."
+            W_O, b_V = p[blk + "attn.W_O"], value_bias(p, L)  # [head, d_head, d_model], [head, d_head]
+            heads = np.einsum("he,hed->hd", cache[blk + "attn.hook_z"][0, j] - b_V, W_O)  # [head, d_model]
+            shares = np.einsum("he,hed->hd", b_V, W_O)  # [head, d_model]
+            H = range(len(heads))
+            names += [f"L{L}.attn", f"L{L}.b_V", f"L{L}.b_O"] + [f"L{L}H{h}" for h in H] + [f"L{L}H{h}.b_V" for h in H]
+            writes += [heads.sum(0), shares.sum(0), p[blk + "attn.b_O"], *heads, *shares]
+            names += [f"L{L}.mlp", f"L{L}.b_out"]
+            writes += [cache[blk + "mlp.hook_post"][0, j] @ p[blk + "mlp.W_out"], p[blk + "mlp.b_out"]]
+        c = np.array(writes)  # [part, d_model]
+        u = w * (c - c.mean(-1, keepdims=True)) / sigma[j]  # [part, d_model]: each write through the cached σ
+        constants = [("ln_final.b", p["ln_final.b"] @ W_U)] + ([("b_U", p["unembed.b_U"])] if "unembed.b_U" in p else [])
+        labels = names + [name for name, _ in constants]
+        found = [[] for _ in range(4)]  # up ids, up values, down ids, down values: [part, K] blocks
+        for start in range(0, len(labels), PUSH_ROWS):  # PUSH_ROWS parts at a time: [rows, d_vocab], not [part, d_vocab]
+            rows = u[start:start + PUSH_ROWS] @ W_U  # [rows, d_vocab]
+            extra = [row for _, row in constants[max(0, start - len(u)):max(0, start + PUSH_ROWS - len(u))]]
+            rows = np.concatenate([rows, np.array(extra).reshape(-1, rows.shape[1])]) if extra else rows
+            for sign, (ids_out, values_out) in ((1, found[:2]), (-1, found[2:])):  # the K largest, then the K smallest
+                ids, value = _top_k(sign * rows, K)  # [rows, K] each
+                ids_out.append(ids), values_out.append(sign * value)
+        for out, blocks in zip((up_ids, up, down_ids, down), found, strict=True):
+            out.append(np.concatenate(blocks))  # [part, K]
+    up_ids, down_ids = np.stack(up_ids, 1), np.stack(down_ids, 1)  # [part, position, K]
+    return {"positions": positions, "labels": labels, "up_ids": up_ids.tolist(), "down_ids": down_ids.tolist(),
+            "up": _rounded(np.stack(up, 1), TOP10_DIGITS), "down": _rounded(np.stack(down, 1), TOP10_DIGITS),
+            "token_strings": {str(k): v for k, v in _token_table(model, np.concatenate([up_ids.ravel(),
+                                                                                          down_ids.ravel()])).items()}}
+
+
+def _steering(model, tokens, steering, target_id, tuned_lens=None, layers=(), heads=()):
     try:
         plus, minus, layer = steering["plus"], steering["minus"], int(steering["layer"])
         coeffs = [float(c) for c in steering.get("coeffs", [1.0])]
@@ -346,6 +456,8 @@ def _steering(model, tokens, steering, target_id, tuned_lens=None):
         rows = np.broadcast_to(difference, (len(where), len(difference)))  # [m, d_model]
     layer = layer % model.cfg.n_layers
     moving = norm(rows) > 0  # [m] an ActAdd row of <|endoftext|> in both prompts is exactly zero
+    attending = [L for L in layers if L >= layer]  # the page's layers whose attention the vector can move
+    p = model.params
 
     def run(coeff):
         if coeff == 0:
@@ -360,7 +472,11 @@ def _steering(model, tokens, steering, target_id, tuned_lens=None):
         lens = _lens(model, x, logits, target_id)
         log_p = log_softmax(logits)  # [pos, d_vocab]
         top = np.argsort(-log_p, axis=-1, kind="stable")[:, :TOP_K]  # [pos, k]
+        ln1 = f"blocks.{layer}.ln1"  # what block `layer`'s attention reads at the steered positions: γ ⊙ (x − mean)/σ + β
         out = {"coeff": coeff, "logits": logits,
+               "ln1_out": cache[f"{ln1}.hook_normalized"][0, where[moving]] * p[f"{ln1}.w"] + p[f"{ln1}.b"],  # [steered, d_model]
+               "resid_at_steered": cache[f"blocks.{layer}.hook_resid_pre"][0, where[moving]],  # [steered, d_model]
+               "patterns": [cache[f"blocks.{L}.attn.hook_pattern"][0, heads] for L in attending],  # [layer][head, query, key]
                "resid_norm": _resid_norms(cache, model.cfg.n_layers)["values"],
                "lens_top_token": lens["top_token"], "lens_top_prob": lens["top_prob"],
                "next_token": [_token_strings(model, row) for row in top],
@@ -371,6 +487,9 @@ def _steering(model, tokens, steering, target_id, tuned_lens=None):
         return out, cache, x
 
     clean, clean_cache, _ = run(0.0)
+    for key in ("resid_at_steered", "patterns"):  # the clean patterns are the page's own
+        clean.pop(key)
+    clean["ln1_out"] = [_floats(v) for v in clean["ln1_out"]]
     stream_at_layer = norm(clean_cache[f"blocks.{layer}.hook_resid_pre"][0, where[moving]])  # [steered] unsteered
     runs, xs = [], []
     for c in coeffs:
@@ -379,6 +498,7 @@ def _steering(model, tokens, steering, target_id, tuned_lens=None):
         runs.append(r)
         xs.append(x)  # [stream, pos, d_model]: small beside the lens's [pos, d_vocab]
     largest = int(np.argmax(np.abs(coeffs)))
+    _what_attention_reads(runs, largest)
     readers = [("logit", lambda x: x)] + ([("tuned", lambda x: _translated(x, tuned_lens))] if tuned_lens is not None else [])
     for kind, read in readers:  # how far each run's lens still is from the largest coefficient's: it fades as C grows
         reference = read(xs[largest])
@@ -391,12 +511,37 @@ def _steering(model, tokens, steering, target_id, tuned_lens=None):
     return {"plus": plus if isinstance(plus, str) else list(map(int, plus)),
             "minus": minus if isinstance(minus, str) else list(map(int, minus)),
             "layer": layer, "prepend_bos": bool(bos), "positions": where[moving].tolist(),
-            "at_first_positions": positions is None, "clean": clean, "runs": runs}
+            "at_first_positions": positions is None, "pattern_layers": attending, "clean": clean, "runs": runs}
+
+
+def _what_attention_reads(runs, largest):
+    """Each run's ln1 output at the steered positions and its attention, against the largest |C|'s:
+    ‖ln1 out(C) − ln1 out(largest)‖ / ‖ln1 out(largest)‖ beside the same for the stream itself, and
+    per layer and head the largest total variation ½Σ_k |A_C[q, k] − A_largest[q, k]| over queries q
+    (exact, from the unrounded patterns); then the patterns as the page stores them. Only the
+    normalised x moves: LN(c·d + x) → LN(d) as c grows (docs/steering.md)."""
+    ref = runs[largest]
+    for r in runs:
+        r["ln1_change"] = _floats(norm(r["ln1_out"] - ref["ln1_out"]) / norm(ref["ln1_out"]))  # [steered]
+        r["resid_change"] = _floats(norm(r["resid_at_steered"] - ref["resid_at_steered"]) / norm(ref["resid_at_steered"]))
+        r["pattern_tv"] = [_floats(0.5 * np.abs(a - b).sum(-1).max(-1)) for a, b in zip(r["patterns"], ref["patterns"],
+                                                                                       strict=True)]  # [layer][head]
+    for r in runs:
+        r["ln1_out"] = [_floats(v) for v in r["ln1_out"]]  # [steered][d_model]
+        r["pattern"] = [[pattern_string(a) for a in heads] for heads in r.pop("patterns")]  # [layer][head] str
+        r.pop("resid_at_steered")
 
 
 def _floats(array) -> list:
     """float64 values as a list (JSON writes each in its shortest round-trip form)."""
     return np.asarray(array, dtype=np.float64).tolist()
+
+
+def _rounded(array, digits: int) -> list:
+    """float64 values rounded to ``digits`` significant digits, as a (nested) list: for numbers the
+    page only shows, to that many digits (a shorter document)."""
+    flat = [float(f"{v:.{digits}g}") for v in np.asarray(array, dtype=np.float64).ravel().tolist()]
+    return np.array(flat).reshape(np.shape(array)).tolist()
 
 
 # ---- the page ------------------------------------------------------------------------------------

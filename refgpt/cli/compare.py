@@ -17,7 +17,11 @@ A CANDIDATE that is an ``.onnx`` file is a model, not a dump: refgpt runs it on 
 (``--runtime onnxruntime``, the default, or ``tinygrad``), captures every intermediate the graph
 computes under refgpt's names (refgpt/runtimes/onnx_model.py) and judges those; a CTranslate2
 model directory with ``--runtime ctranslate2`` gives its logits, an HF directory with ``--runtime mlx``
-mlx-lm's GPT-2's module outputs. ``--save FILE`` keeps the captured
+mlx-lm's GPT-2's module outputs, and with ``--runtime transformer-lens`` TransformerLens 4's bridge
+every hook it caches (refgpt/runtimes/tl_bridge.py). A decode golden's steps are run as passes over
+the sequence so far (refgpt/runtimes/steps.py); a padded golden's rows only on a graph fed
+attention_mask and position_ids. ``--local`` walks the captured tensors and names the ops the
+runtime hides. ``--save FILE`` keeps the captured
 tensors as a safetensors file under refgpt's names. ``--map onnx --onnx model.onnx``: a candidate
 keyed by that graph's tensor names (a Polygraphy RunResults .json).
 Exit status 0 when everything is within tolerance, 1 otherwise.
@@ -32,6 +36,8 @@ is within its bound.
 from __future__ import annotations
 
 import json
+
+import numpy as np
 
 from .. import strict_json
 from ..errors import RefGPTError
@@ -62,7 +68,8 @@ def add_parser(subparsers):
                        examples=EXAMPLES)
     p.add_argument("reference", metavar="REFERENCE", help="golden file written by `refgpt golden`")
     p.add_argument("candidate", metavar="CANDIDATE", help=".safetensors or .npz (or an llm.c .bin with --map llmc: "
-                   "acts_memory, refgpt's llm.c dump, or a debug state)")
+                   "acts_memory, refgpt's llm.c dump, or a debug state); or a model, run on the golden's tokens: an "
+                   ".onnx file, or a model directory with --runtime")
     p.add_argument("--atol", type=non_negative_float, help="absolute tolerance (with --rtol: |c − r| ≤ atol + rtol·|r|)")
     p.add_argument("--rtol", type=non_negative_float, help="relative tolerance")
     p.add_argument("--profile", choices=sorted(oracle.UNIT_ROUNDOFF),
@@ -92,11 +99,17 @@ def add_parser(subparsers):
                    "(checked against its recorded weights_sha256; default: the embedded model, if it is that one)")
     p.add_argument("--local-bound", choices=("worst", "probabilistic"), default="worst",
                    help="with --local: the long sums' bound, worst case (default) or Higham & Mary's "
-                        "probabilistic one (exceeded with probability ≤ 1e-9 per sum)")
+                        "probabilistic one (exceeded with probability ≤ 1e-9 per sum); the vocabulary's sums "
+                        "(log_probs, probs, the loss) are always judged by the probabilistic one")
+    p.add_argument("--local-layer-norm", choices=local.LAYER_NORMS, default="two-pass",
+                   help="with --local: how the port computes its LayerNorms' mean and variance: two-pass "
+                        "(default; TransformerLens's, llm.c's: each statistic judged) or any (torch's nn.LayerNorm, "
+                        "HF's: each LayerNorm judged from its input to its output)")
     p.add_argument("--runtime", choices=tuple(RUNTIMES),
                    help="the engine that runs a model CANDIDATE: onnxruntime (the default for an .onnx file) or "
                         "tinygrad for an .onnx file, ctranslate2 for a CTranslate2 model directory, mlx for an HF "
-                        "directory mlx-lm loads (each its extra)")
+                        "directory mlx-lm loads, transformer-lens for an HF directory TransformerLens 4's bridge "
+                        "boots (each its extra; TransformerLens 4 beside 3: REFGPT_TL4_DIR)")
     p.add_argument("--save", metavar="FILE",
                    help="for a model CANDIDATE: keep the tensors it computed, under refgpt's names, "
                         "as a safetensors file")
@@ -113,31 +126,64 @@ def _golden(args):
     if cfg is None or "tokens" not in golden.tensors:
         raise RefGPTError(f"{args.reference}: a model candidate runs on the golden's tokens with the golden's "
                           f"config: REFERENCE must be a golden file written by `refgpt golden`")
-    if any(k.startswith("step.") for k in golden.tensors) or "attention_mask" in golden.tensors:
-        raise RefGPTError(f"{args.reference}: a decode or padded golden; a model candidate is run on one "
-                          f"unpadded forward pass (make the golden without --generate/padding)")
     return golden
 
 
 def _run_model(args):
-    """Run the model CANDIDATE on the golden's tokens: (its tensors under refgpt's names, notes)."""
-    from ..runtimes import ctranslate2_model, mlx_model, onnx_model
+    """Run the model CANDIDATE on the golden's tokens: (the golden, its tensors under refgpt's names,
+    notes, and for TransformerLens 4's bridge every group of its names (tl_bridge.groups), else None)."""
+    from ..runtimes import ctranslate2_model, mlx_model, onnx_model, steps, tl_bridge
 
     golden = _golden(args)
     cfg = golden.config
     runtime = args.runtime or "onnxruntime"
     if (RUNTIMES[runtime] == ".onnx") != str(args.candidate).endswith(".onnx"):
         args.usage_error(f"--runtime {runtime} runs {'an .onnx file' if RUNTIMES[runtime] == '.onnx' else 'a model directory'}")
-    if runtime == "ctranslate2":
-        captured, notes = ctranslate2_model.capture(args.candidate, golden.tensors["tokens"])
-    elif runtime == "mlx":
-        captured, notes = mlx_model.capture(args.candidate, golden.tensors["tokens"], cfg.n_layers)
-    else:
-        captured, notes = onnx_model.capture(args.candidate, golden.tensors["tokens"], cfg.n_layers, runtime)
+    tokens, mask = golden.tensors["tokens"], golden.tensors.get("attention_mask")
+    if mask is not None and RUNTIMES[runtime] != ".onnx":
+        raise RefGPTError(f"{args.reference}: a padded golden; --runtime {runtime} is fed the token ids alone, and a "
+                          f"padded row needs its attention_mask and position_ids (an ONNX graph with those inputs)")
+    ranges = steps.step_ranges(golden.tensors)
+    positions = (np.concatenate([golden.tensors[f"step.{S}.position_ids"] for S, _, _ in ranges], axis=1) if ranges
+                 else golden.tensors.get("position_ids")) if mask is not None else None  # [batch, pos]
+
+    def run(end=None):  # the pass over the first ``end`` positions: (groups of (name, tensor) dicts, notes)
+        cut = (lambda x: x) if end is None else (lambda x: None if x is None else np.asarray(x)[:, :end])
+        if runtime == "transformer-lens":
+            return tl_bridge.capture(args.candidate, cut(tokens), cfg.n_layers)
+        if runtime == "ctranslate2":
+            from ..oracle.ctranslate2_file import int8_logits_notes
+
+            captured, notes = ctranslate2_model.capture(args.candidate, cut(tokens))
+            notes += int8_logits_notes(args.candidate, captured["logits"])
+        elif runtime == "mlx":
+            captured, notes = mlx_model.capture(args.candidate, cut(tokens), cfg.n_layers)
+        else:
+            captured, notes = onnx_model.capture(args.candidate, cut(tokens), cfg.n_layers, runtime,
+                                                 attention_mask=cut(mask), position_ids=cut(positions))
+        return [{name: (name, value) for name, value in captured.items()}], notes
+
+    if not ranges:
+        grouped, notes = run()
+    else:  # a decode golden: each step a pass over the sequence so far (refgpt/runtimes/steps.py)
+        grouped, notes = [], list(steps.NOTES)
+        for S, end, new in ranges:
+            more, step_notes = run(end)
+            notes += [n for n in step_notes if n not in notes]
+            for i, group in enumerate(more):
+                stepped = steps.as_step({k: v for k, (_, v) in group.items()}, S, new)
+                names = {f"step.{S}.{k}": bridge for k, (bridge, _) in group.items()}
+                while len(grouped) <= i:
+                    grouped.append({})
+                grouped[i].update({k: (f"step.{S}.{names[k]}", v) for k, v in stepped.items()})
+        grouped[0]["tokens"] = ("tokens", np.asarray(tokens))
+        grouped[0].update({k: (k, v) for k, v in steps.chosen(golden, {k: v for k, (_, v) in grouped[0].items()},
+                                                              ranges).items()})
+    captured = {name: value for name, (_, value) in grouped[0].items()}
     if args.save:
         golden_file.write(args.save, golden_file.Golden(captured, {
             "captured_from": str(args.candidate), "runtime": runtime}))
-    return golden, captured, notes
+    return golden, captured, notes, grouped if runtime == "transformer-lens" else None
 
 
 def _onnx_named(args):
@@ -166,6 +212,8 @@ def run(args) -> int:
         args.usage_error("--names and --failing filter the table; --json gives every tensor (filter it there)")
     if not args.local and (args.local_model is not None or args.local_bound != "worst"):
         args.usage_error("--local-model and --local-bound go with --local")
+    if not args.local and args.local_layer_norm != "two-pass":
+        args.usage_error("--local-layer-norm goes with --local")
     if (args.runtime or args.save) and args.name_map == "onnx":
         args.usage_error("--runtime and --save run a model CANDIDATE; with --map onnx the candidate holds tensors "
                          "already computed (a Polygraphy RunResults .json), keyed by --onnx's graph")
@@ -174,26 +222,27 @@ def run(args) -> int:
                          "with --runtime)")
     if (args.name_map == "onnx") != (args.onnx is not None):
         args.usage_error("--map onnx and --onnx FILE go together: the graph names the candidate's tensors")
-    if args.local and (args.name_map == "onnx" or _is_model(args)):
-        args.usage_error("--local reads a dumped candidate file: run the model with --save FILE, then compare "
-                         "--local FILE")
-    reference, candidate, notes = args.reference, args.candidate, []
+    reference, candidate, notes, grouped = args.reference, args.candidate, [], None
     if args.name_map == "onnx":
         reference, candidate, notes = _onnx_named(args)
     elif _is_model(args):
         if args.name_map != "refgpt":
             args.usage_error("--map names a dump's tensors; a model candidate's are named by refgpt")
-        reference, candidate, notes = _run_model(args)
-    report = oracle.compare(reference, candidate, atol=args.atol, rtol=args.rtol,
-                            profile=args.profile, name_map="refgpt" if args.name_map == "onnx" else args.name_map,
-                            forward_only=args.forward_only,
-                            judge_pads=args.judge_pads)
+        reference, candidate, notes, grouped = _run_model(args)
+    options = dict(atol=args.atol, rtol=args.rtol, profile=args.profile, forward_only=args.forward_only,
+                   judge_pads=args.judge_pads)
+    if grouped is not None:  # TransformerLens 4's bridge: every name it caches, each judged
+        report = oracle.compare_groups(reference, grouped, **options)
+    else:
+        report = oracle.compare(reference, candidate, name_map="refgpt" if args.name_map == "onnx" else args.name_map,
+                                **options)
     report.notes[:0] = notes
     if not args.local:
         print(report.to_json() if args.json else report.table(names=args.names, failing=args.failing))
         return 0 if report.ok else 1
-    verdicts, skipped = local.judge_files(args.reference, args.candidate, _local_model(args), args.name_map,
-                                          args.profile, args.local_bound)
+    verdicts, skipped = local.judge_files(args.reference, candidate, _local_model(args),
+                                          "refgpt" if args.name_map == "onnx" else args.name_map,
+                                          args.profile, args.local_bound, args.forward_only, args.local_layer_norm)
     if args.json:
         answer = json.loads(report.to_json())
         verdict = {"skipped": skipped, "local_first": None} if verdicts is None else verdicts.as_dict()
@@ -204,7 +253,22 @@ def run(args) -> int:
         print(report.table(names=args.names, failing=args.failing))
         failing = {t.name for t in report.tensors if not t.ok}
         print(skipped if verdicts is None else local.format_local(verdicts, out_of_tolerance=failing))
+        if verdicts is not None and candidate is not args.candidate:  # a model, or --map onnx: what it hides
+            print(_hidden(verdicts))
     return 0 if report.ok and (verdicts is None or verdicts.first is None) else 1
+
+
+def _hidden(verdicts) -> str:
+    """One line: the ops a model candidate's runtime left unjudged locally, because it hides their
+    output or their inputs (docs/oracle.md, each runtime's section)."""
+    ops: dict[str, int] = {}
+    for v in verdicts.ops:
+        if v.skipped:
+            ops[v.op] = ops.get(v.op, 0) + 1
+    if not ops:
+        return "local verdicts: every op judged (the runtime exposes each op's inputs and output)"
+    return (f"local verdicts: {sum(ops.values())} ops skipped, their output or inputs hidden by the runtime: "
+            + ", ".join(f"{op} ×{n}" for op, n in ops.items()))
 
 
 def _local_model(args):
@@ -218,7 +282,7 @@ def _local_model(args):
 def _run_quantized(args) -> int:
     if args.atol is not None or args.rtol is not None or args.profile or args.name_map != "refgpt" or args.names \
             or args.failing or args.judge_pads or args.forward_only or args.local or args.local_model is not None \
-            or args.local_bound != "worst" \
+            or args.local_bound != "worst" or args.local_layer_norm != "two-pass" \
             or args.runtime or args.save or args.onnx:
         args.usage_error("with --float-golden only --gguf and --json apply: the bounds are derived per product")
     from ..oracle.quantized import format_split, split

@@ -14,7 +14,8 @@ another. The tensors' types are refgpt/files/ggml_blocks.py's; any other is refu
 **GPT-2's names and layouts**, as llama.cpp's converter (convert_hf_to_gguf.py, GPT2Model) writes
 them: ``token_embd``, ``position_embd``; per block ``blk.L.attn_norm``, ``attn_qkv``,
 ``attn_output``, ``ffn_norm``, ``ffn_up``, ``ffn_down`` (each ``.weight`` and ``.bias``);
-``output_norm``, ``output`` (the converter writes GPT-2's tied wte again as ``output``). HF's
+``output_norm``, ``output`` (absent when tied: the converter of llama-cpp-python 0.3.36 writes
+GPT-2's tied wte once; a file that repeats it as ``output`` is read as tied too). HF's
 Conv1D weights ([in, out]) are stored transposed, as [out, in] row-major, i.e. GGUF dims [in, out]
 (GGUF lists ``ne[0]``, the row length, first). The hyperparameters are ``gpt2.block_count``,
 ``context_length``, ``embedding_length``, ``feed_forward_length``, ``attention.head_count``,
@@ -383,6 +384,8 @@ def write_model(model, path, hf: dict[str, np.ndarray], type: str = "F32") -> Pa
         raise RefGPTError("save: the model has an unembedding bias b_U, which a GPT-2 GGUF cannot hold")
     tensors = []
     for name, (key, transposed) in gguf_names(cfg.n_layers).items():
+        if name == "output.weight" and cfg.tie_word_embeddings:
+            continue  # one matrix, token_embd, as the converter writes a tied GPT-2
         values = np.asarray(hf[key], dtype=np.float32)  # the converter rounds to float32 first
         values = np.ascontiguousarray(values.T if transposed else values)  # [out, in]: GGUF dims [in, out]
         chosen = kind if values.ndim == 2 and name not in _ALWAYS_F32 else TYPES["F32"]

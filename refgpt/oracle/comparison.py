@@ -459,6 +459,34 @@ def compare(reference, candidate, *, atol=None, rtol=None, profile=None, name_ma
     return Report(results, tol, summary, missing, unexpected, notes, reasons)
 
 
+def compare_groups(reference, groups: list[dict], **options) -> Report:
+    """One report over several candidates that name the same tensors (a runtime that caches one
+    tensor under several names: TransformerLens 4's bridge, refgpt/runtimes/tl_bridge.py). Each group
+    maps a refgpt name to (the candidate's own name, its tensor); every group is judged by ``compare``
+    with ``options`` (the first group's profile for the rest), and the report is the first group's
+    with every later group's tensors put in forward order after the first group's of the same name.
+    A failing tensor whose own name is not refgpt's is named in the notes by its own name."""
+    if isinstance(reference, (str, Path)):
+        reference = golden_file.read(reference)
+    report = compare(reference, {k: v for k, (_, v) in groups[0].items()}, **options)
+    if report.tolerance["profile"] and options.get("atol") is None and options.get("rtol") is None:
+        options = {**options, "profile": report.tolerance["profile"]}
+    tensors = [(t, groups[0]) for t in report.tensors]
+    known = reference.tensors if hasattr(reference, "tensors") else reference
+    for group in groups[1:]:
+        group = {k: v for k, v in group.items() if k in known}  # the rest are in the first report's unexpected
+        if group:
+            tensors += [(t, group) for t in compare(reference, {k: v for k, (_, v) in group.items()}, **options).tensors]
+    tensors.sort(key=lambda tg: forward_key(tg[0].name))  # stable: the first group's first
+    report.tensors = [t for t, _ in tensors]
+    for t, group in tensors:
+        own = group.get(t.name, (t.name,))[0]
+        if not t.ok and own != t.name:
+            report.notes.append(f"{t.name} ({t.status}) is the candidate's {own}")
+    report.notes.append(f"{sum(len(g) for g in groups)} tensors under {len(groups[0])} names: every one judged")
+    return report
+
+
 def _decode_tokens(ref, cand, steps):
     """A decode golden's ``tokens`` (the prompt and every chosen token) judged on the prompt: each
     chosen token is judged at its own step (``step.S.chosen``), where a wrong one is named. A

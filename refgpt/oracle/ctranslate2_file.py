@@ -36,6 +36,7 @@ from ..files.checkpoint import expected_shapes, to_circuits
 from ..files.whole_file import read_bytes
 from ..gpt2.config import Config
 from ..model import Model
+from .quantized import OpVerdict, int8_linear_bound, op_verdict
 
 _TYPES = {0: np.dtype("<f4"), 1: np.dtype("i1"), 2: np.dtype("<i2"), 3: np.dtype("<i4"), 4: np.dtype("<f2")}
 _TYPE_NAMES = {0: "float32", 1: "int8", 2: "int16", 3: "int32", 4: "float16", 5: "bfloat16"}
@@ -148,4 +149,57 @@ def read_model(directory, dtype="float64", eps: float = 1e-5) -> Model:
     return model
 
 
-__all__ = ["read_model", "read_variables"]
+def judge_int8_logits(directory, logits) -> OpVerdict:
+    """CTranslate2 int8's one exposed tensor, its logits [batch, pos, d_vocab], judged locally as the
+    product ln_final.out · W_Uᵀ on CTranslate2's own input (refgpt.oracle.quantized.int8_linear_bound).
+
+    That input is not exposed, but an int8 product gives it away: logits·w_scale = (q/a)·W_qᵀ with
+    W_q, w_scale read from model.bin, so x̂ = q/a is the least-squares solution over the d_vocab ≥
+    d_model equations (W_q has full column rank), a = 127/max|x̂| and q = round(x̂·a) are its integers,
+    and a row's scale a is the float32 nearest the least-squares fit of 1/a over the row's logits. The
+    verdict then judges the int8 GEMM and its epilogue element by element; a row of logits that is no
+    int8 product of these weights (a saturated or wrongly scaled accumulator, a wrong weight scale)
+    misses every such reconstruction and is out of bounds. What it cannot see: a bug in the rounding
+    of the activations themselves, or one scaling a whole row alike (both change the input the
+    reconstruction finds, not the product) — those show in the logits' implementation error."""
+    directory = as_path(directory, "CTranslate2 directory")
+    variables, aliases = read_variables(directory / "model.bin")
+    name = aliases.get("decoder/projection/weight", "decoder/projection/weight")
+    W_q, w_scale = variables.get(name), variables.get(name + "_scale")
+    if W_q is None or W_q.dtype != np.int8 or w_scale is None:
+        raise RefGPTError(f"{directory / 'model.bin'}: the projection ({name}) is not stored as int8 with its scale: "
+                          "convert with --quantization int8")
+    d_vocab, d_model = W_q.shape
+    y = np.asarray(logits, np.float64)
+    if y.shape[-1] != d_vocab or d_vocab < d_model:
+        raise RefGPTError(f"logits of shape {list(y.shape)} do not fit the projection [{d_vocab}, {d_model}] "
+                          "(and the input is recovered only when d_vocab ≥ d_model)")
+    rows = y.reshape(-1, d_vocab)  # [rows, d_vocab]
+    bias = variables.get("decoder/projection/bias")
+    unbiased = rows - (0 if bias is None else bias.astype(np.float64))  # [rows, d_vocab]
+    W = W_q.astype(np.float64)  # [d_vocab, d_model]
+    scale = w_scale.astype(np.float64)  # [d_vocab]
+    x_hat = np.linalg.lstsq(W, (unbiased * scale).T, rcond=None)[0].T  # [rows, d_model]
+    peak = np.abs(x_hat).max(axis=1, keepdims=True)  # [rows, 1]
+    q = np.rint(x_hat * 127 / np.where(peak > 0, peak, 1))  # [rows, d_model]
+    per_a = (q @ W.T) / scale  # [rows, d_vocab]: c / w_scale, the logits times a
+    inverse = (unbiased * per_a).sum(axis=1) / np.maximum((per_a * per_a).sum(axis=1), np.finfo(float).tiny)  # [rows]
+    a = (1 / np.where(inverse > 0, inverse, 1)).astype(np.float32)  # [rows]: the nearest float32
+    reference, bound = int8_linear_bound(q, a, W_q, w_scale, bias)  # [rows, d_vocab]
+    return op_verdict("logits", name, "int8", rows, reference, bound)
+
+
+def int8_logits_notes(directory, logits) -> list[str]:
+    """``compare --runtime ctranslate2``'s note on an int8 model's logits (``judge_int8_logits``);
+    none for a model whose projection is not int8."""
+    variables, aliases = read_variables(as_path(directory, "CTranslate2 directory") / "model.bin")
+    name = aliases.get("decoder/projection/weight", "decoder/projection/weight")
+    if name not in variables or variables[name].dtype != np.int8:
+        return []
+    verdict = judge_int8_logits(directory, logits)
+    return [f"CTranslate2 int8: the logits judged as an int8 product on the input recovered from them "
+            f"(docs/oracle.md): worst error / bound {verdict.worst:.3g} at {list(verdict.where)}, "
+            + ("within it" if verdict.ok else "an IMPLEMENTATION ERROR in its int8 GEMM, not the quantization")]
+
+
+__all__ = ["int8_logits_notes", "judge_int8_logits", "read_model", "read_variables"]

@@ -13,7 +13,9 @@ quantization of activations — and bugs). refgpt separates them with two golden
 ``split`` reports, per tensor, the quantization error (float golden vs quantized golden) and the
 implementation error (candidate vs quantized golden), each as NMSE = Σ(x − r)² / Σr² and
 SNR = −10·log10(NMSE) dB; and judges every matrix product the candidate exposes locally, on the
-candidate's own input, against a derived bound (``linear_bound``). A planted kernel bug (a swapped
+candidate's own input, against a derived bound (``linear_bound``; W_O's as the span ending at
+resid_mid when nothing after W_O is named), and every GELU (``gelu_bound``). CTranslate2's int8
+product has its own bound (``int8_linear_bound``). A planted kernel bug (a swapped
 nibble order, an activation block misaligned by one, a scale rounded twice) is then named at its
 op and layer as an implementation error, never as quantization.
 
@@ -48,8 +50,9 @@ import numpy as np
 
 from ..errors import RefGPTError
 from ..files.ggml_blocks import TYPES, dequantize, quantize
-from ..reference import bounds
+from ..reference import bounds, local
 from ..reference.compare import UNIT_ROUNDOFF
+from ..reference.gpt2 import gelu_new
 
 U = UNIT_ROUNDOFF["float32"]  # float32's unit roundoff: the products accumulate in float32
 U16 = 2.0**-11  # float16's
@@ -116,6 +119,40 @@ def linear_bound(x: np.ndarray, W: np.ndarray, b: np.ndarray | None, weight_type
             block_sum = np.abs(x_hat.reshape(x_hat.shape[0], -1, 32).sum(axis=2))  # [rows, blocks]
             bound += U16 * block_sum @ np.abs(m).T  # [rows, d_out]
     return reference, bound
+
+
+def int8_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """CTranslate2's int8 rounding of activation rows x [rows, n] (its CPU ``quantize_s8``): per row
+    a = 127 / max|x| in float32 (1 for a zero row), q = round(x·a) half to even, the product x·a
+    rounded to float32 first. Returns (q as float64 integers [rows, n], a [rows] float32)."""
+    x32 = np.ascontiguousarray(x, dtype=np.float32)  # [rows, n]
+    amax = np.abs(x32).max(axis=-1)  # [rows]
+    a = np.where(amax != 0, np.float32(127) / np.where(amax != 0, amax, 1), 1).astype(np.float32)  # [rows]
+    return np.rint(x32 * a[:, None]).astype(np.float64), a
+
+
+def int8_linear_bound(q: np.ndarray, a: np.ndarray, W_q: np.ndarray, w_scale: np.ndarray,
+                      b: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(reference, bound) for CTranslate2's int8 product of activation rows already rounded to
+    integers q [rows, d_in] with row scales a [rows] (``int8_rows``), by int8 weights W_q [d_out, d_in]
+    with row scales w_scale [d_out] (the weight stands for W_q / w_scale), plus bias b [d_out].
+
+    CTranslate2 accumulates c = Σ q·W_q in int32 — exactly (|c| ≤ 127²·d_in < 2³¹) — and its epilogue
+    (``dequantize_gemm_output``) computes y = fl(fl(fl(c)·fl(1/a)) / w_scale) (+ b, one more rounding):
+    four float32 roundings of c/(a·w_scale), none of a sum. The reference is c/(a·w_scale) + b in
+    float64 (= x̂·W + b with x̂ = q/a: the product of the activations it rounded), and
+
+        |y − reference|  ≤  (γ_4 + 2⁻⁵¹)·|c/(a·w_scale)|  [+ u·(|reference| + γ_4·|c/(a·w_scale)|) with a bias]
+
+    (2⁻⁵¹: the reference's own two float64 roundings). The activations' rounding is not in it:
+    with the rows' q and a the product is fixed to the last bit but these four roundings."""
+    c = np.asarray(q, np.float64) @ np.asarray(W_q, np.float64).T  # [rows, d_out]: integers, exact in float64
+    exact = c / (np.asarray(a, np.float64)[:, None] * np.asarray(w_scale, np.float64))  # [rows, d_out]
+    bound = (float(bounds.gamma(4, U)) + 2.0**-51) * np.abs(exact)  # [rows, d_out]
+    if b is None:
+        return exact, bound
+    reference = exact + np.asarray(b, np.float64)  # [rows, d_out]
+    return reference, bound + U * (np.abs(reference) + bound)
 
 
 @dataclass
@@ -196,10 +233,91 @@ def _weights(model, weights: tuple[str, ...], biases: tuple[str, ...]):
     return W, b
 
 
+def gelu_bound(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(reference, bound) for a GELU (gelu_new) of the activations x as ggml computes it in float32
+    (ggml-cpu's ``ggml_vec_gelu_f32``): x rounded to float16 (x̃), then a table of
+    ``fp16(ggml_gelu_f32(x̃))``, 0 for x ≤ −10 and x for x ≥ 10. The reference is gelu_new(x) in
+    float64; the bound, term by term:
+
+        1.13·|x̃ − x|                       the float16 input (sup|gelu_new′| < 1.13; x̃ computed)
+      + ε = gelu_new_error(x̃, u) + ½|x̃|·sech²(a)·|a|·γ_2    the float32 formula: the reference's
+                                          §7 bound, plus float32's roundings of the two constants
+      + U16·(|reference| + 1.13·|x̃ − x| + ε) + 2⁻²⁵       the float16 table entry (2⁻²⁵: half
+                                          float16's subnormal step)
+
+    A port computing GELU in float32 without the table is within it too (its x̃ − x and table
+    rounding are 0). The clamps at ±10 differ from gelu_new by less than 2⁻²⁵."""
+    x = np.asarray(x, np.float64)
+    x_tilde = np.where(np.abs(x) < 10, x.astype(np.float32).astype(np.float16).astype(np.float64), x)
+    reference = gelu_new(x)  # [..]
+    moved = bounds.GELU_LIPSCHITZ * np.abs(x_tilde - x)
+    eps = np.zeros_like(x)
+    for at in (x, x_tilde):
+        a = bounds.SQRT_2_OVER_PI * (at + 0.044715 * at ** 3)  # the tanh argument
+        eps = np.maximum(eps, bounds.gelu_new_error(at, U) + 0.5 * np.abs(at) * (1 - np.tanh(a) ** 2) * np.abs(a)
+                         * float(bounds.gamma(2, U)))
+    return reference, moved + eps + U16 * (np.abs(reference) + moved + eps) + 2.0**-25
+
+
+def op_verdict(op: str, weight: str, weight_type: str, y, reference, bound) -> OpVerdict:
+    """The verdict on ``y`` against (reference, bound): its worst |y − reference| / bound and where
+    (an element equal to its reference is within any bound, 0 included)."""
+    error = np.abs(y - reference)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(error == 0, 0, error / bound)
+    at = np.unravel_index(int(np.nanargmax(np.where(np.isnan(ratio), np.inf, ratio))), ratio.shape)
+    return OpVerdict(op, weight, weight_type, float(ratio[at]), tuple(int(i) for i in at), float(error[at]), float(bound[at]))
+
+
+def layer_norm_bound(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray]:
+    """(reference, bound) for a float32 LayerNorm's output w ⊙ x̂ + b [pos, d] on the candidate's
+    own input x [pos, d] (ggml: norm, then mul and add): the reference room's L7 at float32
+    (refgpt/reference/local.py) — x̂'s bound B — pushed through |w|, plus the output's own rounding
+    (``local.layer_norm_out`` on |x̂| + B) and L0's underflow allowance. ggml's 1/σ times ĉ is as
+    many roundings as ĉ/σ stored."""
+    prec = local.PRECISIONS["float32"]
+    x = np.asarray(x, np.float64).reshape(-1, np.shape(x)[-1])  # [rows, d]
+    w, b = np.asarray(w, np.float64), np.asarray(b, np.float64)  # [d]
+    x_hat, bound = local.layer_norm(x, w, b, eps, prec)["hook_normalized"]  # [rows, d]
+    _, out_bound = local.layer_norm_out(np.abs(x_hat) + bound, w, b, prec)  # [rows, d]
+    return x_hat * w + b, np.abs(w) * bound + out_bound + prec.tiny
+
+
+def _resid_pre(candidate: dict, layer: int):
+    """The residual stream entering block ``layer``: its hook_resid_pre, or the previous block's
+    hook_resid_post (llama.cpp names l_out-(L−1), not the next block's input)."""
+    for name in (f"blocks.{layer}.hook_resid_pre", f"blocks.{layer - 1}.hook_resid_post"):
+        if name in candidate:
+            return np.asarray(candidate[name], np.float64)
+    return None
+
+
 def judge_products(model, candidate: dict, quantization: dict[str, str]) -> list[OpVerdict]:
-    """Every matrix product whose input and outputs the candidate holds, judged on its own input."""
+    """Every matrix product whose input and outputs the candidate holds, judged on its own input,
+    in the order GPT-2 computes them; with each block's GELU (``gelu_bound``) after W_in's product.
+
+    W_O's product, when the candidate does not name its output (llama.cpp: kqv_out-L, then
+    ffn_inp-L), is judged as the span z → W_O → +b_O → +resid_pre ending at hook_resid_mid, on the
+    candidate's own z and resid_pre r: the reference p + r, with p the product's reference, and
+    the bound B·(1 + u) + u·|p + r|, B the product's bound (the last addition rounds once, at
+    |y + r| ≤ |p + r| + B)."""
     verdicts = []
-    for x_name, y_names, gguf_name, weights, biases in products(model.cfg.n_layers, "output.weight" not in quantization):
+    n_layers, params = model.cfg.n_layers, model.params
+    for x_name, y_names, gguf_name, weights, biases in products(n_layers, "output.weight" not in quantization):
+        layer = int(x_name.split(".")[1]) if x_name.startswith("blocks.") else None
+        if x_name.endswith(("ln1.out", "ln2.out")) or x_name == "ln_final.out":
+            stream = (_resid_pre(candidate, layer) if x_name.endswith("ln1.out") else
+                      candidate.get(f"blocks.{layer}.hook_resid_mid") if x_name.endswith("ln2.out") else
+                      candidate.get(f"blocks.{n_layers - 1}.hook_resid_post"))
+            if stream is not None and x_name in candidate:
+                ln = x_name.rsplit(".", 1)[0]
+                reference, bound = layer_norm_bound(stream, params[ln + ".w"], params[ln + ".b"], model.cfg.eps)
+                y = np.asarray(candidate[x_name], np.float64).reshape(reference.shape)
+                verdicts.append(op_verdict(x_name, "(LayerNorm)", "-", y, reference, bound))
+        span = (x_name.endswith("attn.hook_z") and y_names[0] not in candidate
+                and f"blocks.{layer}.hook_resid_mid" in candidate and _resid_pre(candidate, layer) is not None)
+        if span:
+            y_names = (f"blocks.{layer}.hook_resid_mid",)
         if x_name not in candidate or not all(n in candidate for n in y_names):
             continue
         weight_type = quantization.get(gguf_name, "F32")
@@ -212,11 +330,25 @@ def judge_products(model, candidate: dict, quantization: dict[str, str]) -> list
         rows = x.reshape(-1, W.shape[0])  # [rows, d_in]
         y = np.concatenate([np.asarray(candidate[n], np.float64).reshape(rows.shape[0], -1) for n in y_names], axis=1)
         reference, bound = linear_bound(rows, W, b, weight_type)  # [rows, d_out]
-        ratio = np.abs(y - reference) / bound
-        at = np.unravel_index(int(np.nanargmax(np.where(np.isnan(ratio), np.inf, ratio))), ratio.shape)
+        if span:
+            resid = _resid_pre(candidate, layer).reshape(reference.shape)  # [rows, d_model]
+            reference = reference + resid  # [rows, d_model]
+            bound = bound * (1 + U) + U * np.abs(reference)
         op = y_names[0] if len(y_names) == 1 else y_names[0].rsplit(".", 1)[0] + ".hook_qkv"
-        verdicts.append(OpVerdict(op, gguf_name, weight_type, float(ratio[at]), tuple(int(i) for i in at),
-                                  float(abs(y - reference)[at]), float(bound[at])))
+        verdicts.append(op_verdict(op, gguf_name, weight_type, y, reference, bound))
+        pre, post = f"blocks.{layer}.mlp.hook_pre", f"blocks.{layer}.mlp.hook_post"
+        if y_names == (pre,) and post in candidate:
+            if np.shape(candidate[post]) != np.shape(candidate[pre]):
+                raise RefGPTError(f"{post} {list(np.shape(candidate[post]))}: not the shape of {pre} "
+                                  f"{list(np.shape(candidate[pre]))}")
+            reference, bound = gelu_bound(candidate[pre])
+            verdicts.append(op_verdict(post, "(GELU)", "-", np.asarray(candidate[post], np.float64), reference, bound))
+        a = f"blocks.{layer}."
+        if y_names == (a + "hook_mlp_out",) and all(a + n in candidate for n in ("hook_resid_mid", "hook_resid_post")):
+            reference, bound = local.add(np.asarray(candidate[a + "hook_resid_mid"], np.float64).reshape(y.shape), y,
+                                         local.PRECISIONS["float32"])
+            y_post = np.asarray(candidate[a + "hook_resid_post"], np.float64).reshape(reference.shape)
+            verdicts.append(op_verdict(a + "hook_resid_post", "(add)", "-", y_post, reference, bound))
     return verdicts
 
 
@@ -225,6 +357,10 @@ def judge_products(model, candidate: dict, quantization: dict[str, str]) -> list
 LLAMA_CPP_NAMES = {"attn_norm": "ln1.out", "kqv_out": "attn.hook_z", "ffn_inp": "hook_resid_mid",
                    "ffn_norm": "ln2.out", "ffn_up_b": "mlp.hook_pre", "ffn_gelu": "mlp.hook_post",
                    "ffn_out": "hook_mlp_out", "l_out": "hook_resid_post"}
+
+
+#: llama.cpp's GPT-2 input tensors: the embedding rows, the position rows, their sum (inpL)
+LLAMA_CPP_INPUTS = {"embd": "hook_embed", "pos_embd": "hook_pos_embed", "inpL": "blocks.0.hook_resid_pre"}
 
 
 def from_llama_cpp(captured: dict[str, np.ndarray], cfg) -> dict[str, np.ndarray]:
@@ -236,7 +372,9 @@ def from_llama_cpp(captured: dict[str, np.ndarray], cfg) -> dict[str, np.ndarray
         value = np.asarray(value)
         value = value.reshape(-1, value.shape[-1]) if value.ndim > 1 else value  # [pos, width]
         base, _, layer = name.rpartition("-")
-        if name == "result_norm":
+        if name in LLAMA_CPP_INPUTS:
+            out[LLAMA_CPP_INPUTS[name]] = value[None]
+        elif name == "result_norm":
             out["ln_final.out"] = value[None]
         elif name == "result_output":
             out["logits"] = value[None]
@@ -297,14 +435,18 @@ def format_split(report: SplitReport, limit: int | None = None) -> str:
     for op in report.ops:
         lines.append(f"{op.op:30} {op.weight:26} {op.weight_type:5} {op.worst:20.3g}  {'ok' if op.ok else 'IMPLEMENTATION ERROR'}")
     first = report.first_failure
+
+    def what(op: OpVerdict) -> str:
+        return op.weight.strip("()") if op.weight.startswith("(") else f"{op.weight}, {op.weight_type}"
+
     lines.append("")
     lines.append("every product within its bound: the differences from the float golden are the quantization's"
                  if first is None else
-                 f"implementation error at {first.op} ({first.weight}, {first.weight_type}): |candidate − reference| = "
+                 f"implementation error at {first.op} ({what(first)}): |candidate − reference| = "
                  f"{first.error:.3g} at {list(first.where)}, {first.worst:.3g}× the bound {first.allowed:.3g} for a "
-                 f"correct ggml product — a bug in the kernel, not the quantization")
+                 f"correct ggml {what(first) if first.weight.startswith('(') else 'product'} — a bug in the kernel, not the quantization")
     return "\n".join(lines)
 
 
-__all__ = ["LLAMA_CPP_NAMES", "OpVerdict", "from_llama_cpp", "SplitReport", "TensorSplit", "format_split", "judge_products", "linear_bound", "nmse",
+__all__ = ["LLAMA_CPP_INPUTS", "LLAMA_CPP_NAMES", "OpVerdict", "from_llama_cpp", "gelu_bound", "int8_linear_bound", "int8_rows", "layer_norm_bound", "op_verdict", "SplitReport", "TensorSplit", "format_split", "judge_products", "linear_bound", "nmse",
            "products", "round_activations", "snr_db", "split"]

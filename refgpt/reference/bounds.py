@@ -178,13 +178,14 @@ def affine_bound(x, W, b, spec):
     return 2 * gamma(k + 1) * (np.einsum(spec, np.abs(x), np.abs(W)) + np.abs(b))
 
 
-def softmax_error(p, scores):
-    """§6, one computation: |p̂ − p| ≤ p·(η + Σ p·η + γ_{n−1} + u), η = u·|s − max s| + LIBM, for
-    p = softmax(scores) over the last axis (−∞ entries: p = 0, exactly)."""
+def softmax_error(p, scores, u=U, sums=None):
+    """§6, one computation: |p̂ − p| ≤ p·(η + Σ p·η + γ_{n−1} + u), η = u·|s − max s| + 8u, for
+    p = softmax(scores) over the last axis (−∞ entries: p = 0, exactly), every step at unit
+    roundoff u; ``sums``: the sum's bound in place of γ_{n−1}(u) (refgpt/reference/local.py L5)."""
     shifted = scores - scores.max(-1, keepdims=True)  # [..., n] ≤ 0, −∞ where masked
-    eta = U * np.abs(np.where(np.isfinite(shifted), shifted, 0.0)) + LIBM  # [..., n]
+    eta = u * np.abs(np.where(np.isfinite(shifted), shifted, 0.0)) + 8 * u  # [..., n]
     eta_mean = (p * eta).sum(-1, keepdims=True)  # [..., 1]
-    return p * (eta + eta_mean + gamma(scores.shape[-1] - 1) + U)  # [..., n]
+    return p * (eta + eta_mean + (gamma(scores.shape[-1] - 1, u) if sums is None else sums) + u)  # [..., n]
 
 
 def softmax_propagation(p, d_scores):
@@ -202,16 +203,20 @@ def gelu_new_error(x, u=U):
     return 0.5 * np.abs(x) * (dt + gamma(3, u) * (1 + t))
 
 
-def gelu_new_backward_error(x, grad):
-    """§8, one computation of gelu_new_backward(x, grad) = grad·f′(x)."""
+def gelu_new_backward_error(x, grad, u=U, constants=0):
+    """§8, one computation of gelu_new_backward(x, grad) = grad·f′(x), every step rounded at unit
+    roundoff u (tanh and pow within 4 ulps: 8u); ``constants``: how many of its constants (c,
+    0.044715, 3·0.044715) the computation holds rounded to u, each one more rounding in a and in D."""
+    libm = 8 * u
     a = SQRT_2_OVER_PI * (x + 0.044715 * x ** 3)
     t = np.tanh(a)
-    dt = (1 - t * t) * np.abs(a) * (gamma(5) + LIBM) + LIBM * np.abs(t)
+    dt = (1 - t * t) * np.abs(a) * (gamma(5 + constants, u) + libm) + libm * np.abs(t)
     S = 1 - t * t  # sech²
     D = SQRT_2_OVER_PI * (1 + 3 * 0.044715 * x * x)  # ∂a/∂x > 0
     derivative = 0.5 * (1 + t) + 0.5 * x * S * D
-    error = 0.5 * (dt + U * (1 + t)) + 0.5 * np.abs(x) * D * ((2 * dt + gamma(2) + LIBM) + S * (gamma(6) + LIBM))
-    return np.abs(grad) * (error + gamma(2) * np.abs(derivative))
+    error = (0.5 * (dt + u * (1 + t))
+             + 0.5 * np.abs(x) * D * ((2 * dt + gamma(2, u) + libm) + S * (gamma(6 + constants, u) + libm)))
+    return np.abs(grad) * (error + gamma(2, u) * np.abs(derivative))
 
 
 def layer_norm_bounds(x, scale, eps, u=U, u_sum=None):

@@ -11,7 +11,9 @@ never by the core; a missing one is a one-line error naming the extra.
 - ``polygraphy_json`` — Polygraphy's RunResults JSON, read (a candidate) and written (a golden).
 - ``ctranslate2_model`` — a CTranslate2 model directory, run for its logits.
 - ``mlx_model`` — mlx-lm's GPT-2 of an HF directory, its modules wrapped to keep their tensors.
+- ``tl_bridge`` — TransformerLens 4's TransformerBridge of an HF directory, every hook it caches.
 """
 
 #: ``refgpt compare --runtime``: each engine and what it runs (an .onnx file, a model directory).
-RUNTIMES = {"onnxruntime": ".onnx", "tinygrad": ".onnx", "ctranslate2": "directory", "mlx": "directory"}
+RUNTIMES = {"onnxruntime": ".onnx", "tinygrad": ".onnx", "ctranslate2": "directory", "mlx": "directory",
+            "transformer-lens": "directory"}

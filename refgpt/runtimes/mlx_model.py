@@ -40,7 +40,7 @@ def load(directory):
         raise RefGPTError(f"{directory}: not an HF model directory (no config.json) for mlx-lm to load")
     try:
         model, _ = utils.load_model(Path(directory))
-    except (ValueError, KeyError, FileNotFoundError) as error:
+    except (ValueError, KeyError, FileNotFoundError, TypeError) as error:  # TypeError: a config it cannot read
         raise RefGPTError(f"{directory}: mlx-lm cannot load it ({type(error).__name__}: "
                           f"{' '.join(str(error).split())[:300]})") from None
     return model

@@ -56,10 +56,11 @@ _MEAN, _INV_STD = "{}.refgpt_mean", "{}.refgpt_inv_std_dev"
 _RESHAPES = ("Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Cast")
 
 
-def export(checkpoint, path, tokens=None) -> Path:
+def export(checkpoint, path, tokens=None, padded=False) -> Path:
     """torch.onnx's export of the HF GPT2LMHeadModel in ``checkpoint`` (a directory ``refgpt.save``
     wrote) to ``path``, float32, batch and position dynamic. ``tokens`` [batch, pos]: the example
-    input the exporter traces (default: 2 × 3 zeros)."""
+    input the exporter traces (default: 2 × 3 zeros). ``padded``: the graph also takes
+    ``attention_mask`` and ``position_ids`` (HF's forward arguments), so a padded golden's rows run."""
     from ..files.atomic_write import write_atomically
 
     torch = require("torch", "onnx", "exporting ONNX")
@@ -70,9 +71,13 @@ def export(checkpoint, path, tokens=None) -> Path:
                                                       dtype=torch.float32).eval()
     hf.config.use_cache = False  # the exporter cannot return a DynamicCache
     example = torch.as_tensor(np.zeros((2, 3), np.int64) if tokens is None else np.asarray(tokens, np.int64))
+    dynamic = {0: "batch", 1: "pos"}
+    kwargs = {"attention_mask": torch.ones_like(example),
+              "position_ids": torch.arange(example.shape[1]).expand(example.shape).clone()} if padded else {}
     with torch.no_grad():
-        program = torch.onnx.export(hf, (example,), dynamo=True, opset_version=OPSET, input_names=["input_ids"],
-                                    output_names=["logits"], dynamic_shapes=({0: "batch", 1: "pos"},),
+        program = torch.onnx.export(hf, (example,), kwargs=kwargs, dynamo=True, opset_version=OPSET,
+                                    input_names=["input_ids", *kwargs], output_names=["logits"],
+                                    dynamic_shapes={"input_ids": dynamic, **{k: dynamic for k in kwargs}},
                                     verbose=False)
     return write_atomically(path, lambda tmp: program.save(str(tmp)))
 
@@ -152,15 +157,16 @@ class _Graph:
         node = self.made_by(name, "Transpose")
         return node.input[0] if node is not None else None
 
-    def reaches_input(self, name, depth=8):
+    def input_reached(self, name, depth=8):
+        """The graph input ``name`` is computed from along first inputs (a few ops back), or None."""
         for _ in range(depth):
             if name in self.inputs:
-                return True
+                return name
             node = self.producer.get(name)
             if node is None or not node.input:
-                return False
+                return None
             name = node.input[0]
-        return False
+        return None
 
 
 def tensor_names(graph, n_layers: int) -> tuple[dict[str, str], list[str]]:
@@ -230,7 +236,7 @@ def _embeddings(g, names):
     node = g.made_by(names["blocks.0.hook_resid_pre"], "Add")
     gathers = [g.made_by(g.back(x), "Gather") for x in node.input] if node is not None else []
     if len(gathers) == 2 and all(gathers):
-        by_tokens = [g.reaches_input(x.input[1]) for x in gathers]
+        by_tokens = [g.input_reached(x.input[1]) not in (None, "attention_mask", "position_ids") for x in gathers]
         if by_tokens.count(True) == 1:
             names["hook_embed"] = node.input[by_tokens.index(True)]
             names["hook_pos_embed"] = node.input[by_tokens.index(False)]
@@ -273,14 +279,21 @@ def _promoted(model, names):
     return out
 
 
-def _feeds(g, tokens):
+def _feeds(g, tokens, attention_mask=None, position_ids=None):
+    """The graph's inputs: the token ids, and where it takes them the attention mask (default all 1)
+    and the positions (default 0, 1, …); a mask or positions the graph has no input for are refused."""
     tokens = np.asarray(tokens, np.int64)  # [batch, pos]
+    for name, given in (("attention_mask", attention_mask), ("position_ids", position_ids)):
+        if given is not None and name not in g.inputs:
+            raise RefGPTError(f"the ONNX graph has no {name} input: a padded golden's rows need the graph fed their "
+                              f"attention_mask and position_ids (export it with those inputs)")
     feeds = {}
     for name in sorted(g.inputs):
         if name == "attention_mask":
-            feeds[name] = np.ones_like(tokens)
+            feeds[name] = np.ones_like(tokens) if attention_mask is None else np.asarray(attention_mask, np.int64)
         elif name == "position_ids":
-            feeds[name] = np.broadcast_to(np.arange(tokens.shape[1]), tokens.shape).copy()
+            feeds[name] = (np.broadcast_to(np.arange(tokens.shape[1]), tokens.shape).copy() if position_ids is None
+                           else np.asarray(position_ids, np.int64))
         elif name in ("input_ids",) or len(g.inputs) == 1:
             feeds[name] = tokens
         else:
@@ -309,15 +322,17 @@ def _run_tinygrad(model, feeds, wanted):
         return {name: out[name].numpy() for name in wanted}
 
 
-def capture(path, tokens, n_layers: int, runtime: str = "onnxruntime") -> tuple[dict[str, np.ndarray], list[str]]:
+def capture(path, tokens, n_layers: int, runtime: str = "onnxruntime", attention_mask=None,
+            position_ids=None) -> tuple[dict[str, np.ndarray], list[str]]:
     """Run the ONNX GPT-2 in ``path`` on ``tokens`` [batch, pos] with ``runtime`` (onnxruntime or
-    tinygrad): (every tensor found, under refgpt's names and the golden's shapes; notes)."""
+    tinygrad), fed ``attention_mask`` and ``position_ids`` [batch, pos] when given (a padded golden's;
+    the graph must take them): (every tensor found, under refgpt's names and the golden's shapes; notes)."""
     if runtime not in RUNTIMES:
         raise RefGPTError(f"unknown runtime {runtime!r} for an ONNX file; choose one of {', '.join(RUNTIMES)}")
     model = load(path)
     names, notes = tensor_names(model.graph, n_layers)
     promoted = _promoted(model, names)
-    feeds = _feeds(_Graph(promoted.graph), tokens)
+    feeds = _feeds(_Graph(promoted.graph), tokens, attention_mask, position_ids)
     wanted = list(dict.fromkeys(names.values()))
     run = _run_onnxruntime if runtime == "onnxruntime" else _run_tinygrad
     try:

@@ -420,3 +420,118 @@ def test_docs_state_what_the_sae_view_keeps():
     assert f"the **{FEATURES_SHOWN} active features of largest |contribution|**" in text
     assert f"the {LOGITS_SHOWN} tokens it promotes and the {LOGITS_SHOWN} it suppresses" in text
     assert f"`features_shown` ({FEATURES_SHOWN}), `logits_shown` ({LOGITS_SHOWN})" in text
+
+
+def test_the_lens_hovers_top_ten_are_the_lens_modules_to_four_digits(model, page):
+    """Each lens cell's ten most likely tokens, in order, as the lens module ranks them; their
+    probabilities rounded to TOP10_DIGITS significant digits (|stored − p| ≤ 5·10⁻⁴·p)."""
+    p, translators = page
+    _, cache = model.run_with_cache(TEXT)
+    for kind, result in (("logit", logit_lens(cache)), ("tuned", tuned_lens(cache, translators))):
+        lens = p.data["lens"][kind]
+        ids, probs = result.top(10)  # [stream, batch, pos, 10]
+        assert lens["top10_token"] == [[model.to_str_tokens(cell, prepend_bos=False) for cell in row]
+                                       for row in ids[:, 0]]
+        stored = np.array(lens["top10_prob"])  # [stream, pos, 10]
+        assert np.all(np.abs(stored - probs[:, 0]) <= 0.5 * 10.0 ** (1 - explorer.TOP10_DIGITS) * probs[:, 0])
+        assert [[cell[0] for cell in row] for row in lens["top10_token"]] == lens["top_token"]
+
+
+def test_the_actual_next_token_attribution_is_attribute_with_each_positions_next_token(model, page):
+    p, _ = page
+    actual = p.data["attribution"]["actual"]
+    logits, cache = model.run_with_cache(TEXT)
+    tokens = model.to_tokens(TEXT)[0]
+    assert actual["ids"] == tokens[1:].tolist()
+    expected = attribute(cache, np.append(tokens[1:], 0)[None], granularity="layer")
+    assert actual["labels"] == expected.labels
+    assert np.array_equal(np.array(actual["values"]), expected.values[:, 0, :-1])
+    assert actual["logit"] == logits[0, np.arange(len(tokens) - 1), tokens[1:]].tolist()
+    values = np.array(actual["values"])  # [component, pos − 1]
+    assert np.max(np.abs(values.sum(0) - actual["logit"])) <= 1e-12 * max(1.0, np.max(np.abs(actual["logit"])))
+
+
+def test_what_a_part_pushes_is_its_attribution_for_every_token(model, page):
+    """A part's pushes are its attribution with each listed token as the target (by layer and by
+    head, rounded to TOP10_DIGITS digits); the first token up is the part's largest over the whole
+    vocabulary, computed here from another route (hook_mlp_out − b_out, hook_embed)."""
+    p, _ = page
+    pushes = p.data["attribution"]["pushes"]
+    _, cache = model.run_with_cache(TEXT)
+    n_pos = len(p.data["tokens"])
+    assert pushes["positions"] == list(range(n_pos))  # the embedded model's page fits every position
+    rel = 0.5 * 10.0 ** (1 - explorer.TOP10_DIGITS)
+    j = n_pos - 1
+    for label in ("embed", "L0H1", "L1H2.b_V", "L2.attn", "L2.b_O", "L3.mlp", "ln_final.b"):
+        k = pushes["labels"].index(label)
+        ids = pushes["up_ids"][k][j] + pushes["down_ids"][k][j]
+        stored = np.array(pushes["up"][k][j] + pushes["down"][k][j])
+        granularity = "head" if re.match(r"L\d+H", label) or label in ("embed", "ln_final.b") else "layer"
+        exact = []
+        for t in ids:
+            a = attribute(cache, int(t), granularity=granularity)
+            exact.append(a.values[a.labels.index(label), 0, j])
+        assert np.all(np.abs(stored - exact) <= rel * np.abs(exact) + 1e-300), label
+        assert all(u >= d for u, d in zip(pushes["up"][k][j], pushes["up"][k][j][1:])), label
+    p_ = model.params
+    sigma = cache["ln_final.hook_scale"][0, j, 0]
+    for label, write in (("L3.mlp", cache["blocks.3.hook_mlp_out"][0, j] - p_["blocks.3.mlp.b_out"]),
+                         ("embed", cache["hook_embed"][0, j])):
+        row = (p_["ln_final.w"] * (write - write.mean()) / sigma) @ p_["unembed.W_U"]  # [d_vocab]
+        k = pushes["labels"].index(label)
+        assert pushes["up_ids"][k][j][0] == int(np.argmax(row)) and pushes["down_ids"][k][j][0] == int(np.argmin(row))
+
+
+def test_the_steered_runs_ln1_and_attention_are_the_models(model, page):
+    """What block 2's attention reads at the steered positions, γ ⊙ (x − mean)/σ + β from the steered
+    cache, and the steered patterns of layers 2 and 3 (stored in thousandths), their largest total
+    variation from the largest coefficient's, and the relative changes of ln1's output and of the stream."""
+    p, _ = page
+    s = p.data["steering"]
+    tokens = model.to_tokens(TEXT)
+    assert s["pattern_layers"] == [2, 3]
+    caches = [model.run_with_cache(tokens, fwd_hooks=steering_vector(model, "Love", "Hate", 2, r["coeff"]))[1]
+              for r in s["runs"]]
+    w, b = model.params["blocks.2.ln1.w"], model.params["blocks.2.ln1.b"]
+    ln1 = [c["blocks.2.ln1.hook_normalized"][0, s["positions"]] * w + b for c in caches]  # [steered, d_model] each
+    x = [c["blocks.2.hook_resid_pre"][0, s["positions"]] for c in caches]
+    n = len(tokens[0])
+    for r, c, out, stream in zip(s["runs"], caches, ln1, x, strict=True):
+        assert np.array_equal(np.array(r["ln1_out"]), out)
+        assert r["ln1_change"] == (norm(out - ln1[-1]) / norm(ln1[-1])).tolist()
+        assert r["resid_change"] == (norm(stream - x[-1]) / norm(x[-1])).tolist()
+        for li, L in enumerate(s["pattern_layers"]):
+            A, A_max = c[f"blocks.{L}.attn.hook_pattern"][0], caches[-1][f"blocks.{L}.attn.hook_pattern"][0]
+            assert r["pattern_tv"][li] == (0.5 * np.abs(A - A_max).sum(-1).max(-1)).tolist()
+            for h in range(model.cfg.n_heads):
+                stored = np.array([row + [0] * (n - len(row)) for row in explorer.decode_pattern(r["pattern"][li][h], n)])
+                assert np.max(np.abs(stored * explorer.PATTERN_UNIT - A[h])) <= 0.5e-3 + 1e-15
+    assert np.array_equal(np.array(s["clean"]["ln1_out"]),
+                          model.run_with_cache(tokens)[1]["blocks.2.ln1.hook_normalized"][0, s["positions"]] * w + b)
+
+
+@pytest.mark.slow  # three pages
+def test_the_pushes_and_their_budget_do_not_depend_on_the_block_size(model, monkeypatch):
+    """Read out PUSH_ROWS parts at a time or all at once: the same lists; a budget of one position's rows keeps the last."""
+    whole = explorer.explore(model, "To be, or not to", lens=False).data["attribution"]["pushes"]
+    monkeypatch.setattr(explorer, "PUSH_ROWS", 7)  # blocks that split the parts, the constant in the last
+    assert explorer.explore(model, "To be, or not to", lens=False).data["attribution"]["pushes"] == whole
+    cfg = model.cfg
+    monkeypatch.setattr(explorer, "PUSH_BUDGET", 1.0)  # less than one position's rows: the last position still
+    assert explorer.explore(model, "To be, or not to", lens=False).data["attribution"]["pushes"]["positions"] == \
+        [len(whole["up_ids"][0]) - 1] and cfg.n_layers == 4
+
+
+@pytest.mark.parametrize("n, k", [(50257, 10), (8192, 8), (20, 10), (10, 10), (6, 3), (100, 8)])
+def test_top_k_is_a_stable_sort_of_each_row_cut_to_k(n, k):
+    """The lens hovers' and the pushes' selection: the k largest of each row, largest first, ties to the
+    lower index, as np.argsort(-x, kind="stable") orders them; a row with NaNs is sorted in full."""
+    rng = np.random.default_rng(n + k)
+    x = rng.standard_normal((7, n))
+    x[0, 3] = x[0, 5] = x[0].max() + 1  # a tie at the top
+    x[1] = np.round(x[1])  # many ties, at the k-th too
+    ids, values = explorer._top_k(x, k)
+    expected = np.argsort(-x, axis=-1, kind="stable")[:, :k]
+    assert np.array_equal(ids, expected) and np.array_equal(values, np.take_along_axis(x, expected, -1))
+    x[2, ::2] = np.nan
+    assert np.array_equal(explorer._top_k(x, k)[0], np.argsort(-x, axis=-1, kind="stable")[:, :k])

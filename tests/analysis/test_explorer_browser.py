@@ -6,6 +6,7 @@ links the views, the steering slider changes them, and the notebook object rende
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -51,6 +52,8 @@ def hover(browser, element, x, y):
     """Move the real mouse to (x, y) px from the element's top-left corner (inside its border)."""
     from selenium.webdriver.common.action_chains import ActionChains
 
+    # WebDriver measures the offset from the centre of the element's part in view: bring all of it in view first
+    browser.js("arguments[0].scrollIntoView({block: 'center', inline: 'center'})", element)
     size = browser.js("const b = arguments[0].getBoundingClientRect(); return [b.width, b.height, "
                       "arguments[0].clientLeft, arguments[0].clientTop]", element)
     ActionChains(browser.driver).move_to_element_with_offset(
@@ -95,7 +98,7 @@ def test_clicking_a_head_enlarges_it_and_hovering_shows_the_weight_and_tokens(br
     _, cache = model.run_with_cache(TEXT)
     weight = cache["blocks.2.attn.hook_pattern"][0, 1, q, k]
     shown = float(text.rsplit(": ", 1)[1])
-    assert text.startswith(f"L2H1 · query {q} {json.dumps(tokens[q])} → key {k} {json.dumps(tokens[k])}: ")
+    assert text.startswith(f"L2H1 · query {q} {printable(tokens[q])} → key {k} {printable(tokens[k])}: ")
     assert abs(shown - weight) <= 0.5e-3 + 0.5e-3  # stored to 1e-3, shown to 3 decimals
     text = hover(browser, canvas, *cell_centre(browser, canvas, 1, 5))
     assert text.endswith("masked (0)")  # a key after its query
@@ -113,14 +116,14 @@ def test_hovering_a_lens_cell_shows_its_tokens_and_the_switches_redraw_it(browse
     s = len(streams) - 1 - row
     text = hover(browser, canvas, *cell_centre(browser, canvas, row, pos))
     lens = d["lens"]["logit"]
-    assert f"logit lens · stream {streams[s]} · position {pos} {json.dumps(d['tokens'][pos])}" in text
-    assert f"top {json.dumps(lens['top_token'][s][pos])} p={lens['top_prob'][s][pos]:.4f}" in text
+    assert f"logit lens · stream {streams[s]} · position {pos} {printable(d['tokens'][pos])}" in text
+    assert f"top {printable(lens['top_token'][s][pos])} p={lens['top_prob'][s][pos]:.4f}" in text
     assert f"rank {lens['target_rank'][s][pos]}" in text
     before = browser.js("return arguments[0].toDataURL()", canvas)
     find(browser, "#lens-kind-tuned").click()
     text = hover(browser, canvas, *cell_centre(browser, canvas, row, pos))
     tuned = d["lens"]["tuned"]
-    assert text.startswith("tuned lens") and f"top {json.dumps(tuned['top_token'][s][pos])}" in text
+    assert text.startswith("tuned lens") and f"top {printable(tuned['top_token'][s][pos])}" in text
     from selenium.webdriver.support.ui import Select
     Select(find(browser, "#lens-metric")).select_by_value("kl")
     assert browser.js("return arguments[0].toDataURL()", canvas) != before
@@ -135,7 +138,7 @@ def test_the_layernorm_view_shows_the_caches_statistics(browser, page, model):
     canvas = find(browser, "#ln-canvas")
     rows = 2 * model.cfg.n_layers + 1
     text = hover(browser, canvas, *cell_centre(browser, canvas, 0, 2))  # the top row is ln_final
-    assert text.startswith(f"ln_final · position 2 {json.dumps(built.data['tokens'][2])}: σ = ")
+    assert text.startswith(f"ln_final · position 2 {printable(built.data['tokens'][2])}: σ = ")
     assert float(text.rsplit("= ", 1)[1]) == pytest.approx(cache["ln_final.hook_scale"][0, 2, 0], rel=1e-4)
     from selenium.webdriver.support.ui import Select
     Select(find(browser, "#ln-view")).select_by_value("norm")
@@ -185,7 +188,7 @@ def test_the_steering_slider_changes_the_views(browser, page, model):
     sv = steering_vector(model, "Love", "Hate", 2, 1e6)
     steered = model.run_with_hooks(model.to_tokens(TEXT), fwd_hooks=sv)[0, pos]
     first = find(browser, "#steer-next .bar-row .name").text
-    assert first == json.dumps(model.to_single_str_token(int(np.argmax(steered))))
+    assert first == printable(model.to_single_str_token(int(np.argmax(steered))))
 
 
 def test_the_notebook_object_renders_in_its_iframe(browser, page, tmp_path):
@@ -237,7 +240,7 @@ def test_a_gpt2_small_shaped_page_at_256_tokens_works(browser, tmp_path):
     lens = find(browser, "#lens-canvas")
     text = hover(browser, lens, *cell_centre(browser, lens, 0, 255))
     top = built.data["lens"]["logit"]["top_token"][-1][255]
-    assert text.startswith("logit lens · stream final_post · position 255") and f"top {json.dumps(top)}" in text
+    assert text.startswith("logit lens · stream final_post · position 255") and f"top {printable(top)}" in text
     assert find(browser, "#attr-summary").get_attribute("class") == "ok"
 
 
@@ -476,8 +479,8 @@ def test_the_sae_view_draws_the_waterfall_by_feature_and_a_features_logits_and_a
         rows = browser.driver.find_elements("css selector", f"#sae-{side} .bar-row")
         assert [int(r.get_attribute("data-id")) for r in rows] == info[side]["ids"]
         assert [float(r.get_attribute("data-value")) for r in rows] == info[side]["values"]
-        assert [json.loads(r.find_element("css selector", ".name").text) for r in rows] == \
-            [d["token_strings"][str(t)] for t in info[side]["ids"]]
+        assert [r.find_element("css selector", ".name").text for r in rows] == \
+            [printable(d["token_strings"][str(t)]) for t in info[side]["ids"]]
     assert f"F{feature}" in find(browser, "#sae-feature-title").text
     assert "feature=" + str(feature) in browser.js("return location.hash")
     find(browser, "#sae").screenshot(str(tmp_path / "sae.png"))  # the view renders (docs/figures/explorer_sae.png)
@@ -487,3 +490,137 @@ def test_the_sae_view_draws_the_waterfall_by_feature_and_a_features_logits_and_a
 def test_a_page_without_an_sae_says_how_to_get_one(browser, page):
     browser.open(page[1])
     assert "--sae" in find(browser, "#sae-body").text
+
+
+def test_the_steering_view_shows_that_only_the_normalised_x_moves(browser, page, model):
+    """ln1's output at a steered position and the steered run's attention, as the page shows them,
+    are the model's under the steering vector. As C grows the stream entering block 2 keeps
+    changing (‖x(C) − x(C')‖/‖x(C')‖ ≥ (1 − C/C')/(1 + ‖s‖/(C'‖d‖)), s the unsteered stream, d the
+    vector's row, C' the largest coefficient) while ln1's output settles: with x = s + C·d centred,
+    ‖unit(x_c) − unit(d_c)‖ ≤ 2‖s_c‖/(C‖d_c‖), and ε moves the scale by at most n·ε/(2‖x_c‖²), so
+    ‖ln1(C) − ln1(C')‖ ≤ max|γ|·√n·[2‖s_c‖/‖d_c‖·(1/C + 1/C') + n·ε/(2‖x_c‖²) + n·ε/(2‖x'_c‖²)]."""
+    built = reopened(browser, page)
+    st = built.data["steering"]
+    tokens = model.to_tokens(TEXT)
+    from selenium.webdriver.common.keys import Keys
+
+    _, clean = model.run_with_cache(tokens)
+    caches = [model.run_with_cache(tokens, fwd_hooks=steering_vector(model, "Love", "Hate", 2, c))[1] for c in COEFFS]
+    w, b, eps = model.params["blocks.2.ln1.w"], model.params["blocks.2.ln1.b"], model.cfg.eps
+    n = model.cfg.d_model
+    q = st["positions"][0]
+    browser.js(f"refgptExplorer.select({{pos: {q}, layer: 3, head: 1}})")
+    slider = find(browser, "#steer-slider")
+    slider.send_keys(Keys.HOME)
+    centred = lambda v: v - v.mean()  # noqa: E731
+    s_c = centred(clean["blocks.2.hook_resid_pre"][0, q])
+    x_largest = caches[-1]["blocks.2.hook_resid_pre"][0, q]
+    ln1_largest = caches[-1]["blocks.2.ln1.hook_normalized"][0, q] * w + b
+    for i, (c, cache) in enumerate(zip(COEFFS, caches, strict=True)):
+        summary = find(browser, "#steer-ln1-summary")
+        assert int(summary.get_attribute("data-pos")) == q
+        x = cache["blocks.2.hook_resid_pre"][0, q]
+        ln1 = cache["blocks.2.ln1.hook_normalized"][0, q] * w + b
+        resid_change, ln1_change = norm(x - x_largest) / norm(x_largest), norm(ln1 - ln1_largest) / norm(ln1_largest)
+        assert float(summary.get_attribute("data-resid")) == resid_change
+        assert float(summary.get_attribute("data-ln1")) == ln1_change
+        assert f"C = {c:g}".replace("1e+06", "1000000") in summary.text
+        d_c = centred(x - clean["blocks.2.hook_resid_pre"][0, q]) / c  # the vector's row, centred
+        if c != COEFFS[-1]:
+            largest = COEFFS[-1]
+            lower = (1 - c / largest) / (1 + norm(s_c) / (largest * norm(d_c)))
+            assert resid_change >= lower > 0.9  # the stream moves …
+            upper = np.abs(w).max() * np.sqrt(n) * (2 * norm(s_c) / norm(d_c) * (1 / c + 1 / largest)
+                                                    + n * eps / (2 * norm(centred(x)) ** 2)
+                                                    + n * eps / (2 * norm(centred(x_largest)) ** 2))
+            assert norm(ln1 - ln1_largest) <= upper  # … what attention reads settles
+        assert len(browser.driver.find_elements("css selector", "#steer-ln1-svg polyline")) == 3
+        canvas = find(browser, "#steer-attn")
+        text = hover(browser, canvas, *cell_centre(browser, canvas, 7, 1))
+        steered, unsteered = cache["blocks.3.attn.hook_pattern"][0, 1, 7, 1], clean["blocks.3.attn.hook_pattern"][0, 1, 7, 1]
+        shown = re.search(r"C = [^:]+: ([\d.]+) · no vector: ([\d.]+)", text)
+        assert text.startswith("L3H1 · query 7") and shown, text
+        assert abs(float(shown[1]) - steered) <= 1e-3 and abs(float(shown[2]) - unsteered) <= 1e-3  # thousandths, 3 decimals
+        tv = find(browser, "#steer-attn-tv")
+        text = hover(browser, tv, *cell_centre(browser, tv, 1, 1))  # row L3, column H1
+        A, A_max = cache["blocks.3.attn.hook_pattern"][0, 1], caches[-1]["blocks.3.attn.hook_pattern"][0, 1]
+        assert text.startswith("L3H1, C = ") and float(text.rsplit("= ", 1)[1]) == pytest.approx(
+            0.5 * np.abs(A - A_max).sum(-1).max(), rel=1e-3, abs=1e-15)  # shown to 4 significant digits
+        slider.send_keys(Keys.RIGHT)
+    assert st["runs"][1]["ln1_change"][0] < 0.2 < 0.99 < st["runs"][1]["resid_change"][0]  # measured: 0.115 and 0.99999
+    browser.js("refgptExplorer.select({layer: 1})")
+    assert "before the vector" in find(browser, "#steer-attn-head").text
+
+
+def test_the_lens_hover_lists_the_top_ten_tokens_visibly(browser, page):
+    built = reopened(browser, page)
+    d = built.data
+    canvas = find(browser, "#lens-canvas")
+    s = len(d["lens"]["streams"]) - 1
+    text = hover(browser, canvas, *cell_centre(browser, canvas, 0, 10))  # the final stream, position 10
+    lens = d["lens"]["logit"]
+    lines = text.split("top 10:")[1].strip().split("\n")
+    assert [line.split()[1] for line in lines] == [printable(t, 10**6) for t in lens["top10_token"][s][10]]
+    assert [float(line.split()[2]) for line in lines] == pytest.approx(lens["top10_prob"][s][10], rel=5e-4)
+    assert "⏎" in text  # the embedded model's favourite prediction, visible
+
+
+def test_the_actual_next_token_target_and_a_clicked_bars_pushes(browser, page, model):
+    """The "actual next token" target sums to the logit of the token that follows (✓ on the page);
+    clicking a bar lists the tokens that part pushes up and down, as the document holds them
+    (test_explorer.py checks those against attribute), written visibly."""
+    built = reopened(browser, page)
+    a = built.data["attribution"]
+    logits = model(TEXT)[0]  # [pos, d_vocab]
+    tokens = model.to_tokens(TEXT)[0]
+    find(browser, "#attr-target-actual").click()
+    browser.js("refgptExplorer.select({pos: 5})")
+    summary = find(browser, "#attr-summary")
+    assert summary.get_attribute("class") == "ok"
+    assert float(summary.get_attribute("data-logit")) == logits[5, tokens[6]]
+    assert summary.get_attribute("data-token") == built.data["tokens"][6]
+    browser.js(f"refgptExplorer.select({{pos: {len(tokens) - 1}}})")
+    assert "no next token" in summary.text
+    browser.js("refgptExplorer.select({pos: 5})")
+    canvas = find(browser, "#attr-canvas")
+    labels = json.loads(canvas.get_attribute("data-labels"))
+    pad, bar = (float(browser.js(f"return arguments[0].dataset.{k}", canvas)) for k in ("padL", "barW"))
+    i = labels.index("L3.mlp")
+    hover(browser, canvas, pad + (i + 0.5) * bar, 100)
+    from selenium.webdriver.common.action_chains import ActionChains
+    ActionChains(browser.driver).click().perform()
+    assert browser.js("return refgptExplorer.state.part") == "L3.mlp"
+    pushes, k = a["pushes"], a["pushes"]["labels"].index("L3.mlp")
+    for side in ("up", "down"):
+        rows = browser.driver.find_elements("css selector", f"#attr-push-{side} .bar-row")
+        assert [int(r.get_attribute("data-id")) for r in rows] == pushes[f"{side}_ids"][k][5]
+        assert [float(r.get_attribute("data-value")) for r in rows] == pushes[side][k][5]
+        assert [r.find_element("css selector", ".name").text for r in rows] == \
+            [printable(pushes["token_strings"][str(t)], 10**6) for t in pushes[f"{side}_ids"][k][5]]
+    assert find(browser, "#attr-push-title").text.startswith('L3.mlp at position 5 ␣am, read through ln_final')
+    assert "part=L3.mlp" in browser.js("return location.hash")
+    find(browser, "#attr-target-page").click()
+
+
+def test_axis_labels_are_thinned_by_collision_and_kept_when_they_fit(browser, page, model, tmp_path):
+    """Rotated 45°, labels one line (11 px) high overprint when their anchors are closer than
+    11 / sin 45° ≈ 15.6 px: on a long page the drawn ones are at least that far apart; on a short
+    page every column keeps its label, and every row."""
+    built = reopened(browser, page)
+    gap = 11 / np.sin(np.pi / 4)
+    for canvas_id in ("lens-canvas", "ln-canvas"):
+        canvas = find(browser, f"#{canvas_id}")
+        assert json.loads(canvas.get_attribute("data-col-labels")) == list(range(len(built.data["tokens"])))
+    long = explorer.explore(model, " ".join([TEXT] * 9), lens=False)
+    path = long.save(tmp_path / "long.html")
+    assert browser.open(path)[0] == []
+    n = len(long.data["tokens"])
+    for canvas_id in ("lens-canvas", "ln-canvas"):
+        canvas = find(browser, f"#{canvas_id}")
+        drawn = json.loads(canvas.get_attribute("data-col-labels"))
+        cell = float(browser.js("return arguments[0].dataset.cellW", canvas))
+        assert drawn[0] == 0 and 1 < len(drawn) < n, (canvas_id, n, cell)
+        assert min(np.diff(drawn)) * cell >= gap - 1e-9 and max(np.diff(drawn)) * cell < gap + cell
+        rows = json.loads(canvas.get_attribute("data-row-labels"))
+        height = float(browser.js("return arguments[0].dataset.cellH", canvas))
+        assert min(np.diff(rows)) * height >= 11 - 1e-9

@@ -88,11 +88,11 @@ def test_refgpts_file_has_the_converters_names_dims_and_keys(tmp_path):
     reader = gguf.GGUFReader(path)
     dims = {t.name: (list(map(int, t.shape)), t.tensor_type.name) for t in reader.tensors}
     d, m, v = CFG.d_model, CFG.d_mlp, CFG.d_vocab
-    assert dims["token_embd.weight"] == ([d, v], "Q8_0") and dims["output.weight"] == ([d, v], "Q8_0")
+    assert dims["token_embd.weight"] == ([d, v], "Q8_0") and "output.weight" not in dims  # tied: one matrix
     assert dims["position_embd.weight"] == ([d, CFG.n_ctx], "F32")
     assert dims["blk.1.attn_qkv.weight"] == ([d, 3 * d], "Q8_0") and dims["blk.1.attn_qkv.bias"] == ([3 * d], "F32")
     assert dims["blk.0.ffn_up.weight"] == ([d, m], "Q8_0") and dims["blk.0.ffn_down.weight"] == ([m, d], "Q8_0")
-    assert len(dims) == 4 + 12 * CFG.n_layers + 1
+    assert len(dims) == 4 + 12 * CFG.n_layers
     fields = reader.fields
     assert fields["general.architecture"].contents() == "gpt2" and fields["gpt2.block_count"].contents() == 2
     assert fields["gpt2.feed_forward_length"].contents() == m and fields["tokenizer.ggml.model"].contents() == "gpt2"
@@ -102,7 +102,8 @@ def test_refgpts_file_has_the_converters_names_dims_and_keys(tmp_path):
 
 def _converter_file(model, path, qtype):
     """What llama.cpp's convert_hf_to_gguf.py writes for GPT-2 (its GPT2Model), done with the gguf
-    package's writer: HF's tensors, Conv1D weights transposed, wte again as output."""
+    package's writer: HF's tensors, Conv1D weights transposed, wte again as output (as an older
+    converter wrote a tied GPT-2; 0.3.36's writes it once: tests/oracle/test_llama_cpp_converter.py)."""
     from refgpt.files.checkpoint import hf_tensors
 
     w = gguf.GGUFWriter(path, "gpt2")
@@ -255,4 +256,4 @@ def test_a_file_truncated_while_it_is_read_is_one_line_not_a_sigbus(tmp_path):
     with open(path, "r+b") as f:  # rewritten in place by another process
         f.truncate(len(path.read_bytes()) // 2)
     with pytest.raises(RefGPTError, match="the file shrank from"):
-        g.tensor("output.weight")
+        g.tensor(max(g.tensors, key=lambda name: g.tensors[name].offset))  # the file's last tensor

@@ -59,6 +59,43 @@ def test_ctranslate2_int8s_logit_error_is_split_into_quantization_and_implementa
     assert abs(total - (quantization + implementation)) < 0.3 * total
 
 
+def test_ctranslate2_int8s_logits_are_judged_locally_as_an_int8_product(converted):
+    """CTranslate2 exposes its logits only; judge_int8_logits recovers the int8 input of the last
+    product from them and judges the product within its derived bound. The same product computed
+    with a saturating int16 GEMM (tests/quantized_port.py), on the quantized golden's input, is out
+    of it, and named at the logits as an implementation error."""
+    from quantized_port import ct2_int8_product
+    from refgpt import RefGPTError
+    from refgpt.oracle.ctranslate2_file import judge_int8_logits, read_variables
+    from refgpt.oracle.quantized import int8_rows
+
+    tmp, tokens = converted
+    verdict = judge_int8_logits(tmp / "int8", _logits(tmp / "int8", tokens, "int8"))
+    print(f"CTranslate2 int8 logits product: worst error / bound {verdict.worst:.3g}")
+    assert verdict.ok and verdict.weight_type == "int8", verdict
+    variables, _ = read_variables(tmp / "int8" / "model.bin")
+    W_q, w_scale = variables["decoder/embeddings/weight"], variables["decoder/embeddings/weight_scale"]
+    x = golden.make(read_model(tmp / "int8"), np.array([TOKENS]), command=["test"]).tensors["ln_final.out"]
+    q, a = int8_rows(np.asarray(x).reshape(len(TOKENS), -1))
+    assert judge_int8_logits(tmp / "int8", ct2_int8_product(q, a, W_q, w_scale)[None]).ok
+    wrong = judge_int8_logits(tmp / "int8", ct2_int8_product(q, a, W_q, w_scale, saturate=True)[None])
+    assert not wrong.ok and wrong.op == "logits", wrong
+    with pytest.raises(RefGPTError, match="is not stored as int8"):
+        judge_int8_logits(tmp / "float32", _logits(tmp / "float32", tokens, "float32"))
+    with pytest.raises(RefGPTError, match="do not fit the projection"):
+        judge_int8_logits(tmp / "int8", np.zeros((1, 2, 7)))
+
+
+def test_compare_runs_ctranslate2_int8_and_notes_its_logits_local_verdict(converted, tmp_path, capsys):
+    from refgpt.cli import main
+
+    tmp, _ = converted
+    golden.write(tmp_path / "q.safetensors", golden.make(read_model(tmp / "int8"), np.array([TOKENS]), command=["test"]))
+    main(["compare", str(tmp_path / "q.safetensors"), str(tmp / "int8"), "--runtime", "ctranslate2"])
+    out = capsys.readouterr().out
+    assert "CTranslate2 int8: the logits judged as an int8 product" in out and "within it" in out, out
+
+
 def test_ctranslate2_float32_is_refgpts_model_to_float32_rounding(converted):
     """The reader maps every variable where CTranslate2 runs it: at float32 nothing but rounding is left."""
     tmp, tokens = converted

@@ -41,7 +41,7 @@ def test_a_correct_port_passes_and_its_quantization_error_is_reported(setup, kin
     assert json.loads(quantized_golden.metadata["quantization"])["blk.0.ffn_up.weight"] == kind
     report = split(float_golden, quantized_golden, QuantizedPort(path).run(TOKENS), model)
     assert report.ok, format_split(report)
-    assert len(report.ops) == 4 * CFG.n_layers + 1
+    assert len(report.ops) == 8 * CFG.n_layers + 2  # every product, LayerNorm, GELU and residual add after the MLP
     logits = next(t for t in report.tensors if t.name == "logits")
     assert logits.quantization_nmse > 0 and logits.implementation_nmse > 0
     # the port's own error (activations rounded to 8 bits, float32) is below the file's quantization
@@ -110,7 +110,8 @@ def test_llama_cpp_names_map_to_refgpts(setup):
     path, model, _ = files["Q8_0"]
     ours = QuantizedPort(path).run(TOKENS)
     back = {v: k for k, v in LLAMA_CPP_NAMES.items()}
-    captured = {"result_norm": ours["ln_final.out"][0], "result_output": ours["logits"][0]}
+    captured = {"result_norm": ours["ln_final.out"][0], "result_output": ours["logits"][0],
+                "embd": ours["hook_embed"][0], "pos_embd": ours["hook_pos_embed"][0], "inpL": ours["blocks.0.hook_resid_pre"][0]}
     for L in range(CFG.n_layers):
         a = f"blocks.{L}."
         captured[f"wqkv_b-{L}"] = np.concatenate([ours[a + f"attn.hook_{x}"][0].reshape(len(TOKENS), -1) for x in "qkv"], 1)
@@ -120,10 +121,34 @@ def test_llama_cpp_names_map_to_refgpts(setup):
     for name, value in mapped.items():
         assert np.array_equal(value, ours[name]), name
     verdicts = judge_products(model, mapped, model.quantization)
-    # llama.cpp names no tensor after W_O and b_O: every other product is judged
-    expected = [v.op for v in judge_products(model, ours, model.quantization) if not v.op.endswith("hook_attn_out")]
-    assert [v.op for v in verdicts] == expected and len(expected) == 3 * CFG.n_layers + 1
-    assert all(v.ok for v in verdicts)
+    # llama.cpp names no tensor after W_O and b_O: W_O's product is judged as the span ending at resid_mid
+    expected = [v.op.replace("hook_attn_out", "hook_resid_mid") for v in judge_products(model, ours, model.quantization)]
+    assert [v.op for v in verdicts] == expected and len(expected) == 8 * CFG.n_layers + 2
+    assert all(v.ok for v in verdicts), [(v.op, v.worst) for v in verdicts]
+    # a wrong attention output (a thousandth of b_O missing) is named at the span
+    wrong = dict(mapped)
+    wrong["blocks.1.hook_resid_mid"] = mapped["blocks.1.hook_resid_mid"] - 1e-3 * model.params["blocks.1.attn.b_O"]
+    first = next(v for v in judge_products(model, wrong, model.quantization) if not v.ok)
+    assert (first.op, first.weight) == ("blocks.1.hook_resid_mid", "blk.1.attn_output.weight")
+
+
+def test_ggmls_gelu_table_is_within_the_gelu_bound_and_a_wrong_coefficient_is_not():
+    """ggml's F32 GELU (x rounded to float16, a float16 table of its float32 formula, clamped at
+    ±10), emulated bit for bit in NumPy on a fine grid, lies within gelu_bound; with llama.cpp's
+    constant 0.044715 mistyped as 0.0044715 (the long run's planted bug) it does not."""
+    from refgpt.oracle.quantized import gelu_bound
+
+    x = np.linspace(-12, 12, 48_001).astype(np.float32).astype(np.float64)
+    reference, bound = gelu_bound(x)
+
+    def ggml_gelu(coefficient):
+        x16 = x.astype(np.float32).astype(np.float16).astype(np.float32)
+        c = np.float32(0.79788456080286535587989211986876)
+        table = np.float32(0.5) * x16 * (np.float32(1) + np.tanh(c * x16 * (np.float32(1) + np.float32(coefficient) * x16 * x16)))
+        return np.where(x <= -10, 0, np.where(x >= 10, x, table.astype(np.float16).astype(np.float64)))
+
+    assert np.max(np.abs(ggml_gelu(0.044715) - reference) / bound) <= 1
+    assert np.mean(np.abs(ggml_gelu(0.0044715) - reference) / bound > 1) > 0.25
 
 
 def test_goldens_and_candidates_that_do_not_fit_are_refused(setup):
@@ -138,3 +163,25 @@ def test_goldens_and_candidates_that_do_not_fit_are_refused(setup):
         split(float_golden, quantized_golden, {**ours, "blocks.0.mlp.hook_pre": ours["blocks.0.mlp.hook_pre"][:, :3]}, model)
     with pytest.raises(RefGPTError, match="other tensor types"):
         split(float_golden, quantized_golden, ours, files["Q4_0"][1])
+
+
+def test_ctranslate2s_int8_product_is_within_its_bound_and_a_saturating_gemm_is_not():
+    """CTranslate2's int8 product (activations per row to int8, int32 sums, a float32 epilogue),
+    computed as its kernels do (tests/quantized_port.py), is within int8_linear_bound on random
+    rows; with the pair sums saturated to int16 (a u8×s8 GEMM without VNNI) it is out of it."""
+    from quantized_port import ct2_int8_product
+    from refgpt.oracle.quantized import int8_linear_bound, int8_rows, op_verdict
+
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((16, 64)).astype(np.float32)  # [rows, d_in]
+    W = rng.standard_normal((96, 64))  # [d_out, d_in]
+    bias = rng.standard_normal(96).astype(np.float32)  # [d_out]
+    w_scale = (np.float32(127) / np.abs(W).max(axis=1).astype(np.float32)).astype(np.float32)  # [d_out]
+    W_q = np.rint(W * w_scale[:, None]).astype(np.int8)  # [d_out, d_in]
+    q, a = int8_rows(x)
+    assert np.abs(q).max() == 127 and np.all(np.abs(q / a[:, None] - x) <= 0.5 / a[:, None] * (1 + 1e-6))
+    for b in (None, bias):
+        reference, bound = int8_linear_bound(q, a, W_q, w_scale, b)
+        assert op_verdict("y", "W", "int8", ct2_int8_product(q, a, W_q, w_scale, b), reference, bound).ok
+        wrong = ct2_int8_product(q, a, W_q, w_scale, b, saturate=True)
+        assert not op_verdict("y", "W", "int8", wrong, reference, bound).ok

@@ -55,10 +55,10 @@ def test_the_quantized_walkthrough_runs_and_shows_what_compare_prints(tmp_path):
     compares = [c for c in outputs if c.startswith("refgpt compare")]
     correct, bug = (outputs[c] for c in compares)
     assert correct[0] == 0 and bug[0] == 1
-    shown_correct, shown_bug = blocks("text")
+    shown_correct, shown_bug = blocks("text")[:2]  # the walkthrough's; the llama.cpp example after it is test_llama_cpp's
     for shown, (_, printed) in ((shown_correct, correct), (shown_bug, bug)):
         for line in shown.splitlines():
             if line != "...":
                 assert line in printed.splitlines(), line
-    worst = max(float(line.split()[3]) for line in correct[1].splitlines() if line.endswith("  ok"))
+    worst = max(float(line.split()[3]) for line in correct[1].splitlines() if line.endswith("  ok") and not line.split()[1].startswith("("))  # products, not LayerNorm, GELU, add
     assert f"a correct port's worst product uses\n{worst:.2f} of its bound" in section()

@@ -54,6 +54,17 @@ def test_the_embedded_model_in_mlx_passes(tmp_path, refgpt_cli):
     assert result.returncode == 0 and report["ok"], report["first_divergence"]
 
 
+@pytest.mark.slow
+def test_a_random_model_of_gpt2_small_shape_in_mlx_passes(gpt2_small_saved, tmp_path, refgpt_cli):
+    golden_path, directory = gpt2_small_saved
+    _hub_layout(refgpt.load(directory), tmp_path / "hub")
+    result = refgpt_cli.in_process("compare", golden_path, tmp_path / "hub", "--runtime", "mlx", "--json")
+    assert result.stderr == "", result.stderr
+    report = json.loads(result.stdout)
+    assert result.returncode == 0 and report["ok"], report["first_divergence"]
+    assert {"blocks.11.ln2.out", "blocks.11.mlp.hook_post", "blocks.11.hook_attn_out"} <= {t["name"] for t in report["tensors"]}
+
+
 def test_one_block_s_attention_scale_is_named_at_that_block_s_attention(small_mlx):
     golden_path, directory = small_mlx
     g = golden.read(golden_path)
@@ -62,6 +73,18 @@ def test_one_block_s_attention_scale_is_named_at_that_block_s_attention(small_ml
     captured, _ = mlx_model.capture(model, g.tensors["tokens"], SMALL.n_layers)
     report = compare(g, captured)
     assert not report.ok and report.first_divergence.name == "blocks.2.hook_attn_out"
+
+
+@pytest.mark.slow
+def test_local_verdicts_judge_what_mlx_exposes_and_name_what_it_hides(small_mlx, refgpt_cli):
+    golden_path, directory = small_mlx
+    result = refgpt_cli.in_process("compare", golden_path, directory, "--runtime", "mlx", "--local", "--local-model",
+                                   golden_path.parent / "refgpt")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr
+    assert "OK: no op introduced an error beyond its bound" in result.stdout
+    hidden = next(line for line in result.stdout.splitlines() if line.startswith("local verdicts: "))
+    for op in ("q", "k", "v", "scores", "pattern", "z", "ln mean", "ln scale", "ln normalized"):
+        assert f" {op} ×" in hidden, hidden
 
 
 def test_refgpt_s_saved_layout_is_refused_by_mlx_lm_in_one_line(small_mlx, tmp_path, refgpt_cli):

@@ -19,16 +19,10 @@ pytest.importorskip("transformers", reason="exporting needs transformers (the pe
 import onnx  # noqa: E402
 
 import refgpt  # noqa: E402
-from onnx_graphs import GPT2_SMALL, epsilon_times_100, exported, gelu_in_erf_form  # noqa: E402
+from onnx_graphs import epsilon_times_100, gelu_in_erf_form  # noqa: E402
 from refgpt.files.default_model import default_model_path  # noqa: E402
 from refgpt.oracle import golden  # noqa: E402
 from refgpt.runtimes import onnx_model  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def gpt2_small(tmp_path_factory):
-    # GPT-2's own initialisation scale (0.02), LayerNorm gains 1 + N(0, 0.02²), biases N(0, 0.02²)
-    return exported(tmp_path_factory, GPT2_SMALL, "gpt2_small", 0.02, 4)
 
 
 def _judged(golden_path, onnx_path, refgpt_cli, *more):
@@ -107,3 +101,20 @@ def test_a_graph_of_another_depth_is_refused_naming_its_layernorms(small):
     graph = onnx.load(str(small[1])).graph
     with pytest.raises(refgpt.RefGPTError, match="has 9 LayerNormalization nodes; a GPT-2 of 3 layers"):
         onnx_model.tensor_names(graph, 3)
+
+
+@pytest.mark.slow
+def test_local_verdicts_on_the_graph_name_the_op_and_what_onnx_hides(small, tmp_path, refgpt_cli):
+    golden_path, onnx_path = small
+    weights = onnx_path.parent / "model"
+    result = refgpt_cli.in_process("compare", golden_path, onnx_path, "--local", "--local-model", weights)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr
+    assert "OK: no op introduced an error beyond its bound" in result.stdout
+    n = 2 * 4 + 1  # LayerNormalization never exposes x̂: every LayerNorm's normalized is skipped
+    assert f"local verdicts: {n} ops skipped, their output or inputs hidden by the runtime: ln normalized ×{n}" \
+        in result.stdout
+    bad = epsilon_times_100(onnx_path, tmp_path / "eps.onnx", 5)  # blocks.2.ln2
+    result = refgpt_cli.in_process("compare", golden_path, bad, "--local", "--local-model", weights, "--json")
+    assert result.returncode == 1
+    first = json.loads(result.stdout)["local_first"]
+    assert (first["op"], first["name"]) == ("ln scale", "blocks.2.ln2.hook_scale")

@@ -6,3 +6,17 @@ import importlib.util
 
 _PEERS = ("torch", "transformers", "transformer_lens")
 collect_ignore_glob = [] if all(importlib.util.find_spec(m) for m in _PEERS) else ["*.py", "*/*.py"]
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tl4_dir():
+    """The directory holding TransformerLens 4 beside 3.9 (tl4.py makes it once), or a skip saying why not."""
+    import tl4
+
+    found, why = tl4.overlay()
+    if found is None:
+        pytest.skip(why)
+    return found

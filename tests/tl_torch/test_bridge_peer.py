@@ -13,21 +13,18 @@ chosen to pass.
 
 "Every cached activation by hook name": the bridge caches 493 names for a 12-layer GPT-2, TL's
 names and its own component hooks (``blocks.L.hook_in``, ``attn.q.hook_out``, ``mlp.in.hook_out``,
-``ln1.hook_out`` …). ``BRIDGE_NAMES`` says which refgpt tensor each of its names is (the test fails
+``ln1.hook_out`` …). ``tl_bridge.BRIDGE_NAMES`` (refgpt/runtimes/tl_bridge.py) says which refgpt tensor each of its names is (the test fails
 on a name it does not know); every one is compared. The token ids (``embed.hook_in``) and
 positions (``pos_embed.hook_in``) are compared exactly.
 """
 
 from __future__ import annotations
 
-import json
-import re
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 import peers as P
 
@@ -35,45 +32,11 @@ torch, transformers, transformer_lens = P.require_peers()
 
 import tl4  # noqa: E402
 import tl_port  # noqa: E402
+from refgpt.runtimes import tl_bridge  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 
-#: The bridge's own hook names (the part after ``blocks.L.``, or at the top) → refgpt's name for the
-#: same tensor; TL's names map to themselves.
-BRIDGE_NAMES = {
-    "embed.hook_out": "hook_embed", "pos_embed.hook_out": "hook_pos_embed",
-    "hook_in": "hook_resid_pre", "hook_out": "hook_resid_post",
-    "ln1.hook_in": "hook_resid_pre", "ln1.hook_out": "ln1.out",
-    "attn.hook_in": "ln1.out", "attn.q.hook_in": "ln1.out", "attn.k.hook_in": "ln1.out", "attn.v.hook_in": "ln1.out",
-    "attn.q.hook_out": "attn.hook_q", "attn.k.hook_out": "attn.hook_k", "attn.v.hook_out": "attn.hook_v",
-    "attn.o.hook_in": "attn.hook_z", "attn.o.hook_out": "hook_attn_out", "attn.hook_hidden_states": "hook_attn_out",
-    "attn.hook_out": "hook_attn_out",
-    "ln2.hook_in": "hook_resid_mid", "ln2.hook_out": "ln2.out",
-    "mlp.hook_in": "ln2.out", "mlp.in.hook_in": "ln2.out", "mlp.in.hook_out": "mlp.hook_pre",
-    "mlp.out.hook_in": "mlp.hook_post", "mlp.out.hook_out": "hook_mlp_out", "mlp.hook_out": "hook_mlp_out",
-    "ln_final.hook_out": "ln_final.out", "unembed.hook_in": "ln_final.out", "hook_unembed": "logits",
-    "unembed.hook_out": "logits",
-}
-_IN_BLOCK = re.compile(r"blocks\.(\d+)\.(.+)")
-
-
-def refgpt_name(bridge_name: str, n_layers: int) -> str:
-    """The refgpt/golden name of the tensor the bridge caches under ``bridge_name``."""
-    m = _IN_BLOCK.fullmatch(bridge_name)
-    if m:
-        layer, rest = m.groups()
-        return f"blocks.{layer}.{BRIDGE_NAMES.get(rest, rest)}"
-    if bridge_name == "ln_final.hook_in":
-        return f"blocks.{n_layers - 1}.hook_resid_post"
-    return BRIDGE_NAMES.get(bridge_name, bridge_name)
-
-
-@pytest.fixture(scope="module")
-def tl4_dir():
-    found, why = tl4.overlay()
-    if found is None:
-        pytest.skip(why)
-    return found
+refgpt_name = tl_bridge.refgpt_name  # the bridge's names → refgpt's: one home, refgpt/runtimes/tl_bridge.py
 
 
 def test_the_bridge_agrees_on_every_cached_activation(tl4_dir, tmp_path):
@@ -105,7 +68,7 @@ def test_the_bridge_agrees_on_every_cached_activation(tl4_dir, tmp_path):
     assert unknown == [], f"bridge names this test does not know: {unknown[:8]}"
     groups = {}  # bridge names that are the same refgpt tensor go into different candidates
     for name, value in {**bridge, "__logits__": logits}.items():
-        target = "logits" if name == "__logits__" else refgpt_name(name, n)
+        target = refgpt_name(name, n)
         slot = next(i for i in range(100) if target not in groups.setdefault(i, {}))
         groups[slot][target] = (name, value)
     compared, worst, largest = 0, 0.0, 0.0

@@ -39,8 +39,11 @@ def overlay(timeout=600) -> tuple[Path | None, str]:
     if marker.exists():
         return target, ""
     partial = target.with_name(target.name + ".partial")
-    done = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(partial),
-                           f"transformer-lens=={VERSION}"], capture_output=True, text=True, timeout=timeout)
+    try:
+        done = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(partial),
+                               f"transformer-lens=={VERSION}"], capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:  # offline, or a hung index: a skip with its reason, not an error
+        return None, f"pip could not fetch transformer-lens=={VERSION} within {timeout} s"
     if done.returncode != 0 or not (partial / "transformer_lens" / "__init__.py").exists():
         return None, f"pip could not fetch transformer-lens=={VERSION}: {done.stderr.strip()[-300:]}"
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -79,3 +79,33 @@ def test_the_written_checkpoint_loads_and_predicts_what_training_left(tmp_path):
     assert model.tokenizer.vocab_size == cfg.d_vocab
     ids = model.to_tokens("The king doth love", prepend_bos=False)[0]
     assert np.array_equal(model(ids), T.tied_model(cfg, params)(ids))
+
+
+def test_with_bos_starts_the_stated_fraction_of_windows_with_endoftext_and_keeps_the_rest():
+    """The recipe's BOS windows (weights/train_default.py): position 0 becomes <|endoftext|> in about
+    ``bos_fraction`` of the windows, nothing else changes, and the window starts do not depend on it."""
+    stream = np.arange(1000, dtype=np.int32)  # [n_tokens]: every token tells where it came from
+    batch = T.windows(stream, 4000, 9, np.random.default_rng(0))  # [4000, 9]
+    bos = 5000
+    out = T.with_bos(batch, 0.5, bos, np.random.default_rng(3))  # [4000, 9]
+    first = out[:, 0] == bos  # [4000]
+    assert abs(first.mean() - 0.5) < 4 * np.sqrt(0.25 / len(batch))  # 4 standard deviations
+    assert np.array_equal(out[:, 1:], batch[:, 1:]) and np.array_equal(out[~first], batch[~first])
+    assert np.array_equal(T.with_bos(batch, 0.0, bos, np.random.default_rng(3)), batch)
+    assert np.all(T.with_bos(batch, 1.0, bos, np.random.default_rng(3))[:, 0] == bos)
+
+
+def test_bos_gap_scores_the_same_targets_with_and_without_endoftext_first(tmp_path):
+    """bos_gap's two losses are over the same prompt tokens: a model that sees only the current
+    token (every weight zero but W_E and the LayerNorm gains: no attention, no MLP, no position)
+    predicts each target alike with <|endoftext|> first or not, so its gap is zero."""
+    tok, cfg, train_ids, _ = setup(tmp_path)
+    params = T.init_params(cfg, 0)
+    params = {k: (v if k == "embed.W_E" else np.zeros_like(v)) for k, v in params.items()}
+    params.update({k: np.ones_like(v) for k, v in params.items() if k.endswith(".w")})
+    model = T.tied_model(cfg, params, "float64")
+    model.tokenizer = tok
+    gap = T.bos_gap(model, [corpus(40, 2)], lengths=(4, 8), n=20)
+    assert [g["prompts"] for g in gap.values()] == [20, 20]
+    for g in gap.values():
+        assert g["with_bos"] == pytest.approx(g["without_bos"], rel=1e-12) and abs(g["gap"]) <= 1e-12

@@ -5,10 +5,11 @@
   const D = JSON.parse(document.getElementById("refgpt-data").textContent);
   const P = D.tokens.length;
   const state = { pos: P - 1, layer: D.steering ? D.steering.layer : D.layers[0], head: D.heads[0], lensKind: "logit", lensMetric: "top_prob",
-                  lnView: "scale", attrBy: "layer", steer: 0, paint: "attention", feature: -1 };  // feature −1: the selected position's largest
+                  lnView: "scale", attrBy: "layer", steer: 0, paint: "attention", feature: -1,
+                  attrTarget: "page", part: "" };  // attrTarget "actual": the token that comes next; part: a clicked bar  // feature −1: the selected position's largest
   const $ = (id) => document.getElementById(id);
   const tip = $("tooltip");
-  const show = (s) => JSON.stringify(s);  // a token as a quoted string: spaces and newlines visible
+  const show = (s) => visible(s);  // every token on the page is written one way: visible, below
   // A token as one visible label, as refgpt.analysis.plots.printable writes it: ␣ for a space, ⏎ for a
   // newline, ⇥ for a tab, \xNN (\uNNNN) for a control or unprintable character (tests check both agree).
   const visible = (t) => [...t].map((ch) => ch === " " ? "\u2423" : ch === "\n" ? "\u23ce" : ch === "\t" ? "\u21e5"
@@ -46,6 +47,18 @@
       `<text x="66" y="11" text-anchor="end">${label(lo)}</text><text x="354" y="11">${label(hi)}</text>` +
       `<text x="70" y="26">${what}</text></svg>`;
     box.dataset.lo = lo; box.dataset.hi = hi;
+  }
+
+  // Labels thinned by collision: of labels anchored at pixel positions xs (in order), the ones to draw,
+  // greedily from the first, each at least `gap` px past the last drawn. Text LINE px high rotated by
+  // an angle a from the axis needs LINE / sin a between anchors; unrotated rows need LINE.
+  const LINE = 11;
+  const gapAt = (degrees) => LINE / Math.sin(degrees * Math.PI / 180);
+  function thin(xs, gap) {
+    const keep = [];
+    let last = -Infinity;
+    xs.forEach((x, i) => { if (x - last >= gap - 1e-9) { keep.push(i); last = x; } });
+    return keep;
   }
 
   function tooltip(event, text) {
@@ -94,15 +107,18 @@
       }
     }
     ctx.fillStyle = "#444";
-    if (o.rowLabel) {  // every row if there is room, else every k-th: labels never overprint
+    if (o.rowLabel) {  // labels thinned by collision: they never overprint
       ctx.textAlign = "right";
-      for (let r = 0; r < o.rows; r += Math.max(1, Math.ceil(10 / o.cellH))) ctx.fillText(o.rowLabel(r).slice(0, Math.floor(left / 6.2)), left - 4, r * o.cellH + o.cellH / 2);
+      const drawn = thin(Array.from({ length: o.rows }, (_, r) => r * o.cellH), LINE);
+      for (const r of drawn) ctx.fillText(o.rowLabel(r).slice(0, Math.floor(left / 6.2)), left - 4, r * o.cellH + o.cellH / 2);
       ctx.textAlign = "left";
+      canvas.dataset.rowLabels = JSON.stringify(drawn);
     }
-    if (o.colLabel) {  // every column if there is room, else every k-th
-      const every = Math.max(1, Math.ceil(12 / o.cellW));
+    if (o.colLabel) {  // rotated 45°: thinned by collision
+      const drawn = thin(Array.from({ length: o.cols }, (_, c) => c * o.cellW), gapAt(45));
+      canvas.dataset.colLabels = JSON.stringify(drawn);
       ctx.save();
-      for (let c = 0; c < o.cols; c += every) {
+      for (const c of drawn) {
         ctx.save();
         ctx.translate(left + c * o.cellW + o.cellW / 2, H + 4);
         ctx.rotate(Math.PI / 4);
@@ -134,7 +150,8 @@
 
   // ---- the selection ----------------------------------------------------------------------
   const views = [];
-  const SHARED = ["pos", "layer", "head", "lensKind", "lensMetric", "lnView", "attrBy", "steer", "paint", "feature"];
+  const SHARED = ["pos", "layer", "head", "lensKind", "lensMetric", "lnView", "attrBy", "steer", "paint", "feature",
+                  "attrTarget", "part"];
   function select(changes) {
     Object.assign(state, changes);
     for (const view of views) view();
@@ -156,6 +173,8 @@
     oneOf("lnView", ["scale", "mean", "norm"]);
     oneOf("attrBy", ["layer", "head"]);
     oneOf("paint", ["attention", "logprob"]);
+    oneOf("attrTarget", D.attribution.actual ? ["page", "actual"] : ["page"]);
+    oneOf("part", D.attribution.pushes.labels);
     return out;
   }
 
@@ -212,7 +231,7 @@
   // Each head's pattern is one string (refgpt.analysis.explorer.pattern_string): its weights in whole
   // thousandths, row by row, a digit each below 62, else a prefix character and a digit.
   const DIGITS = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz", PREFIXES = "!#$%&()*+,-./:;=";
-  const patterns = D.pattern.map((heads) => heads.map((text) => {
+  function decodePattern(text) {
     const out = new Uint16Array(P * (P + 1) / 2);
     for (let i = 0, n = 0; i < text.length; n++) {
       const p = PREFIXES.indexOf(text[i]);
@@ -220,7 +239,8 @@
       if (p >= 0) i += 2;
     }
     return out;
-  }));
+  }
+  const patterns = D.pattern.map((heads) => heads.map(decodePattern));
   const weight = (li, hi, q, k) => k <= q ? patterns[li][hi][q * (q + 1) / 2 + k] * D.pattern_unit : 0;
   const patternText = (li, hi, q, k) =>
     `L${D.layers[li]}H${D.heads[hi]} · query ${q} ${show(D.tokens[q])} → key ${k} ${show(D.tokens[k])}: ` +
@@ -308,7 +328,9 @@
     return `${kind} lens · stream ${D.lens.streams[s]} · position ${p} ${show(D.tokens[p])}\n` +
       `top ${show(lens.top_token[s][p])} p=${fmt(lens.top_prob[s][p])}\n` +
       `entropy ${fmt(lens.entropy[s][p], 3)} nats · KL(final ‖ lens) ${fmt(lens.kl[s][p], 3)} nats\n` +
-      `target ${show(D.target.token)}: rank ${lens.target_rank[s][p]}, p=${fmt(lens.target_prob[s][p])}`;
+      `target ${show(D.target.token)}: rank ${lens.target_rank[s][p]}, p=${fmt(lens.target_prob[s][p])}\n` +
+      `top ${lens.top10_token[s][p].length}:` + lens.top10_token[s][p].map((t, k) =>
+        `\n${String(k + 1).padStart(3)}. ${visible(t).padEnd(14)} ${Number(lens.top10_prob[s][p][k]).toPrecision(4)}`).join("");
   }
   function drawLens(canvas, lens, kind, metric) {
     const cellW = Math.max(3, Math.min(48, Math.floor(1000 / P)));
@@ -373,7 +395,7 @@
       `<text x="${pad}" y="12">${title}</text>` +
       `<polyline points="${points}" fill="none" stroke="#1f5fa8" stroke-width="1.5"/>` +
       ys.map((v, i) => `<circle cx="${x(i)}" cy="${y(v)}" r="2.5" fill="#1f5fa8"><title>${names[i]}: ${sci(v)}</title></circle>`).join("") +
-      (names.length <= 40 ? names.map((n, i) => `<text transform="translate(${x(i) - 3},${H - 72}) rotate(45)">${n}</text>`).join("") : "") +
+      thin(names.map((_, i) => x(i)), gapAt(45)).map((i) => `<text transform="translate(${x(i) - 3},${H - 72}) rotate(45)">${names[i]}</text>`).join("") +
       `<text x="2" y="${y(ys[vs.indexOf(hi)])}">${sci(ys[vs.indexOf(hi)])}</text>` +
       `<text x="2" y="${y(ys[vs.indexOf(lo)])}">${sci(ys[vs.indexOf(lo)])}</text></svg>`;
   }
@@ -395,19 +417,31 @@
     });
     return [...parts.entries()];
   }
+  $("attr-target-name").textContent = show(D.target.token);
+  for (const input of document.getElementsByName("attr-target")) input.onchange = () => select({ attrTarget: input.value });
+  if (!A.actual) $("attr-target-actual").disabled = true;
   views.push(() => {
-    const parts = components();
-    let sum = 0;
-    for (const v of A.values) sum += v[state.pos];  // every component, summed here on the page
-    const logit = A.logit[state.pos], error = Math.abs(sum - logit);
+    const actual = state.attrTarget === "actual" && A.actual;  // the actual next token: stored by layer, no entry at the end
     const summary = $("attr-summary");
-    summary.textContent = `logit of ${show(D.target.token)} at position ${state.pos} ${show(D.tokens[state.pos])}: ` +
-      `${logit.toPrecision(10)}; Σ of ${A.labels.length} components = ${sum.toPrecision(10)} ` +
-      `(|Σ − logit| = ${error.toExponential(2)})`;
-    summary.dataset.sum = sum; summary.dataset.logit = logit;
+    if (actual && state.pos === P - 1) {
+      summary.textContent = `the last position has no next token: select an earlier one, or the target ${show(D.target.token)}`;
+      summary.className = ""; summary.dataset.sum = summary.dataset.logit = "";
+      waterfall($("attr-canvas"), [], 0);
+      $("attr-top").innerHTML = "";
+      return;
+    }
+    const labels = actual ? A.actual.labels : A.labels, values = actual ? A.actual.values : A.values;
+    const parts = components(labels, values), token = actual ? D.tokens[state.pos + 1] : D.target.token;
+    let sum = 0;
+    for (const v of values) sum += v[state.pos];  // every component, summed here on the page
+    const logit = (actual ? A.actual.logit : A.logit)[state.pos], error = Math.abs(sum - logit);
+    summary.textContent = `logit of ${actual ? "the next token, " : ""}${show(token)} at position ${state.pos} ` +
+      `${show(D.tokens[state.pos])}: ${logit.toPrecision(10)}; Σ of ${labels.length} components = ${sum.toPrecision(10)} ` +
+      `(|Σ − logit| = ${error.toExponential(2)})` + (actual && state.attrBy === "head" ? " · the next token's split is stored by layer" : "");
+    summary.dataset.sum = sum; summary.dataset.logit = logit; summary.dataset.token = token;
     const ok = error <= 1e-9 * Math.max(1, Math.abs(logit));
     summary.className = ok ? "ok" : "bad";
-    waterfall($("attr-canvas"), parts, logit);
+    waterfall($("attr-canvas"), parts, logit, state.part || undefined, (label) => select({ part: label }));
     const top = [...parts].sort((a, b) => Math.abs(b[1]) - Math.abs(a[1])).slice(0, 12);
     $("attr-top").innerHTML = "";
     for (const [label, v] of top) {
@@ -415,6 +449,44 @@
       li.textContent = `${label.padEnd(12)} ${v >= 0 ? "+" : ""}${v.toFixed(4)}`;
       $("attr-top").appendChild(li);
     }
+  });
+
+  // What the clicked part writes, read through ln_final's cached σ: the tokens it pushes up and down.
+  const Pu = A.pushes;
+  views.push(() => {
+    const box = $("attr-push"), label = state.part, i = Pu.positions.indexOf(state.pos), k = Pu.labels.indexOf(label);
+    box.innerHTML = "";
+    const title = document.createElement("p");
+    title.id = "attr-push-title";
+    box.appendChild(title);
+    if (!label || k < 0) { title.textContent = "click a bar to list the tokens that part pushes up and down"; return; }
+    if (i < 0) {
+      title.textContent = `${label}: the page keeps what the parts push at positions ${Pu.positions[0]} … ` +
+        `${Pu.positions[Pu.positions.length - 1]} only (its budget); select one of them`;
+      return;
+    }
+    title.textContent = `${label} at position ${state.pos} ${show(D.tokens[state.pos])}, read through ln_final's cached ` +
+      `σ = ${D.ln_scale.ln_final[state.pos].toPrecision(4)}: the logits it adds, (w ⊙ (c − mean c)/σ)·W_U, largest and smallest`;
+    const grid = document.createElement("div");
+    grid.className = "steer-grid";
+    for (const [side, ids, vals, colour] of [["up", Pu.up_ids, Pu.up, "#2e7d32"], ["down", Pu.down_ids, Pu.down, "#c62828"]]) {
+      const column = document.createElement("div");
+      column.id = `attr-push-${side}`;
+      column.className = "bars";
+      column.innerHTML = `<b>pushes ${side}</b>`;
+      const big = Math.max(...Pu.up[k][i].map(Math.abs), ...Pu.down[k][i].map(Math.abs)) || 1;
+      ids[k][i].forEach((id, j) => {
+        const row = document.createElement("div"), v = vals[k][i][j];
+        row.className = "bar-row";
+        row.innerHTML = `<span class="name"></span><span class="bar" style="width:${Math.round(Math.abs(v) / big * 120)}px;` +
+          `background:${colour}"></span><span class="p">${v >= 0 ? "+" : ""}${v.toPrecision(4)}</span>`;
+        row.firstChild.textContent = visible(Pu.token_strings[String(id)]);
+        row.dataset.id = id; row.dataset.value = v;
+        column.appendChild(row);
+      });
+      grid.appendChild(column);
+    }
+    box.appendChild(grid);
   });
 
   // ---- question (1): the naive twin of the waterfall (docs/decomposition.md §1) -------------------
@@ -576,7 +648,7 @@
   // the bar named highlight (default: the selected head's or layer's) orange; pick(label) on a click.
   function waterfall(canvas, parts, logit, highlight, pick) {
     const n = parts.length + 1, W = 1000, padL = 50;
-    const barW0 = Math.max(1, Math.floor((W - padL) / n)), padB = barW0 >= 12 ? 70 : 20, H = 240 + padB;
+    const padB = 70, H = 240 + padB;
     const barW = Math.max(1, Math.floor((W - padL) / n));
     canvas.width = padL + barW * n; canvas.height = H;
     const ctx = canvas.getContext("2d");
@@ -596,9 +668,11 @@
       ctx.fillStyle = label === "logit" ? "#555" : label === selected ? "#e65100" : v >= 0 ? "#2e7d32" : "#c62828";
       ctx.fillRect(padL + i * barW, Math.min(y(a), y(b)), Math.max(1, barW - (barW > 3 ? 1 : 0)), Math.max(1, Math.abs(y(a) - y(b))));
     });
-    if (barW >= 12) {  // each bar's name under it, when there is room
+    {  // each bar's name under it, rotated 60°, thinned by collision
       ctx.fillStyle = "#444";
-      spans.forEach(([label], i) => {
+      const drawn = thin(spans.map((_, i) => i * barW), gapAt(60));
+      canvas.dataset.drawnLabels = JSON.stringify(drawn);
+      drawn.map((i) => [spans[i], i]).forEach(([[label], i]) => {
         ctx.save();
         ctx.translate(padL + i * barW + barW / 2 - 3, H - padB + 6);
         ctx.rotate(Math.PI / 3);
@@ -621,6 +695,7 @@
       if (i >= 0 && i < parts.length) pick(spans[i][0]);
     } : null;
     canvas.dataset.labels = JSON.stringify(spans.map((s) => s[0]));
+    canvas.dataset.padL = padL; canvas.dataset.barW = barW;
   }
 
   // ---- steering -----------------------------------------------------------------------------
@@ -642,7 +717,11 @@
       `<div><b>without</b><div id="steer-clean" class="bars"></div></div><div><b>with</b>` +
       `<div id="steer-next" class="bars"></div></div></div></div><div class="steer-wide"><h3 id="steer-lens-title"></h3>` +
       `<canvas id="steer-lens"></canvas></div><div class="steer-wide"><h3 id="steer-kl-title"></h3>` +
-      `<canvas id="steer-kl-map"></canvas></div></div>`;
+      `<canvas id="steer-kl-map"></canvas></div></div>` +
+      `<div id="steer-reads"><h3 id="steer-ln1-title"></h3><p id="steer-ln1-summary" class="legend"></p>` +
+      `<div id="steer-ln1"></div>` +
+      `<h3 id="steer-attn-title"></h3><div class="steer-grid"><div><canvas id="steer-attn-tv">` +
+      `</canvas></div><div><p id="steer-attn-head" class="legend"></p><canvas id="steer-attn"></canvas></div></div></div>`;
     $("steer-slider").oninput = () => select({ steer: Number($("steer-slider").value) });
     const every = [St.clean, ...St.runs].flatMap((r) => r.resid_norm.flat());
     const normRange = [Math.min(...every), Math.max(...every)];  // fixed across coefficients: sizes compare
@@ -681,7 +760,70 @@
           `${show(D.tokens[p])}: ${sci(run[key][S - 1 - r][p])} nats`,
         click: (r, p) => select({ pos: p }), rowLabel: (r) => D.lens.streams[S - 1 - r], colLabel: tokenLabel });
       colourBar(klMap, (t) => ramp(t), 0, top, "nats (the largest over every coefficient)");
+      whatAttentionReads(run, largest);
     });
+    // Only the normalised x moves: ln1's output at a steered position, and the steered run's attention,
+    // against the largest coefficient's (the stream itself keeps growing with C).
+    function whatAttentionReads(run, largest) {
+      const q = St.positions.includes(state.pos) ? state.pos : St.positions[0], i = St.positions.indexOf(q);
+      const ref = St.runs.find((r) => r.coeff === largest);
+      $("steer-ln1-title").textContent = `what block ${St.layer}'s attention reads at position ${q} ` +
+        `${show(D.tokens[q])}: ln1's output γ ⊙ (x − mean)/σ + β, per component (select another shaded position to see it)`;
+      const summary = $("steer-ln1-summary");
+      summary.textContent = `C = ${run.coeff}: the stream x entering block ${St.layer} differs from the largest C's by ` +
+        `‖x − x(${largest})‖/‖x(${largest})‖ = ${run.resid_change[i].toPrecision(6)}; ln1's output by ` +
+        `‖ln1 − ln1(${largest})‖/‖ln1(${largest})‖ = ${run.ln1_change[i].toPrecision(6)}`;
+      Object.assign(summary.dataset, { pos: q, resid: run.resid_change[i], ln1: run.ln1_change[i] });
+      const series = [St.clean.ln1_out[i], ref.ln1_out[i], run.ln1_out[i]];
+      const W = 1000, H = 200, padL = 50, n = series[0].length, flat = series.flat();
+      const lo = Math.min(...flat), hi = Math.max(...flat), span = (hi - lo) || 1;
+      const x = (k) => padL + k * (W - padL - 4) / Math.max(1, n - 1), y = (v) => 8 + (hi - v) / span * (H - 36);
+      const line = (v, colour, dash, name) => `<polyline points="${v.map((u, k) => `${x(k).toFixed(1)},${y(u).toFixed(1)}`).join(" ")}" ` +
+        `fill="none" stroke="${colour}" stroke-width="1.2"${dash ? ' stroke-dasharray="4,3"' : ""} data-run="${name}"/>`;
+      const box = $("steer-ln1");
+      box.innerHTML = `<svg width="${W}" height="${H}" id="steer-ln1-svg">` +
+        [lo, 0, hi].map((v) => `<line x1="${padL}" x2="${W}" y1="${y(v)}" y2="${y(v)}" stroke="#eee"/>` +
+          `<text x="${padL - 4}" y="${y(v) + 4}" text-anchor="end">${v.toFixed(2)}</text>`).join("") +
+        line(series[0], "#999", false, "clean") + line(series[2], "#1f5fa8", false, "C") + line(series[1], "#c62828", true, "largest") +
+        `<text x="${padL}" y="${H - 6}">component 0 … ${n - 1} of d_model · grey: no vector · blue: C = ${run.coeff} · ` +
+        `red dashed: C = ${largest} · hover for the values</text></svg>`;
+      const svg = box.firstChild;
+      svg.onmousemove = (e) => {
+        const b = svg.getBoundingClientRect(), k = Math.round((e.clientX - b.left - padL) / ((W - padL - 4) / Math.max(1, n - 1)));
+        if (k < 0 || k >= n) return tooltip(e, null);
+        tooltip(e, `ln1 out[${k}] at position ${q}: no vector ${sci(series[0][k])} · C = ${run.coeff}: ${sci(series[2][k])} · ` +
+          `C = ${largest}: ${sci(series[1][k])}`);
+      };
+      svg.onmouseleave = (e) => tooltip(e, null);
+      // attention: per layer and head, how far the steered pattern still is from the largest C's; the selected head drawn
+      const Ls = St.pattern_layers, H2 = D.heads.length;
+      $("steer-attn-title").textContent = `attention of the steered run, C = ${run.coeff}: per layer (from block ${St.layer}) and ` +
+        `head, max over queries of ½Σ|A(C) − A(${largest})|, on 0 … 1 (click a head); right: the selected head`;
+      const tv = $("steer-attn-tv");
+      heatmap(tv, { rows: Ls.length, cols: H2, cellW: 36, cellH: 22, colour: (r, h) => ramp(run.pattern_tv[r][h]),
+        label: (r, h) => run.pattern_tv[r][h].toFixed(3),
+        hover: (r, h) => `L${Ls[r]}H${D.heads[h]}, C = ${run.coeff}: max over queries of ½Σ_k|A(C) − A(${largest})| = ` +
+          `${sci(run.pattern_tv[r][h])}`,
+        click: (r, h) => select({ layer: Ls[r], head: D.heads[h] }), rowLabel: (r) => `L${Ls[r]}`, colLabel: (h) => `H${D.heads[h]}`, left: 40 });
+      colourBar(tv, (t) => ramp(t), 0, 1, "½Σ|A(C) − A(largest)|");
+      const li = Ls.indexOf(state.layer), hi2 = D.heads.indexOf(state.head), head = $("steer-attn");
+      if (li < 0 || hi2 < 0) {
+        $("steer-attn-head").textContent = state.layer < St.layer ? `L${state.layer} reads the stream before the vector ` +
+          `is added: its attention is the unsteered one (above)` : `L${state.layer}H${state.head} is not in this page`;
+        head.width = head.height = 0;
+        return;
+      }
+      const steered = decodePattern(run.pattern[li][hi2]), pli = D.layers.indexOf(state.layer);
+      const w = (q2, k) => k <= q2 ? steered[q2 * (q2 + 1) / 2 + k] * D.pattern_unit : 0;
+      $("steer-attn-head").textContent = `L${state.layer}H${state.head} of the steered run, C = ${run.coeff} (hover: the weight ` +
+        `with and without the vector)`;
+      const cell = Math.max(2, Math.min(16, Math.floor(420 / P)));
+      heatmap(head, { rows: P, cols: P, cellW: cell, cellH: cell, colour: (q2, k) => attnColour(w(q2, k)),
+        hover: (q2, k) => `L${state.layer}H${state.head} · query ${q2} ${show(D.tokens[q2])} → key ${k} ${show(D.tokens[k])}: ` +
+          (k <= q2 ? `C = ${run.coeff}: ${fmt(w(q2, k), 3)} · no vector: ${fmt(weight(pli, hi2, q2, k), 3)}` : "masked (0)"),
+        click: (q2) => select({ pos: q2 }), rowLabel: tokenLabel, colLabel: tokenLabel, left: 90 });
+      for (const s2 of St.positions) outline(head, s2 * cell, 0, cell, P * cell, "#c62828");
+    }
   }
   // Every stream's norm against position on one fixed log axis, the steered positions shaded, tokens below;
   // hover a position for every stream's value there.
@@ -692,7 +834,7 @@
     const y = (v) => 24 + (hi - Math.log10(Math.max(v, 1e-300))) / span * (H - padB - 24);
     const colour = (k) => { const c = ramp(0.25 + 0.75 * k / Math.max(1, n - 1)); return css(c); };
     const path = (values) => values.map((v, i) => `${x(i).toFixed(1)},${y(v).toFixed(1)}`).join(" ");
-    const step = Math.max(1, Math.ceil(P / 40));  // labels thinned so that they never overprint
+    const labelled = thin(Array.from({ length: P }, (_, i) => x(i)), gapAt(45));  // labels thinned by collision
     const decades = [];
     for (let e = Math.ceil(lo); e <= Math.floor(hi); e += Math.max(1, Math.ceil((hi - lo) / 6))) decades.push(e);
     box.innerHTML = `<svg width="${W}" height="${H}" id="steer-norms-svg" data-lo="${range[0]}" data-hi="${range[1]}">` +
@@ -704,7 +846,7 @@
         `stroke-width="1.4" data-stream="${name}"/>`).join("") +
       `<polyline points="${path(clean.resid_norm[n - 1])}" fill="none" stroke="#555" stroke-dasharray="5,4" stroke-width="1.2"/>` +
       `<line x1="${x(state.pos)}" x2="${x(state.pos)}" y1="6" y2="${H - padB}" stroke="#ffb300"/>` +
-      Array.from({ length: P }, (_, i) => i).filter((i) => i % step === 0).map((i) =>
+      labelled.map((i) =>
         `<text transform="translate(${x(i) - 3},${H - padB + 10}) rotate(45)">${escapeXml(tokenLabel(i).slice(0, 10))}</text>`).join("") +
       `<text x="${padL}" y="12">lightest: stream ${names[0]} … darkest: ${names[n - 1]}; dashed: unsteered final</text></svg>`;
     const svg = box.firstChild;
@@ -722,18 +864,33 @@
     };
   }
   function escapeXml(t) { return t.replace(/[<>&"]/g, (c) => ({ "<": "&lt;", ">": "&gt;", "&": "&amp;", '"': "&quot;" })[c]); }
-  function lines(box, series, colours, title, log) {
-    const W = 460, H = 150, pad = 36;
+  function lines(box, series, colours, title, log) {  // one value per position: tokens below, hover for the values
+    const W = 460, H = 200, pad = 60, padB = 56;
     const f = log ? (v) => Math.log10(Math.max(v, 1e-300)) : (v) => v;
     const all = series.flat().map(f), lo = Math.min(...all), hi = Math.max(...all), span = hi - lo || 1;
     const x = (i) => pad + i * (W - pad - 6) / Math.max(1, P - 1);
-    const y = (v) => H - 16 - (f(v) - lo) / span * (H - 30);
+    const y = (v) => H - padB - (f(v) - lo) / span * (H - padB - 16);
     box.innerHTML = `<svg width="${W}" height="${H}"><text x="${pad}" y="10">${title}</text>` +
       series.map((s, k) => `<polyline points="${s.map((v, i) => `${x(i)},${y(v)}`).join(" ")}" fill="none" ` +
         `stroke="${colours[k]}" stroke-width="1.5"/>`).join("") +
-      `<line x1="${x(state.pos)}" x2="${x(state.pos)}" y1="14" y2="${H - 16}" stroke="#ffb300"/>` +
-      `<text x="0" y="${y(log ? 10 ** hi : hi) + 4}">${sci(log ? 10 ** hi : hi)}</text>` +
-      `<text x="0" y="${y(log ? 10 ** lo : lo)}">${sci(log ? 10 ** lo : lo)}</text></svg>`;
+      `<line x1="${x(state.pos)}" x2="${x(state.pos)}" y1="14" y2="${H - padB}" stroke="#ffb300"/>` +
+      `<line x1="${pad}" x2="${W - 6}" y1="${H - padB}" y2="${H - padB}" stroke="#999"/>` +
+      `<text x="${pad - 4}" y="${y(log ? 10 ** hi : hi) + 4}" text-anchor="end">${sci(log ? 10 ** hi : hi)}</text>` +
+      `<text x="${pad - 4}" y="${y(log ? 10 ** lo : lo)}" text-anchor="end">${sci(log ? 10 ** lo : lo)}</text>` +
+      thin(Array.from({ length: P }, (_, i) => x(i)), gapAt(45)).map((i) =>
+        `<text transform="translate(${x(i) - 3},${H - padB + 10}) rotate(45)">${escapeXml(tokenLabel(i).slice(0, 10))}</text>`).join("") +
+      `</svg>`;
+    const svg = box.firstChild;
+    svg.onmousemove = (e) => {
+      const b = svg.getBoundingClientRect(), i = Math.round((e.clientX - b.left - pad) / ((W - pad - 6) / Math.max(1, P - 1)));
+      if (i < 0 || i >= P) return tooltip(e, null);
+      tooltip(e, `position ${i} ${show(D.tokens[i])}: ` + series.map((s) => `${sci(s[i])} ${title}`).join(", "));
+    };
+    svg.onmouseleave = (e) => tooltip(e, null);
+    svg.onclick = (e) => {
+      const b = svg.getBoundingClientRect(), i = Math.round((e.clientX - b.left - pad) / ((W - pad - 6) / Math.max(1, P - 1)));
+      if (i >= 0 && i < P) select({ pos: i });
+    };
   }
   function bars(box, tokens, probs) {
     box.innerHTML = "";
@@ -753,6 +910,7 @@
     if (shared.lensMetric) $("lens-metric").value = shared.lensMetric;
     if (shared.lnView) $("ln-view").value = shared.lnView;
     if (shared.attrBy) $(`attr-by-${shared.attrBy}`).checked = true;
+    if (shared.attrTarget) $(`attr-target-${shared.attrTarget}`).checked = true;
     if (shared.paint) $("paint").value = shared.paint;
     if (shared.steer !== undefined && $("steer-slider")) $("steer-slider").value = shared.steer;
     select(shared);
