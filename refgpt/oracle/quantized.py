@@ -14,7 +14,8 @@ quantization of activations — and bugs). refgpt separates them with two golden
 implementation error (candidate vs quantized golden), each as NMSE = Σ(x − r)² / Σr² and
 SNR = −10·log10(NMSE) dB; and judges every matrix product the candidate exposes locally, on the
 candidate's own input, against a derived bound (``linear_bound``; W_O's as the span ending at
-resid_mid when nothing after W_O is named), and every GELU (``gelu_bound``). CTranslate2's int8
+resid_mid when nothing after W_O is named), every GELU (``gelu_bound``) and the attention's z
+on the candidate's own q, k, v (``attention_bound``: ggml's f16 KV cache and f16 accumulator). CTranslate2's int8
 product has its own bound (``int8_linear_bound``). A planted kernel bug (a swapped
 nibble order, an activation block misaligned by one, a scale rounded twice) is then named at its
 op and layer as an implementation error, never as quantization.

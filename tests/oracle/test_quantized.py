@@ -81,6 +81,7 @@ def test_a_planted_attention_bug_is_named_at_z(setup, bug):
     assert "implementation error at blocks.0.attn.hook_z (attention)" in format_split(report)
     assert {op.op for op in report.ops if op.weight == "(attention)" and not op.ok} == {
         f"blocks.{L}.attn.hook_z" for L in range(CFG.n_layers)}
+    assert min(op.worst for op in report.ops if not op.ok) > 100  # docs/oracle.md
 
 
 def _softmax_f16_product(q, k, v):
