@@ -10,7 +10,11 @@ multiply float32 (F16: activations rounded to f16 first). Everything else in flo
 Planted bugs (``bugs=``):
 - ``"nibble_order"``: Q4_0 weights unpacked with the nibbles swapped (element j from the high nibble);
 - ``"misaligned_block"``: activation blocks start one element late (the last element wraps round);
-- ``"scale_rounded_twice"``: each activation block's scale rounded to bfloat16 before f16.
+- ``"scale_rounded_twice"``: each activation block's scale rounded to bfloat16 before f16;
+- ``"attention_scale"``: the scores scaled by 1/d_head instead of 1/√d_head;
+- ``"key_dropped"``: the first key not seen by the later queries (a causal mask off by one).
+
+Attention is ggml-cpu's flash attention over an F16 KV cache (``flash_attention``).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import numpy as np
 
 from refgpt.files.gguf_file import GGUFFile
 
-BUGS = ("nibble_order", "misaligned_block", "scale_rounded_twice")
+BUGS = ("nibble_order", "misaligned_block", "scale_rounded_twice", "attention_scale", "key_dropped")
 
 
 def _bf16(x: np.ndarray) -> np.ndarray:
@@ -120,11 +124,7 @@ class QuantizedPort:
             d = x.shape[1]
             q, k, v = (qkv[:, i * d:(i + 1) * d].reshape(T, H, d // H) for i in range(3))  # [T, head, d_head]
             acts[a + "attn.hook_q"], acts[a + "attn.hook_k"], acts[a + "attn.hook_v"] = q, k, v
-            scores = np.einsum("qhd,khd->hqk", q, k) / np.float32(np.sqrt(d // H))  # [head, T, T]
-            scores = np.where(np.tril(np.ones((T, T), bool)), scores, -np.inf).astype(np.float32)
-            e = np.exp(scores - scores.max(axis=-1, keepdims=True))
-            pattern = (e / e.sum(axis=-1, keepdims=True)).astype(np.float32)
-            z = acts[a + "attn.hook_z"] = np.einsum("hqk,khd->qhd", pattern, v).astype(np.float32)  # [T, head, d_head]
+            z = acts[a + "attn.hook_z"] = flash_attention(q, k, v, self.bugs)  # [T, head, d_head]
             attn_out = acts[a + "hook_attn_out"] = self.linear(z.reshape(T, d), blk + "attn_output.weight", blk + "attn_output.bias")
             x = acts[a + "hook_resid_mid"] = x + attn_out
             h = acts[a + "ln2.out"] = self._layer_norm(x, blk + "ffn_norm")
@@ -140,6 +140,33 @@ class QuantizedPort:
     def _f32_any(self, name):
         """A weight of any type as float32 (embedding rows are read, not multiplied): ggml's get_rows dequantizes."""
         return self.g.tensor(name)
+
+
+def flash_attention(q, k, v, bugs=()) -> np.ndarray:
+    """z [T, head, d_head] float32 from causal q, k, v [T, head, d_head] float32 as ggml-cpu's flash
+    attention vec kernel computes it (ops.cpp, ``ggml_compute_forward_flash_attn_ext_f16_one_chunk``):
+    K and V in an F16 cache, q rounded to f16, float32 scores, one pass over the keys with an online
+    softmax whose accumulator is f16 (rescaled by expf(M_old − M) at a new maximum), S in float32,
+    z = VKQ·(1/S). Bugs: ``BUGS``' attention ones."""
+    T, H, e = q.shape
+    scale = np.float32(1) / (np.float32(e) if "attention_scale" in bugs else np.sqrt(np.float32(e)))
+    q16, k16, v16 = (t.astype(np.float16).astype(np.float32) for t in (q, k, v))  # [T, head, d_head]
+    M = np.full((T, H), -np.inf, np.float32)  # [query, head]
+    S = np.zeros((T, H), np.float32)  # [query, head]
+    acc = np.zeros((T, H, e), np.float16)  # [query, head, d_head]: VKQ16
+    for key in range(T):
+        rows = slice(0, 1) if key == 0 and "key_dropped" in bugs else slice(key, T)  # the queries that see it
+        s = (np.einsum("qhe,he->qh", q16[rows], k16[key]).astype(np.float32) * scale).astype(np.float32)  # [query, head]
+        new = s > M[rows]
+        top = np.where(new, s, M[rows])  # [query, head]
+        with np.errstate(invalid="ignore"):
+            ms = np.where(new, np.exp(M[rows] - top), np.float32(1)).astype(np.float32)  # [query, head]
+        vs = np.where(new, np.float32(1), np.exp(s - top)).astype(np.float32)  # [query, head]
+        acc[rows] = (acc[rows].astype(np.float32) * ms[..., None]).astype(np.float16)
+        acc[rows] = (acc[rows].astype(np.float32) + v16[key][None] * vs[..., None]).astype(np.float16)
+        S[rows] = S[rows] * ms + vs
+        M[rows] = top
+    return (acc.astype(np.float32) * (np.float32(1) / S)[..., None]).astype(np.float32)
 
 
 def ct2_int8_product(q, a, W_q, w_scale, bias=None, saturate=False) -> np.ndarray:

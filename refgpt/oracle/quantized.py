@@ -14,7 +14,8 @@ quantization of activations — and bugs). refgpt separates them with two golden
 implementation error (candidate vs quantized golden), each as NMSE = Σ(x − r)² / Σr² and
 SNR = −10·log10(NMSE) dB; and judges every matrix product the candidate exposes locally, on the
 candidate's own input, against a derived bound (``linear_bound``; W_O's as the span ending at
-resid_mid when nothing after W_O is named), and every GELU (``gelu_bound``). CTranslate2's int8
+resid_mid when nothing after W_O is named), every GELU (``gelu_bound``) and the attention's z
+on the candidate's own q, k, v (``attention_bound``: ggml's f16 KV cache and f16 accumulator). CTranslate2's int8
 product has its own bound (``int8_linear_bound``). A planted kernel bug (a swapped
 nibble order, an activation block misaligned by one, a scale rounded twice) is then named at its
 op and layer as an implementation error, never as quantization.
@@ -259,6 +260,71 @@ def gelu_bound(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return reference, moved + eps + U16 * (np.abs(reference) + moved + eps) + 2.0**-25
 
 
+def attention_bound(q: np.ndarray, k: np.ndarray, v: np.ndarray, kv_type: str = "F16") -> tuple[np.ndarray, np.ndarray]:
+    """(reference, bound) for llama.cpp's attention output z [pos, head, d_head] (``kqv_out-L``) from
+    its own causal q, k, v [pos, head, d_head] (``wqkv_b-L``), its KV cache of ``kv_type`` (F16 by
+    default; F32).
+
+    What ggml-cpu computes (llama.cpp's build_attn, ops.cpp): K and V are copied to the cache,
+    rounded to f16 (k̂, v̂); with flash attention (the default, ``auto``, on the CPU) the vec kernel
+    rounds q to f16 (q̂, the dot type of an f16 K), takes each score s = scale·q̂·k̂ in float32, and
+    walks the keys once with an online softmax: a new maximum M rescales the accumulator by
+    ms = expf(M_old − M), each key adds vs·v̂ with vs = expf(s − M), the accumulator kept **in f16**
+    (ggml_vec_mad_f16, ggml_vec_scale_f16: float32 arithmetic, rounded to f16 each step), the sum
+    S = S·ms + vs in float32, and z = VKQ·(1/S). From 64 queries a tiled kernel accumulates in float32
+    on q unrounded; without flash attention softmax(s) is rounded to f16 and multiplied by v̂ in float32.
+    The rounding of k and v is not an error to allow for: the reference is z = softmax(scale·q̂·k̂ᵀ)·v̂
+    in float64 (scale = 1/√d_head). What is left, per query (n keys, e = d_head, u = 2⁻²⁴, u₁₆ = 2⁻¹¹,
+    P = Σ p·|v̂|, R the range of its scores):
+
+      δ = max_keys [L4 at float32 (local.scores) + scale·|q − q̂|·|k̂|]   the scores (q̂ or q: either kernel)
+      softmax(s + Δ) = p·e^θ/Σp·e^θ, |θ| ≤ δ:    |z(s̃) − z| ≤ (e^{2δ} − 1)·P
+      η = 2u·(R + 2δ) + 9u·(n + 1)   each weight's expf(s − M) times the later ms's: the subtractions
+                                    (u·|s − M|, telescoping over the ms's to ≤ u·R̃), ≤ n + 1 expf at 8u
+      a = e^η·(1 + γ_{2n}(u₁₆ + 3u)) − 1   the numerator: ≤ 2n f16 roundings of each term (n adds, ≤ n
+                                    rescales), each after ≤ 2 float32 ones
+      b = e^η·(1 + γ_{2n}(u)) − 1          the denominator S: 2n float32 roundings
+      |N/S − z(s̃)| ≤ (a·e^{2δ}·P + b·(|z| + (e^{2δ} − 1)·P) + 2n·2⁻²⁵·e^η) / (1 − b)
+                                    (2⁻²⁵: an f16 rounding below the normal range; S ≥ e^{−η}, the
+                                    maximum's weight is 1)
+      z = N·(1/S): γ₂(u) of |z| + the above, plus the float64 side's own γ_{2n+e+16}(2⁻⁵³)·(P + |z|).
+
+    The other two kernels' roundings are each within these terms (fewer f16 roundings; float32 sums
+    within γ_{2n}(u)). A split of the keys across threads (a single query over ≥ 512 keys) is not
+    covered: its partial sums merge by one more rescale each."""
+    q, k, v = (np.asarray(t, np.float64) for t in (q, k, v))  # [pos, head, d_head]
+    kv = {"F16": "float16", "F32": "float32"}.get(kv_type)
+    if kv is None:
+        raise RefGPTError(f"no attention bound for a {kv_type} KV cache (supported: F16, F32)")
+    k_hat, v_hat, q_hat = local.round_to(k, kv), local.round_to(v, kv), local.round_to(q, kv)  # [pos, head, d_head]
+    e = q.shape[-1]
+    scale = 1 / math.sqrt(e)
+    s, ds = local.scores(q_hat, k_hat, scale, local.PRECISIONS["float32"])  # [head, query, key]
+    ds = ds + scale * np.einsum("qhe,khe->hqk", np.abs(q - q_hat), np.abs(k_hat))  # [head, query, key]
+    allowed = np.isfinite(s)  # [head, query, key]
+    delta = np.where(allowed, ds, 0).max(-1, keepdims=True)  # [head, query, 1]
+    top = s.max(-1, keepdims=True)  # [head, query, 1]
+    spread = top - np.where(allowed, s, np.inf).min(-1, keepdims=True)  # [head, query, 1]: R
+    w = np.exp(s - top)  # [head, query, key]
+    p = w / w.sum(-1, keepdims=True)  # [head, query, key]
+    z = np.einsum("hqk,khe->qhe", p, v_hat)  # [pos, head, d_head]
+    P = np.einsum("hqk,khe->qhe", p, np.abs(v_hat))  # [pos, head, d_head]
+    n = allowed.sum(-1, keepdims=True)  # [head, query, 1]
+
+    def per_query(x):  # [head, query, 1] → [query, head, 1]
+        return np.moveaxis(x, 0, 1)
+
+    delta, spread, n = per_query(delta), per_query(spread), per_query(n)
+    eta = 2 * U * (spread + 2 * delta) + 9 * U * (n + 1)  # [query, head, 1]
+    a = np.exp(eta) * (1 + bounds.gamma(2 * n, U16 + 3 * U)) - 1
+    b = np.exp(eta) * (1 + bounds.gamma(2 * n, U)) - 1
+    moved = np.expm1(2 * delta) * P  # [pos, head, d_head]
+    inner = (a * np.exp(2 * delta) * P + b * (np.abs(z) + moved) + 2 * n * 2.0**-25 * np.exp(eta)) / (1 - b)
+    g2 = float(bounds.gamma(2, U))
+    bound = moved + inner + g2 * (np.abs(z) + moved + inner) + bounds.gamma(2 * n + e + 16, 2.0**-53) * (P + np.abs(z))
+    return z, bound
+
+
 def op_verdict(op: str, weight: str, weight_type: str, y, reference, bound) -> OpVerdict:
     """The verdict on ``y`` against (reference, bound): its worst |y − reference| / bound and where
     (an element equal to its reference is within any bound, 0 included)."""
@@ -336,6 +402,13 @@ def judge_products(model, candidate: dict, quantization: dict[str, str]) -> list
             bound = bound * (1 + U) + U * np.abs(reference)
         op = y_names[0] if len(y_names) == 1 else y_names[0].rsplit(".", 1)[0] + ".hook_qkv"
         verdicts.append(op_verdict(op, gguf_name, weight_type, y, reference, bound))
+        a = f"blocks.{layer}.attn."
+        if y_names[0] == a + "hook_q" and a + "hook_z" in candidate:
+            q, k, v = (np.asarray(candidate[a + x], np.float64) for x in ("hook_q", "hook_k", "hook_v"))
+            shape = (-1, model.cfg.n_heads, model.cfg.d_model // model.cfg.n_heads)
+            reference, bound = attention_bound(q.reshape(shape), k.reshape(shape), v.reshape(shape))
+            z = np.asarray(candidate[a + "hook_z"], np.float64).reshape(reference.shape)
+            verdicts.append(op_verdict(a + "hook_z", "(attention)", "F16", z, reference, bound))
         pre, post = f"blocks.{layer}.mlp.hook_pre", f"blocks.{layer}.mlp.hook_post"
         if y_names == (pre,) and post in candidate:
             if np.shape(candidate[post]) != np.shape(candidate[pre]):
@@ -448,5 +521,5 @@ def format_split(report: SplitReport, limit: int | None = None) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["LLAMA_CPP_INPUTS", "LLAMA_CPP_NAMES", "OpVerdict", "from_llama_cpp", "gelu_bound", "int8_linear_bound", "int8_rows", "layer_norm_bound", "op_verdict", "SplitReport", "TensorSplit", "format_split", "judge_products", "linear_bound", "nmse",
+__all__ = ["LLAMA_CPP_INPUTS", "LLAMA_CPP_NAMES", "OpVerdict", "attention_bound", "from_llama_cpp", "gelu_bound", "int8_linear_bound", "int8_rows", "layer_norm_bound", "op_verdict", "SplitReport", "TensorSplit", "format_split", "judge_products", "linear_bound", "nmse",
            "products", "round_activations", "snr_db", "split"]

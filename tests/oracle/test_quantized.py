@@ -11,11 +11,14 @@ import numpy as np
 import pytest
 
 import refgpt
-from quantized_port import QuantizedPort
+from quantized_port import QuantizedPort, flash_attention
 from random_models import tied_model
 from refgpt import Config
 from refgpt.oracle import golden
-from refgpt.oracle.quantized import format_split, linear_bound, nmse, split
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from refgpt.oracle.quantized import attention_bound, format_split, linear_bound, nmse, split
 
 CFG = Config(d_model=64, n_layers=2, n_heads=4, d_mlp=128, d_vocab=96, n_ctx=16)
 TOKENS = np.array([3, 17, 42, 5, 88, 1, 60, 9])
@@ -41,7 +44,7 @@ def test_a_correct_port_passes_and_its_quantization_error_is_reported(setup, kin
     assert json.loads(quantized_golden.metadata["quantization"])["blk.0.ffn_up.weight"] == kind
     report = split(float_golden, quantized_golden, QuantizedPort(path).run(TOKENS), model)
     assert report.ok, format_split(report)
-    assert len(report.ops) == 8 * CFG.n_layers + 2  # every product, LayerNorm, GELU and residual add after the MLP
+    assert len(report.ops) == 9 * CFG.n_layers + 2  # every product, LayerNorm, attention, GELU and residual add after the MLP
     logits = next(t for t in report.tensors if t.name == "logits")
     assert logits.quantization_nmse > 0 and logits.implementation_nmse > 0
     # the port's own error (activations rounded to 8 bits, float32) is below the file's quantization
@@ -64,6 +67,57 @@ def test_planted_kernel_bugs_are_named_at_their_op_as_implementation_errors(setu
     assert "implementation error at blocks.0.attn.hook_qkv" in format_split(report)
     failing = {op.op for op in report.ops if not op.ok}
     assert len(failing) >= 4 * CFG.n_layers, failing  # every quantized product is wrong, each judged on its own input
+
+
+@pytest.mark.parametrize("bug", ["attention_scale", "key_dropped"])
+def test_a_planted_attention_bug_is_named_at_z(setup, bug):
+    """z is judged on the port's own q, k, v (attention_bound): a wrong scale or a dropped key is out of
+    its bound at layer 0's z, while the product before it (q, k, v) is within its own."""
+    float_golden, files = setup
+    path, model, quantized_golden = files["Q8_0"]
+    report = split(float_golden, quantized_golden, QuantizedPort(path, bugs=[bug]).run(TOKENS), model)
+    first = report.first_failure
+    assert first is not None and (first.op, first.weight) == ("blocks.0.attn.hook_z", "(attention)"), format_split(report)
+    assert "implementation error at blocks.0.attn.hook_z (attention)" in format_split(report)
+    assert {op.op for op in report.ops if op.weight == "(attention)" and not op.ok} == {
+        f"blocks.{L}.attn.hook_z" for L in range(CFG.n_layers)}
+    assert min(op.worst for op in report.ops if not op.ok) > 100  # docs/oracle.md
+
+
+def _softmax_f16_product(q, k, v):
+    """ggml without flash attention: f16 K and V, q rounded to f16 for the f16 dot, float32 scores and
+    softmax (its sum in double), the probabilities rounded to f16 and multiplied by v̂ in float32."""
+    T, H, e = q.shape
+    q16, k16, v16 = (t.astype(np.float16).astype(np.float32) for t in (q, k, v))
+    s = (np.einsum("qhe,khe->hqk", q16, k16) * np.float32(1 / np.sqrt(np.float32(e)))).astype(np.float32)
+    s = np.where(np.tril(np.ones((T, T), bool)), s, -np.inf).astype(np.float32)
+    w = np.exp(s - s.max(-1, keepdims=True)).astype(np.float32)
+    p = (w * np.float32(1 / w.sum(-1, keepdims=True, dtype=np.float64))).astype(np.float16).astype(np.float32)
+    return np.einsum("hqk,khe->qhe", p, v16).astype(np.float32)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), T=st.integers(1, 24), H=st.integers(1, 3), e=st.sampled_from([8, 16, 64]),
+       size=st.floats(0.01, 6))
+def test_ggmls_attention_is_within_the_attention_bound(seed, T, H, e, size):
+    """Both of ggml-cpu's attentions (flash attention's f16 online softmax; softmax then an f16
+    product) on random q, k, v land within attention_bound."""
+    rng = np.random.default_rng(seed)
+    q, k, v = (rng.standard_normal((T, H, e)).astype(np.float32) * size for _ in range(3))
+    reference, bound = attention_bound(q, k, v)
+    for z in (flash_attention(q, k, v), _softmax_f16_product(q, k, v)):
+        assert np.all(np.abs(z - reference) <= bound), float(np.max(np.abs(z - reference) / bound))
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_a_wrong_scale_or_a_dropped_key_is_out_of_the_attention_bound(seed):
+    """On q, k, v of unit size (scores of unit spread: no key's weight negligible — with scores
+    spread by tens a dropped key of weight 10⁻¹¹ changes nothing to find), each bug is out of bounds."""
+    rng = np.random.default_rng(seed)
+    q, k, v = (rng.standard_normal((8, 2, 16)).astype(np.float32) for _ in range(3))
+    reference, bound = attention_bound(q, k, v)
+    for bug in ("attention_scale", "key_dropped"):
+        assert np.max(np.abs(flash_attention(q, k, v, [bug]) - reference) / bound) > 10, bug
 
 
 def test_the_bound_holds_for_ggml_rounding_and_is_tight(setup):
@@ -123,7 +177,7 @@ def test_llama_cpp_names_map_to_refgpts(setup):
     verdicts = judge_products(model, mapped, model.quantization)
     # llama.cpp names no tensor after W_O and b_O: W_O's product is judged as the span ending at resid_mid
     expected = [v.op.replace("hook_attn_out", "hook_resid_mid") for v in judge_products(model, ours, model.quantization)]
-    assert [v.op for v in verdicts] == expected and len(expected) == 8 * CFG.n_layers + 2
+    assert [v.op for v in verdicts] == expected and len(expected) == 9 * CFG.n_layers + 2
     assert all(v.ok for v in verdicts), [(v.op, v.worst) for v in verdicts]
     # a wrong attention output (a thousandth of b_O missing) is named at the span
     wrong = dict(mapped)
