@@ -97,8 +97,8 @@ CHILD_ENV: dict[str, str] = {}
 
 
 def measured(args, log: Path, progress=None) -> dict:
-    """Run ``args``; wall time, exit status, peak RSS (ru_maxrss) and sampled peaks of RssAnon and
-    RssFile, in MiB. ``progress(partial)`` is called every 30 s while it runs."""
+    """Run ``args``; wall time, CPU time (user + system, wait4's), exit status, peak RSS (ru_maxrss)
+    and sampled peaks of RssAnon and RssFile, in MiB. ``progress(partial)`` is called every 30 s while it runs."""
     peaks = {"RssAnon": 0, "RssFile": 0}
     env = {**os.environ, "PYTHONPATH": str(REPO), **CHILD_ENV}
     t = time.perf_counter()
@@ -135,7 +135,8 @@ def measured(args, log: Path, progress=None) -> dict:
         child.returncode = os.waitstatus_to_exitcode(status)
         done.set()
         sampler.join()
-    return {"seconds": time.perf_counter() - t, "exit": child.returncode, "peak_rss_mib": usage.ru_maxrss / 1024,
+    return {"seconds": time.perf_counter() - t, "cpu_seconds": usage.ru_utime + usage.ru_stime,
+            "exit": child.returncode, "peak_rss_mib": usage.ru_maxrss / 1024,
             "peak_anon_mib": peaks["RssAnon"] / 1024, "peak_file_mib": peaks["RssFile"] / 1024,
             "output": log.read_text()[-2000:]}
 
@@ -233,14 +234,21 @@ def markdown(r) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main():
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit("bench_scale: stopped"))  # run the clean-up below
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--shape", choices=SHAPES, default="xl")
+def arguments(description, shape, directory, record) -> argparse.ArgumentParser:
+    """The options of a benchmark that makes a checkpoint of a shape and files in a directory (this
+    one's, bench_local.py's); a SIGTERM runs its clean-up."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("stopped"))  # run the clean-up (finally:)
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--shape", choices=SHAPES, default=shape)
     parser.add_argument("--T", type=int, default=1024)
-    parser.add_argument("--dir", default="/tmp/refgpt-scale")
-    parser.add_argument("--keep", action="store_true", help="keep the checkpoint and golden file")
-    parser.add_argument("--no-record", action="store_true", help="do not write RESULTS.md / results_scale_SHAPE.json")
+    parser.add_argument("--dir", default=directory)
+    parser.add_argument("--keep", action="store_true", help="keep the checkpoint and the files")
+    parser.add_argument("--no-record", action="store_true", help=f"do not write RESULTS.md / {record}")
+    return parser
+
+
+def main():
+    parser = arguments(__doc__.split("\n")[0], "xl", "/tmp/refgpt-scale", "results_scale_SHAPE.json")
     parser.add_argument("--blas-threads", type=int,
                         help="OPENBLAS_NUM_THREADS for the measured processes (1 keeps an oversubscribed machine "
                              "from stalling on spinning BLAS threads); recorded")

@@ -350,7 +350,8 @@ def _passes(model: Model, tokens, names, targets=None):
     pass (refgpt/oracle/perturbed.py), run a stage at a time side
     by side (``stream``), so only a stage's activations of each are held. A pass that would repeat
     another (the model's own pass is the float64 one when it is float64 and unhooked) is run once.
-    Last, ``probs``, which no file holds: (name, None, p, (refgpt's, the sequential port's, the perturbed one's))."""
+    Last, ``probs``, which no file holds: (name, None, p, (refgpt's, the sequential port's, the perturbed one's)),
+    each pass's p but the sequential port's made when first read (``_Probs``)."""
     from . import sequential
 
     hooked = bool(HookRun(model.hook_dict).hooks)  # hooks on the model's hook points
@@ -369,12 +370,28 @@ def _passes(model: Model, tokens, names, targets=None):
         while name in twin_names and name not in stage:
             stage = next(twin)  # the sequential port's next stage, the last one let go
         r, x = made[exact][1], made[rounded][1]
-        yield name, made[model][1], r, (x, stage.get(name), y)
+        yield name, made[model][1], r, (x, stage.pop(name, None), y)  # the twin's tensor let go once read
         if name == "log_probs":
-            probs = (np.exp(np.asarray(r, np.float64)),
-                     (np.exp(x.astype(np.float64)), stage.get("probs"), np.exp(y.astype(np.float64))))
+            probs = (_Probs(r), (_Probs(x), stage.get("probs"), _Probs(y)))
     if probs is not None:
+        stage = None
+        twin.close()  # let go of the sequential port's logits and log_probs: only its probs are read now
         yield "probs", None, *probs
+
+
+class _Probs:
+    """exp(log_probs) in float64, made once, when the error model reads it, letting go of the
+    log_probs: at GPT-2 medium's shape and T = 1024 each is 400 MB, and one pass's is held at a
+    time, not all four beside their log_probs."""
+
+    dtype = np.dtype(np.float64)
+
+    def __init__(self, log_probs):
+        self.log_probs = log_probs
+
+    def __array__(self, dtype=None, copy=None):
+        log_probs, self.log_probs = self.log_probs, None
+        return np.exp(np.asarray(log_probs, np.float64))  # [batch, pos, d_vocab]
 
 
 def float32_twin(model: Model) -> Model:
@@ -470,10 +487,11 @@ class ErrorModel:
         """Add tensor ``name`` with float64 value ``r`` and its value in each float32 pass (None, a
         wrong shape or a non-finite value where the reference is finite: that pass is not counted;
         the first pass, refgpt's own, always is)."""
+        r = np.asarray(r)  # made here if it is made on demand (``_Probs``), as is each pass's, one at a time
         for i, x in enumerate(passes):
-            if x is None or np.shape(x) != np.shape(r):
+            x = None if x is None else np.asarray(x)
+            if x is None or x.shape != r.shape:
                 continue
-            x = np.asarray(x)
             if i and not np.isfinite(x[np.isfinite(r)]).all():
                 continue
             c, rms, f = float32_error(name, r, x)
@@ -492,7 +510,7 @@ def float32_error(name, r, x) -> tuple[float, float, float | None]:
     float64 ``r`` (attention scores: the causal part), in units of 2⁻²⁴, after a normalised row's
     factor or shift is taken out (``row_adjusted``; f_X: its largest size, None for other tensors and
     for the logits, whose shift is free); ``probs`` relative to p, where p ≥ float32's smallest normal."""
-    x = x.astype(np.float64)  # [...]
+    x = np.asarray(x, np.float64)  # [...] (a float64 pass's not copied: read only)
     r = np.asarray(r, np.float64)
     x, freedom = row_adjusted(name, r, x)
     f = None
@@ -501,12 +519,16 @@ def float32_error(name, r, x) -> tuple[float, float, float | None]:
     finite = np.isfinite(r)  # attention scores: compare the causal part only
     if inner_name(name) == "probs":  # a decode step's too
         finite &= r >= F32_TINY
-        err = np.abs(x[finite] - r[finite]) / r[finite]  # [n_compared] relative to p
-    else:
-        err = np.abs(x[finite] - r[finite])  # [n_compared]
+    r = r[finite]  # [n_compared]
+    err = x[finite]  # [n_compared] a copy, made |x − r| (relative to p for probs) in place: the same numbers
+    err -= r
+    np.abs(err, out=err)
+    if inner_name(name) == "probs":
+        err /= r
     if not err.size:
         return 0.0, 0.0, f
-    return float(err.max() / F32_ROUNDOFF), float(np.sqrt(np.mean(err**2)) / F32_ROUNDOFF), f
+    top = float(err.max() / F32_ROUNDOFF)
+    return top, float(np.sqrt(np.mean(np.square(err, out=err))) / F32_ROUNDOFF), f
 
 
 def make(model: Model, tokens, names=None, command=None, targets=None, backward=False, attention_mask=None,

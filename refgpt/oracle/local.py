@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -142,9 +143,11 @@ class _Walk:
         if not v.index:  # judged in another row or step: kept
             v.skipped = reason
 
-    def judge(self, op, name, layer, row, port, reference, bound, kind=None, at=None):
+    def judge(self, op, name, layer, row, port, reference, bound, kind=None, at=None, offset=()):
         """Hold the port's value to the reference's within ``bound`` (masked −∞ entries of both: 0), at
-        the entries ``at`` (default: the real positions, the query axis of attention's [head, query, key])."""
+        the entries ``at`` (default: the real positions, the query axis of attention's [head, query, key]);
+        ``offset``: the values are a block of the row's tensor, starting at this index (a block never
+        splits the positions' axis, so the mask of real positions broadcasts over it)."""
         v = self.verdict(op, name, layer, kind)
         v.skipped = None
         port, reference = np.asarray(port, np.float64), np.asarray(reference, np.float64)
@@ -172,6 +175,8 @@ class _Walk:
         v.squared_reference += float((reference[finite] ** 2).sum())
         worst = float(ratio.max(initial=0.0))
         golden = self.golden(self.prefix + name, row) if self.golden else None
+        if golden is not None and np.ndim(golden) == port.ndim:  # the block of it, cast up
+            golden = np.asarray(golden[tuple(slice(a, a + n) for a, n in zip(offset, port.shape))], np.float64)
         if golden is not None and np.shape(golden) != port.shape:
             golden = None
         if golden is not None:
@@ -182,7 +187,8 @@ class _Walk:
             v.drift = max(v.drift or 0.0, float(np.nanmax(drift, initial=0.0)))
         if v.mismatch is None and (worst > v.ratio or not v.index):
             i = np.unravel_index(int(np.argmax(ratio)), ratio.shape) if ratio.size else ()
-            v.ratio, v.index = worst, (row, *(int(j) for j in i))
+            v.ratio, v.index = worst, (row, *(int(j) + (offset[axis] if axis < len(offset) else 0)
+                                              for axis, j in enumerate(i)))
             v.port, v.reference, v.introduced, v.bound = (float(port[i]), float(reference[i]), float(diff[i]),
                                                           float(bound[i]))
             if golden is not None:
@@ -218,7 +224,7 @@ def _check(precision, kind, p_fail, layer_norm="two-pass"):
 
 
 def judge(params, cfg, tokens, acts, precision="float32", kind="worst", golden=None, p_fail=1e-9, targets=None,
-          attention_mask=None, position_ids=None, layer_norm="two-pass") -> LocalReport:
+          attention_mask=None, position_ids=None, layer_norm="two-pass", release=None) -> LocalReport:
     """Local verdicts on a port's forward: ``params`` the checkpoint's weights (TransformerLens
     names, any float dtype), ``cfg`` its Config, ``tokens`` [batch, pos], ``acts`` the port's
     activations by hook name ([batch, pos, …], as run_with_cache names them; ``logits``,
@@ -232,9 +238,12 @@ def judge(params, cfg, tokens, acts, precision="float32", kind="worst", golden=N
     ``layer_norm``: "two-pass" (L7: the statistics and x̂ judged, as TransformerLens and llm.c compute
     them) or "any" (L16: each LayerNorm judged from its input to its dumped output, for a port whose
     mean and variance come from another algorithm — torch's nn.LayerNorm, HF's, by Welford's
-    updates — within L16's stated errors). Every row is judged on its own."""
+    updates — within L16's stated errors). Every row is judged on its own. The forward is streamed
+    (``_Held``): a tensor is read (a row of it, cast up) when an op first needs it and let go when the
+    walk leaves its block, then ``release(name)`` (if given) drops its file pages; the weights are
+    rounded a block's at a time. With gradients the rows are held whole: the backward reads them again."""
     prec, sums = _check(precision, kind, p_fail, layer_norm)
-    p = {name: rl.round_to(w, prec.store) for name, w in params.items()}  # the port's weights
+    p = _Held(params, lambda w: rl.round_to(w, prec.store))  # the port's weights, a layer's at a time
     tokens = np.asarray(tokens)
     if tokens.ndim == 1:
         tokens = tokens[None]
@@ -244,14 +253,17 @@ def judge(params, cfg, tokens, acts, precision="float32", kind="worst", golden=N
     targets = tokens[:, 1:] if targets is None else np.asarray(targets)  # [batch, n]
     walk = _Walk(prec, golden, rl.Kind("probabilistic", p_fail), layer_norm)
     per_row = {name: a for name, a in acts.items() if np.ndim(a) >= 2 and not _is_parameter_gradient(name)}
+    backward = any(is_gradient(name) for name in acts)
     rows = []  # [batch, …]: not a mean loss, nor a parameter's gradient
-    for r in range(batch):
-        row = {name: np.asarray(a[r], np.float64) for name, a in per_row.items()}
+    for r in range(batch):  # streamed (_Held), held whole for the backward, which reads the row again
+        row = _Held(per_row, lambda a, r=r: np.asarray(a[r], np.float64), None if backward else release, r,
+                    streaming=not backward)
         rows.append(row)
         walk.real = None if attention_mask is None else mask[r]
         _forward_row(walk, p, cfg, _Row(r, tokens[r], positions[r], mask[r], mask[r], targets=targets[r]), row,
                      prec, sums)
-    if any(is_gradient(name) for name in acts):  # the backward, from the mean loss over the targets
+        row.keep()
+    if backward:  # the backward, from the mean loss over the targets
         if attention_mask is not None:
             raise RefGPTError("local verdicts: the backward of a padded batch is not judged (nor made by a golden)")
         full = full_targets(tokens, targets)  # [batch, pos], −100 where a position has none
@@ -271,7 +283,7 @@ def judge_decode(params, cfg, ref, acts, precision="float32", kind="worst", gold
     tokens, position ids, the attention mask if padded), ``acts`` the port's, by the same names;
     ``layer_norm`` as judge's."""
     prec, sums = _check(precision, kind, p_fail, layer_norm)
-    p = {name: rl.round_to(w, prec.store) for name, w in params.items()}
+    p = _Held(params, lambda w: rl.round_to(w, prec.store))
     steps = sorted({split_step(n)[0] for n in ref if split_step(n)[0] is not None})
     walk = _Walk(prec, golden, rl.Kind("probabilistic", p_fail), layer_norm)
     start, kept = 0, {}  # kept: (row, blocks.L.attn.keys / values) → the port's k, v of every step so far
@@ -289,7 +301,7 @@ def judge_decode(params, cfg, ref, acts, precision="float32", kind="worst", gold
         before = {split_step(n)[1]: a for n, a in acts.items()
                   if split_step(n)[0] == S - 1 and split_step(n)[1].endswith(("cache_k", "cache_v"))}
         for r in range(batch):
-            row = {name: np.asarray(a[r], np.float64) for name, a in inner.items()}
+            row = _Held(inner, lambda a, r=r: np.asarray(a[r], np.float64), row=r)
             walk.real = None if "attention_mask" not in ref else mask[r, start:]
             earlier = {n: np.asarray(a[r], np.float64) for n, a in before.items()}
             earlier.update({n: a for (i, n), a in kept.items() if i == r})
@@ -331,17 +343,72 @@ def _kv_cache(walk, row, acts, L, prec):
     return np.concatenate([earlier[0], acts[a + "hook_k"]]), np.concatenate([earlier[1], acts[a + "hook_v"]])
 
 
+#: The largest output block (and weight block) an affine op is judged in, float64 bytes: its
+#: reference, bound and errors are a few such blocks.
+BLOCK_BYTES = 32 * 2**20
+
+
+class _Held(Mapping):
+    """Streaming: ``tensors`` (a mapping, its arrays possibly memory-mapped), each read through
+    ``read`` when an op first asks for it and held until the walk lets it go (``keep``), then
+    ``release(name)`` drops its file pages. The walk keeps only what the next ops read: a block's
+    tensors and the stream handed on, not the model's every activation (at GPT-2 small's shape
+    and T = 1024 those are 3.9 GB in float64, a block's 0.3 GB)."""
+
+    def __init__(self, tensors, read, release=None, row=None, streaming=True):
+        self.tensors, self.read, self.release, self.row, self.held = tensors, read, release, row, {}
+        self.streaming = streaming  # False: ``keep`` lets nothing go (the backward reads the row again)
+        self.touched = set()  # read as stored (``stored``), not held
+
+    def __getitem__(self, name):
+        if name not in self.held:
+            self.held[name] = self.read(self.tensors[name])
+        return self.held[name]
+
+    def __contains__(self, name):
+        return name in self.tensors
+
+    def __iter__(self):
+        return iter(self.tensors)
+
+    def __len__(self):
+        return len(self.tensors)
+
+    def stored(self, name):
+        """``name``'s row as stored (a view of the file where it is mapped), not cast or held: an
+        op's output is read a block at a time."""
+        if name in self.held:
+            return self.held[name]
+        self.touched.add(name)
+        return self.tensors[name] if self.row is None else self.tensors[name][self.row]
+
+    def keep(self, *names):
+        """Let go of every tensor read but ``names``, and of their pages."""
+        if not self.streaming:
+            return
+        for name in [n for n in {*self.held, *self.touched} if n not in names]:
+            self.held.pop(name, None)
+            self.touched.discard(name)
+            if self.release is not None:
+                self.release(name)
+
+
 def _forward_row(walk, p, cfg, row, acts, prec, sums):
     tokens, r = row.tokens, row.r
     missing = lambda *names: [n for n in names if n not in acts]  # noqa: E731
-    positions = np.clip(row.positions, 0, p["pos_embed.W_pos"].shape[0] - 1)  # [new] (a pad's id is not judged)
-    for name, ref in (("hook_embed", p["embed.W_E"][tokens]), ("hook_pos_embed", p["pos_embed.W_pos"][positions])):
+    W_pos = p.stored("pos_embed.W_pos")  # [n_ctx, d_model] as given: only the gathered rows are rounded
+    positions = np.clip(row.positions, 0, W_pos.shape[0] - 1)  # [new] (a pad's id is not judged)
+    gathered = (p.stored("embed.W_E")[tokens], W_pos[positions])  # [new, d_model] each
+    for name, ref in zip(("hook_embed", "hook_pos_embed"), (rl.round_to(g, prec.store) for g in gathered)):
         if name in acts:
             walk.judge("embed", name, None, r, acts[name], ref, rl.copy(ref, prec))
         else:
             walk.skip("embed", name, None, "not dumped")
     for L in range(cfg.n_layers):
         b = f"blocks.{L}."
+        if L:  # the previous block's tensors and weights are read no more; its output is this block's input
+            acts.keep(f"blocks.{L - 1}.hook_resid_post")
+            p.keep()
         if L == 0:
             _add(walk, b + "hook_resid_pre", L, r, acts, "hook_embed", "hook_pos_embed", prec, missing)
         elif not missing(b + "hook_resid_pre", f"blocks.{L - 1}.hook_resid_post"):
@@ -352,7 +419,10 @@ def _forward_row(walk, p, cfg, row, acts, prec, sums):
         for n in "qkv":
             _affine(walk, n, a + f"hook_{n}", L, r, acts, h, dh,
                     p[a + f"W_{n.upper()}"], p[a + f"b_{n.upper()}"], "pd,hde->phe", prec, sums, missing)
-        _attention(walk, cfg, row, acts, a, L, prec, sums, missing)
+        pos = len(row.tokens)
+        heads = max(1, BLOCK_BYTES // (8 * pos * pos))  # a head's scores are pos² numbers: 8 MB at T = 1024
+        for hs in range(0, cfg.n_heads, heads):
+            _attention(walk, cfg, row, acts, a, L, slice(hs, hs + heads), prec, sums, missing)
         _affine(walk, "attn out", b + "hook_attn_out", L, r, acts, acts.get(a + "hook_z"), None,
                 p[a + "W_O"], p[a + "b_O"], "phe,hed->pd", prec, sums, missing, a + "hook_z")
         _add(walk, b + "hook_resid_mid", L, r, acts, b + "hook_resid_pre", b + "hook_attn_out", prec, missing)
@@ -371,16 +441,22 @@ def _forward_row(walk, p, cfg, row, acts, prec, sums):
                 p[m + "W_out"], p[m + "b_out"], "pm,md->pd", prec, sums, missing, m + "hook_post")
         _add(walk, b + "hook_resid_post", L, r, acts, b + "hook_resid_mid", b + "hook_mlp_out", prec, missing)
     last = f"blocks.{cfg.n_layers - 1}.hook_resid_post"
+    acts.keep(last)
+    p.keep()
     h, dh = _layer_norm(walk, acts, "ln_final.", last, p, cfg.eps, None, r, prec, missing)
-    b_U = p.get("unembed.b_U", np.zeros(p["unembed.W_U"].shape[-1]))
-    _affine(walk, "logits", "logits", None, r, acts, h, dh, p["unembed.W_U"], b_U, "pd,dv->pv", prec, sums, missing)
+    W_U = p.stored("unembed.W_U")  # [d_model, d_vocab] as given: rounded a block at a time
+    b_U = p.get("unembed.b_U", np.zeros(W_U.shape[-1]))
+    _affine(walk, "logits", "logits", None, r, acts, h, dh, W_U, b_U, "pd,dv->pv", prec, sums, missing)
     _outputs(walk, row, acts, prec, walk.vocab)
 
 
-def _attention(walk, cfg, row, acts, a, L, prec, sums, missing):
-    """Scores, pattern and z of one layer; the keys and values the port's queries read are its own:
-    this pass's k, v, or a decode step's KV cache. Pad keys and the future are masked."""
+def _attention(walk, cfg, row, acts, a, L, hs, prec, sums, missing):
+    """Scores, pattern and z of one layer's heads ``hs`` (a slice); the keys and values the port's
+    queries read are its own: this pass's k, v, or a decode step's KV cache. Pad keys and the future
+    are masked. Judged a block of heads at a time, the [head, query, key] tensors read as stored and
+    cast up a block at a time, never held whole."""
     r = row.r
+    block = lambda name: np.asarray(acts.stored(name)[hs], np.float64)  # noqa: E731 [heads, query, key]
     kv = (acts.get(a + "hook_k"), acts.get(a + "hook_v")) if row.step is None else _kv_cache(walk, row, acts, L, prec)
     keys = None if kv[0] is None else len(kv[0])
     allowed = None
@@ -392,24 +468,26 @@ def _attention(walk, cfg, row, acts, a, L, prec, sums, missing):
         walk.skip("scores", a + "hook_attn_scores", L, f"the KV cache holds {keys} positions, not "
                                                         f"{len(row.keys_real)} (judged at its cache)")
     else:
-        ref, bound = rl.scores(acts[a + "hook_q"], kv[0], cfg.score_scale(L), prec, sums, allowed)
+        ref, bound = rl.scores(acts[a + "hook_q"][:, hs], kv[0][:, hs], cfg.score_scale(L), prec, sums, allowed)
         finite = np.isfinite(ref)  # [head, query, key]: the mask's entries are the port's own affair
-        port = acts[a + "hook_attn_scores"]
+        port = block(a + "hook_attn_scores")
         if port.shape == ref.shape:
             port = np.where(finite, port, 0.0)
         walk.judge("scores", a + "hook_attn_scores", L, r, port, np.where(finite, ref, 0.0),
-                   np.where(finite, bound, 0.0), sums)
+                   np.where(finite, bound, 0.0), sums, offset=(hs.start, 0, 0))
     if missing(a + "hook_attn_scores", a + "hook_pattern") or allowed is None \
-            or acts[a + "hook_attn_scores"].shape[-1] != allowed.shape[-1]:
+            or acts.stored(a + "hook_attn_scores").shape[-1] != allowed.shape[-1]:
         walk.skip("pattern", a + "hook_pattern", L, "not dumped, or scores not dumped")
     else:
-        ref, bound = rl.softmax(acts[a + "hook_attn_scores"], prec, sums, allowed)
-        walk.judge("pattern", a + "hook_pattern", L, r, acts[a + "hook_pattern"], ref, bound, sums)
-    if missing(a + "hook_pattern", a + "hook_z") or kv[1] is None or acts[a + "hook_pattern"].shape[-1] != len(kv[1]):
+        ref, bound = rl.softmax(block(a + "hook_attn_scores"), prec, sums, allowed)
+        walk.judge("pattern", a + "hook_pattern", L, r, block(a + "hook_pattern"), ref, bound, sums,
+                   offset=(hs.start, 0, 0))
+    if missing(a + "hook_pattern", a + "hook_z") or kv[1] is None \
+            or acts.stored(a + "hook_pattern").shape[-1] != len(kv[1]):
         walk.skip("z", a + "hook_z", L, "not dumped, or pattern, v not dumped")
     else:
-        ref, bound = rl.mix(acts[a + "hook_pattern"], kv[1], prec, sums)
-        walk.judge("z", a + "hook_z", L, r, acts[a + "hook_z"], ref, bound, sums)
+        ref, bound = rl.mix(block(a + "hook_pattern"), kv[1][:, hs], prec, sums)
+        walk.judge("z", a + "hook_z", L, r, acts[a + "hook_z"][:, hs], ref, bound, sums, offset=(0, hs.start, 0))
 
 
 def _outputs(walk, row, acts, prec, vocab):
@@ -502,8 +580,15 @@ def _affine(walk, op, name, L, r, acts, x, dx, W, b, spec, prec, sums, missing, 
         what = missing(name, *([x_name] if x_name else [])) or ["its LayerNorm's normalized"]
         walk.skip(op, name, L, f"{', '.join(what)} not dumped")
         return
-    ref, bound = rl.affine(x, W, b, spec, prec, sums, dx)
-    walk.judge(op if dx is None else f"ln out → {op}", name, L, r, acts[name], ref, bound, sums)
+    port = acts.stored(name)  # [pos, …] as stored, not held: cast up a block at a time
+    # Blocks of the output's last axis, which is W's and b's last too (d_vocab for the logits: at GPT-2
+    # small's shape and T = 1024 they are 412 MB a row in float64, W_U 309 MB): each column its own sum.
+    cols = max(1, BLOCK_BYTES // (8 * max(port[..., 0].size, W[..., 0].size)))
+    for c in range(0, port.shape[-1], cols):
+        w = rl.round_to(W[..., c:c + cols], prec.store)  # [..., cols] the port's weights (W_U given as stored)
+        ref, bound = rl.affine(x, w, b[..., c:c + cols], spec, prec, sums, dx)
+        walk.judge(op if dx is None else f"ln out → {op}", name, L, r, port[..., c:c + cols], ref, bound, sums,
+                   offset=(0,) * (port.ndim - 1) + (c,))
 
 
 # ---- the backward: each op's backward from the port's own upstream gradient and saved values ------
@@ -736,7 +821,7 @@ def judge_files(reference, candidate, model, name_map="refgpt", precision=None, 
     shape = comparison._model_shape(ref, g)
     if steps and isinstance(candidate, (str, Path)) and Path(candidate).is_dir():  # llm.c's per-step dumps
         candidate, name_map = llmc_dump.read_steps(candidate, ref, g), "refgpt"
-    cand, dtypes, _ = comparison.load(candidate, name_map, shape)
+    cand, dtypes, cand_file = comparison.load(candidate, name_map, shape)
     if cand is None:  # an llm.c .bin: its activations, losses and gradients
         cand = {k: v for k, v in comparison._read_llmc_bin(candidate, ref, g).items()
                 if not k.startswith(("tokens", "targets"))}
@@ -749,12 +834,19 @@ def judge_files(reference, candidate, model, name_map="refgpt", precision=None, 
     if forward_only:
         cand = {k: v for k, v in cand.items() if not is_gradient(k)}
     precision = precision or comparison.default_profile(cand, dtypes)
-    golden = lambda name, row: np.asarray(ref[name][row], np.float64) if name in ref else None  # noqa: E731
+    golden = lambda name, row: ref[name][row] if name in ref else None  # noqa: E731 — as stored: judge reads its block
     if steps:
         return judge_decode(model.params, model.cfg, ref, cand, precision, kind, golden, layer_norm=layer_norm), None
+
+    def release(name):  # the pages of a tensor the walk is done with, in both files
+        if cand_file is not None and name_map == "refgpt":
+            cand_file.release(name)
+        if g is not None:
+            g.release(name)
+
     return judge(model.params, model.cfg, np.asarray(ref["tokens"]), cand, precision, kind, golden,
                  targets=ref.get("targets"), attention_mask=ref.get("attention_mask"),
-                 position_ids=ref.get("position_ids"), layer_norm=layer_norm), None
+                 position_ids=ref.get("position_ids"), layer_norm=layer_norm, release=release), None
 
 
 def embedded_if_recorded(reference):

@@ -172,6 +172,7 @@ def stages(cfg: Config, params, tokens, targets=None, attention_mask=None, dtype
     e = np.exp(shifted)  # [batch, pos, d_vocab]
     total = sequential_sum(e)  # [batch, pos, 1]: the softmax's one float accumulator per row
     out["logits"], out["log_probs"], out["probs"] = logits, shifted - np.log(total), e / total
+    del logits, shifted, e  # held by ``out`` alone, which its reader empties: at GPT-2 medium's shape, T = 1024, 200 MB each
     y = tokens[:, 1:] if targets is None else np.asarray(targets)  # [batch, pos − 1] or [batch, pos]
     out["targets"] = y
     bi, ti = np.indices(y.shape)

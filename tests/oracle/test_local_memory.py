@@ -1,0 +1,72 @@
+"""Local verdicts stream (refgpt/oracle/local.py, ``_Held``): a tensor is read when an op first
+needs it and let go when the walk leaves its block, the weights rounded a block's at a time, so
+what the walk holds does not grow with the model's depth — measured here with tracemalloc (NumPy
+reports its buffers to it) on a model 2 and 6 blocks deep, nothing else changed. And the golden's
+error model makes each pass's probabilities only when it reads them (refgpt/oracle/golden.py,
+``_Probs``), one pass's at a time. The cost at GPT-2 small's and medium's shapes is measured in
+benchmarks/bench_local.py (RESULTS.md, "local-cost")."""
+
+from __future__ import annotations
+
+import tracemalloc
+import weakref
+
+import numpy as np
+import pytest
+
+from local_ports import port_forward
+from random_models import random_params
+from refgpt import Config
+from refgpt.oracle import golden, local
+
+
+def _walk_peak(n_layers):
+    """(tracemalloc's peak during local.judge beyond what was held before it, one block's float64
+    activations of a row) for a float32 port of a model ``n_layers`` deep."""
+    cfg = Config(d_model=32, n_layers=n_layers, n_heads=4, d_mlp=128, d_vocab=100, n_ctx=64)
+    params = random_params(cfg, seed=1, scale=0.3)
+    tokens = np.random.default_rng(0).integers(0, cfg.d_vocab, (1, 32))
+    acts = port_forward(params, cfg, tokens, "float32")  # [batch, pos, …] float32 each
+    block = sum(a[0].size * 8 for name, a in acts.items() if name.startswith("blocks.0."))  # float64 bytes
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        report = local.judge(params, cfg, tokens, acts, "float32")
+        peak = tracemalloc.get_traced_memory()[1] - before
+    finally:
+        tracemalloc.stop()
+    assert report.first is None
+    return peak, block
+
+
+@pytest.mark.slow  # seconds: tracemalloc slows every allocation
+def test_local_verdicts_hold_a_block_not_the_model():
+    """Four blocks more would add four blocks' float64 activations and rounded weights to the peak if
+    the walk held every tensor it read (it did: 6.1 blocks' activations more, measured before the
+    change); streamed, the peak is the same but for the verdicts' bookkeeping (measured: 0.16)."""
+    shallow, block = _walk_peak(2)
+    deep, _ = _walk_peak(6)
+    assert deep - shallow < 0.5 * block, (shallow, deep, block)
+
+
+def test_the_golden_error_model_makes_one_pass_probabilities_at_a_time():
+    """ErrorModel.add reads the reference's and each pass's exp(log_probs) when it gets to it: at
+    most the reference's and one pass's are alive at once (at GPT-2 medium's shape, T = 1024, each
+    is 400 MB; the four were held together before, 0.8 GB more at the golden's peak)."""
+    made, most = [], [0]  # weak references to each array made, the most alive at once
+
+    class Counted(golden._Probs):
+        def __array__(self, dtype=None, copy=None):
+            a = super().__array__(dtype, copy)
+            made.append(weakref.ref(a))
+            most[0] = max(most[0], sum(ref() is not None for ref in made))
+            return a
+
+    rng = np.random.default_rng(0)
+    log_probs = [np.log(rng.dirichlet(np.ones(50), (2, 5))) for _ in range(4)]  # [batch, pos, d_vocab]
+    errors = golden.ErrorModel()
+    errors.add("probs", Counted(log_probs[0]), *(Counted(a.astype(np.float32)) for a in log_probs[1:]))
+    assert most[0] == 2
+    direct = golden.ErrorModel()
+    direct.add("probs", np.exp(log_probs[0]), *(np.exp(a.astype(np.float32).astype(np.float64)) for a in log_probs[1:]))
+    assert (errors.c, errors.rms, errors.freedom) == (direct.c, direct.rms, direct.freedom)  # the same numbers
