@@ -54,6 +54,31 @@ def test_a_polygraphy_run_of_a_correct_graph_passes(small, tmp_path, refgpt_cli)
     assert "blocks.0.ln1.hook_scale" in report["missing"]
 
 
+@pytest.mark.slow  # GPT-2 small's shape: the session's export is shared with test_onnx_model
+def test_a_polygraphy_run_at_gpt2_small_shape_passes(gpt2_small, tmp_path, refgpt_cli):
+    golden_path, onnx_path = gpt2_small
+    run = _polygraphy_run(onnx_path, golden_path, tmp_path, "--save-outputs", str(tmp_path / "run.json"))
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    code, report = _compare(refgpt_cli, golden_path, tmp_path / "run.json", onnx_path)
+    assert code == 0 and report["ok"], report["first_divergence"]
+    judged = {t["name"] for t in report["tensors"]}
+    assert {"blocks.11.mlp.hook_post", "blocks.11.attn.hook_pattern", "blocks.0.ln1.out", "logits"} <= judged
+
+
+@pytest.mark.slow
+def test_a_polygraphy_run_of_the_embedded_model_passes(tmp_path, refgpt_cli):
+    from refgpt import default_model_path
+
+    onnx_path = onnx_model.export(default_model_path(), tmp_path / "default.onnx")
+    golden_path = tmp_path / "g.safetensors"
+    assert refgpt_cli.in_process("golden", "--bos", "To be, or not to be", "-o", golden_path).returncode == 0
+    run = _polygraphy_run(onnx_path, golden_path, tmp_path, "--save-outputs", str(tmp_path / "run.json"))
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    code, report = _compare(refgpt_cli, golden_path, tmp_path / "run.json", onnx_path)
+    assert code == 0 and report["ok"], report["first_divergence"]
+    assert {"blocks.3.mlp.hook_post", "logits"} <= {t["name"] for t in report["tensors"]}
+
+
 def test_a_polygraphy_run_of_a_planted_bug_is_named_at_its_op(small, tmp_path, refgpt_cli):
     golden_path, onnx_path = small
     bad = gelu_in_erf_form(onnx_path, tmp_path / "erf.onnx", 2)
