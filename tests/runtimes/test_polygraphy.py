@@ -42,27 +42,23 @@ def _compare(refgpt_cli, golden_path, run_json, onnx_path):
     return result.returncode, json.loads(result.stdout)
 
 
-def test_a_polygraphy_run_of_a_correct_graph_passes(small, tmp_path, refgpt_cli):
-    golden_path, onnx_path = small
+def _run_and_compare(refgpt_cli, golden_path, onnx_path, tmp_path):
+    """Polygraphy's run of ``onnx_path`` on the golden's tokens, saved and judged by compare: (code, report)."""
     run = _polygraphy_run(onnx_path, golden_path, tmp_path, "--save-outputs", str(tmp_path / "run.json"))
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
-    code, report = _compare(refgpt_cli, golden_path, tmp_path / "run.json", onnx_path)
+    return _compare(refgpt_cli, golden_path, tmp_path / "run.json", onnx_path)
+
+
+@pytest.mark.parametrize("graph, last", [("small", 3), pytest.param("gpt2_small", 11, marks=pytest.mark.slow)])
+def test_a_polygraphy_run_of_a_correct_graph_passes(graph, last, request, tmp_path, refgpt_cli):
+    """A 4-layer random GPT-2, and GPT-2 small's shape (the session's export shared with test_onnx_model)."""
+    golden_path, onnx_path = request.getfixturevalue(graph)
+    code, report = _run_and_compare(refgpt_cli, golden_path, onnx_path, tmp_path)
     assert code == 0 and report["ok"], report["first_divergence"]
     judged = {t["name"] for t in report["tensors"]}
-    assert {"blocks.3.mlp.hook_post", "blocks.3.attn.hook_pattern", "blocks.0.ln1.out", "logits"} <= judged
+    assert {f"blocks.{last}.mlp.hook_post", f"blocks.{last}.attn.hook_pattern", "blocks.0.ln1.out", "logits"} <= judged
     # Polygraphy marks the graph's tensors; the LayerNorm statistics are not among them (unjudged)
     assert "blocks.0.ln1.hook_scale" in report["missing"]
-
-
-@pytest.mark.slow  # GPT-2 small's shape: the session's export is shared with test_onnx_model
-def test_a_polygraphy_run_at_gpt2_small_shape_passes(gpt2_small, tmp_path, refgpt_cli):
-    golden_path, onnx_path = gpt2_small
-    run = _polygraphy_run(onnx_path, golden_path, tmp_path, "--save-outputs", str(tmp_path / "run.json"))
-    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
-    code, report = _compare(refgpt_cli, golden_path, tmp_path / "run.json", onnx_path)
-    assert code == 0 and report["ok"], report["first_divergence"]
-    judged = {t["name"] for t in report["tensors"]}
-    assert {"blocks.11.mlp.hook_post", "blocks.11.attn.hook_pattern", "blocks.0.ln1.out", "logits"} <= judged
 
 
 @pytest.mark.slow
@@ -72,9 +68,7 @@ def test_a_polygraphy_run_of_the_embedded_model_passes(tmp_path, refgpt_cli):
     onnx_path = onnx_model.export(default_model_path(), tmp_path / "default.onnx")
     golden_path = tmp_path / "g.safetensors"
     assert refgpt_cli.in_process("golden", "--bos", "To be, or not to be", "-o", golden_path).returncode == 0
-    run = _polygraphy_run(onnx_path, golden_path, tmp_path, "--save-outputs", str(tmp_path / "run.json"))
-    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
-    code, report = _compare(refgpt_cli, golden_path, tmp_path / "run.json", onnx_path)
+    code, report = _run_and_compare(refgpt_cli, golden_path, onnx_path, tmp_path)
     assert code == 0 and report["ok"], report["first_divergence"]
     assert {"blocks.3.mlp.hook_post", "logits"} <= {t["name"] for t in report["tensors"]}
 
@@ -82,9 +76,7 @@ def test_a_polygraphy_run_of_the_embedded_model_passes(tmp_path, refgpt_cli):
 def test_a_polygraphy_run_of_a_planted_bug_is_named_at_its_op(small, tmp_path, refgpt_cli):
     golden_path, onnx_path = small
     bad = gelu_in_erf_form(onnx_path, tmp_path / "erf.onnx", 2)
-    run = _polygraphy_run(bad, golden_path, tmp_path, "--save-outputs", str(tmp_path / "run.json"))
-    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
-    code, report = _compare(refgpt_cli, golden_path, tmp_path / "run.json", bad)
+    code, report = _run_and_compare(refgpt_cli, golden_path, bad, tmp_path)
     assert code == 1 and report["first_divergence"]["name"] == "blocks.2.mlp.hook_post"
 
 
