@@ -163,22 +163,7 @@ def _run_model(args):
                                                  attention_mask=cut(mask), position_ids=cut(positions))
         return [{name: (name, value) for name, value in captured.items()}], notes
 
-    if not ranges:
-        grouped, notes = run()
-    else:  # a decode golden: each step a pass over the sequence so far (refgpt/runtimes/steps.py)
-        grouped, notes = [], list(steps.NOTES)
-        for S, end, new in ranges:
-            more, step_notes = run(end)
-            notes += [n for n in step_notes if n not in notes]
-            for i, group in enumerate(more):
-                stepped = steps.as_step({k: v for k, (_, v) in group.items()}, S, new)
-                names = {f"step.{S}.{k}": bridge for k, (bridge, _) in group.items()}
-                while len(grouped) <= i:
-                    grouped.append({})
-                grouped[i].update({k: (f"step.{S}.{names[k]}", v) for k, v in stepped.items()})
-        grouped[0]["tokens"] = ("tokens", np.asarray(tokens))
-        grouped[0].update({k: (k, v) for k, v in steps.chosen(golden, {k: v for k, (_, v) in grouped[0].items()},
-                                                              ranges).items()})
+    grouped, notes = steps.run_steps(run, golden, ranges) if ranges else run()
     captured = {name: value for name, (_, value) in grouped[0].items()}
     if args.save:
         golden_file.write(args.save, golden_file.Golden(captured, {

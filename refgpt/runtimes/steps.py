@@ -67,3 +67,24 @@ def chosen(golden, candidate: dict, ranges) -> dict:
         return {}
     return {f"step.{S}.chosen": np.argmax(np.asarray(candidate[f"step.{S}.logits"])[:, -1], axis=-1)
             for S, _, _ in ranges if f"step.{S}.logits" in candidate}  # [batch]
+
+
+def run_steps(run, golden, ranges) -> tuple[list[dict], list[str]]:
+    """A decode golden's steps through ``run(end)`` — a runtime's pass over the first ``end``
+    positions, giving (groups of {refgpt name: (the runtime's name, tensor)}, notes) — each step
+    its pass's last new positions (``as_step``), the golden's tokens and the candidate's own
+    ``step.S.chosen`` added: (groups under step names, notes)."""
+    grouped, notes = [], list(NOTES)
+    for S, end, new in ranges:
+        more, step_notes = run(end)
+        notes += [n for n in step_notes if n not in notes]
+        for i, group in enumerate(more):
+            stepped = as_step({k: v for k, (_, v) in group.items()}, S, new)
+            names = {f"step.{S}.{k}": source for k, (source, _) in group.items()}
+            while len(grouped) <= i:
+                grouped.append({})
+            grouped[i].update({k: (f"step.{S}.{names[k]}", v) for k, v in stepped.items()})
+    grouped[0]["tokens"] = ("tokens", np.asarray(golden.tensors["tokens"]))
+    grouped[0].update({k: (k, v) for k, v in chosen(golden, {k: v for k, (_, v) in grouped[0].items()},
+                                                    ranges).items()})
+    return grouped, notes
