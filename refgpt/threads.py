@@ -33,6 +33,7 @@ import contextlib
 import contextvars
 import ctypes
 import functools
+import math
 import os
 import queue
 import threading
@@ -217,8 +218,9 @@ def for_rows(fn, n_rows: int, row_bytes: int) -> None:
 
 
 def rows(x):
-    """``x`` [..., n] seen as [rows, n] (a scalar as [1, 1]): a view when ``x`` is C-contiguous."""
-    return x.reshape(1, 1) if x.ndim == 0 else x.reshape(-1, x.shape[-1])
+    """``x`` [..., n] seen as [rows, n] (a scalar as [1, 1]; an empty one too, e.g. [1, 0]): a view
+    when ``x`` is C-contiguous."""
+    return x.reshape(1, 1) if x.ndim == 0 else x.reshape(math.prod(x.shape[:-1]), x.shape[-1])
 
 
 def by_rows(f, *arrays, out=None):

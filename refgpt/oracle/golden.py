@@ -76,7 +76,7 @@ from ..tl.cache import ActivationCache
 from ..files.checkpoint import load as load_checkpoint, weight_files
 from ..gpt2.config import Config
 from ..dtypes import widen_bfloat16
-from .. import strict_json
+from .. import strict_json, threads
 from ..errors import RefGPTError, RefGPTTypeError
 from ..tl.hooks import HookRun
 from ..gpt2.ln_views import cached_output
@@ -285,9 +285,9 @@ def stream(model: Model, tokens, names=None, fwd_hooks=(), targets=None):
     yield from _stage_tensors(model, run, wanted)
     del resid
     if wanted & {"logits", "log_probs", "loss"}:
-        log_probs = log_softmax(logits)  # [batch, pos, d_vocab]
         if "logits" in wanted:
-            yield "logits", logits
+            yield "logits", logits  # log_probs made after: not held while a reader measures the logits
+        log_probs = log_softmax(logits)  # [batch, pos, d_vocab]
         del logits
         if "log_probs" in wanted:
             yield "log_probs", log_probs
@@ -373,6 +373,7 @@ def _passes(model: Model, tokens, names, targets=None):
         yield name, made[model][1], r, (x, stage.pop(name, None), y)  # the twin's tensor let go once read
         if name == "log_probs":
             probs = (_Probs(r), (_Probs(x), stage.get("probs"), _Probs(y)))
+        del tensors, made, r, x, y  # let go before the passes make their next tensors (the reader has too)
     if probs is not None:
         stage = None
         twin.close()  # let go of the sequential port's logits and log_probs: only its probs are read now
@@ -509,26 +510,57 @@ def float32_error(name, r, x) -> tuple[float, float, float | None]:
     """(c_X, r_X, f_X) of one tensor: the largest and the RMS |x − r| over the finite entries of the
     float64 ``r`` (attention scores: the causal part), in units of 2⁻²⁴, after a normalised row's
     factor or shift is taken out (``row_adjusted``; f_X: its largest size, None for other tensors and
-    for the logits, whose shift is free); ``probs`` relative to p, where p ≥ float32's smallest normal."""
-    x = np.asarray(x, np.float64)  # [...] (a float64 pass's not copied: read only)
-    r = np.asarray(r, np.float64)
-    x, freedom = row_adjusted(name, r, x)
+    for the logits, whose shift is free); ``probs`` relative to p, where p ≥ float32's smallest normal.
+
+    A block of rows at a time (``ERROR_BLOCK_BYTES`` of float64, on the threads: refgpt/threads.py),
+    into one array of the compared entries' errors, in the order r[compared] reads them: the same
+    numbers as the whole tensor at once (a row's factor or shift is its own; the largest error and
+    the RMS's sum read that one array), without a dozen whole-tensor temporaries beside it (at GPT-2
+    medium's shape and T = 1024, the logits' are 400 MB each). A shift read by ``nanmedian`` (a
+    row with a non-finite reference entry) takes the tensor as one block, as before."""
+    r2, x2 = threads.rows(np.asarray(r)), threads.rows(np.asarray(x))  # [rows, n] each (views when C-contiguous)
+    probs = inner_name(name) == "probs"  # a decode step's too
+    freedom = row_freedom_of(name)
+
+    def compared(a, b):  # [block, n] the entries judged: r finite (attention scores: the causal part)
+        rb = r2[a:b].astype(np.float64, copy=False)  # [block, n]
+        used = np.isfinite(rb)
+        return used & (rb >= F32_TINY) if probs else used
+
+    row_bytes = r2.shape[1] * 8
+    blocks = threads.row_blocks(len(r2), row_bytes, ERROR_BLOCK_BYTES)
+    work = len(r2) * row_bytes
+    if freedom is not None and freedom[0] == "shift" and not all(
+            threads.map_blocks(lambda a, b: bool(np.isfinite(r2[a:b]).all()), blocks, work)):
+        blocks = [(0, len(r2))]
+    counts = threads.map_blocks(lambda a, b: int(np.count_nonzero(compared(a, b))), blocks, work)
+    starts = np.cumsum([0, *counts])  # where each block's entries go in ``err``
+    err = np.empty(starts[-1])  # [n_compared] |x − r| (relative to p for probs), in r[compared]'s order
+
+    def block(k, a, b):  # fills the block's errors; its rows' largest |factor − 1| or |shift| (None: no freedom)
+        rb = r2[a:b].astype(np.float64, copy=False)  # [block, n]
+        xb, free = row_adjusted(name, rb, x2[a:b].astype(np.float64))  # [block, n], [block] or None
+        used = compared(a, b)
+        e = err[starts[k]:starts[k + 1]]  # [n_compared in block], a view
+        np.subtract(xb[used], rb[used], out=e)
+        np.abs(e, out=e)
+        if probs:
+            e /= rb[used]
+        return None if free is None else np.max(np.abs(free), initial=0.0)
+
+    largest = threads.map_blocks(block, [(k, a, b) for k, (a, b) in enumerate(blocks)], work)
     f = None
-    if freedom is not None and row_freedom_of(name)[1]:
-        f = float(np.max(np.abs(freedom), initial=0.0) / F32_ROUNDOFF)
-    finite = np.isfinite(r)  # attention scores: compare the causal part only
-    if inner_name(name) == "probs":  # a decode step's too
-        finite &= r >= F32_TINY
-    r = r[finite]  # [n_compared]
-    err = x[finite]  # [n_compared] a copy, made |x − r| (relative to p for probs) in place: the same numbers
-    err -= r
-    np.abs(err, out=err)
-    if inner_name(name) == "probs":
-        err /= r
+    if freedom is not None and freedom[1]:
+        f = float(np.max(np.array(largest, np.float64), initial=0.0) / F32_ROUNDOFF)  # a NaN row: NaN, as before
     if not err.size:
         return 0.0, 0.0, f
     top = float(err.max() / F32_ROUNDOFF)
     return top, float(np.sqrt(np.mean(np.square(err, out=err))) / F32_ROUNDOFF), f
+
+
+#: Rows of float64 per block of the error model (``float32_error``): small beside a tensor, large
+#: beside a row (a row of GPT-2's logits is 400 kB).
+ERROR_BLOCK_BYTES = 4 * 2**20
 
 
 def make(model: Model, tokens, names=None, command=None, targets=None, backward=False, attention_mask=None,
@@ -681,6 +713,7 @@ def write_streamed(path, model: Model, tokens, names=None, command=None, targets
                 progress(min(i + 1, len(shapes)), len(shapes))
             if r.dtype.kind == "f":
                 errors.add(name, r, *x)
+            del tensor, r, x  # let go before the passes make their next tensors (``_passes``)
         out.metadata = {**meta, **errors.metadata()}
     return out.path
 

@@ -19,7 +19,7 @@ from safetensors.numpy import load_file
 
 import refgpt
 from random_models import model_and_tokens, random_model, save_checkpoint
-from refgpt import Config, Model, RefGPTError
+from refgpt import Config, Model, RefGPTError, threads
 from refgpt.oracle import comparison, golden
 from refgpt.files.safetensors_file import SafetensorsFile, SafetensorsWriter
 
@@ -75,6 +75,65 @@ def test_stream_holds_one_stage_at_a_time():
     for name, _ in golden.stream(model, TOKENS, fwd_hooks=hooks):
         if name.startswith("blocks."):
             assert len(started) == int(name.split(".")[1]) + 1, name
+
+
+def test_stream_makes_log_probs_only_after_the_logits_are_read(monkeypatch):
+    """A reader measuring the logits (the golden's error model) does not hold every pass's log_probs
+    beside them: at GPT-2 medium's shape and T = 1024 that is 1 GB (benchmarks/RESULTS.md, memory-issue38)."""
+    made, softmax = [], golden.log_softmax
+    monkeypatch.setattr(golden, "log_softmax", lambda x: made.append(1) or softmax(x))
+    names = [name for name, _ in golden.stream(random_model(CFG, seed=2), TOKENS) if name in ("logits", "log_probs")
+             and not (name == "logits" and made)]
+    assert names == ["logits", "log_probs"] and made == [1]
+
+
+def _whole_tensor_error(name, r, x):
+    """float32_error as one block, the whole tensor's arrays at once (the golden's format-2 measure)."""
+    from refgpt.reference.compare import F32_TINY, inner_name, row_adjusted, row_freedom_of
+
+    r, (x, freedom) = np.asarray(r, np.float64), row_adjusted(name, np.asarray(r, np.float64), np.asarray(x, np.float64))
+    f = float(np.max(np.abs(freedom), initial=0.0) / 2**-24) if row_freedom_of(name) and row_freedom_of(name)[1] else None
+    compared = np.isfinite(r) & ((r >= F32_TINY) if inner_name(name) == "probs" else True)
+    err = np.abs(x[compared] - r[compared]) / (r[compared] if inner_name(name) == "probs" else 1.0)
+    if not err.size:
+        return 0.0, 0.0, f
+    return float(err.max() / 2**-24), float(np.sqrt(np.mean(np.square(err))) / 2**-24), f
+
+
+def _error_model_cases():
+    rng = np.random.default_rng(0)
+    scores = rng.normal(size=(2, 3, 9, 9)) * 4  # [batch, head, query, key]
+    scores[..., np.triu_indices(9, 1)[0], np.triu_indices(9, 1)[1]] = -np.inf
+    pattern = np.exp(scores - scores.max(-1, keepdims=True))
+    pattern /= pattern.sum(-1, keepdims=True)  # [batch, head, query, key], 0 above the diagonal
+    logits = rng.normal(size=(2, 7, 300)) * 3  # [batch, pos, d_vocab]
+    log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    gaps = log_probs.copy()
+    gaps[1, 2, 5], gaps[0, 4] = np.nan, -np.inf  # a shift then read by nanmedian: one block
+    probs = np.exp(log_probs * 12)  # many below float32's smallest normal
+    resid = rng.normal(size=(2, 7, 16))
+
+    def near(a, size=3e-7, shift=None):  # a float32 pass of ``a``: a little off, each row shifted or scaled
+        noise = rng.normal(size=a.shape) * size
+        with np.errstate(invalid="ignore"):
+            return (a * (1 + noise) if shift is None else a + noise + shift).astype(np.float32)
+
+    row_shift = rng.normal(size=(2, 7, 1)) * 1e-6
+    return [("logits", logits, near(logits, shift=row_shift)), ("log_probs", log_probs, near(log_probs, shift=row_shift)),
+            ("step.1.log_probs", gaps, near(gaps, shift=row_shift)), ("probs", probs, near(probs)),
+            ("blocks.0.attn.hook_pattern", pattern, near(pattern)), ("blocks.0.attn.hook_attn_scores", scores, near(scores)),
+            ("blocks.0.hook_resid_post", resid, near(resid)), ("loss_mean", np.float64(2.5), np.float32(2.5001)),
+            ("loss", np.zeros((1, 0)), np.zeros((1, 0), np.float32))]
+
+
+@pytest.mark.parametrize("name, r, x", _error_model_cases(), ids=lambda v: v if isinstance(v, str) else "")
+@pytest.mark.parametrize("block_bytes", [1, 3000, 2**30])  # a row per block, a few rows, the whole tensor
+def test_the_error_model_by_blocks_of_rows_is_the_whole_tensors_bit_for_bit(monkeypatch, name, r, x, block_bytes):
+    monkeypatch.setattr(golden, "ERROR_BLOCK_BYTES", block_bytes)
+    with threads.limit(2, parallel_bytes=0):  # the blocks on two threads, however small
+        measured = golden.float32_error(name, r, x)
+    assert repr(measured) == repr(_whole_tensor_error(name, r, x))
+    assert measured[0] > 0 or name == "loss"
 
 
 def test_writer_fails_closed_and_leaves_no_file(tmp_path):
