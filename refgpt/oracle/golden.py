@@ -76,7 +76,7 @@ from ..tl.cache import ActivationCache
 from ..files.checkpoint import load as load_checkpoint, weight_files
 from ..gpt2.config import Config
 from ..dtypes import widen_bfloat16
-from .. import strict_json, threads
+from .. import memory, strict_json, threads
 from ..errors import RefGPTError, RefGPTTypeError
 from ..tl.hooks import HookRun
 from ..gpt2.ln_views import cached_output
@@ -281,6 +281,7 @@ def stream(model: Model, tokens, names=None, fwd_hooks=(), targets=None):
     for L in range(model.cfg.n_layers):
         resid = model.block(L, resid, run)  # [batch, pos, d_model]
         yield from _stage_tensors(model, run, wanted)
+    memory.release()  # the blocks' recycled arrays (refgpt/memory.py), read and let go, unmapped before the logits
     logits = model.logits_from_resid(resid, run)  # [batch, pos, d_vocab]
     yield from _stage_tensors(model, run, wanted)
     del resid
@@ -289,6 +290,7 @@ def stream(model: Model, tokens, names=None, fwd_hooks=(), targets=None):
             yield "logits", logits  # log_probs made after: not held while a reader measures the logits
         log_probs = log_softmax(logits)  # [batch, pos, d_vocab]
         del logits
+        memory.release()  # the logits' recycled mapping unmapped, not kept for a next pass beside every log_probs
         if "log_probs" in wanted:
             yield "log_probs", log_probs
         if "loss" in wanted:
@@ -351,7 +353,7 @@ def _passes(model: Model, tokens, names, targets=None):
     by side (``stream``), so only a stage's activations of each are held. A pass that would repeat
     another (the model's own pass is the float64 one when it is float64 and unhooked) is run once.
     Last, ``probs``, which no file holds: (name, None, p, (refgpt's, the sequential port's, the perturbed one's)),
-    each pass's p but the sequential port's made when first read (``_Probs``)."""
+    each pass's p but the sequential port's made a block of rows at a time as it is read (``_Probs``)."""
     from . import sequential
 
     hooked = bool(HookRun(model.hook_dict).hooks)  # hooks on the model's hook points
@@ -363,10 +365,15 @@ def _passes(model: Model, tokens, names, targets=None):
                              None if targets is None else check_golden_targets(model, checked, targets))
     twin_names, stage, probs = set(sequential.golden_names(model.cfg)), {}, None
     mc = stream(rounded, tokens, names, fwd_hooks=perturbed.hooks(), targets=targets)  # the perturbed pass
-    for *tensors, (_, y) in zip(*(stream(m, tokens, names, targets=targets) for m in passes), mc, strict=True):
-        made = dict(zip(passes, tensors))
+    streams = [*(stream(m, tokens, names, targets=targets) for m in passes), mc]
+    while True:  # not zip (nor enumerate in the reader), which would hold the last tensors while making the next
+        tensors = [next(s, None) for s in streams]  # [(name, tensor)] of each pass, the perturbed one's last
+        if tensors[0] is None:
+            assert all(t is None for t in tensors), tensors  # every pass makes the same tensors in the same order
+            break
         name = tensors[0][0]
-        assert all(t[0] == name for t in tensors), tensors  # every pass makes the same tensors in the same order
+        assert all(t is not None and t[0] == name for t in tensors), tensors
+        made, (_, y) = dict(zip(passes, tensors)), tensors[-1]
         while name in twin_names and name not in stage:
             stage = next(twin)  # the sequential port's next stage, the last one let go
         r, x = made[exact][1], made[rounded][1]
@@ -381,18 +388,23 @@ def _passes(model: Model, tokens, names, targets=None):
 
 
 class _Probs:
-    """exp(log_probs) in float64, made once, when the error model reads it, letting go of the
-    log_probs: at GPT-2 medium's shape and T = 1024 each is 400 MB, and one pass's is held at a
-    time, not all four beside their log_probs."""
+    """exp(log_probs) in float64, made a block of rows at a time as the error model reads it
+    (``_row_reader``): at GPT-2 medium's shape and T = 1024 a whole one is 400 MB."""
 
     dtype = np.dtype(np.float64)
 
     def __init__(self, log_probs):
         self.log_probs = log_probs
+        self.shape = np.shape(log_probs)
 
-    def __array__(self, dtype=None, copy=None):
-        log_probs, self.log_probs = self.log_probs, None
-        return np.exp(np.asarray(log_probs, np.float64))  # [batch, pos, d_vocab]
+
+def _row_reader(a):
+    """``a`` [..., n] (an array, or ``_Probs``) as ([rows, n], read(i, j): its rows i … j − 1 in float64)."""
+    if isinstance(a, _Probs):
+        log_probs = threads.rows(np.asarray(a.log_probs))  # [rows, n]
+        return log_probs.shape, lambda i, j: np.exp(log_probs[i:j].astype(np.float64, copy=False))  # [j − i, n]
+    rows = threads.rows(np.asarray(a))  # [rows, n] (a view when C-contiguous)
+    return rows.shape, lambda i, j: rows[i:j].astype(np.float64, copy=False)  # [j − i, n]
 
 
 def float32_twin(model: Model) -> Model:
@@ -488,12 +500,10 @@ class ErrorModel:
         """Add tensor ``name`` with float64 value ``r`` and its value in each float32 pass (None, a
         wrong shape or a non-finite value where the reference is finite: that pass is not counted;
         the first pass, refgpt's own, always is)."""
-        r = np.asarray(r)  # made here if it is made on demand (``_Probs``), as is each pass's, one at a time
         for i, x in enumerate(passes):
-            x = None if x is None else np.asarray(x)
-            if x is None or x.shape != r.shape:
+            if x is None or np.shape(x) != np.shape(r):
                 continue
-            if i and not np.isfinite(x[np.isfinite(r)]).all():
+            if i and not _finite_where_finite(r, x):
                 continue
             c, rms, f = float32_error(name, r, x)
             self.c[name], self.rms[name] = max(self.c.get(name, 0.0), c), max(self.rms.get(name, 0.0), rms)
@@ -518,28 +528,27 @@ def float32_error(name, r, x) -> tuple[float, float, float | None]:
     the RMS's sum read that one array), without a dozen whole-tensor temporaries beside it (at GPT-2
     medium's shape and T = 1024, the logits' are 400 MB each). A shift read by ``nanmedian`` (a
     row with a non-finite reference entry) takes the tensor as one block, as before."""
-    r2, x2 = threads.rows(np.asarray(r)), threads.rows(np.asarray(x))  # [rows, n] each (views when C-contiguous)
+    (rows, n), read_r = _row_reader(r)
+    _, read_x = _row_reader(x)
     probs = inner_name(name) == "probs"  # a decode step's too
     freedom = row_freedom_of(name)
 
     def compared(a, b):  # [block, n] the entries judged: r finite (attention scores: the causal part)
-        rb = r2[a:b].astype(np.float64, copy=False)  # [block, n]
+        rb = read_r(a, b)  # [block, n]
         used = np.isfinite(rb)
         return used & (rb >= F32_TINY) if probs else used
 
-    row_bytes = r2.shape[1] * 8
-    blocks = threads.row_blocks(len(r2), row_bytes, ERROR_BLOCK_BYTES)
-    work = len(r2) * row_bytes
+    blocks, work = threads.row_blocks(rows, n * 8, ERROR_BLOCK_BYTES), rows * n * 8
     if freedom is not None and freedom[0] == "shift" and not all(
-            threads.map_blocks(lambda a, b: bool(np.isfinite(r2[a:b]).all()), blocks, work)):
-        blocks = [(0, len(r2))]
+            threads.map_blocks(lambda a, b: bool(np.isfinite(read_r(a, b)).all()), blocks, work)):
+        blocks = [(0, rows)]
     counts = threads.map_blocks(lambda a, b: int(np.count_nonzero(compared(a, b))), blocks, work)
     starts = np.cumsum([0, *counts])  # where each block's entries go in ``err``
     err = np.empty(starts[-1])  # [n_compared] |x − r| (relative to p for probs), in r[compared]'s order
 
     def block(k, a, b):  # fills the block's errors; its rows' largest |factor − 1| or |shift| (None: no freedom)
-        rb = r2[a:b].astype(np.float64, copy=False)  # [block, n]
-        xb, free = row_adjusted(name, rb, x2[a:b].astype(np.float64))  # [block, n], [block] or None
+        rb = read_r(a, b)  # [block, n]
+        xb, free = row_adjusted(name, rb, read_x(a, b))  # [block, n], [block] or None
         used = compared(a, b)
         e = err[starts[k]:starts[k + 1]]  # [n_compared in block], a view
         np.subtract(xb[used], rb[used], out=e)
@@ -556,6 +565,14 @@ def float32_error(name, r, x) -> tuple[float, float, float | None]:
         return 0.0, 0.0, f
     top = float(err.max() / F32_ROUNDOFF)
     return top, float(np.sqrt(np.mean(np.square(err, out=err))) / F32_ROUNDOFF), f
+
+
+def _finite_where_finite(r, x) -> bool:
+    """Is ``x`` finite wherever ``r`` is (arrays or ``_Probs``)? A block of rows at a time."""
+    (rows, n), read_r = _row_reader(r)
+    _, read_x = _row_reader(x)
+    return all(threads.map_blocks(lambda a, b: bool(np.isfinite(read_x(a, b)[np.isfinite(read_r(a, b))]).all()),
+                                  threads.row_blocks(rows, n * 8, ERROR_BLOCK_BYTES), rows * n * 8))
 
 
 #: Rows of float64 per block of the error model (``float32_error``): small beside a tensor, large
@@ -706,11 +723,13 @@ def write_streamed(path, model: Model, tokens, names=None, command=None, targets
 
     errors = ErrorModel()
     with SafetensorsWriter(path, shapes, meta, _header_length(shapes, meta)) as out:
-        for i, (name, tensor, r, x) in enumerate(_passes(model, tokens, names, targets)):
+        done = 0
+        for name, tensor, r, x in _passes(model, tokens, names, targets):
             if tensor is not None:
                 out.write(name, tensor)
+            done += 1
             if progress is not None:
-                progress(min(i + 1, len(shapes)), len(shapes))
+                progress(min(done, len(shapes)), len(shapes))
             if r.dtype.kind == "f":
                 errors.add(name, r, *x)
             del tensor, r, x  # let go before the passes make their next tensors (``_passes``)

@@ -113,7 +113,7 @@ def compute(cfg: Config, params, tokens, targets=None, backward=False, attention
 
 def stages(cfg: Config, params, tokens, targets=None, attention_mask=None, dtype="float32", saved=None):
     """Yield the forward pass's golden tensors one stage at a time (the embedding, each block, the
-    unembedding), as dicts name → array: ``compute`` without holding more than a stage. ``saved``:
+    unembedding, the softmax and loss), as dicts name → array: ``compute`` without holding more than a stage. ``saved``:
     a dict that receives what the backward pass needs (None: nothing is kept)."""
     dt = np.dtype(dtype)
     p = {k: np.asarray(v, dt) for k, v in params.items()}
@@ -168,11 +168,14 @@ def stages(cfg: Config, params, tokens, targets=None, attention_mask=None, dtype
     logits = final @ p["unembed.W_U"]  # [batch, pos, d_vocab]
     if "unembed.b_U" in p:
         logits += p["unembed.b_U"]
+    out["logits"] = logits
+    yield out  # the softmax made after: a reader measuring the logits does not hold it too (golden._passes)
     shifted = logits - logits.max(axis=-1, keepdims=True)  # [batch, pos, d_vocab]
+    del logits  # a streaming reader has let go of it: at GPT-2 medium's shape, T = 1024, 200 MB
     e = np.exp(shifted)  # [batch, pos, d_vocab]
     total = sequential_sum(e)  # [batch, pos, 1]: the softmax's one float accumulator per row
-    out["logits"], out["log_probs"], out["probs"] = logits, shifted - np.log(total), e / total
-    del logits, shifted, e  # held by ``out`` alone, which its reader empties: at GPT-2 medium's shape, T = 1024, 200 MB each
+    out = {"log_probs": np.subtract(shifted, np.log(total), out=shifted), "probs": np.divide(e, total, out=e)}  # in place
+    del shifted, e  # held by ``out`` alone, which its reader empties
     y = tokens[:, 1:] if targets is None else np.asarray(targets)  # [batch, pos − 1] or [batch, pos]
     out["targets"] = y
     bi, ti = np.indices(y.shape)

@@ -91,6 +91,7 @@ def _whole_tensor_error(name, r, x):
     """float32_error as one block, the whole tensor's arrays at once (the golden's format-2 measure)."""
     from refgpt.reference.compare import F32_TINY, inner_name, row_adjusted, row_freedom_of
 
+    r, x = (np.exp(np.asarray(a.log_probs, np.float64)) if isinstance(a, golden._Probs) else a for a in (r, x))
     r, (x, freedom) = np.asarray(r, np.float64), row_adjusted(name, np.asarray(r, np.float64), np.asarray(x, np.float64))
     f = float(np.max(np.abs(freedom), initial=0.0) / 2**-24) if row_freedom_of(name) and row_freedom_of(name)[1] else None
     compared = np.isfinite(r) & ((r >= F32_TINY) if inner_name(name) == "probs" else True)
@@ -121,6 +122,7 @@ def _error_model_cases():
     row_shift = rng.normal(size=(2, 7, 1)) * 1e-6
     return [("logits", logits, near(logits, shift=row_shift)), ("log_probs", log_probs, near(log_probs, shift=row_shift)),
             ("step.1.log_probs", gaps, near(gaps, shift=row_shift)), ("probs", probs, near(probs)),
+            ("probs", golden._Probs(log_probs * 12), golden._Probs(near(log_probs * 12, shift=row_shift))),  # made by blocks
             ("blocks.0.attn.hook_pattern", pattern, near(pattern)), ("blocks.0.attn.hook_attn_scores", scores, near(scores)),
             ("blocks.0.hook_resid_post", resid, near(resid)), ("loss_mean", np.float64(2.5), np.float32(2.5001)),
             ("loss", np.zeros((1, 0)), np.zeros((1, 0), np.float32))]
@@ -133,6 +135,8 @@ def test_the_error_model_by_blocks_of_rows_is_the_whole_tensors_bit_for_bit(monk
     with threads.limit(2, parallel_bytes=0):  # the blocks on two threads, however small
         measured = golden.float32_error(name, r, x)
     assert repr(measured) == repr(_whole_tensor_error(name, r, x))
+    if name != "loss":  # and a pass is counted where it is finite wherever the reference is
+        assert golden._finite_where_finite(r, x) and not golden._finite_where_finite(r, np.full(np.shape(r), np.nan))
     assert measured[0] > 0 or name == "loss"
 
 
