@@ -8,19 +8,25 @@ verdicts' walk.
 activations in memory, the float64 weights held before), under tracemalloc: its peak above them.
 
 A GPT-2-medium-shaped random float32 checkpoint (bench_scale.make_checkpoint) with ``--layers``
-blocks, loaded as float64 as ``refgpt golden --model`` loads it; then golden.write_streamed under
-tracemalloc (NumPy reports its buffers to it), the peak read and reset after each tensor is
-written. The peak of a forward golden is where the logits are ([batch, pos, 50,257]: the four
-passes' logits, log_probs and probs and the error model's temporaries), so it does not depend on
+blocks, loaded as float64 as ``refgpt golden --model`` loads it; then golden.write_streamed, the
+peak read and reset after each tensor is written: of RssAnon (/proc/self/status, sampled every
+10 ms), what the issue's budget counts, and with ``--traced`` of tracemalloc too (NumPy reports
+its buffers to it, but not refgpt/memory.py's recycled mappings: the logits, scores and patterns).
+The peak of a forward golden is where the logits are ([batch, pos, 50,257]: the four passes'
+logits, log_probs and probs and the error model's temporaries), so it does not depend on
 the number of blocks, each of which peaks far lower: a 2-block model measures a 24-block one's
-peak above its weights in a few minutes instead of the full model's tens. Prints the ten largest
-peaks and the overall one (MiB above what was held after loading).
+peak above its weights in a few minutes instead of the full model's tens (measured: the full
+model's peak RssAnon is its weights' plus the 2-block run's peak above them, within ~3 %). Prints
+the ten largest peaks and the overall one (MiB above what was held after loading); "after X" is
+the interval that ends once tensor X is written (the error model of the tensor before it, the
+passes making X), "probs" the error model of the probabilities, which no file holds.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import threading
 import time
 import tracemalloc
 from pathlib import Path
@@ -42,6 +48,7 @@ def main():
     parser.add_argument("--T", type=int, default=1024)
     parser.add_argument("--dir", default="/tmp/golden-memory")
     parser.add_argument("--local", action="store_true", help="measure local.judge's walk instead")
+    parser.add_argument("--traced", action="store_true", help="tracemalloc's peaks too (slower)")
     a = parser.parse_args()
     if a.local:
         return local_walk(a.layers, a.T)
@@ -49,21 +56,41 @@ def main():
     model = refgpt.load(make_checkpoint(out / "model", dict(SHAPES["medium"], n_layer=a.layers)), dtype="float64",
                         tokenizer=False)
     tokens = np.random.default_rng(1).integers(0, VOCAB, (1, a.T))
-    names, peaks = list(golden.layout(model, tokens.shape)), []
+    names = [n for n in golden.layout(model, tokens.shape) if n != "targets"] + ["targets"]  # the order _passes yields
+    loaded, peaks, anon, done = rss_anon(), [], [0.0], threading.Event()
 
-    def progress(done, total):  # called after tensor ``done`` is written, before the error model reads it
-        peaks.append((f"up to {names[done - 1]}", *(m / 2**20 for m in tracemalloc.get_traced_memory())))
-        tracemalloc.reset_peak()
+    def sample():
+        while not done.is_set():
+            anon[0] = max(anon[0], rss_anon())
+            time.sleep(0.01)
 
-    tracemalloc.start()
+    def mark(label):
+        traced = tracemalloc.get_traced_memory()[1] / 2**20 if a.traced else float("nan")
+        peaks.append((label, max(anon[0], rss_anon()) - loaded, traced))
+        anon[0] = rss_anon()
+        if a.traced:
+            tracemalloc.reset_peak()
+
+    if a.traced:
+        tracemalloc.start()
+    threading.Thread(target=sample, daemon=True).start()
     t = time.perf_counter()
-    golden.write_streamed(out / "golden.safetensors", model, tokens, command=["golden_memory"], progress=progress)
-    peaks.append(("the end (probs)", *(m / 2**20 for m in tracemalloc.get_traced_memory())))
-    print(f"{time.perf_counter() - t:.0f} s; the ten largest peaks above the loaded weights (MiB):")
-    for label, held, peak in sorted(peaks, key=lambda p: -p[2])[:10]:
-        print(f"  {label:45s} held {held:7.0f}  peak {peak:7.0f}")
-    print(f"overall: {max(p[2] for p in peaks):.0f} MiB")
+    golden.write_streamed(out / "golden.safetensors", model, tokens, command=["golden_memory"],
+                          progress=lambda i, total: mark(f"after {names[i - 1]}"))
+    mark("probs")
+    done.set()
+    print(f"{time.perf_counter() - t:.0f} s; the ten largest peaks above the loaded weights ({loaded:.0f} MiB of "
+          f"RssAnon), MiB:")
+    for label, peak, traced in sorted(peaks, key=lambda p: -p[1])[:10]:
+        print(f"  {label:45s} RssAnon {peak:7.0f}" + (f"  traced {traced:7.0f}" if a.traced else ""))
+    print(f"overall: RssAnon {max(p[1] for p in peaks):.0f} MiB above the weights")
     (out / "golden.safetensors").unlink()
+
+
+def rss_anon() -> float:
+    """This process's anonymous resident memory now, in MiB."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) / 1024 for line in f if line.startswith("RssAnon:"))
 
 
 def local_walk(layers, T):
