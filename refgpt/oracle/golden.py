@@ -485,8 +485,7 @@ def float32_errors(model: Model, tokens, names=None, targets=None, backward=Fals
         if r.dtype.kind == "f":
             errors.add(name, r, f32[name], seq.get(name), mc.get(name))
     if "log_probs" in ref and "log_probs" in f32:
-        errors.add("probs", np.exp(np.asarray(ref["log_probs"], np.float64)), np.exp(f32["log_probs"].astype(np.float64)),
-                   seq.get("probs"), np.exp(mc["log_probs"].astype(np.float64)))
+        errors.add("probs", _Probs(ref["log_probs"]), _Probs(f32["log_probs"]), seq.get("probs"), _Probs(mc["log_probs"]))
     return tuple({n: d[n] for n in forward_order(d)} for d in (errors.c, errors.rms, errors.freedom))
 
 
@@ -533,8 +532,7 @@ def float32_error(name, r, x) -> tuple[float, float, float | None]:
     probs = inner_name(name) == "probs"  # a decode step's too
     freedom = row_freedom_of(name)
 
-    def compared(a, b):  # [block, n] the entries judged: r finite (attention scores: the causal part)
-        rb = read_r(a, b)  # [block, n]
+    def compared(rb):  # [block, n] the entries judged: r finite (attention scores: the causal part)
         used = np.isfinite(rb)
         return used & (rb >= F32_TINY) if probs else used
 
@@ -542,14 +540,14 @@ def float32_error(name, r, x) -> tuple[float, float, float | None]:
     if freedom is not None and freedom[0] == "shift" and not all(
             threads.map_blocks(lambda a, b: bool(np.isfinite(read_r(a, b)).all()), blocks, work)):
         blocks = [(0, rows)]
-    counts = threads.map_blocks(lambda a, b: int(np.count_nonzero(compared(a, b))), blocks, work)
+    counts = threads.map_blocks(lambda a, b: int(np.count_nonzero(compared(read_r(a, b)))), blocks, work)
     starts = np.cumsum([0, *counts])  # where each block's entries go in ``err``
     err = np.empty(starts[-1])  # [n_compared] |x − r| (relative to p for probs), in r[compared]'s order
 
     def block(k, a, b):  # fills the block's errors; its rows' largest |factor − 1| or |shift| (None: no freedom)
         rb = read_r(a, b)  # [block, n]
         xb, free = row_adjusted(name, rb, read_x(a, b))  # [block, n], [block] or None
-        used = compared(a, b)
+        used = compared(rb)
         e = err[starts[k]:starts[k + 1]]  # [n_compared in block], a view
         np.subtract(xb[used], rb[used], out=e)
         np.abs(e, out=e)
