@@ -68,6 +68,31 @@ def test_hfs_decode_loop_has_no_local_flag_at_any_step_or_row(store, tmp_path):
             assert {v.step for v in judged} == set(range(STEPS))
 
 
+@pytest.fixture(scope="module")
+def trained():
+    """(refgpt's float64 model, prompt, mask, the decode golden, HF's float32 model): the embedded model
+    (trained: weights/default, in HF's layout) loaded by HF itself, two prompts of text of different
+    lengths left-padded, 4 greedy steps of the float64 decode."""
+    import peers
+    import refgpt
+    _, transformers, _ = peers.require_peers()
+    model = refgpt.load(refgpt.default_model_path(), dtype="float64")
+    rows = [model.to_tokens(text, prepend_bos=False)[0] for text in ("To be, or not to", "The cat sat on the mat and")]
+    P = max(map(len, rows))
+    prompt = np.array([[0] * (P - len(t)) + list(t) for t in rows])  # [batch, P]
+    mask = np.array([[0] * (P - len(t)) + [1] * len(t) for t in rows])  # [batch, P]
+    hf = transformers.GPT2LMHeadModel.from_pretrained(refgpt.default_model_path(), attn_implementation="eager").eval()
+    return model, prompt, mask, decode.make(model, prompt, 4, attention_mask=mask), hf
+
+
+@pytest.mark.parametrize("store", ["float32", "bfloat16", "float16"])
+def test_hfs_decode_of_the_trained_model_has_no_local_flag(store, trained):
+    model, prompt, mask, g, hf = trained
+    report = hf_decode_report(model, hf, prompt, mask, g, store)
+    assert report.first is None, local.format_local(report)
+    assert len([v for v in report.ops if v.skipped is None]) == 4 * (2 + 17 * model.cfg.n_layers + 2)
+
+
 def scale_a_cached_key(S, call):
     """Before step 2, layer 0's cached key of position 4 (row 1's second real token) × 1.01 in row 1."""
     if S == 2:
