@@ -1,10 +1,11 @@
 """HF's own decode loop and padded batch judged locally (refgpt/oracle/local.py, issue 38): GPT2LMHeadModel
 run as its users run it — a prompt pass, then one token a step with its DynamicCache, the attention mask
-and the position ids ``generate`` computes, forced along a decode golden's tokens; a left-padded batch
-with its ``attention_mask`` and ``position_ids`` — dumped through hooks on its own modules
-(tests/hf_port.py) at float32, bfloat16 and float16, with no local flag; bugs planted in the loop (a
-cached key of an earlier position scaled, one step's position id off by one, a pad left unmasked in one
-row) named at their op, step and row. Its LayerNorms are torch's (Welford): judged by L16
+and the position ids ``generate`` computes, forced along a decode golden's tokens; a padded batch (left or
+right) with its ``attention_mask`` and ``position_ids`` — dumped through hooks on its own modules
+(tests/hf_port.py) at float32, bfloat16 and float16, with no local flag: random models, the embedded
+trained model, and GPT-2 small's shape with REFGPT_CALIBRATION=long; bugs planted in the loop (a cached
+key of an earlier position scaled, one step's position id off by one, a pad left unmasked in one row)
+named at their op, step and row. Its LayerNorms are torch's (Welford): judged by L16
 (``layer_norm="any"``), as in tests/oracle/test_local_hf.py."""
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ def decode_case(seed, directory, kind):
 
 
 def hf_decode_report(model, hf, prompt, mask, g, store, plant=None):
+    """HF's decode loop (``hf`` cast to ``store``, ``plant`` in it) along decode golden ``g``'s tokens,
+    judged locally on ``model``'s weights at ``store``."""
     from hf_port import hf_decode_acts
     import peers
     acts = hf_decode_acts(peers.as_dtype(hf, store), prompt, g.tensors["tokens"][:, prompt.shape[1]:], mask, plant)
@@ -93,6 +96,34 @@ def test_hfs_decode_of_the_trained_model_has_no_local_flag(store, trained):
     assert len([v for v in report.ops if v.skipped is None]) == 4 * (2 + 17 * model.cfg.n_layers + 2)
 
 
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    """(refgpt's float64 model, prompt, mask, the decode golden, HF's float32 model) at GPT-2 small's
+    shape (12 layers, random weights): two prompts of 12 tokens, row 1 left-padded by 4, 4 steps."""
+    import peers
+    import refgpt
+    from test_local_gpt2_small import GPT2_SMALL
+    peers.require_peers()
+    directory = tmp_path_factory.mktemp("hf_decode_small")
+    config = peers.random_hf_config(0, act_fns=["gelu_new"], **GPT2_SMALL)
+    hf = peers.as_dtype(peers.random_hf_model(config, 0, f32_exact=True), "float32")
+    peers.save_hf_layout(hf, directory / "small")
+    model = refgpt.load(str(directory / "small"), dtype="float64", tokenizer=False)
+    prompt = np.random.default_rng(0).integers(0, config.vocab_size, (2, 12))  # [batch, P]
+    mask = np.ones(prompt.shape, np.int64)  # [batch, P]
+    mask[1, :4], prompt[1, :4] = 0, 0
+    return model, prompt, mask, decode.make(model, prompt, 4, attention_mask=mask), hf
+
+
+@pytest.mark.skipif(not LONG, reason="set REFGPT_CALIBRATION=long (GPT-2 small's shape: minutes a precision)")
+@pytest.mark.parametrize("store", ["float32", "bfloat16", "float16"])
+def test_hfs_decode_at_gpt2_smalls_shape_has_no_local_flag(store, small):
+    model, prompt, mask, g, hf = small
+    report = hf_decode_report(model, hf, prompt, mask, g, store)
+    assert report.first is None, local.format_local(report)
+    assert len([v for v in report.ops if v.skipped is None]) == 4 * (2 + 17 * 12 + 2)
+
+
 def scale_a_cached_key(S, call):
     """Before step 2, layer 0's cached key of position 4 (row 1's second real token) × 1.01 in row 1."""
     if S == 2:
@@ -134,6 +165,21 @@ def test_a_bug_in_hfs_decode_loop_is_named_locally_at_its_op_step_and_row(store,
     d = report.as_dict()["local_first"]
     assert (d["op"], d["step"], d["row"]) == (op, step, 1)
 
+
+
+@pytest.mark.skipif(not LONG, reason="set REFGPT_CALIBRATION=long (GPT-2 small's shape: minutes a plant)")
+@pytest.mark.parametrize("plant, step, op, tensor", [
+    (scale_a_cached_key, 2, "kv cache", "blocks.0.attn.cache_k"),
+    (position_off_by_one, 3, "embed", "hook_pos_embed"),
+    (pad_unmasked, 2, "pattern", "blocks.0.attn.hook_pattern"),
+])
+def test_a_bug_in_hfs_bfloat16_decode_at_gpt2_smalls_shape_is_named_locally(plant, step, op, tensor, small):
+    model, prompt, mask, g, hf = small
+    report = hf_decode_report(model, hf, prompt, mask, g, "bfloat16", plant)
+    first = report.first
+    assert first is not None and (first.op, first.name, first.step, first.row) == (
+        op, f"step.{step}.{tensor}", step, 1), local.format_local(report)
+    assert {v.step for v in report.flagged} == {step}, local.format_local(report)
 
 # ---- a padded batch, one forward pass ----------------------------------------------------------------------
 
