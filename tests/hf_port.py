@@ -59,11 +59,12 @@ def hf_port_acts(hf, tokens, **call) -> dict[str, np.ndarray]:
 
 def hf_position_ids(mask):
     """The position ids HF's ``generate`` gives a padded batch (``attention_mask`` [batch, pos], 1 real,
-    0 pad): each row's real tokens before it, a pad's 1 (GenerationMixin's cumsum − 1, masked_fill)."""
+    0 pad): each row's real tokens before it, a pad's 0 (transformers 5's
+    ``GenerationMixin._prepare_position_ids_for_generation``: cumsum − 1, masked_fill)."""
     import torch
 
     mask = torch.as_tensor(np.asarray(mask), dtype=torch.long)
-    return (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)  # [batch, pos]
+    return (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)  # [batch, pos]
 
 
 def hf_decode_acts(hf, prompt, continuation, attention_mask=None, plant=None) -> dict[str, np.ndarray]:
