@@ -238,10 +238,11 @@ def judge(params, cfg, tokens, acts, precision="float32", kind="worst", golden=N
     ``layer_norm``: "two-pass" (L7: the statistics and x̂ judged, as TransformerLens and llm.c compute
     them) or "any" (L16: each LayerNorm judged from its input to its dumped output, for a port whose
     mean and variance come from another algorithm — torch's nn.LayerNorm, HF's, by Welford's
-    updates — within L16's stated errors). Every row is judged on its own. The forward is streamed
+    updates — within L16's stated errors). Every row is judged on its own. The walk is streamed
     (``_Held``): a tensor is read (a row of it, cast up) when an op first needs it and let go when the
     walk leaves its block, then ``release(name)`` (if given) drops its file pages; the weights are
-    rounded a block's at a time. With gradients the rows are held whole: the backward reads them again."""
+    rounded a block's at a time. The backward is streamed the same way, block by block from the last
+    (``_backward``): it reads a block's activations again when it gets there."""
     prec, sums = _check(precision, kind, p_fail, layer_norm)
     p = _Held(params, lambda w: rl.round_to(w, prec.store))  # the port's weights, a layer's at a time
     tokens = np.asarray(tokens)
@@ -352,9 +353,8 @@ class _Held(Mapping):
     tensors and the stream handed on, not the model's every activation (at GPT-2 small's shape
     and T = 1024 those are 3.9 GB in float64, a block's 0.3 GB)."""
 
-    def __init__(self, tensors, read, release=None, row=None, streaming=True):
+    def __init__(self, tensors, read, release=None, row=None):
         self.tensors, self.read, self.release, self.row, self.held = tensors, read, release, row, {}
-        self.streaming = streaming  # False: ``keep`` lets nothing go (the backward reads the row again)
         self.touched = set()  # read as stored (``stored``), not held
 
     def __getitem__(self, name):
@@ -381,8 +381,6 @@ class _Held(Mapping):
 
     def keep(self, *names):
         """Let go of every tensor read but ``names``, and of their pages."""
-        if not self.streaming:
-            return
         for name in [n for n in {*self.held, *self.touched} if n not in names]:
             self.held.pop(name, None)
             self.touched.discard(name)
