@@ -122,3 +122,33 @@ def test_the_output_ops_go_a_block_of_positions_at_a_time(monkeypatch):
         tracemalloc.stop()
     assert report.first is None and {"log_probs", "probs"} <= {v.name for v in report.ops if v.skipped is None}
     assert peak < 1.5 * row, peak / row
+
+
+@pytest.mark.parametrize("plant", [None, "key_scale"])
+def test_the_backward_in_blocks_gives_the_verdicts_of_one_block(monkeypatch, plant):
+    """Streaming changes when the walk reads, not what it judges: the NumPy port's float32 forward and
+    backward (3 blocks, 2 rows; ∂key's scale wrong at layer 1, or no bug) judged with 4 KiB blocks (a
+    head, two positions, a few columns or vocabulary entries at a time) and with one block per op (as
+    before streaming) give the same ops in the same order, flagged alike at the same indices, their
+    ratios equal to 1e-7 relative: float64 sums split in blocks may round in their last bit (BLAS's
+    kernels for a few rows, a block of einsum's columns; measured 2026-12-06 on 66 reports of
+    tests/oracle/test_local_backward.py's ports, three precisions, both kinds of bound: 5.2e-8)."""
+    from local_ports import port_backward
+
+    cfg = Config(d_model=64, n_layers=3, n_heads=4, d_mlp=256, d_vocab=200, n_ctx=32)
+    params = random_params(cfg, seed=1, scale=0.3)
+    tokens = np.random.default_rng(0).integers(0, cfg.d_vocab, (2, 24))
+    acts = port_forward(params, cfg, tokens, "float32")
+    acts.update(port_backward(params, cfg, tokens, acts, "float32", plant=plant, layer=1))
+    reports = []
+    for block_bytes in (2**40, 4096):
+        monkeypatch.setattr(local, "BLOCK_BYTES", block_bytes)
+        reports.append(local.judge(params, cfg, tokens, acts, "float32"))
+    whole, blocked = reports
+    assert [v.name for v in whole.ops] == [v.name for v in blocked.ops]
+    where = lambda report: [(v.flagged, v.index, v.skipped) for v in report.ops]  # noqa: E731
+    assert where(whole) == where(blocked)
+    assert np.allclose([v.ratio for v in whole.ops], [v.ratio for v in blocked.ops], rtol=1e-7, atol=0)
+    assert (whole.first is None) == (plant is None)
+    if plant:
+        assert whole.first.name == blocked.first.name == "grad.blocks.1.attn.hook_k"
