@@ -255,8 +255,8 @@ def affine(x, W, b, spec, prec, kind=WORST, dx=None, scale=1.0, stored=False):
         a = (x, W)[operand]
         if np.any((a != 0) & (np.abs(a) < NORMAL[prec.store])):
             flushed = np.where((a != 0) & (np.abs(a) < NORMAL[prec.store]), NORMAL[prec.store], 0.0)  # [...]
-            pair = (flushed, np.abs(W)) if operand == 0 else (np.abs(x), flushed)
-            bound = bound + abs(scale) * np.einsum(spec, *pair, optimize=True)
+            bound = bound + abs(scale) * np.einsum(  # |W| not kept past its sum (W_U's is 309 MB)
+                spec, *((flushed, np.abs(W)) if operand == 0 else (np.abs(x), flushed)), optimize=True)
     if dx is not None:  # x's own error pushed through |W|, and the port's sums and roundings of it
         spread = g * (1 + 2 * prec.u_store) + 2 * prec.u_store * (1 + prec.u_store)
         bound = bound + (1 + spread) * abs(scale) * np.einsum(spec, dx, np.abs(W), optimize=True)
