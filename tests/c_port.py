@@ -84,6 +84,37 @@ def run_generate(exe, inputs, d, steps, name="generate") -> Path:
     return out
 
 
+def llmc_shaped(cfg, params, seed, scale):
+    """(cfg, params) of a random model as llm.c (so this port) can run it: ε = 1e-5, d_mlp = 4·d_model,
+    the scores scaled by 1/√d_head, tanh GELU, W_U tied to W_E (W_U := W_Eᵀ). Every parameter whose
+    shape llm.c keeps is ``params``'s; a differently shaped MLP is drawn again, as random_params(cfg, seed,
+    scale) draws it for the adapted cfg."""
+    from dataclasses import replace
+
+    from random_models import random_params
+    cfg = replace(cfg, d_mlp=4 * cfg.d_model, eps=1e-5, act_fn="gelu_new", use_attn_scale=True,
+                  scale_attn_by_inverse_layer_idx=False)
+    redrawn = random_params(cfg, seed=seed, scale=scale)
+    params = {k: v if v.shape == redrawn[k].shape else redrawn[k] for k, v in params.items()}
+    params["unembed.W_U"] = params["embed.W_E"].T.copy()  # [d_model, d_vocab]
+    return cfg, params
+
+
+def port_acts(exe, cfg, params, tokens, targets, d, gradients=False):
+    """The port ``exe``'s dump of the model (cfg, params) on ``tokens`` (llm.c's x) and ``targets`` (its
+    y), written in ``d``, under refgpt's names; with ``gradients`` its gradients too, under a golden's
+    ``grad.`` names. One process per call (for small models most of the time is the judging, not this)."""
+    from refgpt import Model
+    from refgpt.oracle import llmc_dump
+    from refgpt.oracle.name_maps import ModelShape, to_refgpt
+    raw = llmc_dump.read_dump(run_port(exe, write_inputs(d, Model(cfg, params), tokens, targets), d), cfg)
+    if gradients:
+        raw, _ = llmc_dump.to_refgpt_gradients(raw, cfg)
+    raw = {k: v for k, v in raw.items() if not k.startswith(("grads", "tokens", "targets", "loss"))}
+    acts, _ = to_refgpt(raw, "llmc", ModelShape(cfg.n_layers, cfg.n_heads, cfg.d_vocab, cfg))
+    return acts
+
+
 def local_dump(which, seed, tmp_path, defines=(), gradients=False):
     """(params, cfg, tokens, the port's dump under refgpt's names) of build ``which`` on a random tied
     model (llm.c ties W_U to W_E), for the local verdicts' tests; with ``gradients`` its gradients too,
@@ -91,9 +122,7 @@ def local_dump(which, seed, tmp_path, defines=(), gradients=False):
     import numpy as np
     import pytest
     from random_models import random_params
-    from refgpt import Config, Model
-    from refgpt.oracle import llmc_dump
-    from refgpt.oracle.name_maps import ModelShape, to_refgpt
+    from refgpt import Config
     flags, build_defines = BUILDS[which]
     exe = build(flags, (*build_defines, *defines))
     if exe is None:
@@ -102,9 +131,4 @@ def local_dump(which, seed, tmp_path, defines=(), gradients=False):
     params = random_params(cfg, seed=seed, scale=0.3)
     params["unembed.W_U"] = params["embed.W_E"].T.copy()
     tokens = np.random.default_rng(seed).integers(0, cfg.d_vocab, (2, 16))
-    raw = llmc_dump.read_dump(run_port(exe, write_inputs(tmp_path, Model(cfg, params), tokens, tokens), tmp_path), cfg)
-    if gradients:
-        raw, _ = llmc_dump.to_refgpt_gradients(raw, cfg)
-    raw = {k: v for k, v in raw.items() if not k.startswith(("grads", "tokens", "targets", "loss"))}
-    acts, _ = to_refgpt(raw, "llmc", ModelShape(cfg.n_layers, cfg.n_heads, cfg.d_vocab, cfg))
-    return params, cfg, tokens, acts
+    return params, cfg, tokens, port_acts(exe, cfg, params, tokens, tokens, tmp_path, gradients)
