@@ -102,7 +102,9 @@ def c_builds(ports):
     return {p: c_port.build(*c_port.BUILDS[p.split()[1]]) for p in ports if p in C_PORTS}
 
 
-def calibrate(n, start=0, stats=None, ports=PORTS + C_PORTS) -> Stats:
+def calibrate(n, start=0, stats=None, ports=PORTS + C_PORTS, progress=None) -> Stats:
+    """Judge models start … start + n − 1 on ``ports``; ``progress`` a stream to print each model's
+    flags so far to (a long run's progress)."""
     stats = stats or Stats()
     exes = c_builds(ports)
     t0 = time.perf_counter()
@@ -136,6 +138,9 @@ def calibrate(n, start=0, stats=None, ports=PORTS + C_PORTS) -> Stats:
                     if v.ratio >= stats.worst[v.op][0]:
                         stats.worst[v.op] = (v.ratio, (i, port, v.name))
                 counts[3] += time.perf_counter() - t1
+            if progress:
+                print(f"model {i}: {len(stats.flagged)} flagged so far {stats.flagged[-3:]}, "
+                      f"{time.perf_counter() - t0:.0f} s", file=progress, flush=True)
     stats.seconds += time.perf_counter() - t0
     return stats
 
@@ -167,4 +172,4 @@ if __name__ == "__main__":
         p for p in every if any(p == q or p.startswith(q + " ") for q in args.ports.split(",")))
     if not chosen:
         parser.error(f"--ports {args.ports!r} names none of: {', '.join(every)}")
-    print(table(calibrate(args.n, args.start, ports=chosen)))
+    print(table(calibrate(args.n, args.start, ports=chosen, progress=sys.stderr)))

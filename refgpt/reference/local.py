@@ -22,7 +22,8 @@ The bounds, one computation of the port (P) plus one of float64 (R), each op's i
      of 3e-8 stored in float16 is 0. A port may flush subnormals to 0 (FTZ and DAZ, as oneDNN's
      bfloat16 matmuls do, and every float32 op of a C port built with -Ofast), so an L3/L6/L11
      output of k products also gets k·(the smallest normal at u_acc) (each may be flushed), a
-     subnormal operand counts as the smallest normal pushed through the other operand's |values|,
+     subnormal operand, or one whose product with a scale s (L11's ∂q = (s·∂scores)·k) is subnormal,
+     counts as the smallest normal pushed through the other operand's |values| (× max(1, s)),
      and a result below the smallest normal may be 0 (L3, L5, L6, L14; L12 and L13 hold it in their
      absolute terms): an -Ofast softmax's exp(s − max) below 2⁻¹²⁶ is 0.
   L1 copy (embedding gathers, a block's resid_pre)   |y_P − y_R| ≤ u_store·|y|   (a change of dtype)
@@ -253,12 +254,12 @@ def affine(x, W, b, spec, prec, kind=WORST, dx=None, scale=1.0, stored=False):
     g = kind.g(k + 1, prec.u_acc) + ((scale != 1) * 2 + stored) * prec.u_el  # the port's sum, ×scale, products
     bound = (g * magnitude * (1 + 2 * prec.u_store) + rounded(prec, product, y) + gamma(k + 1 + (scale != 1)) * magnitude
              + flushed(y, prec, k))  # L0: products, output
-    for operand in (0, 1):  # DAZ: a subnormal operand read as 0, its size pushed through the other's
+    for operand in (0, 1):  # DAZ: a subnormal operand read as 0; FTZ: an operand times the scale flushed (L0)
         a = (x, W)[operand]
-        if np.any((a != 0) & (np.abs(a) < NORMAL[prec.store])):
-            read_as_0 = np.where((a != 0) & (np.abs(a) < NORMAL[prec.store]), NORMAL[prec.store], 0.0)  # [...]
+        if np.any(small := (a != 0) & (np.abs(a) * min(1.0, abs(scale)) < NORMAL[prec.store])):
+            read_as_0 = np.where(small, NORMAL[prec.store], 0.0)  # [...]
             pair = (read_as_0, np.abs(W)) if operand == 0 else (np.abs(x), read_as_0)
-            bound = bound + abs(scale) * np.einsum(spec, *pair, optimize=True)
+            bound = bound + max(1.0, abs(scale)) * np.einsum(spec, *pair, optimize=True)
     if dx is not None:  # x's own error pushed through |W|, and the port's sums and roundings of it
         spread = g * (1 + 2 * prec.u_store) + 2 * prec.u_store * (1 + prec.u_store)
         bound = bound + (1 + spread) * abs(scale) * np.einsum(spec, dx, np.abs(W), optimize=True)

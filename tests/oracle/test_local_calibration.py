@@ -1,6 +1,8 @@
 """The local verdicts' false-alarm calibration (benchmarks/local_calibration.py): no flagged op for
-correct ports of random models — a small draw here, 1,000 models with REFGPT_CALIBRATION=long
-(benchmarks/RESULTS.md records the run) — and of the trained embedded model at every precision."""
+correct ports of random models — refgpt's float32 pass, the NumPy port at three precisions and the C
+port's five builds (forward and backward) — a small draw here, 1,000 models with
+REFGPT_CALIBRATION=long (benchmarks/RESULTS.md records the run), and of the trained embedded model
+at every precision."""
 
 from __future__ import annotations
 
@@ -24,6 +26,10 @@ def test_correct_ports_of_random_models_have_no_local_flag():
     stats = calibration.calibrate(1000 if LONG else 4)
     assert not stats.flagged, calibration.table(stats)
     assert stats.judgments >= 3 * stats.models
+    import c_port
+    if c_port.compiler():  # every C build judged on every model, its backward too
+        assert all(stats.per_port[p][:2] == [stats.models, 0] for p in calibration.C_PORTS), calibration.table(stats)
+        assert stats.worst["ln backward"][1] is not None
     if LONG:
         print(calibration.table(stats))
 
