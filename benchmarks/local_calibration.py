@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import signal
 import sys
 import tempfile
 import time
@@ -89,6 +90,7 @@ class Stats:
     worst: dict = field(default_factory=lambda: defaultdict(lambda: (0.0, None)))  # op → (ratio, (model, port, name))
     seconds: float = 0.0
     per_port: dict = field(default_factory=lambda: defaultdict(lambda: [0, 0, 0, 0.0]))  # port → judged, skipped, ops, s
+    stopped: str = ""  # why a run ended early (interrupted), and where
 
 
 def out_of_float16(cache) -> bool:
@@ -109,40 +111,48 @@ def calibrate(n, start=0, stats=None, ports=PORTS + C_PORTS, progress=None) -> S
     exes = c_builds(ports)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="local-calibration-") as d:
-        for i in range(start, start + n):
-            cfg, params, tokens, _ = draw_case(i)
-            too_big = "port float16" in ports and out_of_float16(Model(cfg, params).run_with_cache(tokens)[1].cache_dict)
-            c_case = c_port_case(i) if exes else None
-            stats.models += 1
-            for port in ports:
-                counts, t1 = stats.per_port[port], time.perf_counter()
-                if (port == "port float16" and too_big) or (port in exes and exes[port] is None):
-                    stats.skipped_float16 += port == "port float16"
-                    counts[1] += 1
-                    continue
-                if port in exes:  # forward and backward, with llm.c's targets
-                    c_cfg, c_params, c_tokens, targets = c_case
-                    acts = c_port.port_acts(exes[port], c_cfg, c_params, c_tokens, targets, d, gradients=True)
-                    report = local.judge(c_params, c_cfg, c_tokens, acts, "float32", targets=targets)
-                else:
-                    report = local.judge(params, cfg, tokens, port_acts(port, cfg, params, tokens), port.split()[1])
-                stats.judgments += 1
-                counts[0] += 1
-                for v in report.ops:
-                    if v.skipped is not None:
-                        continue
-                    stats.ops += 1
-                    counts[2] += 1
-                    if v.flagged:
-                        stats.flagged.append((i, port, v.op, v.name, v.ratio))
-                    if v.ratio >= stats.worst[v.op][0]:
-                        stats.worst[v.op] = (v.ratio, (i, port, v.name))
-                counts[3] += time.perf_counter() - t1
-            if progress:
-                print(f"model {i}: {len(stats.flagged)} flagged so far {stats.flagged[-3:]}, "
-                      f"{time.perf_counter() - t0:.0f} s", file=progress, flush=True)
+        try:
+            judge_models(range(start, start + n), ports, exes, stats, d, progress, t0)
+        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM in __main__: the table of what was judged
+            stats.stopped = f"interrupted after {stats.models} models (the last one's ports partly judged)"
     stats.seconds += time.perf_counter() - t0
     return stats
+
+
+def judge_models(models, ports, exes, stats, d, progress, t0):
+    """Judge each of ``models`` on ``ports`` into ``stats`` (calibrate's loop)."""
+    for i in models:
+        cfg, params, tokens, _ = draw_case(i)
+        too_big = "port float16" in ports and out_of_float16(Model(cfg, params).run_with_cache(tokens)[1].cache_dict)
+        c_case = c_port_case(i) if exes else None
+        stats.models += 1
+        for port in ports:
+            counts, t1 = stats.per_port[port], time.perf_counter()
+            if (port == "port float16" and too_big) or (port in exes and exes[port] is None):
+                stats.skipped_float16 += port == "port float16"
+                counts[1] += 1
+                continue
+            if port in exes:  # forward and backward, with llm.c's targets
+                c_cfg, c_params, c_tokens, targets = c_case
+                acts = c_port.port_acts(exes[port], c_cfg, c_params, c_tokens, targets, d, gradients=True)
+                report = local.judge(c_params, c_cfg, c_tokens, acts, "float32", targets=targets)
+            else:
+                report = local.judge(params, cfg, tokens, port_acts(port, cfg, params, tokens), port.split()[1])
+            stats.judgments += 1
+            counts[0] += 1
+            for v in report.ops:
+                if v.skipped is not None:
+                    continue
+                stats.ops += 1
+                counts[2] += 1
+                if v.flagged:
+                    stats.flagged.append((i, port, v.op, v.name, v.ratio))
+                if v.ratio >= stats.worst[v.op][0]:
+                    stats.worst[v.op] = (v.ratio, (i, port, v.name))
+            counts[3] += time.perf_counter() - t1
+        if progress:
+            print(f"model {i}: {len(stats.flagged)} flagged so far {stats.flagged[-3:]}, "
+                  f"{time.perf_counter() - t0:.0f} s", file=progress, flush=True)
 
 
 def table(stats: Stats) -> str:
@@ -156,6 +166,7 @@ def table(stats: Stats) -> str:
     lines += ["", "| op | worst ratio | where (model, port, tensor) |", "| --- | ---: | --- |"]
     for op, (ratio, where) in sorted(stats.worst.items(), key=lambda kv: -kv[1][0]):
         lines.append(f"| {op} | {ratio:.3f} | {where[0]}, {where[1]}, `{where[2]}` |" if where else f"| {op} | 0 | |")
+    lines += [stats.stopped] if stats.stopped else []
     lines += [f"flagged: model {i}, {port}, {op} at `{name}`, ratio {ratio:.3f}" for i, port, op, name, ratio in stats.flagged]
     return "\n".join(lines)
 
@@ -172,4 +183,5 @@ if __name__ == "__main__":
         p for p in every if any(p == q or p.startswith(q + " ") for q in args.ports.split(",")))
     if not chosen:
         parser.error(f"--ports {args.ports!r} names none of: {', '.join(every)}")
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # kill PID: the table of the models judged so far
     print(table(calibrate(args.n, args.start, ports=chosen, progress=sys.stderr)))
