@@ -20,9 +20,11 @@ from __future__ import annotations
 import numpy as np
 
 
-def hf_port_acts(hf, tokens) -> dict[str, np.ndarray]:
+def hf_port_acts(hf, tokens, **call) -> dict[str, np.ndarray]:
     """``hf`` (GPT2LMHeadModel, eager attention, any dtype) run on tokens [batch, pos] → its
-    activations under TransformerLens's names, [batch, pos, …] as float64 (the values it stored)."""
+    activations under TransformerLens's names, [batch, pos, …] as float64 (the values it stored).
+    ``call``: more of the model's arguments (a padded batch's ``attention_mask`` and ``position_ids``,
+    a decode step's ``cache``)."""
     import torch
     from torch.overrides import TorchFunctionMode
 
@@ -41,7 +43,7 @@ def hf_port_acts(hf, tokens) -> dict[str, np.ndarray]:
                hf.transformer.wpe.register_forward_hook(lambda m, i, o: embeds.__setitem__("hook_pos_embed", o))]
     try:
         with SoftmaxInputs():
-            logits, _, extra = peers.hf_forward(hf, tokens, internals=True)
+            logits, _, extra = peers.hf_forward(hf, tokens, internals=True, **call)
     finally:
         for h in handles:
             h.remove()
@@ -53,3 +55,51 @@ def hf_port_acts(hf, tokens) -> dict[str, np.ndarray]:
     acts.update({f"blocks.{L}.attn.hook_attn_scores": peers._np(s).astype(np.float64) for L, s in enumerate(scores)})
     acts["logits"] = np.asarray(logits, np.float64)
     return acts
+
+
+def hf_position_ids(mask):
+    """The position ids HF's ``generate`` gives a padded batch (``attention_mask`` [batch, pos], 1 real,
+    0 pad): each row's real tokens before it, a pad's 0 (transformers 5's
+    ``GenerationMixin._prepare_position_ids_for_generation``: cumsum − 1, masked_fill)."""
+    import torch
+
+    mask = torch.as_tensor(np.asarray(mask), dtype=torch.long)
+    return (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)  # [batch, pos]
+
+
+def hf_decode_acts(hf, prompt, continuation, attention_mask=None, plant=None) -> dict[str, np.ndarray]:
+    """HF's own decode loop, as its users write it, forced along ``continuation`` [batch, steps] (a
+    decode golden's chosen tokens): the prompt [batch, P] in one pass, then one token a step, each pass
+    given the DynamicCache (``cache``, HF 5's name for ``past_key_values``), the attention mask grown
+    by one real position a step and the position ids as ``generate`` computes them; every step dumped
+    by ``hf_port_acts`` under refgpt/oracle/decode.py's names: ``step.S.<hook point>``, what the step
+    fed (``step.S.tokens``, ``step.S.position_ids``) and its KV cache after the step,
+    ``step.S.blocks.L.attn.cache_k``/``cache_v`` [batch, keys, head, d_head] (HF holds [batch, head,
+    keys, d_head]). ``plant(S, call)``, if given, may change step S's arguments before it runs (its
+    ``cache``, ``attention_mask``, ``position_ids``): a bug in the loop."""
+    import torch
+    from transformers import DynamicCache
+
+    import peers
+
+    prompt, continuation = np.asarray(prompt), np.asarray(continuation)
+    batch, P = prompt.shape
+    mask = torch.ones((batch, P), dtype=torch.long) if attention_mask is None else torch.as_tensor(
+        np.asarray(attention_mask), dtype=torch.long)  # [batch, P]
+    positions = hf_position_ids(mask)  # [batch, P]
+    cache, feed, out = DynamicCache(config=hf.config), prompt, {}
+    for S in range(continuation.shape[1]):
+        call = {"cache": cache, "attention_mask": mask, "position_ids": positions, "use_cache": True}
+        if plant is not None:
+            plant(S, call)
+        acts = hf_port_acts(hf, feed, **call)
+        del acts["ln_final.in"]  # ln_final's input is the last block's resid_post, dumped as such
+        acts["tokens"], acts["position_ids"] = feed, peers._np(call["position_ids"])
+        for L, layer in enumerate(cache.layers):
+            acts[f"blocks.{L}.attn.cache_k"] = peers._np(layer.keys.transpose(1, 2)).astype(np.float64)
+            acts[f"blocks.{L}.attn.cache_v"] = peers._np(layer.values.transpose(1, 2)).astype(np.float64)
+        out.update({f"step.{S}.{name}": np.ascontiguousarray(a) for name, a in acts.items()})  # as a file holds them
+        mask = torch.cat([mask, torch.ones((batch, 1), dtype=torch.long)], -1)  # [batch, keys + 1]
+        positions = positions[:, -1:] + 1  # [batch, 1]
+        feed = continuation[:, S:S + 1]  # [batch, 1]
+    return out

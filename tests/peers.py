@@ -506,8 +506,9 @@ def _batched_tensor(tokens):
     return t
 
 
-def hf_forward(model, tokens, internals: bool = False):
-    """Run HF with ``output_hidden_states=True``.
+def hf_forward(model, tokens, internals: bool = False, **call):
+    """Run HF with ``output_hidden_states=True`` (and ``call``: more of the model's arguments, e.g. a
+    decode step's ``cache``, ``attention_mask``, ``position_ids`` and ``use_cache=True``).
 
     Returns ``(logits, hidden_states)`` as numpy in the model's dtype, always batched:
     ``hidden_states[i]`` for i < n_layer is block i's resid_pre, ``hidden_states[-1]``
@@ -592,10 +593,8 @@ def hf_forward(model, tokens, internals: bool = False):
     try:
         with torch.no_grad():
             out = model(
-                input_ids=t,
-                output_hidden_states=True,
-                output_attentions=internals,
-                use_cache=False,
+                **{"input_ids": t, "output_hidden_states": True, "output_attentions": internals, "use_cache": False,
+                   **call}
             )
     finally:
         for h in handles:

@@ -492,10 +492,16 @@ def _attention(walk, cfg, row, acts, a, L, hs, prec, sums, missing):
 
 def _outputs(walk, row, acts, prec, vocab):
     """log_probs, probs and the loss from the port's logits (and the loss from its log_probs or probs),
-    by the probabilistic kind ``vocab``: a vocabulary's sum is where the worst case is blind."""
+    by the probabilistic kind ``vocab``: a vocabulary's sum is where the worst case is blind. A block
+    of positions at a time: a row's [pos, d_vocab] is 412 MB in float64 at T = 1024, and the bounds'
+    temporaries are a dozen of it."""
     r = row.r
-    logits = acts.get("logits")
+    logits = acts.stored("logits") if "logits" in acts else None  # [pos, d_vocab] as stored
     everything = None if logits is None else np.ones(logits.shape[-1], bool)  # [vocab]: every logit is read
+    real = walk.real  # [pos] or None: the judged positions
+    blocks = [] if logits is None else [
+        slice(s, s + max(1, BLOCK_BYTES // (8 * logits.shape[-1]))) for s in
+        range(0, logits.shape[0], max(1, BLOCK_BYTES // (8 * logits.shape[-1])))]
     for name, op, of in (("log_probs", "log_softmax", rl.log_softmax),
                          ("probs", "softmax", lambda x, pr, k: rl.softmax(x, pr, k, everything))):
         if name not in acts:
@@ -503,8 +509,11 @@ def _outputs(walk, row, acts, prec, vocab):
         if logits is None:
             walk.skip(op, name, None, "logits not dumped")
             continue
-        ref, bound = of(logits, prec, vocab)
-        walk.judge(op, name, None, r, acts[name], ref, bound, vocab)
+        port = acts.stored(name)  # [pos, d_vocab] as stored: cast up a block at a time
+        for s in blocks:
+            ref, bound = of(np.asarray(logits[s], np.float64), prec, vocab)  # [block, d_vocab]
+            walk.judge(op, name, None, r, port[s], ref, bound, vocab, at=None if real is None else real[s, None],
+                       offset=(s.start, 0))
     if "loss" not in acts or row.targets is None:
         return
     loss = acts["loss"]  # [n]
@@ -514,15 +523,17 @@ def _outputs(walk, row, acts, prec, vocab):
     ref, bound = np.zeros(len(loss)), np.zeros(len(loss))
     if "log_probs" in acts:  # −log_probs[t]: a negated copy
         op, k = "loss", None
-        ref[:n] = -acts["log_probs"][i, t]
+        ref[:n] = -np.asarray(acts.stored("log_probs")[i, t], np.float64)
         bound = rl.copy(ref, prec)
     elif "probs" in acts:
         op, k = "loss", None
-        ref[:n], bound[:n] = rl.neg_log(acts["probs"][i, t], prec)
+        ref[:n], bound[:n] = rl.neg_log(np.asarray(acts.stored("probs")[i, t], np.float64), prec)
     elif logits is not None:
         op, k = "log_softmax → loss", vocab
-        y, b = rl.log_softmax(logits[:n], prec, vocab)
-        ref[:n], bound[:n] = -y[i, t], b[i, t]
+        for s in blocks:
+            q = np.arange(s.start, min(s.stop, n))  # [block] this block's positions with a target
+            y, b = rl.log_softmax(np.asarray(logits[q], np.float64), prec, vocab)  # [block, d_vocab]
+            ref[q], bound[q] = -y[q - s.start, t[q]], b[q - s.start, t[q]]
     else:
         walk.skip("loss", "loss", None, "logits not dumped")
         return

@@ -70,3 +70,32 @@ def test_the_golden_error_model_makes_one_pass_probabilities_at_a_time():
     direct = golden.ErrorModel()
     direct.add("probs", np.exp(log_probs[0]), *(np.exp(a.astype(np.float32).astype(np.float64)) for a in log_probs[1:]))
     assert (errors.c, errors.rms, errors.freedom) == (direct.c, direct.rms, direct.freedom)  # the same numbers
+
+
+@pytest.mark.slow  # seconds: tracemalloc slows every allocation
+def test_the_output_ops_go_a_block_of_positions_at_a_time(monkeypatch):
+    """log_softmax, softmax and the loss read a row's [pos, d_vocab] a block of positions at a time: at
+    GPT-2 small's shape and T = 1024 a row of it is 412 MB in float64, and the bounds' temporaries
+    held whole peaked at 3.7 GB (bench_local.py, T = 1024: 3.9 GB RssAnon above the weights).
+    Measured here with blocks of 1/16 of a row: the peak was 11.1 rows' float64 logits held whole,
+    0.8 streamed."""
+    monkeypatch.setattr(local, "BLOCK_BYTES", 128 * 2000 * 8 // 16)
+    cfg = Config(d_model=16, n_layers=1, n_heads=2, d_mlp=32, d_vocab=2000, n_ctx=128)
+    params = random_params(cfg, seed=1, scale=0.3)
+    tokens = np.random.default_rng(0).integers(0, cfg.d_vocab, (1, 128))
+    acts = port_forward(params, cfg, tokens, "float32")  # [batch, pos, …] float32 each
+    targets = np.random.default_rng(1).integers(0, cfg.d_vocab, (1, 128))  # [batch, pos]
+    shifted = acts["logits"] - acts["logits"].max(-1, keepdims=True)  # [batch, pos, d_vocab] float32
+    acts["log_probs"] = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+    acts["probs"] = np.exp(acts["log_probs"])
+    acts["loss"] = -np.take_along_axis(acts["log_probs"], targets[..., None], -1)[..., 0]  # [batch, pos]
+    row = 128 * 2000 * 8  # one row's logits in float64
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        report = local.judge(params, cfg, tokens, acts, "float32", targets=targets)
+        peak = tracemalloc.get_traced_memory()[1] - before
+    finally:
+        tracemalloc.stop()
+    assert report.first is None and {"log_probs", "probs"} <= {v.name for v in report.ops if v.skipped is None}
+    assert peak < 1.5 * row, peak / row
