@@ -3,9 +3,12 @@ verdicts' walk.
 
     python benchmarks/golden_memory.py --layers 2 --T 1024 --dir /tmp/golden-memory
     python benchmarks/golden_memory.py --local --layers 2 --T 1024
+    python benchmarks/golden_memory.py --local --backward --layers 2 --T 1024
 
 ``--local``: local.judge on refgpt's own float32 pass of a random GPT-2-small-shaped model (the
 activations in memory, the float64 weights held before), under tracemalloc: its peak above them.
+``--backward``: with refgpt's own float32 backward dumped too (every activation's and parameter's
+gradient, refgpt.oracle.gradients.compute_gradients), so the backward's verdicts are walked.
 
 A GPT-2-medium-shaped random float32 checkpoint (bench_scale.make_checkpoint) with ``--layers``
 blocks, loaded as float64 as ``refgpt golden --model`` loads it; then golden.write_streamed under
@@ -42,9 +45,10 @@ def main():
     parser.add_argument("--T", type=int, default=1024)
     parser.add_argument("--dir", default="/tmp/golden-memory")
     parser.add_argument("--local", action="store_true", help="measure local.judge's walk instead")
+    parser.add_argument("--backward", action="store_true", help="--local with the port's gradients judged too")
     a = parser.parse_args()
     if a.local:
-        return local_walk(a.layers, a.T)
+        return local_walk(a.layers, a.T, a.backward)
     out = Path(a.dir)
     model = refgpt.load(make_checkpoint(out / "model", dict(SHAPES["medium"], n_layer=a.layers)), dtype="float64",
                         tokenizer=False)
@@ -66,9 +70,10 @@ def main():
     (out / "golden.safetensors").unlink()
 
 
-def local_walk(layers, T):
+def local_walk(layers, T, backward=False):
     from refgpt import Config, Model
     from refgpt.oracle import local
+    from refgpt.oracle.gradients import compute_gradients
 
     sys.path.insert(0, str(HERE.parent / "tests"))
     from random_models import random_params
@@ -76,14 +81,18 @@ def local_walk(layers, T):
     cfg = Config(d_model=768, n_layers=layers, n_heads=12, d_mlp=3072, d_vocab=VOCAB, n_ctx=1024)
     params = random_params(cfg, seed=1, scale=0.3)
     tokens = np.random.default_rng(0).integers(0, VOCAB, (1, T))
-    logits, cache = Model(cfg, params, dtype="float32").run_with_cache(tokens)  # [1, T, d_vocab]
-    acts = {**cache.cache_dict, "logits": logits}
+    model = Model(cfg, params, dtype="float32")
+    logits, cache = model.run_with_cache(tokens)  # [1, T, d_vocab]
+    acts = {**cache.cache_dict, "logits": logits, **(compute_gradients(model, tokens) if backward else {})}
+    del model, cache
     tracemalloc.start()
     t = time.process_time()
     report = local.judge(params, cfg, tokens, acts, "float32")
     peak = tracemalloc.get_traced_memory()[1] / 2**20
-    print(f"local.judge: {time.process_time() - t:.0f} s of CPU, peak {peak:.0f} MiB above the weights and the "
-          f"activations; flagged: {[v.name for v in report.flagged]}")
+    judged = sum(v.skipped is None for v in report.ops)
+    print(f"local.judge{' with gradients' if backward else ''}: {time.process_time() - t:.0f} s of CPU, peak "
+          f"{peak:.0f} MiB above the weights and the activations; {judged} ops judged, flagged: "
+          f"{[v.name for v in report.flagged]}")
 
 
 if __name__ == "__main__":

@@ -238,10 +238,11 @@ def judge(params, cfg, tokens, acts, precision="float32", kind="worst", golden=N
     ``layer_norm``: "two-pass" (L7: the statistics and x̂ judged, as TransformerLens and llm.c compute
     them) or "any" (L16: each LayerNorm judged from its input to its dumped output, for a port whose
     mean and variance come from another algorithm — torch's nn.LayerNorm, HF's, by Welford's
-    updates — within L16's stated errors). Every row is judged on its own. The forward is streamed
+    updates — within L16's stated errors). Every row is judged on its own. The walk is streamed
     (``_Held``): a tensor is read (a row of it, cast up) when an op first needs it and let go when the
     walk leaves its block, then ``release(name)`` (if given) drops its file pages; the weights are
-    rounded a block's at a time. With gradients the rows are held whole: the backward reads them again."""
+    rounded a block's at a time. The backward is streamed the same way, block by block from the last
+    (``_backward``): it reads a block's activations again when it gets there."""
     prec, sums = _check(precision, kind, p_fail, layer_norm)
     p = _Held(params, lambda w: rl.round_to(w, prec.store))  # the port's weights, a layer's at a time
     tokens = np.asarray(tokens)
@@ -254,11 +255,8 @@ def judge(params, cfg, tokens, acts, precision="float32", kind="worst", golden=N
     walk = _Walk(prec, golden, rl.Kind("probabilistic", p_fail), layer_norm)
     per_row = {name: a for name, a in acts.items() if np.ndim(a) >= 2 and not _is_parameter_gradient(name)}
     backward = any(is_gradient(name) for name in acts)
-    rows = []  # [batch, …]: not a mean loss, nor a parameter's gradient
-    for r in range(batch):  # streamed (_Held), held whole for the backward, which reads the row again
-        row = _Held(per_row, lambda a, r=r: np.asarray(a[r], np.float64), None if backward else release, r,
-                    streaming=not backward)
-        rows.append(row)
+    for r in range(batch):  # streamed (_Held): a block's tensors of a row at a time
+        row = _Held(per_row, lambda a, r=r: np.asarray(a[r], np.float64), release, r)
         walk.real = None if attention_mask is None else mask[r]
         _forward_row(walk, p, cfg, _Row(r, tokens[r], positions[r], mask[r], mask[r], targets=targets[r]), row,
                      prec, sums)
@@ -266,11 +264,11 @@ def judge(params, cfg, tokens, acts, precision="float32", kind="worst", golden=N
     if backward:  # the backward, from the mean loss over the targets
         if attention_mask is not None:
             raise RefGPTError("local verdicts: the backward of a padded batch is not judged (nor made by a golden)")
-        full = full_targets(tokens, targets)  # [batch, pos], −100 where a position has none
         walk.real = None
-        for r, row in enumerate(rows):
-            _backward_row(walk, p, cfg, row, r, prec, sums, full[r], int((full >= 0).sum()))
-        _weight_gradients(walk, p, cfg, tokens, acts, prec, sums)
+        _backward(walk, p, cfg, tokens, acts, per_row, release, prec, sums, full_targets(tokens, targets))
+        order = _parameter_order(cfg)  # the parameters' gradients listed last, in one order
+        return LocalReport(str(prec), sorted(walk.verdicts.values(), key=lambda v: (v.name in order,
+                                                                                     order.get(v.name, 0))))
     return LocalReport(str(prec), list(walk.verdicts.values()))
 
 
@@ -355,9 +353,8 @@ class _Held(Mapping):
     tensors and the stream handed on, not the model's every activation (at GPT-2 small's shape
     and T = 1024 those are 3.9 GB in float64, a block's 0.3 GB)."""
 
-    def __init__(self, tensors, read, release=None, row=None, streaming=True):
+    def __init__(self, tensors, read, release=None, row=None):
         self.tensors, self.read, self.release, self.row, self.held = tensors, read, release, row, {}
-        self.streaming = streaming  # False: ``keep`` lets nothing go (the backward reads the row again)
         self.touched = set()  # read as stored (``stored``), not held
 
     def __getitem__(self, name):
@@ -384,8 +381,6 @@ class _Held(Mapping):
 
     def keep(self, *names):
         """Let go of every tensor read but ``names``, and of their pages."""
-        if not self.streaming:
-            return
         for name in [n for n in {*self.held, *self.touched} if n not in names]:
             self.held.pop(name, None)
             self.touched.discard(name)
@@ -614,50 +609,110 @@ def _is_parameter_gradient(name):
     return is_gradient(name) and not leaf.startswith("hook_") and leaf not in _ACTIVATION_LEAVES
 
 
-def _judged(walk, op, name, L, r, acts, needs, compute, kind=None):
+def _judged(walk, op, name, L, r, acts, needs, compute, kind=None, heads=None):
     """Judge ``name`` by ``compute()`` → (reference, bound) when it and ``needs`` were dumped, else
-    skip it naming what was not. True if judged."""
+    skip it naming what was not. True if judged (``compute`` None: if it can be, by the caller).
+    ``heads`` (a slice of heads, their axis): the block of ``name`` at those heads, read as stored."""
     lacking = [n for n in (name, *needs) if n not in acts]
     if lacking:
         walk.skip(op, name, L, f"{', '.join(lacking)} not dumped")
         return False
+    if compute is None:
+        return True
     ref, bound = compute()
-    walk.judge(op, name, L, r, acts[name], ref, bound, kind)
+    port, offset = acts[name], ()
+    if heads is not None:
+        hs, axis = heads
+        port = np.asarray(acts.stored(name)[(slice(None),) * axis + (hs,)], np.float64)
+        offset = (0,) * axis + (hs.start,)
+    walk.judge(op, name, L, r, port, ref, bound, kind, offset=offset)
     return True
 
 
-def _backward_row(walk, p, cfg, acts, r, prec, sums, targets, count):
-    """One row's activation gradients, in the order the backward computes them."""
-    G = GRAD
-    _judged(walk, "loss backward", G + "logits", None, r, acts, ["logits"],
-            lambda: rl.cross_entropy_backward(acts["logits"], targets, count, prec, sums), sums)
-    unembed = ("unembed backward", [G + "logits"],
-               lambda: rl.affine(acts[G + "logits"], p["unembed.W_U"], 0.0, "pv,dv->pd", prec, sums))
-    _judged(walk, unembed[0], G + "ln_final.out", None, r, acts, unembed[1], unembed[2], sums)
+def _backward(walk, p, cfg, tokens, acts, per_row, release, prec, sums, targets):
+    """The backward, streamed in the order it computes: the loss and the unembedding, then each block
+    from the last to the first, then the embeddings. Each row reads a block's saved activations and
+    gradients (``_Held``) when the walk reaches that block and lets them go, with their pages, when it
+    leaves (keeping the gradient handed on: ∂resid_pre); each block's parameters' gradients (sums
+    over the rows and positions) are judged when the walk leaves it; the vocabulary's (W_U, b_U, W_E,
+    tied_W_E) a block of the vocabulary at a time, last. ``targets`` [batch, pos] (−100: none)."""
+    G, count = GRAD, int((targets >= 0).sum())
+    rows = [_Held(per_row, lambda a, r=r: np.asarray(a[r], np.float64), release, r) for r in range(len(tokens))]
+    whole = _Held(acts, lambda a: np.asarray(a, np.float64), release)  # [batch, …]: the parameters' gradients'
     last = f"blocks.{cfg.n_layers - 1}."
-    _ln_backward(walk, acts, "ln_final.", last + "hook_resid_post", None, unembed, p, None, r, prec, sums)
+    for r, row in enumerate(rows):
+        _backward_top(walk, p, cfg, row, r, prec, sums, targets[r], count)
+        row.keep(G + last + "hook_resid_post")
+    p.keep()
+    _ln_weight_gradients(walk, whole, p, "ln_final.", None, last + "hook_resid_post", np.ones(tokens.shape), prec,
+                         sums)
+    whole.keep()
     for L in reversed(range(cfg.n_layers)):
-        b, a, m = f"blocks.{L}.", f"blocks.{L}.attn.", f"blocks.{L}.mlp."
-        if L < cfg.n_layers - 1:
-            _copy(walk, G + b + "hook_resid_post", G + f"blocks.{L + 1}.hook_resid_pre", L, r, acts, prec)
-        _copy(walk, G + b + "hook_mlp_out", G + b + "hook_resid_post", L, r, acts, prec)
-        _judged(walk, "W_out backward", G + m + "hook_post", L, r, acts, [G + b + "hook_mlp_out"],
-                lambda: rl.affine(acts[G + b + "hook_mlp_out"], p[m + "W_out"], 0.0, "pd,md->pm", prec, sums), sums)
-        _judged(walk, f"{cfg.act_fn} backward", G + m + "hook_pre", L, r, acts, [m + "hook_pre", G + m + "hook_post"],
-                lambda: rl.activation_backward(cfg.act_fn, acts[m + "hook_pre"], acts[G + m + "hook_post"], prec))
-        w_in = ("W_in backward", [G + m + "hook_pre"],
-                lambda: rl.affine(acts[G + m + "hook_pre"], p[m + "W_in"], 0.0, "pm,dm->pd", prec, sums))
-        _judged(walk, w_in[0], G + b + "ln2.out", L, r, acts, w_in[1], w_in[2], sums)
-        _ln_backward(walk, acts, b + "ln2.", b + "hook_resid_mid", G + b + "hook_resid_post", w_in, p, L, r, prec, sums)
-        _copy(walk, G + b + "hook_attn_out", G + b + "hook_resid_mid", L, r, acts, prec)
-        _judged(walk, "W_O backward", G + a + "hook_z", L, r, acts, [G + b + "hook_attn_out"],
-                lambda: rl.affine(acts[G + b + "hook_attn_out"], p[a + "W_O"], 0.0, "pd,hed->phe", prec, sums), sums)
-        _attention_backward(walk, acts, a, L, r, cfg.score_scale(L), prec, sums)
-        qkv = ("q, k, v backward", [G + a + f"hook_{n}" for n in "qkv"], lambda: _qkv_backward(acts, p, a, prec, sums))
-        _judged(walk, qkv[0], G + b + "ln1.out", L, r, acts, qkv[1], qkv[2], sums)
-        _ln_backward(walk, acts, b + "ln1.", b + "hook_resid_pre", G + b + "hook_resid_mid", qkv, p, L, r, prec, sums)
-    for name in ("hook_embed", "hook_pos_embed"):
-        _copy(walk, G + name, G + "blocks.0.hook_resid_pre", None, r, acts, prec, "embed backward")
+        for r, row in enumerate(rows):
+            _backward_block(walk, p, cfg, row, L, r, prec, sums)
+            row.keep(G + f"blocks.{L}.hook_resid_pre")
+        _block_weight_gradients(walk, whole, p, L, np.ones(tokens.shape), prec, sums)
+        whole.keep()
+        p.keep()
+    for r, row in enumerate(rows):
+        for name in ("hook_embed", "hook_pos_embed"):
+            _copy(walk, G + name, G + "blocks.0.hook_resid_pre", None, r, row, prec, "embed backward")
+        row.keep()
+    _vocabulary_gradients(walk, whole, p, cfg, tokens, prec, sums)
+    whole.keep()
+
+
+def _position_blocks(n_positions, width):
+    """Slices of at most BLOCK_BYTES of float64 [position, width] rows."""
+    step = max(1, BLOCK_BYTES // (8 * width))
+    return [slice(i, min(i + step, n_positions)) for i in range(0, n_positions, step)]
+
+
+def _backward_top(walk, p, cfg, acts, r, prec, sums, targets, count):
+    """The loss's backward (L14) and the unembedding's (L3), a block of positions at a time (a row's
+    [pos, d_vocab] is 412 MB in float64 at T = 1024), then ln_final's backward."""
+    G = GRAD
+    if _judged(walk, "loss backward", G + "logits", None, r, acts, ["logits"], None):
+        for at in _position_blocks(acts.stored("logits").shape[0], acts.stored("logits").shape[-1]):
+            ref, bound = rl.cross_entropy_backward(np.asarray(acts.stored("logits")[at], np.float64), targets[at],
+                                                   count, prec, sums)
+            walk.judge("loss backward", G + "logits", None, r, np.asarray(acts.stored(G + "logits")[at], np.float64),
+                       ref, bound, sums, offset=(at.start, 0))
+
+    def unembed():  # ∂ln_final.out = ∂logits·W_Uᵀ: [pos, d_model], from a block of positions at a time
+        logits = acts.stored(G + "logits")  # [pos, d_vocab] as stored
+        parts = [rl.affine(np.asarray(logits[at], np.float64), p["unembed.W_U"], 0.0, "pv,dv->pd", prec, sums)
+                 for at in _position_blocks(logits.shape[0], logits.shape[-1])]
+        return tuple(np.concatenate(part) for part in zip(*parts))
+
+    reader = ("unembed backward", [G + "logits"], unembed)
+    _judged(walk, reader[0], G + "ln_final.out", None, r, acts, reader[1], reader[2], sums)
+    last = f"blocks.{cfg.n_layers - 1}."
+    _ln_backward(walk, acts, "ln_final.", last + "hook_resid_post", None, reader, p, None, r, prec, sums)
+
+
+def _backward_block(walk, p, cfg, acts, L, r, prec, sums):
+    """Block L's activation gradients for row ``r``, in the order the backward computes them."""
+    G = GRAD
+    b, a, m = f"blocks.{L}.", f"blocks.{L}.attn.", f"blocks.{L}.mlp."
+    if L < cfg.n_layers - 1:
+        _copy(walk, G + b + "hook_resid_post", G + f"blocks.{L + 1}.hook_resid_pre", L, r, acts, prec)
+    _copy(walk, G + b + "hook_mlp_out", G + b + "hook_resid_post", L, r, acts, prec)
+    _judged(walk, "W_out backward", G + m + "hook_post", L, r, acts, [G + b + "hook_mlp_out"],
+            lambda: rl.affine(acts[G + b + "hook_mlp_out"], p[m + "W_out"], 0.0, "pd,md->pm", prec, sums), sums)
+    _judged(walk, f"{cfg.act_fn} backward", G + m + "hook_pre", L, r, acts, [m + "hook_pre", G + m + "hook_post"],
+            lambda: rl.activation_backward(cfg.act_fn, acts[m + "hook_pre"], acts[G + m + "hook_post"], prec))
+    w_in = ("W_in backward", [G + m + "hook_pre"],
+            lambda: rl.affine(acts[G + m + "hook_pre"], p[m + "W_in"], 0.0, "pm,dm->pd", prec, sums))
+    _judged(walk, w_in[0], G + b + "ln2.out", L, r, acts, w_in[1], w_in[2], sums)
+    _ln_backward(walk, acts, b + "ln2.", b + "hook_resid_mid", G + b + "hook_resid_post", w_in, p, L, r, prec, sums)
+    _copy(walk, G + b + "hook_attn_out", G + b + "hook_resid_mid", L, r, acts, prec)
+    _judged(walk, "W_O backward", G + a + "hook_z", L, r, acts, [G + b + "hook_attn_out"],
+            lambda: rl.affine(acts[G + b + "hook_attn_out"], p[a + "W_O"], 0.0, "pd,hed->phe", prec, sums), sums)
+    _attention_backward(walk, acts, a, L, r, cfg, prec, sums)
+    qkv = ("q, k, v backward", [G + a + f"hook_{n}" for n in "qkv"], lambda: _qkv_backward(acts, p, a, prec, sums))
+    _judged(walk, qkv[0], G + b + "ln1.out", L, r, acts, qkv[1], qkv[2], sums)
+    _ln_backward(walk, acts, b + "ln1.", b + "hook_resid_pre", G + b + "hook_resid_mid", qkv, p, L, r, prec, sums)
 
 
 def _copy(walk, name, source, L, r, acts, prec, op="residual backward"):
@@ -665,27 +720,37 @@ def _copy(walk, name, source, L, r, acts, prec, op="residual backward"):
     _judged(walk, op, name, L, r, acts, [source], lambda: (acts[source], rl.copy(acts[source], prec)))
 
 
-def _attention_backward(walk, acts, a, L, r, scale, prec, sums):
-    """∂z → ∂pattern and ∂v (L3), the softmax's backward (L13), ∂scores → ∂q and ∂k (L3 with the scale)."""
-    G = GRAD
+def _attention_backward(walk, acts, a, L, r, cfg, prec, sums):
+    """∂z → ∂pattern and ∂v (L3), the softmax's backward (L13), ∂scores → ∂q and ∂k (L3 with the scale):
+    a block of heads at a time, as the forward's attention, its [head, query, key] tensors read as
+    stored and cast up a block at a time."""
+    G, scale = GRAD, cfg.score_scale(L)
     pos = next((acts[n].shape[0] for n in (a + "hook_q", a + "hook_v") if n in acts), 0)
     future = np.triu(np.ones((pos, pos), dtype=bool), k=1)  # [query, key]: never read, never judged
+    step = max(1, BLOCK_BYTES // (8 * max(pos, 1) ** 2))  # heads per block
+    for hs in (slice(h, min(h + step, cfg.n_heads)) for h in range(0, cfg.n_heads, step)):
+        block = lambda name, hs=hs: np.asarray(acts.stored(name)[hs], np.float64)  # noqa: E731 [heads, query, key]
+        part = lambda name, hs=hs: acts[name][:, hs]  # noqa: E731 [pos, heads, d_head]
 
-    def pattern_grad():
-        ref, bound = rl.affine(acts[G + a + "hook_z"], acts[a + "hook_v"], 0.0, "qhe,khe->hqk", prec, sums)
-        return np.where(future, acts[G + a + "hook_pattern"], ref), np.where(future, 0.0, bound)
+        def pattern_grad(hs=hs):
+            ref, bound = rl.affine(part(G + a + "hook_z"), part(a + "hook_v"), 0.0, "qhe,khe->hqk", prec, sums)
+            return np.where(future, block(G + a + "hook_pattern"), ref), np.where(future, 0.0, bound)
 
-    _judged(walk, "z backward → pattern", G + a + "hook_pattern", L, r, acts, [G + a + "hook_z", a + "hook_v"],
-            pattern_grad, sums)
-    _judged(walk, "z backward → v", G + a + "hook_v", L, r, acts, [G + a + "hook_z", a + "hook_pattern"],
-            lambda: rl.affine(acts[a + "hook_pattern"], acts[G + a + "hook_z"], 0.0, "hqk,qhe->khe", prec, sums), sums)
-    _judged(walk, "softmax backward", G + a + "hook_attn_scores", L, r, acts, [G + a + "hook_pattern", a + "hook_pattern"],
-            lambda: rl.softmax_backward(acts[a + "hook_pattern"], np.where(future, 0.0, acts[G + a + "hook_pattern"]),
-                                        prec, sums), sums)
-    for n, spec, other in (("q", "hqk,khe->qhe", "hook_k"), ("k", "hqk,qhe->khe", "hook_q")):
-        _judged(walk, f"scores backward → {n}", G + a + f"hook_{n}", L, r, acts, [G + a + "hook_attn_scores", a + other],
-                lambda spec=spec, other=other: rl.affine(acts[G + a + "hook_attn_scores"], acts[a + other], 0.0, spec,
-                                                         prec, sums, scale=scale), sums)
+        _judged(walk, "z backward → pattern", G + a + "hook_pattern", L, r, acts, [G + a + "hook_z", a + "hook_v"],
+                pattern_grad, sums, (hs, 0))
+        _judged(walk, "z backward → v", G + a + "hook_v", L, r, acts, [G + a + "hook_z", a + "hook_pattern"],
+                lambda: rl.affine(block(a + "hook_pattern"), part(G + a + "hook_z"), 0.0, "hqk,qhe->khe", prec, sums),
+                sums, (hs, 1))
+        _judged(walk, "softmax backward", G + a + "hook_attn_scores", L, r, acts,
+                [G + a + "hook_pattern", a + "hook_pattern"],
+                lambda: rl.softmax_backward(block(a + "hook_pattern"),
+                                            np.where(future, 0.0, block(G + a + "hook_pattern")), prec, sums),
+                sums, (hs, 0))
+        for n, spec, other in (("q", "hqk,khe->qhe", "hook_k"), ("k", "hqk,qhe->khe", "hook_q")):
+            _judged(walk, f"scores backward → {n}", G + a + f"hook_{n}", L, r, acts,
+                    [G + a + "hook_attn_scores", a + other],
+                    lambda spec=spec, other=other: rl.affine(block(G + a + "hook_attn_scores"), part(a + other), 0.0,
+                                                             spec, prec, sums, scale=scale), sums, (hs, 1))
 
 
 def _qkv_backward(acts, p, a, prec, sums):
@@ -743,75 +808,117 @@ def _normalized(acts, prefix, x_name, prec):
     return None, None
 
 
-def _weight_gradients(walk, p, cfg, tokens, acts, prec, sums):
-    """Each parameter's gradient, a sum over the batch's rows and positions (L3 with k = batch·pos),
-    from the port's own gradients and forward values; ∂W_E a scatter-add over the tokens (L15)."""
+def _parameter_order(cfg):
+    """The parameters' gradients as the report lists them, after every activation's: the
+    unembedding's, the LayerNorms', each block's weights, the embeddings'."""
+    names = ["unembed.W_U", "unembed.b_U", "ln_final.w", "ln_final.b"]
+    names += [f"blocks.{L}.{ln}{x}" for L in range(cfg.n_layers) for ln in ("ln1.", "ln2.") for x in "wb"]
+    names += [f"blocks.{L}.{n}" for L in range(cfg.n_layers) for n in (
+        "mlp.W_out", "mlp.b_out", "mlp.W_in", "mlp.b_in", "attn.W_O", "attn.b_O", "attn.W_Q", "attn.b_Q", "attn.W_K",
+        "attn.b_K", "attn.W_V", "attn.b_V")]
+    return {GRAD + n: i for i, n in enumerate(names + ["embed.W_E", "pos_embed.W_pos", "tied_W_E"])}
+
+
+def _weight(walk, acts, name, L, x, dx, g_name, spec, x_name, prec, sums, needed=False, cols=slice(None)):
+    """Judge ∂``name`` (a sum over the batch's rows and positions: L3 with k = batch·pos) if dumped,
+    at the output's last-axis block ``cols`` (the gradient's too); (reference, bound) if judged or
+    ``needed`` (tied_W_E's part)."""
+    G = GRAD
+    lacking = [n for n in ([] if needed else [G + name]) + [g_name] if n not in acts] + (
+        [] if x is not None else [x_name])
+    if lacking:
+        walk.skip("weight backward", G + name, L, f"{', '.join(lacking)} not dumped")
+        return None
+    g = acts[g_name] if cols == slice(None) else np.asarray(acts.stored(g_name)[..., cols], np.float64)
+    ref, bound = rl.affine(x, g, 0.0, spec, prec, sums, dx, stored=True)
+    if G + name in acts:
+        port = acts[G + name] if cols == slice(None) else np.asarray(acts.stored(G + name)[..., cols], np.float64)
+        walk.judge("weight backward", G + name, L, None, port, ref, bound, sums,
+                   offset=(0,) * (port.ndim - 1) + (cols.start or 0,))
+    return ref, bound
+
+
+def _ln_out(acts, p, prefix, prec):
+    """The forward's LayerNorm output as the port handed it on, with its bound if rebuilt from x̂."""
+    if prefix + "out" in acts:
+        return acts[prefix + "out"], None
+    if prefix + "hook_normalized" in acts:
+        return rl.layer_norm_out(acts[prefix + "hook_normalized"], p[prefix + "w"], p[prefix + "b"], prec)
+    return None, None
+
+
+def _ln_weight_gradients(walk, acts, p, prefix, L, x_name, ones, prec, sums):
+    """∂w and ∂b of LayerNorm ``prefix`` from the port's ∂out and x̂ (or x, μ and σ); ``ones`` [batch, pos]."""
+    normalized, d_normalized = _normalized(acts, prefix, x_name, prec)
+    g_name = GRAD + prefix + "out"
+    _weight(walk, acts, prefix + "w", L, normalized, d_normalized, g_name, "bpd,bpd->d", prefix + "hook_normalized",
+            prec, sums)
+    _weight(walk, acts, prefix + "b", L, ones, None, g_name, "bp,bpd->d", "", prec, sums)
+
+
+def _block_weight_gradients(walk, acts, p, L, ones, prec, sums):
+    """Block L's parameters' gradients, from the port's own gradients and forward values (``acts``
+    [batch, …] each, read when needed and let go when the walk leaves the block); ``ones`` [batch, pos]."""
+    G, b, a, m = GRAD, f"blocks.{L}.", f"blocks.{L}.attn.", f"blocks.{L}.mlp."
+    A = lambda name: acts[name] if name in acts else None  # noqa: E731
+    for weight, bias, x, dx, g_name, spec, bias_spec, x_name in (
+            (m + "W_out", m + "b_out", A(m + "hook_post"), None, G + b + "hook_mlp_out", "bpm,bpd->md", "bp,bpd->d",
+             m + "hook_post"),
+            (m + "W_in", m + "b_in", *_ln_out(acts, p, b + "ln2.", prec), G + m + "hook_pre", "bpd,bpm->dm",
+             "bp,bpm->m", b + "ln2.out"),
+            (a + "W_O", a + "b_O", A(a + "hook_z"), None, G + b + "hook_attn_out", "bphe,bpd->hed", "bp,bpd->d",
+             a + "hook_z"),
+            *((a + f"W_{n}", a + f"b_{n}", *_ln_out(acts, p, b + "ln1.", prec), G + a + f"hook_{n.lower()}",
+               "bpd,bphe->hde", "bp,bphe->he", b + "ln1.out") for n in "QKV")):
+        _weight(walk, acts, weight, L, x, dx, g_name, spec, x_name, prec, sums)
+        _weight(walk, acts, bias, L, ones, None, g_name, bias_spec, "", prec, sums)
+    _ln_weight_gradients(walk, acts, p, b + "ln2.", L, b + "hook_resid_mid", ones, prec, sums)
+    _ln_weight_gradients(walk, acts, p, b + "ln1.", L, b + "hook_resid_pre", ones, prec, sums)
+
+
+def _vocabulary_gradients(walk, acts, p, cfg, tokens, prec, sums):
+    """∂W_U, ∂b_U (L3), ∂W_E (a scatter-add over the tokens, L15), ∂W_pos and ∂tied_W_E (the two
+    summed), a block of the vocabulary at a time: each is [d_vocab, d_model] (309 MB in float64 at
+    GPT-2's vocabulary), their references and bounds a few times that."""
     G = GRAD
     B, pos = tokens.shape
-    ones = np.ones((B, pos))
-    A = lambda name: np.asarray(acts[name], np.float64) if name in acts else None  # noqa: E731
-
-    def ln_out(prefix):  # the forward's LayerNorm output as the port handed it on, with its bound if rebuilt
-        if prefix + "out" in acts:
-            return A(prefix + "out"), None
-        if prefix + "hook_normalized" in acts:
-            return rl.layer_norm_out(A(prefix + "hook_normalized"), p[prefix + "w"], p[prefix + "b"], prec)
-        return None, None
-
-    def weight(name, L, x, dx, g_name, spec, x_name, needed=False):
-        """Judge ∂``name`` if dumped; (reference, bound) if judged or ``needed`` (tied_W_E's part)."""
-        lacking = [n for n in ([] if needed else [G + name]) + [g_name] if n not in acts] + (
-            [] if x is not None else [x_name])
-        if lacking:
-            walk.skip("weight backward", G + name, L, f"{', '.join(lacking)} not dumped")
-            return None
-        ref, bound = rl.affine(x, A(g_name), 0.0, spec, prec, sums, dx, stored=True)
-        if G + name in acts:
-            walk.judge("weight backward", G + name, L, None, A(G + name), ref, bound, sums)
-        return ref, bound
-
-    final, d_final = ln_out("ln_final.")
-    W_U = weight("unembed.W_U", None, final, d_final, G + "logits", "bpd,bpv->dv", "ln_final.out",
-                 needed=G + "tied_W_E" in acts)
-    if "unembed.b_U" in p:
-        weight("unembed.b_U", None, ones, None, G + "logits", "bp,bpv->v", "")
-    inputs = {"ln1.": "hook_resid_pre", "ln2.": "hook_resid_mid"}
-    for prefix, L, x_name in [("ln_final.", None, f"blocks.{cfg.n_layers - 1}.hook_resid_post")] + [
-            (f"blocks.{L}.{ln}", L, f"blocks.{L}.{x}") for L in range(cfg.n_layers) for ln, x in inputs.items()]:
-        g_name = G + prefix + "out"
-        normalized, d_normalized = _normalized(acts, prefix, x_name, prec)
-        weight(prefix + "w", L, normalized, d_normalized, g_name, "bpd,bpd->d", prefix + "hook_normalized")
-        weight(prefix + "b", L, ones, None, g_name, "bp,bpd->d", "")
-    for L in range(cfg.n_layers):
-        b, a, m = f"blocks.{L}.", f"blocks.{L}.attn.", f"blocks.{L}.mlp."
-        weight(m + "W_out", L, A(m + "hook_post"), None, G + b + "hook_mlp_out", "bpm,bpd->md", m + "hook_post")
-        weight(m + "b_out", L, ones, None, G + b + "hook_mlp_out", "bp,bpd->d", "")
-        h, dh = ln_out(b + "ln2.")
-        weight(m + "W_in", L, h, dh, G + m + "hook_pre", "bpd,bpm->dm", b + "ln2.out")
-        weight(m + "b_in", L, ones, None, G + m + "hook_pre", "bp,bpm->m", "")
-        weight(a + "W_O", L, A(a + "hook_z"), None, G + b + "hook_attn_out", "bphe,bpd->hed", a + "hook_z")
-        weight(a + "b_O", L, ones, None, G + b + "hook_attn_out", "bp,bpd->d", "")
-        h, dh = ln_out(b + "ln1.")
-        for n in "QKV":
-            weight(a + f"W_{n}", L, h, dh, G + a + f"hook_{n.lower()}", "bpd,bphe->hde", b + "ln1.out")
-            weight(a + f"b_{n}", L, ones, None, G + a + f"hook_{n.lower()}", "bp,bphe->he", "")
+    flat = tokens.reshape(-1)  # [batch·pos]
+    final, d_final = _ln_out(acts, p, "ln_final.", prec)
     embed = next((n for n in (G + "hook_embed", G + "blocks.0.hook_resid_pre") if n in acts), None)
-    W_E = None
-    if embed is not None:
-        W_E = rl.scatter(tokens.reshape(-1), A(embed).reshape(B * pos, -1), cfg.d_vocab, prec, sums)
+    tied = G + "tied_W_E" in acts
+    most = int(np.bincount(flat, minlength=cfg.d_vocab).max()) if flat.size else 0  # L15's largest count
+    cols = max(1, BLOCK_BYTES // (8 * cfg.d_model))
+    for c in range(0, cfg.d_vocab, cols):
+        at = slice(c, min(c + cols, cfg.d_vocab))
+        W_U = _weight(walk, acts, "unembed.W_U", None, final, d_final, G + "logits", "bpd,bpv->dv", "ln_final.out",
+                      prec, sums, needed=tied, cols=at)
+        if "unembed.b_U" in p:
+            _weight(walk, acts, "unembed.b_U", None, np.ones((B, pos)), None, G + "logits", "bp,bpv->v", "", prec,
+                    sums, cols=at)
+        if embed is None:
+            continue
+        inside = (flat >= at.start) & (flat < at.stop)  # [batch·pos] the positions holding this block's tokens
+        grad = acts[embed].reshape(B * pos, -1)[inside]  # [n, d_model]
+        # L15 at this block's tokens; a phantom token (gradient 0) holding the largest count keeps the
+        # probabilistic kind's λ (from the largest count) the whole vocabulary's
+        W_E = rl.scatter(np.concatenate([flat[inside] - at.start, np.full(most, at.stop - at.start)]),
+                         np.concatenate([grad, np.zeros((most, grad.shape[-1]))]), at.stop - at.start + 1, prec, sums)
+        W_E = tuple(e[:-1] for e in W_E)  # [block, d_model] each
         if G + "embed.W_E" in acts:
-            walk.judge("weight backward", G + "embed.W_E", None, None, A(G + "embed.W_E"), *W_E, sums)
-        if G + "pos_embed.W_pos" in acts:
-            ref, bound = rl.affine(np.ones(B), A(next((n for n in (G + "hook_pos_embed", embed) if n in acts))), 0.0,
-                                   "b,bpd->pd", prec, sums, stored=True)
-            full = np.zeros(p["pos_embed.W_pos"].shape)  # [n_ctx, d_model]: the positions not used get 0
-            full_bound = full.copy()
-            full[:pos], full_bound[:pos] = ref, bound
-            walk.judge("weight backward", G + "pos_embed.W_pos", None, None, A(G + "pos_embed.W_pos"), full, full_bound,
-                       sums)
-    if G + "tied_W_E" in acts and W_E is not None and W_U is not None:  # one matrix used twice: the two summed
-        ref, bound = rl.add(W_E[0], W_U[0].T, prec)
-        walk.judge("weight backward", G + "tied_W_E", None, None, A(G + "tied_W_E"), ref, bound + W_E[1] + W_U[1].T,
+            walk.judge("weight backward", G + "embed.W_E", None, None,
+                       np.asarray(acts.stored(G + "embed.W_E")[at], np.float64), *W_E, sums, offset=(at.start, 0))
+        if tied and W_U is not None:  # one matrix used twice: the two summed
+            ref, bound = rl.add(W_E[0], W_U[0].T, prec)
+            walk.judge("weight backward", G + "tied_W_E", None, None,
+                       np.asarray(acts.stored(G + "tied_W_E")[at], np.float64), ref, bound + W_E[1] + W_U[1].T, sums,
+                       offset=(at.start, 0))
+    if embed is not None and G + "pos_embed.W_pos" in acts:
+        ref, bound = rl.affine(np.ones(B), acts[next((n for n in (G + "hook_pos_embed", embed) if n in acts))], 0.0,
+                               "b,bpd->pd", prec, sums, stored=True)
+        full = np.zeros(p.stored("pos_embed.W_pos").shape)  # [n_ctx, d_model]: the positions not used get 0
+        full_bound = full.copy()
+        full[:pos], full_bound[:pos] = ref, bound
+        walk.judge("weight backward", G + "pos_embed.W_pos", None, None, acts[G + "pos_embed.W_pos"], full, full_bound,
                    sums)
 
 

@@ -256,10 +256,10 @@ def affine(x, W, b, spec, prec, kind=WORST, dx=None, scale=1.0, stored=False):
              + flushed(y, prec, k))  # L0: products, output
     for operand in (0, 1):  # DAZ: a subnormal operand read as 0; FTZ: an operand times the scale flushed (L0)
         a = (x, W)[operand]
-        if np.any(small := (a != 0) & (np.abs(a) * min(1.0, abs(scale)) < NORMAL[prec.store])):
-            read_as_0 = np.where(small, NORMAL[prec.store], 0.0)  # [...]
-            pair = (read_as_0, np.abs(W)) if operand == 0 else (np.abs(x), read_as_0)
-            bound = bound + max(1.0, abs(scale)) * np.einsum(spec, *pair, optimize=True)
+        if np.any((a != 0) & (np.abs(a) * min(1.0, abs(scale)) < NORMAL[prec.store])):  # the operand, or s × it
+            read_as_0 = np.where((a != 0) & (np.abs(a) * min(1.0, abs(scale)) < NORMAL[prec.store]), NORMAL[prec.store], 0.0)
+            bound = bound + max(1.0, abs(scale)) * np.einsum(  # |W| not kept past its sum (W_U's is 309 MB)
+                spec, *((read_as_0, np.abs(W)) if operand == 0 else (np.abs(x), read_as_0)), optimize=True)
     if dx is not None:  # x's own error pushed through |W|, and the port's sums and roundings of it
         spread = g * (1 + 2 * prec.u_store) + 2 * prec.u_store * (1 + prec.u_store)
         bound = bound + (1 + spread) * abs(scale) * np.einsum(spec, dx, np.abs(W), optimize=True)
