@@ -134,7 +134,8 @@ def judge_models(models, ports, exes, stats, d, progress, t0):
                 continue
             if port in exes:  # forward and backward, with llm.c's targets
                 c_cfg, c_params, c_tokens, targets = c_case
-                acts = c_port.port_acts(exes[port], c_cfg, c_params, c_tokens, targets, d, gradients=True)
+                acts = c_port.port_acts(port.split()[1], Model(c_cfg, c_params), c_tokens, targets, d, gradients=True,
+                                        losses=False)
                 report = local.judge(c_params, c_cfg, c_tokens, acts, "float32", targets=targets)
             else:
                 report = local.judge(params, cfg, tokens, port_acts(port, cfg, params, tokens), port.split()[1])

@@ -100,35 +100,36 @@ def llmc_shaped(cfg, params, seed, scale):
     return cfg, params
 
 
-def port_acts(exe, cfg, params, tokens, targets, d, gradients=False):
-    """The port ``exe``'s dump of the model (cfg, params) on ``tokens`` (llm.c's x) and ``targets`` (its
-    y), written in ``d``, under refgpt's names; with ``gradients`` its gradients too, under a golden's
-    ``grad.`` names. One process per call (for small models most of the time is the judging, not this)."""
-    from refgpt import Model
+def port_acts(which, model, tokens, targets, d, defines=(), gradients=False, losses=True, name="port"):
+    """The dump of build ``which`` (a key of ``BUILDS``) with ``-D`` ``defines`` run on ``model`` and
+    the batch, under refgpt's names: activations ([batch, pos, …], ``probs`` and llm.c's per-position
+    ``loss`` too unless not ``losses``), with ``gradients`` its gradients under a golden's ``grad.``
+    names. Skips without a C compiler."""
+    import pytest
     from refgpt.oracle import llmc_dump
     from refgpt.oracle.name_maps import ModelShape, to_refgpt
-    raw = llmc_dump.read_dump(run_port(exe, write_inputs(d, Model(cfg, params), tokens, targets), d), cfg)
+    flags, build_defines = BUILDS[which]
+    exe = build(flags, (*build_defines, *defines))
+    if exe is None:
+        pytest.skip("no C compiler")
+    cfg = model.cfg
+    raw = llmc_dump.read_dump(run_port(exe, write_inputs(d, model, tokens, targets, name), d, name), cfg)
     if gradients:
         raw, _ = llmc_dump.to_refgpt_gradients(raw, cfg)
-    raw = {k: v for k, v in raw.items() if not k.startswith(("grads", "tokens", "targets", "loss"))}
+    dropped = ("grads", "tokens", "targets", "loss_mean") + (() if losses else ("losses",))
+    raw = {k: v for k, v in raw.items() if not k.startswith(dropped)}
     acts, _ = to_refgpt(raw, "llmc", ModelShape(cfg.n_layers, cfg.n_heads, cfg.d_vocab, cfg))
     return acts
 
 
 def local_dump(which, seed, tmp_path, defines=(), gradients=False):
     """(params, cfg, tokens, the port's dump under refgpt's names) of build ``which`` on a random tied
-    model (llm.c ties W_U to W_E), for the local verdicts' tests; with ``gradients`` its gradients too,
-    under a golden's ``grad.`` names. Skips without a C compiler."""
-    import numpy as np
-    import pytest
+    model (llm.c ties W_U to W_E), for the local verdicts' tests (``port_acts``, without the loss)."""
     from random_models import random_params
-    from refgpt import Config
-    flags, build_defines = BUILDS[which]
-    exe = build(flags, (*build_defines, *defines))
-    if exe is None:
-        pytest.skip("no C compiler")
+    from refgpt import Config, Model
     cfg = Config(d_model=64, n_layers=3, n_heads=4, d_mlp=256, d_vocab=97, n_ctx=32)
     params = random_params(cfg, seed=seed, scale=0.3)
     params["unembed.W_U"] = params["embed.W_E"].T.copy()
     tokens = np.random.default_rng(seed).integers(0, cfg.d_vocab, (2, 16))
-    return params, cfg, tokens, port_acts(exe, cfg, params, tokens, tokens, tmp_path, gradients)
+    return params, cfg, tokens, port_acts(which, Model(cfg, params), tokens, tokens, tmp_path, defines, gradients,
+                                          losses=False)

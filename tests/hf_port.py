@@ -103,3 +103,20 @@ def hf_decode_acts(hf, prompt, continuation, attention_mask=None, plant=None) ->
         positions = positions[:, -1:] + 1  # [batch, 1]
         feed = continuation[:, S:S + 1]  # [batch, 1]
     return out
+
+
+def hf_of(model, directory, dtype="float32"):
+    """``model`` (a refgpt Model) as HF loads it: saved in HF's layout as a float32 checkpoint in
+    ``directory``, read by ``GPT2LMHeadModel.from_pretrained`` (eager attention) in ``dtype``."""
+    import warnings
+
+    from transformers import GPT2LMHeadModel
+
+    import peers
+    from random_models import save_checkpoint
+    save_checkpoint(model, directory)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        hf = GPT2LMHeadModel.from_pretrained(str(directory), dtype=peers.torch_dtype(dtype),
+                                             attn_implementation="eager")
+    return hf.eval()

@@ -53,14 +53,19 @@ def gpt2_small_shape(n_layers=1, seed=0) -> Model:
     return Model(cfg, gpt2_init(cfg, seed))
 
 
+def random_batch(model: Model, B: int, T: int, seed=0) -> tuple[np.ndarray, np.ndarray]:
+    """x, y [B, T]: tokens and targets drawn uniformly from the model's vocabulary (``seed``)."""
+    rng = np.random.default_rng(seed)
+    return tuple(rng.integers(0, model.cfg.d_vocab, (B, T)) for _ in range(2))
+
+
 def case(name, seed=0, shape=None):
     """(model, x [B, T], y [B, T]) of a named batch; ``shape`` (L, B, T) for GPT-2 small's."""
-    rng = np.random.default_rng(seed)
     if name == "trained, random tokens":
         model = trained_model()
-        B, T = shape or (4, 64)
-        x, y = (rng.integers(0, model.cfg.d_vocab, (B, T)) for _ in range(2))
+        x, y = random_batch(model, *(shape or (4, 64)), seed)
     elif name == "trained, text":
+        rng = np.random.default_rng(seed)
         model = trained_model()
         B, T = shape or (2, 64)
         text = (Path(__file__).resolve().parent.parent / "docs" / "oracle.md").read_text(encoding="utf-8")
@@ -71,7 +76,7 @@ def case(name, seed=0, shape=None):
     elif name == "GPT-2 small's shape":
         L, B, T = shape or (1, 1, 16)
         model = gpt2_small_shape(L, seed)
-        x, y = (rng.integers(0, model.cfg.d_vocab, (B, T)) for _ in range(2))
+        x, y = random_batch(model, B, T, seed)
     else:
         raise KeyError(name)
     return model, x, y

@@ -25,6 +25,7 @@ CFG = Config(d_model=64, n_layers=3, n_heads=4, d_mlp=256, d_vocab=200, n_ctx=32
 #: ln_final (∂x̂, ∂input), 17 per block (the last has no ∂resid_post copy to check), hook_embed and
 #: hook_pos_embed; W_U, ln_final's w and b, 16 per block, W_E, W_pos.
 BACKWARD_OPS = 4 + 17 * CFG.n_layers - 1 + 2 + 3 + 16 * CFG.n_layers + 2
+GPT2_SMALL_48 = {**GPT2_SMALL, "n_positions": 48}  # GPT-2 small's shape, 48 positions
 
 
 @functools.lru_cache(maxsize=None)
@@ -249,15 +250,16 @@ def test_compare_local_judges_the_c_ports_backward_from_its_llmc_dump(refgpt_cli
 # ---- TransformerLens 3.9 as a port: torch's autograd in float32 and bfloat16 -------------------------
 
 
-def tl_backward(seed, store, tmp_path):
+def tl_backward(seed, store, tmp_path, **overrides):
     """(refgpt's float64 weights, Config, tokens, TL's cache with every backward hook's gradient, its
-    logits and its parameters' .grad, under a golden's names) for a random HF GPT-2 in ``store``."""
+    logits and its parameters' .grad, under a golden's names) for a random HF GPT-2 in ``store``
+    (``overrides``: its GPT2Config's, over the drawn ones)."""
     peers = pytest.importorskip("peers")
     peers.require_peers()
     import refgpt
     import torch
     from refgpt.oracle.name_maps import ModelShape, to_refgpt
-    config = peers.random_hf_config(seed, act_fns=["gelu_new"])
+    config = peers.random_hf_config(seed, act_fns=["gelu_new"], **overrides)
     hf = peers.random_hf_model(config, seed, f32_exact=True)
     peers.save_hf_layout(hf, tmp_path / f"m{seed}")
     ref = refgpt.load(str(tmp_path / f"m{seed}"), dtype="float64", tokenizer=False)
@@ -294,14 +296,10 @@ def test_transformer_lens_autograd_is_a_correct_backward_with_no_local_flag(stor
 @pytest.mark.peer
 @pytest.mark.skipif(not LONG, reason="set REFGPT_CALIBRATION=long (minutes: GPT-2 small's shape)")
 @pytest.mark.parametrize("store", ["float32", "bfloat16"])
-def test_gpt2_small_shaped_transformer_lens_backward_has_no_local_flag(store, tmp_path, monkeypatch):
+def test_gpt2_small_shaped_transformer_lens_backward_has_no_local_flag(store, tmp_path):
     """GPT-2 small's shape (12 layers, d_model 768, 50,257 tokens), 48 positions, TransformerLens's
-    autograd: every backward op judged, worst case, no flag."""
-    import peers
-    config = peers.random_hf_config
-    small = {**GPT2_SMALL, "n_positions": 48}
-    monkeypatch.setattr(peers, "random_hf_config", lambda seed, **kw: config(seed, **kw, **small))
-    params, cfg, tokens, acts = tl_backward(0, store, tmp_path)
+    autograd: every op of the forward and the backward judged, worst case, no flag."""
+    params, cfg, tokens, acts = tl_backward(0, store, tmp_path, **GPT2_SMALL_48)
     report = local.judge(params, cfg, tokens, acts, store)
     assert report.first is None, local.format_local(report)
     assert sum(v.skipped is None for v in backward_verdicts(report)) > 12 * 20

@@ -58,35 +58,14 @@ def test_the_trained_model_run_by_the_c_port_has_no_local_flag_forward_or_backwa
     step on its text, the next tokens as targets, judged op by op (2026-12-06: 201 ops, 130 of them the
     backward's; worst ratio 0.56–0.69, gelu_new's backward, in every build)."""
     import c_port
-    exe = c_port.build(*c_port.BUILDS[build.split()[1]])
-    if exe is None:
-        pytest.skip("no C compiler")
     model, tokens = trained
     x, y = tokens[:, :-1], tokens[:, 1:]  # [batch, pos]: llm.c's x and y
-    acts = c_port.port_acts(exe, model.cfg, model.params, x, y, tmp_path, gradients=True)
+    acts = c_port.port_acts(build.split()[1], model, x, y, tmp_path, gradients=True, losses=False)
     report = local.judge(model.params, model.cfg, x, acts, "float32", targets=y)
     assert report.first is None, local.format_local(report)
     judged = [v for v in report.ops if v.skipped is None]  # as test_local.py's and test_local_backward.py's C ports
     assert (len(judged), sum(v.name.startswith("grad.") for v in judged)) == (48 * model.cfg.n_layers + 9,
                                                                               31 * model.cfg.n_layers + 6)
-
-
-@pytest.mark.skipif(not LONG, reason="set REFGPT_CALIBRATION=long (about a minute a build: GPT-2 small's shape)")
-@pytest.mark.parametrize("build", calibration.C_PORTS)
-def test_gpt2_small_shape_with_12_layers_run_by_the_c_port_has_no_local_flag_forward_or_backward(build, tmp_path):
-    """The issue's shape: 12 layers, d_model 768, the 50,257-token vocabulary padded to 50,304, 16
-    positions (tests/port_cases.py's GPT-2 initialisation), each build's training step judged op by op
-    (2026-12-06: 585 ops, 378 of them the backward's, worst ratio 0.66–0.70, gelu_new's backward)."""
-    import c_port
-    import port_cases
-    exe = c_port.build(*c_port.BUILDS[build.split()[1]])
-    if exe is None:
-        pytest.skip("no C compiler")
-    model, x, y = port_cases.case("GPT-2 small's shape", shape=(12, 1, 16))
-    acts = c_port.port_acts(exe, model.cfg, model.params, x, y, tmp_path, gradients=True)
-    report = local.judge(model.params, model.cfg, x, acts, "float32", targets=y)
-    assert report.first is None, local.format_local(report)
-    assert sum(v.skipped is None for v in report.ops) == 48 * 12 + 9
 
 
 @pytest.mark.peer

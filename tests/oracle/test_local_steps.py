@@ -114,16 +114,9 @@ def small_shape_dump(defines, directory):
     """(model, x, y, the C port's activations under refgpt's names) at GPT-2 small's shape: d_model 768,
     12 heads, 50,257 tokens padded to 50,304, one layer, 16 positions."""
     import port_cases
-    from refgpt.oracle import llmc_dump
-    from refgpt.oracle.name_maps import ModelShape, to_refgpt
     model, x, y = port_cases.case("GPT-2 small's shape")
-    exe = c_port.build(c_port.BUILDS["O3"][0], defines)
     name = "port" + "-".join(("",) + defines)
-    dump = c_port.run_port(exe, c_port.write_inputs(directory, model, x, y, name), directory, name)
-    raw = {k: v for k, v in llmc_dump.read_dump(dump, model.cfg).items()
-           if not k.startswith(("grad", "tokens", "targets"))}
-    acts, _ = to_refgpt(raw, "llmc", ModelShape(model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_vocab, model.cfg))
-    return model, x, y, acts
+    return model, x, y, c_port.port_acts("O3", model, x, y, directory, defines, name=name)
 
 
 LONG = os.environ.get("REFGPT_CALIBRATION") == "long"
