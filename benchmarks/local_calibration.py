@@ -1,7 +1,8 @@
 """The local verdicts' false-alarm calibration (issue 38): correct ports of many random GPT-2s judged op
-by op (refgpt/oracle/local.py) — refgpt's own float32 pass, and tests/local_ports.py's port at float32,
-bfloat16 and float16 storage (float32 accumulation) — counting flagged ops (there must be none) and
-the worst ratio |port − reference|/bound per op kind, with the case that reached it.
+by op (refgpt/oracle/local.py) — refgpt's own float32 pass, tests/local_ports.py's port at float32,
+bfloat16 and float16 storage (float32 accumulation), and the C port's five builds, forward and
+backward — counting flagged ops (there must be none) and the worst ratio |port − reference|/bound
+per op kind, with the case that reached it, and per port the models judged and skipped.
 
 Each model i is drawn from seed i: 1–4 heads of 4–32 dimensions, 1–4 layers, d_mlp 1–4·d_model,
 a vocabulary of 11–500, 1–32 positions in 1–2 rows, ε ∈ {1e-5, 1e-3, 0.1}, the score scale's two
@@ -11,15 +12,27 @@ a float64 activation beyond 2¹⁵, or a residual stream beyond 2⁷ (a LayerNor
 up to (2·2⁷)², would pass float16's largest value, 65,504: the port's scale is then ∞, correct
 code or not).
 
+The C port (tests/oracle/c_port/gpt2_port.c: llm.c's loops, sequential row sums) is judged in its five
+builds (tests/c_port.py's BUILDS: -O3 in index order, reversed and in 8 lanes, -Ofast, -O3 with FMA),
+forward and backward, on the same models as llm.c can run them (c_port.llmc_shaped): ε = 1e-5,
+d_mlp = 4·d_model (the MLP's weights drawn again when the draw's d_mlp differs), scores scaled by
+1/√d_head, W_U tied to W_E, the vocabulary padded to a multiple of 128; every other weight, the
+tokens (llm.c's x) and the weight scale are the draw's, and the targets (llm.c's y) are drawn from
+seed (i, 1). Each build is compiled once (cached), then run once per model: one process each.
+
     PYTHONPATH=. python benchmarks/local_calibration.py 1000     # the table for benchmarks/RESULTS.md
+    PYTHONPATH=. python benchmarks/local_calibration.py 1000 --ports C --start 0   # the C builds only
 
 tests/oracle/test_local_calibration.py runs a small draw by default, 1,000 with REFGPT_CALIBRATION=long.
 """
 
 from __future__ import annotations
 
+import argparse
 import math
+import signal
 import sys
+import tempfile
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -29,12 +42,14 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
+import c_port  # noqa: E402
 from local_ports import port_forward  # noqa: E402
 from random_models import random_params  # noqa: E402
 from refgpt import Config, Model  # noqa: E402
 from refgpt.oracle import local  # noqa: E402
 
 PORTS = ("refgpt float32", "port float32", "port bfloat16", "port float16")
+C_PORTS = tuple(f"C {build}" for build in c_port.BUILDS)
 
 
 def draw_case(i):
@@ -58,6 +73,13 @@ def port_acts(port, cfg, params, tokens):
     return port_forward(params, cfg, tokens, port.split()[1])
 
 
+def c_port_case(i):
+    """(cfg, params, tokens, targets) of model i as the C port runs it (the module's docstring)."""
+    cfg, params, tokens, scale = draw_case(i)
+    cfg, params = c_port.llmc_shaped(cfg, params, seed=i, scale=scale)
+    return cfg, params, tokens, np.random.default_rng((i, 1)).integers(0, cfg.d_vocab, tokens.shape)
+
+
 @dataclass
 class Stats:
     models: int = 0
@@ -67,6 +89,8 @@ class Stats:
     flagged: list = field(default_factory=list)  # (model, port, op, name, ratio)
     worst: dict = field(default_factory=lambda: defaultdict(lambda: (0.0, None)))  # op → (ratio, (model, port, name))
     seconds: float = 0.0
+    per_port: dict = field(default_factory=lambda: defaultdict(lambda: [0, 0, 0, 0.0]))  # port → judged, skipped, ops, s
+    stopped: str = ""  # why a run ended early (interrupted), and where
 
 
 def out_of_float16(cache) -> bool:
@@ -75,41 +99,90 @@ def out_of_float16(cache) -> bool:
     return max(finite) > 2.0 ** 15 or max(streams) > 2.0 ** 7
 
 
-def calibrate(n, start=0, stats=None, ports=PORTS) -> Stats:
+def c_builds(ports):
+    """build name → its executable, compiled once (tests/c_port.py caches it); None without a compiler."""
+    return {p: c_port.build(*c_port.BUILDS[p.split()[1]]) for p in ports if p in C_PORTS}
+
+
+def calibrate(n, start=0, stats=None, ports=PORTS + C_PORTS, progress=None) -> Stats:
+    """Judge models start … start + n − 1 on ``ports``; ``progress`` a stream to print each model's
+    flags so far to (a long run's progress)."""
     stats = stats or Stats()
+    exes = c_builds(ports)
     t0 = time.perf_counter()
-    for i in range(start, start + n):
+    with tempfile.TemporaryDirectory(prefix="local-calibration-") as d:
+        try:
+            judge_models(range(start, start + n), ports, exes, stats, d, progress, t0)
+        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM in __main__: the table of what was judged
+            stats.stopped = f"interrupted after {stats.models} models (the last one's ports partly judged)"
+    stats.seconds += time.perf_counter() - t0
+    return stats
+
+
+def judge_models(models, ports, exes, stats, d, progress, t0):
+    """Judge each of ``models`` on ``ports`` into ``stats`` (calibrate's loop)."""
+    for i in models:
         cfg, params, tokens, _ = draw_case(i)
-        _, cache = Model(cfg, params).run_with_cache(tokens)
-        too_big = out_of_float16(cache.cache_dict)
+        too_big = "port float16" in ports and out_of_float16(Model(cfg, params).run_with_cache(tokens)[1].cache_dict)
+        c_case = c_port_case(i) if exes else None
         stats.models += 1
         for port in ports:
-            if port == "port float16" and too_big:
-                stats.skipped_float16 += 1
+            counts, t1 = stats.per_port[port], time.perf_counter()
+            if (port == "port float16" and too_big) or (port in exes and exes[port] is None):
+                stats.skipped_float16 += port == "port float16"
+                counts[1] += 1
                 continue
-            store = port.split()[1]
-            report = local.judge(params, cfg, tokens, port_acts(port, cfg, params, tokens), store)
+            if port in exes:  # forward and backward, with llm.c's targets
+                c_cfg, c_params, c_tokens, targets = c_case
+                acts = c_port.port_acts(port.split()[1], Model(c_cfg, c_params), c_tokens, targets, d, gradients=True,
+                                        losses=False)
+                report = local.judge(c_params, c_cfg, c_tokens, acts, "float32", targets=targets)
+            else:
+                report = local.judge(params, cfg, tokens, port_acts(port, cfg, params, tokens), port.split()[1])
             stats.judgments += 1
+            counts[0] += 1
             for v in report.ops:
                 if v.skipped is not None:
                     continue
                 stats.ops += 1
+                counts[2] += 1
                 if v.flagged:
                     stats.flagged.append((i, port, v.op, v.name, v.ratio))
                 if v.ratio >= stats.worst[v.op][0]:
                     stats.worst[v.op] = (v.ratio, (i, port, v.name))
-    stats.seconds += time.perf_counter() - t0
-    return stats
+            counts[3] += time.perf_counter() - t1
+        if progress:
+            print(f"model {i}: {len(stats.flagged)} flagged so far {stats.flagged[-3:]}, "
+                  f"{time.perf_counter() - t0:.0f} s", file=progress, flush=True)
 
 
 def table(stats: Stats) -> str:
     lines = [f"{stats.models} random models, {stats.judgments} ports judged ({stats.skipped_float16} float16 ports "
              f"skipped: out of its range), {stats.ops} ops, {len(stats.flagged)} flagged, "
-             f"{stats.seconds:.0f} s", "", "| op | worst ratio | where (model, port, tensor) |", "| --- | ---: | --- |"]
+             f"{stats.seconds:.0f} s", "", "| port | models judged | skipped | ops judged | flagged | seconds |",
+             "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    for port, (judged, skipped, ops, seconds) in stats.per_port.items():
+        flagged = sum(f[1] == port for f in stats.flagged)
+        lines.append(f"| {port} | {judged} | {skipped} | {ops} | {flagged} | {seconds:.0f} |")
+    lines += ["", "| op | worst ratio | where (model, port, tensor) |", "| --- | ---: | --- |"]
     for op, (ratio, where) in sorted(stats.worst.items(), key=lambda kv: -kv[1][0]):
         lines.append(f"| {op} | {ratio:.3f} | {where[0]}, {where[1]}, `{where[2]}` |" if where else f"| {op} | 0 | |")
+    lines += [stats.stopped] if stats.stopped else []
+    lines += [f"flagged: model {i}, {port}, {op} at `{name}`, ratio {ratio:.3f}" for i, port, op, name, ratio in stats.flagged]
     return "\n".join(lines)
 
 
 if __name__ == "__main__":
-    print(table(calibrate(int(sys.argv[1]) if len(sys.argv) > 1 else 100)))
+    parser = argparse.ArgumentParser(description="The local verdicts' false-alarm calibration (module docstring).")
+    parser.add_argument("n", type=int, nargs="?", default=100, help="models to draw (default 100)")
+    parser.add_argument("--start", type=int, default=0, help="the first model's seed (default 0)")
+    parser.add_argument("--ports", default="all", help="'all', or a comma-separated list of port-name prefixes: "
+                                                       "'C' for the C port's builds, 'port' for tests/local_ports.py's")
+    args = parser.parse_args()
+    every = PORTS + C_PORTS
+    chosen = every if args.ports == "all" else tuple(
+        p for p in every if any(p == q or p.startswith(q + " ") for q in args.ports.split(",")))
+    if not chosen:
+        parser.error(f"--ports {args.ports!r} names none of: {', '.join(every)}")
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # kill PID: the table of the models judged so far
+    print(table(calibrate(args.n, args.start, ports=chosen, progress=sys.stderr)))

@@ -4,6 +4,7 @@
     python benchmarks/mutation.py attention layernorm     # some modules
     python benchmarks/mutation.py --only-survivors benchmarks/MUTATION.json   # rerun old survivors
     python benchmarks/mutation.py --merge a.json b.json --rev COMMIT             # one report of several runs
+    python benchmarks/mutation.py --local --sample 8 layernorm attention   # do local verdicts name the mutated op?
 
 For each module it makes every mutant (one small edit of the source), runs that module's tests
 (``MODULES`` maps each module to the test files that should notice) with ``pytest -x`` and a
@@ -13,6 +14,18 @@ of mutants that compute the same numbers (dead code, a speed path with identical
 each with its reason; the rest are real gaps. It writes benchmarks/MUTATION.md and
 benchmarks/MUTATION.json. Not part of CI: on two busy shared cores the five modules of the last report took about 70
 minutes with three jobs; every module, several hours.
+
+With ``--local`` (the forward's modules, ``LOCAL_MODULES``; their *_backward functions left out) no
+test runs: each mutant's refgpt runs a small random model's float64 forward as a *port* would
+(``_FORWARD``, in the tree copy), and refgpt/oracle/local.py, unmutated, judges its dumped
+activations against the unmutated weights. The op the mutant changed is the first tensor, in the
+forward's order, that differs (bit for bit) from the unmutated refgpt's: every tensor before it is
+the same, so every input of that op is. Each mutant is then *named* (the first local flag is at
+that op), *named elsewhere* (flagged, first at another op), *within bounds* (it changed numbers,
+no flag), *not dumped* (the first such tensor is missing from the dump: the report skips its op,
+saying so), *unchanged* (no tensor differs: the mutated line is not on this model's path, or
+computes the same bits) or *error* (its forward raised, or its dump is one the judge cannot read). The section "Local verdicts of the forward's
+mutants" of MUTATION.md holds the last such run (``write_report`` keeps it).
 
 Mutants run in a copy of the tree (``--workdir``, default a temporary directory), never in the
 checkout, under ``nice``, ``--jobs`` at a time (default 1).
@@ -540,6 +553,146 @@ def run(modules, jobs, workdir: Path, only: dict[str, str] | None, timeout_facto
     return results
 
 
+# ---- local verdicts of the forward's mutants (--local) ---------------------------------------
+
+LOCAL_MODULES = ("attention", "layernorm", "mlp", "activations", "linear", "model")
+LOCAL_SECTION = "## Local verdicts of the forward's mutants"
+#: The model each mutant runs (its weights N(0, 0.3²) from seed 0, 2 × 24 tokens): two layers, so every
+#: op of a block is read by a later one.
+_LOCAL_CFG = {"d_model": 64, "n_layers": 2, "n_heads": 4, "d_mlp": 256, "d_vocab": 97, "n_ctx": 32}
+#: Run by its own interpreter in the tree copy: that tree's (mutated) refgpt's forward, dumped as a port's.
+_FORWARD = """
+import json, sys
+import numpy as np
+from refgpt import Config, Model
+case = np.load("_mutation_case.npz")
+params = {k[len("param."):]: case[k] for k in case.files if k.startswith("param.")}
+logits, cache = Model(Config(**json.loads(str(case["cfg"]))), params, dtype=sys.argv[2]).run_with_cache(case["tokens"])
+np.savez(sys.argv[1], logits=logits, **cache.cache_dict)
+"""
+
+
+@dataclass
+class LocalResult:
+    module: str
+    function: str
+    line: int
+    source: str
+    edit: str
+    outcome: str = ""  # named | named elsewhere | within bounds | not dumped | unchanged | error
+    changed: str = ""  # the first tensor, in the forward's order, that differs from the unmutated forward's
+    first: str = ""  # the first local flag (op at tensor), or the error
+    ratio: float = 0.0
+
+
+def _local_forward(tree: Path, out: Path, dtype: str, timeout: float = 300):
+    """The tree's refgpt's forward of the case, its activations by name; or, if it fails, why (one line)."""
+    import numpy as np
+    try:
+        r = subprocess.run(["nice", "-n", "10", sys.executable, "_mutation_forward.py", str(out), dtype], cwd=tree,
+                           env=test_env(tree), capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return f"timeout ({timeout:.0f} s)"
+    if r.returncode != 0:
+        return (r.stderr.strip().splitlines() or [f"exit {r.returncode}"])[-1]
+    with np.load(out) as f:
+        return {k: f[k] for k in f.files}
+
+
+def _judge_mutant(m: Mutant, acts, reference, order, case, dtype) -> LocalResult:
+    import numpy as np
+    from refgpt.oracle import local
+    r = LocalResult(m.module, m.function, m.line, m.source, "delete" if m.operator == "delete" else f"{m.before} → {m.after}")
+    if isinstance(acts, str):
+        r.outcome, r.first = "error", acts[:160]
+        return r
+    r.changed = next((n for n in order if n not in acts or not np.array_equal(acts[n], reference[n])), "")
+    if not r.changed or r.changed not in acts:
+        r.outcome = "not dumped" if r.changed else "unchanged"
+        return r
+    try:
+        first = local.judge(*case, acts, dtype).first
+    except Exception as error:  # a dump the judge cannot read (a shape changed): noticed, not localized
+        r.outcome, r.first = "error", f"judge: {type(error).__name__}: {error}"[:160]
+        return r
+    if first is None:
+        r.outcome = "within bounds"
+    else:
+        r.first, r.ratio = f"{first.op} at {first.name}", first.ratio
+        r.outcome = "named" if first.name == r.changed else "named elsewhere"
+    return r
+
+
+def run_local(modules, workdir: Path, sample: int = 1, offset: int = 0, dtype: str = "float64",
+              rev: str | None = None) -> list[LocalResult]:
+    """Every ``sample``-th forward mutant of ``modules`` run as a port and judged locally (module docstring)."""
+    import numpy as np
+    sys.path.insert(0, str(ROOT / "tests"))
+    from random_models import random_params
+    from refgpt import Config
+    from refgpt.oracle import local
+    tree = _copy_tree(workdir / "local", rev)
+    cfg = Config(**_LOCAL_CFG)
+    params = random_params(cfg, seed=0, scale=0.3)
+    tokens = np.random.default_rng(0).integers(0, cfg.d_vocab, (2, 24))  # [batch, pos]
+    np.savez(tree / "_mutation_case.npz", cfg=json.dumps(_LOCAL_CFG), tokens=tokens,
+             **{f"param.{k}": v for k, v in params.items()})
+    (tree / "_mutation_forward.py").write_text(_FORWARD)
+    reference = _local_forward(tree, workdir / "unmutated.npz", dtype)
+    if isinstance(reference, str):
+        raise SystemExit(f"the unmutated forward fails: {reference}")
+    report = local.judge(params, cfg, tokens, reference, dtype)
+    if report.first is not None:
+        raise SystemExit("the unmutated forward is flagged locally:\n" + local.format_local(report))
+    order = [v.name for v in report.ops]
+    results = []
+    for module in modules:
+        path = module_path(module)
+        source = (tree / path).read_text()
+        mutants = [(m, s) for m, s in make_mutants(module, source) if m.unit != BACKWARD_UNIT][offset::sample]
+        print(f"{module}: {len(mutants)} mutants, each judged locally", flush=True)
+        for i, (m, new_source) in enumerate(mutants):
+            (tree / path).write_text(new_source)
+            try:
+                acts = _local_forward(tree, workdir / "mutant.npz", dtype)
+            finally:
+                (tree / path).write_text(source)
+            results.append(_judge_mutant(m, acts, reference, order, (params, cfg, tokens), dtype))
+            r = results[-1]
+            print(f"  [{i + 1}/{len(mutants)}] {r.outcome}: {module}.py:{r.line} {r.edit} (changed {r.changed or '–'}; "
+                  f"{r.first or 'no flag'})", flush=True)
+    return results
+
+
+def local_section(results: list[LocalResult], note: str) -> str:
+    """MUTATION.md's section of a --local run."""
+    outcomes = ("named", "named elsewhere", "within bounds", "not dumped", "unchanged", "error")
+    lines = [LOCAL_SECTION, "", note, "", "| module | mutants | " + " | ".join(outcomes) + " |",
+             "|---|---:|" + "---:|" * len(outcomes)]
+    for module in sorted({r.module for r in results}):
+        mine = [r for r in results if r.module == module]
+        lines.append(f"| {module} | {len(mine)} | " + " | ".join(str(sum(r.outcome == o for r in mine)) for o in outcomes)
+                     + " |")
+    lines += ["", "Each mutant that changed numbers and was not named at the op it changed:", ""]
+    for r in results:
+        if r.outcome in ("named elsewhere", "within bounds"):
+            flag = f"first flag {r.first} ({r.ratio:.3g}× its bound)" if r.first else "no flag"
+            lines.append(f"- `{r.module}.py:{r.line}` `{r.source}`: {r.edit} — changed `{r.changed}`; {flag}")
+    return "\n".join(lines) + "\n"
+
+
+def split_local(md: Path) -> tuple[str, str]:
+    """MUTATION.md as (the report, the --local section after it, or "")."""
+    text = md.read_text() if md.exists() else ""
+    at = text.find(LOCAL_SECTION)
+    return (text, "") if at < 0 else (text[:at].rstrip("\n") + "\n", text[at:])
+
+
+def write_local_section(md: Path, section: str):
+    """``section`` as MUTATION.md's last section, in place of the one there."""
+    md.write_text(split_local(md)[0] + "\n" + section)
+
+
 # ---- the report -------------------------------------------------------------------------------
 
 #: Reviewed survivors that compute the same numbers, key (Mutant.key) → reason.
@@ -830,7 +983,8 @@ def write_report(results, md: Path, js: Path, note: str = ""):
     for m in results:
         if m.outcome in ("killed", "timeout") and before(m, _stages_of(m)) != "killed":
             lines.append(f"- {_describe(m)} — by `{m.killer}`")
-    md.write_text("\n".join(lines) + "\n")
+    kept = split_local(md)[1]  # a --local run's section: kept, last
+    md.write_text("\n".join(lines) + "\n" + ("\n" + kept if kept else ""))
     js.write_text(json.dumps({"score": table, "mutants": [asdict(m) | {"key": m.key} for m in results]},
                              indent=1, ensure_ascii=False) + "\n")
 
@@ -873,7 +1027,21 @@ def main(argv=None):
     ap.add_argument("--rev", default=None, help="test the tree of this commit (e.g. the tests before a change)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "MUTATION.md")
     ap.add_argument("--list", action="store_true", help="only list the mutants")
+    ap.add_argument("--local", action="store_true",
+                    help="run the forward modules' mutants as ports and judge them locally (no tests; module docstring)")
+    ap.add_argument("--local-dtype", default="float64", choices=["float64", "float32"],
+                    help="with --local: the dtype of the mutated forward (judged at that precision)")
     args = ap.parse_args(argv)
+    if args.local:
+        wrong = [m for m in args.modules or [] if m not in LOCAL_MODULES]
+        if wrong:
+            ap.error(f"--local judges the forward's modules ({', '.join(LOCAL_MODULES)}), not {', '.join(wrong)}")
+        results = run_local(args.modules or list(LOCAL_MODULES), args.workdir or Path(tempfile.mkdtemp(prefix="refgpt-local-")),
+                            args.sample, args.offset, args.local_dtype, args.rev)
+        note = args.note + (f" Every {args.sample}-th forward mutant (--sample {args.sample} --offset {args.offset}), "
+                            f"{args.local_dtype}." if args.sample > 1 else f" Every forward mutant, {args.local_dtype}.")
+        write_local_section(args.out, local_section(results, note.strip()))
+        return
     if args.modules is None or (not args.modules and not args.merge):
         args.modules = list(MODULES)
     if args.list:

@@ -84,6 +84,22 @@ def run_generate(exe, inputs, d, steps, name="generate") -> Path:
     return out
 
 
+def llmc_shaped(cfg, params, seed, scale):
+    """(cfg, params) of a random model as llm.c (so this port) can run it: ε = 1e-5, d_mlp = 4·d_model,
+    the scores scaled by 1/√d_head, tanh GELU, W_U tied to W_E (W_U := W_Eᵀ). Every parameter whose
+    shape llm.c keeps is ``params``'s; a differently shaped MLP is drawn again, as random_params(cfg, seed,
+    scale) draws it for the adapted cfg."""
+    from dataclasses import replace
+
+    from random_models import random_params
+    cfg = replace(cfg, d_mlp=4 * cfg.d_model, eps=1e-5, act_fn="gelu_new", use_attn_scale=True,
+                  scale_attn_by_inverse_layer_idx=False)
+    redrawn = random_params(cfg, seed=seed, scale=scale)
+    params = {k: v if v.shape == redrawn[k].shape else redrawn[k] for k, v in params.items()}
+    params["unembed.W_U"] = params["embed.W_E"].T.copy()  # [d_model, d_vocab]
+    return cfg, params
+
+
 def port_acts(which, model, tokens, targets, d, defines=(), gradients=False, losses=True, name="port"):
     """The dump of build ``which`` (a key of ``BUILDS``) with ``-D`` ``defines`` run on ``model`` and
     the batch, under refgpt's names: activations ([batch, pos, …], ``probs`` and llm.c's per-position

@@ -20,9 +20,12 @@ The bounds, one computation of the port (P) plus one of float64 (R), each op's i
 
   L0 underflow: every element also gets 4·(half the smallest subnormal) absolute: a probability
      of 3e-8 stored in float16 is 0. A port may flush subnormals to 0 (FTZ and DAZ, as oneDNN's
-     bfloat16 matmuls do), so an L3/L11 product also gets k·(the smallest normal at u_acc) (each of
-     its k products may be flushed), a subnormal operand counts as the smallest normal pushed through
-     the other operand's |values|, and a result below the smallest normal may be 0.
+     bfloat16 matmuls do, and every float32 op of a C port built with -Ofast), so an L3/L6/L11
+     output of k products also gets k·(the smallest normal at u_acc) (each may be flushed), a
+     subnormal operand, or one whose product with a scale s (L11's ∂q = (s·∂scores)·k) is subnormal,
+     counts as the smallest normal pushed through the other operand's |values| (× max(1, s)),
+     and a result below the smallest normal may be 0 (L3, L5, L6, L14; L12 and L13 hold it in their
+     absolute terms): an -Ofast softmax's exp(s − max) below 2⁻¹²⁶ is 0.
   L1 copy (embedding gathers, a block's resid_pre)   |y_P − y_R| ≤ u_store·|y|   (a change of dtype)
   L2 add (the residual adds, the position add)       ≤ (u_acc + u_store(1 + u_acc) + U)·|y|
   L3 affine y = x·W + b, k terms (q, k, v; attention's output from z with k = n_heads·d_head; the
@@ -250,17 +253,25 @@ def affine(x, W, b, spec, prec, kind=WORST, dx=None, scale=1.0, stored=False):
     magnitude = abs(scale) * np.einsum(spec, np.abs(x), np.abs(W), optimize=True) + np.abs(b)  # [...]
     g = kind.g(k + 1, prec.u_acc) + ((scale != 1) * 2 + stored) * prec.u_el  # the port's sum, ×scale, products
     bound = (g * magnitude * (1 + 2 * prec.u_store) + rounded(prec, product, y) + gamma(k + 1 + (scale != 1)) * magnitude
-             + k * NORMAL[prec.acc] + NORMAL[prec.store] * (np.abs(y) < NORMAL[prec.store]))  # L0: products, output
-    for operand in (0, 1):  # DAZ: a subnormal operand read as 0, its size pushed through the other's
+             + flushed(y, prec, k))  # L0: products, output
+    for operand in (0, 1):  # DAZ: a subnormal operand read as 0; FTZ: an operand times the scale flushed (L0)
         a = (x, W)[operand]
-        if np.any((a != 0) & (np.abs(a) < NORMAL[prec.store])):
-            flushed = np.where((a != 0) & (np.abs(a) < NORMAL[prec.store]), NORMAL[prec.store], 0.0)  # [...]
-            bound = bound + abs(scale) * np.einsum(  # |W| not kept past its sum (W_U's is 309 MB)
-                spec, *((flushed, np.abs(W)) if operand == 0 else (np.abs(x), flushed)), optimize=True)
+        if np.any((a != 0) & (np.abs(a) * min(1.0, abs(scale)) < NORMAL[prec.store])):  # the operand, or s × it
+            read_as_0 = np.where((a != 0) & (np.abs(a) * min(1.0, abs(scale)) < NORMAL[prec.store]), NORMAL[prec.store], 0.0)
+            bound = bound + max(1.0, abs(scale)) * np.einsum(  # |W| not kept past its sum (W_U's is 309 MB)
+                spec, *((read_as_0, np.abs(W)) if operand == 0 else (np.abs(x), read_as_0)), optimize=True)
     if dx is not None:  # x's own error pushed through |W|, and the port's sums and roundings of it
         spread = g * (1 + 2 * prec.u_store) + 2 * prec.u_store * (1 + prec.u_store)
         bound = bound + (1 + spread) * abs(scale) * np.einsum(spec, dx, np.abs(W), optimize=True)
     return y, bound
+
+
+def flushed(y, prec, k=0):
+    """L0 (FTZ): each of an output's ``k`` products may be flushed to 0 (the smallest normal at u_acc
+    each), and a result below the smallest normal (of the storage or the accumulator, the larger) may
+    be 0 — where the reference is below twice it, so a port value just under it counts too."""
+    normal = max(NORMAL[prec.store], NORMAL[prec.acc])
+    return k * NORMAL[prec.acc] + normal * (np.abs(y) < 2 * normal)
 
 
 def rounded(prec, *values):
@@ -302,7 +313,7 @@ def softmax(s, prec, kind=WORST, allowed=None):
     with np.errstate(invalid="ignore"):  # a row with no key allowed (a pad's query) is NaN: not judged
         p = gpt2.softmax(s)  # [head, query, key]
         return p, (bounds.softmax_error(p, s, prec.u_el, kind.g(n - 1, prec.u_acc))
-                   + bounds.softmax_error(p, s, U, gamma(n - 1)) + prec.u_store * p)
+                   + bounds.softmax_error(p, s, U, gamma(n - 1)) + prec.u_store * p + flushed(p, prec))
 
 
 def log_softmax(x, prec, kind=WORST):
@@ -331,7 +342,7 @@ def mix(p, v, prec, kind=WORST):
     n = p.shape[-1]
     z = np.einsum("hqk,khe->qhe", p, v)  # [pos, head, d_head]
     magnitude = np.einsum("hqk,khe->qhe", np.abs(p), np.abs(v))  # [pos, head, d_head]
-    return z, (kind.g(n, prec.u_acc) * (1 + 2 * prec.u_store) + gamma(n)) * magnitude + rounded(prec, z)
+    return z, (kind.g(n, prec.u_acc) * (1 + 2 * prec.u_store) + gamma(n)) * magnitude + rounded(prec, z) + flushed(z, prec, n)
 
 
 def layer_norm(x, w, b, eps, prec):
@@ -438,7 +449,7 @@ def cross_entropy_backward(logits, targets, count, prec, kind=WORST):
     has = targets >= 0  # [pos]
     p[has, targets[has]] -= 1
     return np.where(has[:, None], p / count, 0.0), np.where(
-        has[:, None], (bound + (3 * prec.u_el + prec.u_store + 3 * U) * np.abs(p)) / count, 0.0)
+        has[:, None], (bound + (3 * prec.u_el + prec.u_store + 3 * U) * np.abs(p)) / count + flushed(p / count, prec), 0.0)
 
 
 def scatter(tokens, grad, d_vocab, prec, kind=WORST):

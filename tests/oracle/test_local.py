@@ -155,6 +155,23 @@ def test_the_probabilistic_kind_is_stated_and_tighter_on_long_sums():
     assert rl.Kind("probabilistic").g(50_257, 2.0 ** -24) < 0.05 * rl.gamma(50_257, 2.0 ** -24)
 
 
+def test_a_port_that_flushes_subnormals_to_zero_is_within_l0():
+    """L0 (FTZ, as the C port's -Ofast build): a probability below 2⁻¹²⁶, z's products, the loss's
+    ∂logits and ∂q's s·∂scores may each be 0 where float64 has a subnormal float32 value; found as
+    flags 1e5× and 1.27× their bounds in benchmarks/local_calibration.py (models 10 and 32, C Ofast)."""
+    prec, tiny = rl.PRECISIONS["float32"], 2.0 ** -127  # a float32 subnormal
+    s = np.array([[[0.0, np.log(tiny)]]])  # [head, query, key]: exp(s − max) of the second key is subnormal
+    p, bound = rl.softmax(s, prec, allowed=True)
+    assert 0 < p[0, 0, 1] < 2.0 ** -126 and bound[0, 0, 1] >= p[0, 0, 1]  # flushed to 0: within
+    z, bound = rl.mix(p, np.array([0.0, 1e-3]).reshape(2, 1, 1), prec)  # [pos, head, d_head]: p·v flushed to 0
+    assert 0 < z[0, 0, 0] <= bound[0, 0, 0]
+    grad, bound = rl.cross_entropy_backward(s[0], np.array([0]), 4, prec)  # [pos, d_vocab]: p/4 flushed
+    assert 0 < grad[0, 1] and bound[0, 1] >= grad[0, 1]
+    dscores, k = np.full((1, 3), 1.5 * 2.0 ** -126), np.full((3, 2), 100.0)  # s·∂scores subnormal, then ×k
+    dq, bound = rl.affine(dscores, k, 0.0, "qk,ke->qe", prec, scale=0.125)
+    assert np.all(bound >= np.abs(dq))  # every (s·∂scores) flushed: dq = 0
+
+
 def test_bad_arguments_fail_closed():
     with pytest.raises(RefGPTError, match="unknown precision 'int8'"):
         local.judge(params_of(0.3), CFG, tokens_of(), {}, "int8")
