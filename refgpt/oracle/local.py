@@ -679,11 +679,16 @@ def _backward_top(walk, p, cfg, acts, r, prec, sums, targets, count):
             walk.judge("loss backward", G + "logits", None, r, np.asarray(acts.stored(G + "logits")[at], np.float64),
                        ref, bound, sums, offset=(at.start, 0))
 
-    def unembed():  # ∂ln_final.out = ∂logits·W_Uᵀ: [pos, d_model], from a block of positions at a time
-        logits = acts.stored(G + "logits")  # [pos, d_vocab] as stored
-        parts = [rl.affine(np.asarray(logits[at], np.float64), p["unembed.W_U"], 0.0, "pv,dv->pd", prec, sums)
-                 for at in _position_blocks(logits.shape[0], logits.shape[-1])]
-        return tuple(np.concatenate(part) for part in zip(*parts))
+    def unembed():  # ∂ln_final.out = ∂logits·W_Uᵀ: [pos, d_model], a block of positions and of W_U's rows
+        logits, W_U = acts.stored(G + "logits"), p.stored("unembed.W_U")  # [pos, d_vocab], [d_model, d_vocab]
+        ref, bound = np.empty((logits.shape[0], W_U.shape[0])), np.empty((logits.shape[0], W_U.shape[0]))
+        rows = _position_blocks(W_U.shape[0], W_U.shape[-1])  # each output's sum over the vocabulary whole
+        for at in _position_blocks(logits.shape[0], logits.shape[-1]):
+            d_logits = np.asarray(logits[at], np.float64)  # [block, d_vocab]
+            for d in rows:  # the rounded W_U and its |W_U| a block of rows at a time (309 MB each whole)
+                ref[at, d], bound[at, d] = rl.affine(d_logits, rl.round_to(W_U[d], prec.store), 0.0, "pv,dv->pd",
+                                                     prec, sums)
+        return ref, bound
 
     reader = ("unembed backward", [G + "logits"], unembed)
     _judged(walk, reader[0], G + "ln_final.out", None, r, acts, reader[1], reader[2], sums)
