@@ -12,6 +12,15 @@ a float64 activation beyond 2¹⁵, or a residual stream beyond 2⁷ (a LayerNor
 up to (2·2⁷)², would pass float16's largest value, 65,504: the port's scale is then ∞, correct
 code or not).
 
+Each model's decode and padded batch (STEP_PORTS, rows of their own): two prompts of 2–16 tokens drawn
+from seed (i, 2), row 1 left-padded by 0 … P − 2 (tests/random_models.py's decode_case, which
+tests/oracle/test_local_steps.py's random-model decode test draws by too), decoded 5 greedy steps in
+float64; refgpt's float32 decode and tests/local_ports.py's (at bfloat16 and float16) forced along its
+tokens are judged step by step (local.judge_decode); the same two prompts, row 1 left-padded for even i
+and right-padded for odd i, run by the NumPy port at float32, bfloat16 and float16 with their mask and
+judged at their real positions (local.judge with attention_mask and position_ids). float16 is skipped
+where the float64 decode is out of its range (the rule above).
+
 The C port (tests/oracle/c_port/gpt2_port.c: llm.c's loops, sequential row sums) is judged in its five
 builds (tests/c_port.py's BUILDS: -O3 in index order, reversed and in 8 lanes, -Ofast, -O3 with FMA),
 forward and backward, on the same models as llm.c can run them (c_port.llmc_shaped): ε = 1e-5,
@@ -22,6 +31,7 @@ seed (i, 1). Each build is compiled once (cached), then run once per model: one 
 
     PYTHONPATH=. python benchmarks/local_calibration.py 1000     # the table for benchmarks/RESULTS.md
     PYTHONPATH=. python benchmarks/local_calibration.py 1000 --ports C --start 0   # the C builds only
+    PYTHONPATH=. python benchmarks/local_calibration.py 1000 --ports decode,padded  # the decode and padded rows
 
 tests/oracle/test_local_calibration.py runs a small draw by default, 1,000 with REFGPT_CALIBRATION=long.
 """
