@@ -12,6 +12,15 @@ a float64 activation beyond 2¹⁵, or a residual stream beyond 2⁷ (a LayerNor
 up to (2·2⁷)², would pass float16's largest value, 65,504: the port's scale is then ∞, correct
 code or not).
 
+Each model's decode and padded batch (STEP_PORTS, rows of their own): two prompts of 2–16 tokens drawn
+from seed (i, 2), row 1 left-padded by 0 … P − 2 (tests/random_models.py's decode_case, which
+tests/oracle/test_local_steps.py's random-model decode test draws by too), decoded 5 greedy steps in
+float64; refgpt's float32 decode and tests/local_ports.py's (at bfloat16 and float16) forced along its
+tokens are judged step by step (local.judge_decode); the same two prompts, row 1 left-padded for even i
+and right-padded for odd i, run by the NumPy port at float32, bfloat16 and float16 with their mask and
+judged at their real positions (local.judge with attention_mask and position_ids). float16 is skipped
+where the float64 decode is out of its range (the rule above).
+
 The C port (tests/oracle/c_port/gpt2_port.c: llm.c's loops, sequential row sums) is judged in its five
 builds (tests/c_port.py's BUILDS: -O3 in index order, reversed and in 8 lanes, -Ofast, -O3 with FMA),
 forward and backward, on the same models as llm.c can run them (c_port.llmc_shaped): ε = 1e-5,
@@ -22,6 +31,7 @@ seed (i, 1). Each build is compiled once (cached), then run once per model: one 
 
     PYTHONPATH=. python benchmarks/local_calibration.py 1000     # the table for benchmarks/RESULTS.md
     PYTHONPATH=. python benchmarks/local_calibration.py 1000 --ports C --start 0   # the C builds only
+    PYTHONPATH=. python benchmarks/local_calibration.py 1000 --ports decode,padded  # the decode and padded rows
 
 tests/oracle/test_local_calibration.py runs a small draw by default, 1,000 with REFGPT_CALIBRATION=long.
 """
@@ -43,13 +53,18 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import c_port  # noqa: E402
-from local_ports import port_forward  # noqa: E402
-from random_models import random_params  # noqa: E402
+from local_ports import port_decode, port_forward  # noqa: E402
+from random_models import decode_case, random_params  # noqa: E402
 from refgpt import Config, Model  # noqa: E402
-from refgpt.oracle import local  # noqa: E402
+from refgpt.gpt2 import padding  # noqa: E402
+from refgpt.oracle import decode, local  # noqa: E402
 
 PORTS = ("refgpt float32", "port float32", "port bfloat16", "port float16")
 C_PORTS = tuple(f"C {build}" for build in c_port.BUILDS)
+#: each model's decode (judge_decode) and padded forward (judge with the mask): their own rows
+STEP_PORTS = ("decode refgpt float32", "decode port bfloat16", "decode port float16", "padded port float32",
+              "padded port bfloat16", "padded port float16")
+STEPS = 5  # greedy decode steps of each model's decode case
 
 
 def draw_case(i):
@@ -73,6 +88,38 @@ def port_acts(port, cfg, params, tokens):
     return port_forward(params, cfg, tokens, port.split()[1])
 
 
+def steps_case(i, cfg, params):
+    """(prompt [2, P], mask [2, P], ref, chosen [2, STEPS]) of model i's decode: random_models.decode_case
+    drawn from seed (i, 2), P ≤ 16 (P + STEPS ≤ n_ctx = 32)."""
+    return decode_case(cfg, params, np.random.default_rng((i, 2)), STEPS, longest=17)
+
+
+def padded_batch(i, prompt, mask):
+    """(tokens, mask, position_ids) [2, P]: the decode's prompts, row 1 left-padded for even i, right-padded
+    (its real tokens moved first) for odd i; position ids the golden's (pads 0)."""
+    if i % 2:
+        pads = int((mask[1] == 0).sum())
+        prompt, mask = prompt.copy(), mask.copy()
+        prompt[1], mask[1] = np.roll(prompt[1], -pads), mask[1, ::-1]
+    return prompt, mask, np.where(mask == 1, padding.position_ids(mask), 0)
+
+
+def step_report(port, i, cfg, params, case):
+    """The local report of ``port`` (one of STEP_PORTS) on model i's decode or padded case."""
+    prompt, mask, ref, chosen = case
+    kind, store = port.split()[0], port.split()[-1]
+    if kind == "padded":
+        tokens, mask, positions = padded_batch(i, prompt, mask)
+        acts = port_forward(params, cfg, tokens, store, outputs=True, attention_mask=mask)
+        return local.judge(params, cfg, tokens, acts, store, attention_mask=mask, position_ids=positions)
+    if port == "decode refgpt float32":
+        acts, _ = decode.run(Model(cfg, params, dtype="float32"), prompt, STEPS, continuation=chosen,
+                             attention_mask=mask)
+    else:
+        acts = port_decode(params, cfg, ref, store)
+    return local.judge_decode(params, cfg, ref, acts, store)
+
+
 def c_port_case(i):
     """(cfg, params, tokens, targets) of model i as the C port runs it (the module's docstring)."""
     cfg, params, tokens, scale = draw_case(i)
@@ -85,7 +132,7 @@ class Stats:
     models: int = 0
     judgments: int = 0
     ops: int = 0
-    skipped_float16: int = 0
+    skipped_float16: int = 0  # float16 ports (forward, decode, padded) skipped: the model out of its range
     flagged: list = field(default_factory=list)  # (model, port, op, name, ratio)
     worst: dict = field(default_factory=lambda: defaultdict(lambda: (0.0, None)))  # op → (ratio, (model, port, name))
     seconds: float = 0.0
@@ -94,6 +141,7 @@ class Stats:
 
 
 def out_of_float16(cache) -> bool:
+    cache = {name: v for name, v in cache.items() if np.issubdtype(np.asarray(v).dtype, np.floating)}
     finite = [np.abs(v[np.isfinite(v)]).max(initial=0.0) for v in cache.values()]
     streams = [np.abs(v).max() for name, v in cache.items() if "hook_resid_" in name]
     return max(finite) > 2.0 ** 15 or max(streams) > 2.0 ** 7
@@ -104,7 +152,7 @@ def c_builds(ports):
     return {p: c_port.build(*c_port.BUILDS[p.split()[1]]) for p in ports if p in C_PORTS}
 
 
-def calibrate(n, start=0, stats=None, ports=PORTS + C_PORTS, progress=None) -> Stats:
+def calibrate(n, start=0, stats=None, ports=PORTS + C_PORTS + STEP_PORTS, progress=None) -> Stats:
     """Judge models start … start + n − 1 on ``ports``; ``progress`` a stream to print each model's
     flags so far to (a long run's progress)."""
     stats = stats or Stats()
@@ -125,14 +173,25 @@ def judge_models(models, ports, exes, stats, d, progress, t0):
         cfg, params, tokens, _ = draw_case(i)
         too_big = "port float16" in ports and out_of_float16(Model(cfg, params).run_with_cache(tokens)[1].cache_dict)
         c_case = c_port_case(i) if exes else None
+        t1 = time.perf_counter()
+        case = steps_case(i, cfg, params) if set(ports) & set(STEP_PORTS) else None
+        steps_too_big = case is not None and out_of_float16(case[2])  # the float64 decode (its step 0: the padded batch)
+        setup = time.perf_counter() - t1  # the float64 decode's, shared by the step ports: charged to the first
         stats.models += 1
         for port in ports:
             counts, t1 = stats.per_port[port], time.perf_counter()
-            if (port == "port float16" and too_big) or (port in exes and exes[port] is None):
-                stats.skipped_float16 += port == "port float16"
+            if port in STEP_PORTS:
+                t1, setup = t1 - setup, 0.0
+            float16 = port.split()[-1] == "float16"
+            if ((port == "port float16" and too_big) or (port in STEP_PORTS and float16 and steps_too_big)
+                    or (port in exes and exes[port] is None)):
+                stats.skipped_float16 += float16
                 counts[1] += 1
+                counts[3] += time.perf_counter() - t1
                 continue
-            if port in exes:  # forward and backward, with llm.c's targets
+            if port in STEP_PORTS:
+                report = step_report(port, i, cfg, params, case)
+            elif port in exes:  # forward and backward, with llm.c's targets
                 c_cfg, c_params, c_tokens, targets = c_case
                 acts = c_port.port_acts(port.split()[1], Model(c_cfg, c_params), c_tokens, targets, d, gradients=True,
                                         losses=False)
@@ -177,9 +236,10 @@ if __name__ == "__main__":
     parser.add_argument("n", type=int, nargs="?", default=100, help="models to draw (default 100)")
     parser.add_argument("--start", type=int, default=0, help="the first model's seed (default 0)")
     parser.add_argument("--ports", default="all", help="'all', or a comma-separated list of port-name prefixes: "
-                                                       "'C' for the C port's builds, 'port' for tests/local_ports.py's")
+                                                       "'C' for the C port's builds, 'port' for tests/local_ports.py's, "
+                                                       "'decode' and 'padded' for the decode and padded cases")
     args = parser.parse_args()
-    every = PORTS + C_PORTS
+    every = PORTS + C_PORTS + STEP_PORTS
     chosen = every if args.ports == "all" else tuple(
         p for p in every if any(p == q or p.startswith(q + " ") for q in args.ports.split(",")))
     if not chosen:

@@ -31,6 +31,22 @@ def random_params(cfg: Config, seed: int, scale: float = 0.3) -> dict[str, np.nd
             for name, shape in param_shapes(cfg).items()}
 
 
+def decode_case(cfg: Config, params, rng, steps: int = 5, longest: int = 8):
+    """A batch of two random prompts of P = 2 … ``longest`` − 1 tokens, row 1 left-padded by 0 … P − 2
+    (drawn from ``rng``), and the float64 greedy decode of ``steps`` steps from it → (prompt [2, P],
+    mask [2, P], ref, chosen [2, steps]): ref the decode golden's tensors (the tokens, each step's, the
+    attention mask), for local verdicts of a port's decode forced along ``chosen``."""
+    from refgpt.oracle import decode
+    P = int(rng.integers(2, longest))
+    prompt = rng.integers(0, cfg.d_vocab, (2, P))  # [batch, P]
+    mask = np.ones((2, P), np.int64)  # [batch, P]
+    mask[1, : int(rng.integers(0, P - 1))] = 0  # row 1 left-padded (maybe by nothing)
+    tensors, chosen = decode.run(Model(cfg, params), prompt, steps, attention_mask=mask)
+    ref = {"tokens": np.concatenate([prompt, chosen], 1), **tensors,
+           "attention_mask": np.concatenate([mask, np.ones((2, steps), np.int64)], 1)}
+    return prompt, mask, ref, chosen
+
+
 def random_model(cfg: Config, seed: int = 0, dtype="float64", scale: float = 0.3) -> Model:
     return Model(cfg, random_params(cfg, seed, scale), dtype=dtype)
 

@@ -1,6 +1,7 @@
 """The local verdicts' false-alarm calibration (benchmarks/local_calibration.py): no flagged op for
 correct ports of random models — refgpt's float32 pass, the NumPy port at three precisions and the C
-port's five builds (forward and backward) — a small draw here, 1,000 models with
+port's five builds (forward and backward); each model's decode (refgpt's float32 decode, the NumPy
+port's at bfloat16 and float16) and padded batch (the NumPy port at three precisions) — a small draw here, 1,000 models with
 REFGPT_CALIBRATION=long (benchmarks/RESULTS.md records the run), and of the trained embedded model
 at every precision."""
 
@@ -26,6 +27,8 @@ def test_correct_ports_of_random_models_have_no_local_flag():
     stats = calibration.calibrate(1000 if LONG else 4)
     assert not stats.flagged, calibration.table(stats)
     assert stats.judgments >= 3 * stats.models
+    assert all(stats.per_port[p][0] >= 1 for p in calibration.STEP_PORTS), calibration.table(stats)  # each judged
+    assert stats.worst["kv cache"][1] is not None and stats.worst["pattern"][1] is not None
     import c_port
     if c_port.compiler():  # every C build judged on every model, its backward too
         assert all(stats.per_port[p][:2] == [stats.models, 0] for p in calibration.C_PORTS), calibration.table(stats)

@@ -387,7 +387,7 @@ def test_random_models_decodes_have_no_local_flag():
     float32 decode (forced along the float64 one's tokens) and the NumPy port's bfloat16 decode, every
     step and row judged locally. 4 models; 100 with REFGPT_CALIBRATION=long."""
     from local_ports import port_decode
-    from random_models import random_params
+    from random_models import decode_case, random_params
     for seed in range(100 if LONG else 4):
         rng = np.random.default_rng(seed)
         n_heads, d_head = int(rng.choice([1, 2, 4])), int(rng.choice([2, 4, 8, 16]))
@@ -395,13 +395,7 @@ def test_random_models_decodes_have_no_local_flag():
                      d_mlp=4 * n_heads * d_head, d_vocab=int(rng.integers(20, 200)), n_ctx=24)
         params = {k: v.astype(np.float32).astype(np.float64)
                   for k, v in random_params(cfg, seed, float(rng.choice([0.05, 0.3, 1.0]))).items()}
-        P = int(rng.integers(2, 8))
-        prompt = rng.integers(0, cfg.d_vocab, (2, P))
-        mask = np.ones((2, P), np.int64)
-        mask[1, : int(rng.integers(0, P - 1))] = 0  # row 1 left-padded (maybe by nothing)
-        tensors, chosen = decode.run(Model(cfg, params), prompt, 5, attention_mask=mask)
-        ref = {"tokens": np.concatenate([prompt, chosen], 1), **tensors,
-               "attention_mask": np.concatenate([mask, np.ones((2, 5), np.int64)], 1)}
+        prompt, mask, ref, chosen = decode_case(cfg, params, rng)
         port, _ = decode.run(Model(cfg, params, dtype="float32"), prompt, 5, continuation=chosen, attention_mask=mask)
         for store, acts in (("float32", port), ("bfloat16", port_decode(params, cfg, ref, "bfloat16"))):
             report = local.judge_decode(params, cfg, ref, acts, store)
