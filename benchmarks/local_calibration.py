@@ -16,7 +16,8 @@ Each model's decode and padded batch (STEP_PORTS, rows of their own): two prompt
 from seed (i, 2), row 1 left-padded by 0 … P − 2 (tests/random_models.py's decode_case, which
 tests/oracle/test_local_steps.py's random-model decode test draws by too), decoded 5 greedy steps in
 float64; refgpt's float32 decode and tests/local_ports.py's (at bfloat16 and float16) forced along its
-tokens are judged step by step (local.judge_decode); the same two prompts, row 1 left-padded for even i
+tokens are judged step by step (local.judge_decode: refgpt's with its KV cache kept, the port's,
+which recomputes the whole sequence each step as llm.c's loop does, kv_cache="recomputed"); the same two prompts, row 1 left-padded for even i
 and right-padded for odd i, run by the NumPy port at float32, bfloat16 and float16 with their mask and
 judged at their real positions (local.judge with attention_mask and position_ids). float16 is skipped
 where the float64 decode is out of its range (the rule above).
@@ -112,12 +113,12 @@ def step_report(port, i, cfg, params, case):
         tokens, mask, positions = padded_batch(i, prompt, mask)
         acts = port_forward(params, cfg, tokens, store, outputs=True, attention_mask=mask)
         return local.judge(params, cfg, tokens, acts, store, attention_mask=mask, position_ids=positions)
-    if port == "decode refgpt float32":
+    if port == "decode refgpt float32":  # a KV cache
         acts, _ = decode.run(Model(cfg, params, dtype="float32"), prompt, STEPS, continuation=chosen,
                              attention_mask=mask)
-    else:
-        acts = port_decode(params, cfg, ref, store)
-    return local.judge_decode(params, cfg, ref, acts, store)
+        return local.judge_decode(params, cfg, ref, acts, store)
+    acts = port_decode(params, cfg, ref, store)  # llm.c's loop: the whole sequence recomputed every step
+    return local.judge_decode(params, cfg, ref, acts, store, kv_cache="recomputed")
 
 
 def c_port_case(i):

@@ -105,6 +105,11 @@ def add_parser(subparsers):
                    help="with --local: how the port computes its LayerNorms' mean and variance: two-pass "
                         "(default; TransformerLens's, llm.c's: each statistic judged) or any (torch's nn.LayerNorm, "
                         "HF's: each LayerNorm judged from its input to its output)")
+    p.add_argument("--local-kv-cache", choices=local.KV_CACHES, default="kept",
+                   help="with --local on a decode golden: how the port keeps its keys and values: kept (default; "
+                        "a KV cache, each step's judged as the copy of the step before's with the new keys "
+                        "appended) or recomputed (llm.c's loop, recomputing the whole sequence every step: only "
+                        "the step's own keys judged as a copy)")
     p.add_argument("--runtime", choices=tuple(RUNTIMES),
                    help="the engine that runs a model CANDIDATE: onnxruntime (the default for an .onnx file) or "
                         "tinygrad for an .onnx file, ctranslate2 for a CTranslate2 model directory, mlx for an HF "
@@ -197,8 +202,8 @@ def run(args) -> int:
         args.usage_error("--names and --failing filter the table; --json gives every tensor (filter it there)")
     if not args.local and (args.local_model is not None or args.local_bound != "worst"):
         args.usage_error("--local-model and --local-bound go with --local")
-    if not args.local and args.local_layer_norm != "two-pass":
-        args.usage_error("--local-layer-norm goes with --local")
+    if not args.local and (args.local_layer_norm != "two-pass" or args.local_kv_cache != "kept"):
+        args.usage_error("--local-layer-norm and --local-kv-cache go with --local")
     if (args.runtime or args.save) and args.name_map == "onnx":
         args.usage_error("--runtime and --save run a model CANDIDATE; with --map onnx the candidate holds tensors "
                          "already computed (a Polygraphy RunResults .json), keyed by --onnx's graph")
@@ -227,7 +232,8 @@ def run(args) -> int:
         return 0 if report.ok else 1
     verdicts, skipped = local.judge_files(args.reference, candidate, _local_model(args),
                                           "refgpt" if args.name_map == "onnx" else args.name_map,
-                                          args.profile, args.local_bound, args.forward_only, args.local_layer_norm)
+                                          args.profile, args.local_bound, args.forward_only, args.local_layer_norm,
+                                          args.local_kv_cache)
     if args.json:
         answer = json.loads(report.to_json())
         verdict = {"skipped": skipped, "local_first": None} if verdicts is None else verdicts.as_dict()
@@ -267,7 +273,7 @@ def _local_model(args):
 def _run_quantized(args) -> int:
     if args.atol is not None or args.rtol is not None or args.profile or args.name_map != "refgpt" or args.names \
             or args.failing or args.judge_pads or args.forward_only or args.local or args.local_model is not None \
-            or args.local_bound != "worst" or args.local_layer_norm != "two-pass" \
+            or args.local_bound != "worst" or args.local_layer_norm != "two-pass" or args.local_kv_cache != "kept" \
             or args.runtime or args.save or args.onnx:
         args.usage_error("with --float-golden only --gguf and --json apply: the bounds are derived per product")
     from ..oracle.quantized import format_split, split

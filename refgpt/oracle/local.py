@@ -210,6 +210,7 @@ class _Row:
     step: int | None = None
     before: dict | None = None
     targets: np.ndarray | None = None
+    recomputed: bool = False  # a decode step's cache recomputed whole (KV_CACHES), not appended to
 
 
 def _check(precision, kind, p_fail, layer_norm="two-pass"):
@@ -272,15 +273,24 @@ def judge(params, cfg, tokens, acts, precision="float32", kind="worst", golden=N
     return LocalReport(str(prec), list(walk.verdicts.values()))
 
 
+#: How a port's decode keeps its keys and values: "kept" (a KV cache, each step appending to the last
+#: step's: judged as that copy), "recomputed" (llm.c's loop: every step recomputes the whole sequence,
+#: whose old keys may round otherwise than the step before's where a matrix library picks its kernel
+#: by the number of rows: only the step's own entries are judged as a copy).
+KV_CACHES = ("kept", "recomputed")
+
+
 def judge_decode(params, cfg, ref, acts, precision="float32", kind="worst", golden=None, p_fail=1e-9,
-                 layer_norm="two-pass") -> LocalReport:
+                 layer_norm="two-pass", kv_cache="kept") -> LocalReport:
     """Local verdicts on a port's decode (refgpt/oracle/decode.py's names): every step's ops on the
     port's own inputs, its attention reading the port's own KV cache after the step
     (``step.S.blocks.L.attn.cache_k``/``cache_v``), that cache judged as the copy of the port's cache
     after step S − 1 with the step's k, v appended. ``ref`` the decode golden's tensors (each step's
     tokens, position ids, the attention mask if padded), ``acts`` the port's, by the same names;
-    ``layer_norm`` as judge's."""
+    ``layer_norm`` as judge's; ``kv_cache`` a key of KV_CACHES."""
     prec, sums = _check(precision, kind, p_fail, layer_norm)
+    if kv_cache not in KV_CACHES:
+        raise RefGPTError(f"local verdicts: unknown KV cache {kv_cache!r}; one of {', '.join(KV_CACHES)}")
     p = _Held(params, lambda w: rl.round_to(w, prec.store))
     steps = sorted({split_step(n)[0] for n in ref if split_step(n)[0] is not None})
     walk = _Walk(prec, golden, rl.Kind("probabilistic", p_fail), layer_norm)
@@ -303,8 +313,8 @@ def judge_decode(params, cfg, ref, acts, precision="float32", kind="worst", gold
             walk.real = None if "attention_mask" not in ref else mask[r, start:]
             earlier = {n: np.asarray(a[r], np.float64) for n, a in before.items()}
             earlier.update({n: a for (i, n), a in kept.items() if i == r})
-            _forward_row(walk, p, cfg, _Row(r, feed[r], positions[r], mask[r, start:], mask[r], S, earlier), row,
-                         prec, sums)
+            _forward_row(walk, p, cfg, _Row(r, feed[r], positions[r], mask[r, start:], mask[r], S, earlier,
+                                            recomputed=kv_cache == "recomputed"), row, prec, sums)
             for L in range(cfg.n_layers):
                 for h, n in (("hook_k", "keys"), ("hook_v", "values")):
                     name = f"blocks.{L}.attn."
@@ -327,6 +337,12 @@ def _kv_cache(walk, row, acts, L, prec):
             walk.skip("kv cache", a + c, L, "not dumped")
         elif a + h not in acts or (row.step > 0 and a + c not in row.before):
             walk.skip("kv cache", a + c, L, f"{a + h} or the cache before the step not dumped")
+        elif row.recomputed:  # only the step's own keys: the older ones were recomputed, not kept
+            port, new = acts[a + c], acts[a + h]  # [keys, head, d_head], [new, head, d_head]
+            old = len(port) - len(new)
+            at = row.keys_real[old:, None, None] if len(row.keys_real) == len(port) else None  # [new, 1, 1]
+            walk.judge("kv cache", a + c, L, row.r, port[old:] if old >= 0 else port, new, rl.copy(new, prec),
+                       at=at, offset=(max(old, 0), 0, 0))
         else:
             expected = acts[a + h] if row.step == 0 else np.concatenate([row.before[a + c], acts[a + h]])
             at = row.keys_real[:, None, None] if len(row.keys_real) == len(expected) else None  # [keys, 1, 1]
@@ -928,7 +944,7 @@ def _vocabulary_gradients(walk, acts, p, cfg, tokens, prec, sums):
 
 
 def judge_files(reference, candidate, model, name_map="refgpt", precision=None, kind="worst", forward_only=False,
-                layer_norm="two-pass"):
+                layer_norm="two-pass", kv_cache="kept"):
     """``refgpt compare --local``: (LocalReport, None), or (None, the one line saying why local
     verdicts were skipped). ``model`` is the checkpoint's Model in float64 (or None: skipped); a
     golden that recorded its weights' sha256 must have been made from ``model``'s files."""
@@ -959,7 +975,8 @@ def judge_files(reference, candidate, model, name_map="refgpt", precision=None, 
     precision = precision or comparison.default_profile(cand, dtypes)
     golden = lambda name, row: ref[name][row] if name in ref else None  # noqa: E731 — as stored: judge reads its block
     if steps:
-        return judge_decode(model.params, model.cfg, ref, cand, precision, kind, golden, layer_norm=layer_norm), None
+        return judge_decode(model.params, model.cfg, ref, cand, precision, kind, golden, layer_norm=layer_norm,
+                            kv_cache=kv_cache), None
 
     def release(name):  # the pages of a tensor the walk is done with, in both files
         if cand_file is not None and name_map == "refgpt":

@@ -357,7 +357,8 @@ def test_compare_local_reads_an_llmc_dump(refgpt_cli, tmp_path, monkeypatch):
     assert json.loads(out)["local_first"]["name"] == "blocks.0.mlp.hook_post"
 
 
-@pytest.mark.parametrize("extra", [["--local-bound", "probabilistic"], ["--local-model", "ckpt"]])
+@pytest.mark.parametrize("extra", [["--local-bound", "probabilistic"], ["--local-model", "ckpt"],
+                                   ["--local-kv-cache", "recomputed"]])
 def test_local_options_without_local_are_refused_before_anything_runs(refgpt_cli, tmp_path, extra):
     """Checked first: no file is read (these do not exist), nothing is run or written (review finding)."""
     status, _, err = refgpt_cli.in_process("compare", str(tmp_path / "g.safetensors"), str(tmp_path / "m.onnx"),

@@ -112,4 +112,4 @@ def test_compare_local_judges_an_hf_dump_with_local_layer_norm_any(refgpt_cli, t
     status, out, err = refgpt_cli.in_process(*args)
     assert status == 0 and "blocks.0.ln1.out" not in out[out.index("local verdicts at"):], out + err
     status, _, err = refgpt_cli.in_process("compare", "g.safetensors", "hf.safetensors", "--local-layer-norm", "any")
-    assert status == 2 and "--local-layer-norm goes with --local" in err
+    assert status == 2 and "--local-layer-norm and --local-kv-cache go with --local" in err

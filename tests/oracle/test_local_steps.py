@@ -22,6 +22,7 @@ from random_models import save_checkpoint
 from refgpt import Config, Model
 from refgpt.gpt2 import padding
 from refgpt.oracle import decode, golden, local
+from refgpt.errors import RefGPTError
 from refgpt.reference import local as rl
 from test_decode import (CFG as DECODE_CFG, MASK, PROMPT, STEPS, AppendedTwice, NewestKeyMissing, NotAppended,
                          PadsAttended, WrongMaskRow, model as decode_model, position_off_by_one)
@@ -187,6 +188,27 @@ def test_refgpts_float32_decode_has_no_local_flag_at_any_step(kind):
     assert not [v for v in report.ops if v.skipped and "cache" not in v.name]
 
 
+def test_a_recomputing_ports_older_keys_are_its_own_not_a_copy():
+    """llm.c's loop recomputes the whole sequence every step; where its matrix library rounds a row by
+    the call's number of rows (OpenBLAS does), step 3's key of position 0 may differ from step 2's in
+    its last bit. kv_cache="kept" (a KV cache) names that as a broken copy; "recomputed" judges only the
+    step's own keys as the copy, and still names a step's own key not appended as computed."""
+    ref, tensors = port_decode("plain")
+    name = "step.3.blocks.1.attn.cache_k"
+    recomputed = dict(tensors, **{name: tensors[name].copy()})
+    recomputed[name][0, 0, 0, 0] = np.nextafter(recomputed[name][0, 0, 0, 0], np.float32(np.inf))
+    params = decode_model().params
+    first = local.judge_decode(params, DECODE_CFG, ref, recomputed, "float32").first
+    assert (first.op, first.name, first.index) == ("kv cache", name, (0, 0, 0, 0))
+    report = local.judge_decode(params, DECODE_CFG, ref, recomputed, "float32", kv_cache="recomputed")
+    assert report.first is None and {v.name: v for v in report.ops}[name].skipped is None
+    recomputed[name][0, -1, 1, 2] *= np.float32(1.001)  # the step's own key, not what it computed
+    first = local.judge_decode(params, DECODE_CFG, ref, recomputed, "float32", kv_cache="recomputed").first
+    assert (first.op, first.name, first.step, first.index) == ("kv cache", name, 3, (0, recomputed[name].shape[1] - 1, 1, 2))
+    with pytest.raises(RefGPTError, match="unknown KV cache 'paged'"):
+        local.judge_decode(params, DECODE_CFG, ref, tensors, "float32", kv_cache="paged")
+
+
 @pytest.mark.slow  # a second or more in a loaded run (CONTRIBUTING.md)
 @pytest.mark.parametrize("bug, kind, step, op, tensor, row", [
     ("position off by one", "plain", 1, "embed", "hook_pos_embed", 0),
@@ -332,7 +354,8 @@ def test_the_numpy_ports_decode_has_no_local_flag_at_any_step(kind, store):
     from local_ports import port_decode
     ref, _ = reference_decode(kind)
     params = decode_model().params
-    report = local.judge_decode(params, DECODE_CFG, ref, port_decode(params, DECODE_CFG, ref, store), store)
+    report = local.judge_decode(params, DECODE_CFG, ref, port_decode(params, DECODE_CFG, ref, store), store,
+                                kv_cache="recomputed")
     assert report.first is None, local.format_local(report)
     assert {f"step.{STEPS - 1}.blocks.1.attn.hook_z", "step.2.log_probs", "step.3.blocks.0.attn.cache_v"} <= {
         v.name for v in report.ops if v.skipped is None}
@@ -397,8 +420,9 @@ def test_random_models_decodes_have_no_local_flag():
                   for k, v in random_params(cfg, seed, float(rng.choice([0.05, 0.3, 1.0]))).items()}
         prompt, mask, ref, chosen = decode_case(cfg, params, rng)
         port, _ = decode.run(Model(cfg, params, dtype="float32"), prompt, 5, continuation=chosen, attention_mask=mask)
-        for store, acts in (("float32", port), ("bfloat16", port_decode(params, cfg, ref, "bfloat16"))):
-            report = local.judge_decode(params, cfg, ref, acts, store)
+        for store, acts, kv in (("float32", port, "kept"), ("bfloat16", port_decode(params, cfg, ref, "bfloat16"),
+                                                            "recomputed")):
+            report = local.judge_decode(params, cfg, ref, acts, store, kv_cache=kv)
             assert report.first is None, (seed, store, local.format_local(report))
 
 
