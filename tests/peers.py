@@ -656,6 +656,18 @@ def tl_config_from_hf(hf_config, dtype="float64"):
     )
 
 
+def random_tl_port(seed, store, directory, **overrides):
+    """(refgpt's float64 model, the HF config, TransformerLens in ``store``) for a random HF GPT-2 of
+    ``seed`` (gelu_new, float32-exact weights; ``overrides``: its GPT2Config's), saved in HF's layout
+    under ``directory`` and loaded back by refgpt: a port and the weights the oracle recomputes with."""
+    import refgpt
+    config = random_hf_config(seed, act_fns=["gelu_new"], **overrides)
+    hf = random_hf_model(config, seed, f32_exact=True)
+    save_hf_layout(hf, Path(directory) / f"m{seed}")
+    ref = refgpt.load(str(Path(directory) / f"m{seed}"), dtype="float64", tokenizer=False)
+    return ref, config, tl_model_from_hf(hf, store)
+
+
 def tl_model_from_hf(hf_model, dtype="float64"):
     """HookedTransformer (TL 3.9) holding exactly ``hf_model``'s weights in ``dtype``, built
     offline: hand-made config, ``convert_gpt2_weights``, ``load_and_process_state_dict`` with

@@ -246,13 +246,8 @@ def tl_port(seed, store, tmp_path, fwd_hooks=(), pos=None, **overrides):
     run by TransformerLens in ``store``, every activation under its run_with_cache name."""
     peers = pytest.importorskip("peers")
     peers.require_peers()
-    import refgpt
     import torch
-    config = peers.random_hf_config(seed, act_fns=["gelu_new"], **overrides)
-    hf = peers.random_hf_model(config, seed, f32_exact=True)
-    peers.save_hf_layout(hf, tmp_path / f"m{seed}")
-    ref = refgpt.load(str(tmp_path / f"m{seed}"), dtype="float64", tokenizer=False)
-    tl = peers.tl_model_from_hf(hf, store)
+    ref, config, tl = peers.random_tl_port(seed, store, tmp_path, **overrides)
     tokens = np.random.default_rng(seed).integers(0, config.vocab_size, (2 if pos is None else 1, pos or config.n_positions))
     with torch.no_grad(), tl.hooks(fwd_hooks=list(fwd_hooks)):  # the edit runs before the cache records it
         logits, cache = tl.run_with_cache(torch.from_numpy(tokens))

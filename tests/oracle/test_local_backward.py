@@ -256,14 +256,9 @@ def tl_backward(seed, store, tmp_path, **overrides):
     (``overrides``: its GPT2Config's, over the drawn ones)."""
     peers = pytest.importorskip("peers")
     peers.require_peers()
-    import refgpt
     import torch
     from refgpt.oracle.name_maps import ModelShape, to_refgpt
-    config = peers.random_hf_config(seed, act_fns=["gelu_new"], **overrides)
-    hf = peers.random_hf_model(config, seed, f32_exact=True)
-    peers.save_hf_layout(hf, tmp_path / f"m{seed}")
-    ref = refgpt.load(str(tmp_path / f"m{seed}"), dtype="float64", tokenizer=False)
-    tl = peers.tl_model_from_hf(hf, store)
+    ref, config, tl = peers.random_tl_port(seed, store, tmp_path, **overrides)
     tokens = np.random.default_rng(seed).integers(0, config.vocab_size, (2, config.n_positions))
     cache, fwd, bwd = tl.get_caching_hooks(incl_bwd=True)
     with tl.hooks(fwd_hooks=fwd, bwd_hooks=bwd):
