@@ -269,7 +269,6 @@ def test_transformer_lens_is_a_correct_port_with_no_local_flag(store, tmp_path):
 @pytest.mark.peer
 def test_a_heads_z_one_percent_off_in_transformer_lens_bfloat16_is_named_at_z(tmp_path):
     """The issue's plant, through TL's own hooks: one head's z × 1.01 at one layer, in bfloat16."""
-    import torch
 
     def one_head_off(z, hook):
         z = z.clone()

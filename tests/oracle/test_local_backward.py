@@ -231,7 +231,6 @@ def test_compare_local_judges_the_c_ports_backward_from_its_llmc_dump(refgpt_cli
     """refgpt compare GOLDEN port.bin --map llmc --local --local-model DIR: llm.c's gradients too."""
     from random_models import save_checkpoint
     from refgpt.oracle import golden
-    import c_port
     import refgpt
     monkeypatch.chdir(tmp_path)
     params, cfg, tokens, _ = c_port_dump("O3", 0, tmp_path, defines=("BUG_GELU_BACKWARD",))
