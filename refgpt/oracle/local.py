@@ -510,9 +510,7 @@ def _outputs(walk, row, acts, prec, vocab):
     logits = acts.stored("logits") if "logits" in acts else None  # [pos, d_vocab] as stored
     everything = None if logits is None else np.ones(logits.shape[-1], bool)  # [vocab]: every logit is read
     real = walk.real  # [pos] or None: the judged positions
-    blocks = [] if logits is None else [
-        slice(s, s + max(1, BLOCK_BYTES // (8 * logits.shape[-1]))) for s in
-        range(0, logits.shape[0], max(1, BLOCK_BYTES // (8 * logits.shape[-1])))]
+    blocks = [] if logits is None else _position_blocks(*logits.shape)
     for name, op, of in (("log_probs", "log_softmax", rl.log_softmax),
                          ("probs", "softmax", lambda x, pr, k: rl.softmax(x, pr, k, everything))):
         if name not in acts:
