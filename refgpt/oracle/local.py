@@ -126,9 +126,10 @@ class _Walk:
     """The verdicts so far; ``prefix``/``step`` name a decode step's ops, ``real`` [new] the positions of
     the row being walked that are judged (a padded row's real tokens)."""
 
-    def __init__(self, precision, golden, vocab, layer_norm="two-pass"):
+    def __init__(self, precision, golden, vocab, layer_norm="two-pass", kv_cache="kept"):
         self.precision, self.golden, self.vocab = precision, golden, vocab  # vocab: the vocabulary's sums' kind
         self.layer_norm = layer_norm  # a key of LAYER_NORMS: how the port computes its LayerNorms
+        self.kv_cache = kv_cache  # a key of KV_CACHES: how a decoding port keeps its keys and values
         self.verdicts: dict[str, OpVerdict] = {}
         self.prefix, self.step, self.real = "", None, None
 
@@ -210,7 +211,6 @@ class _Row:
     step: int | None = None
     before: dict | None = None
     targets: np.ndarray | None = None
-    recomputed: bool = False  # a decode step's cache recomputed whole (KV_CACHES), not appended to
 
 
 def _check(precision, kind, p_fail, layer_norm="two-pass"):
@@ -293,7 +293,7 @@ def judge_decode(params, cfg, ref, acts, precision="float32", kind="worst", gold
         raise RefGPTError(f"local verdicts: unknown KV cache {kv_cache!r}; one of {', '.join(KV_CACHES)}")
     p = _Held(params, lambda w: rl.round_to(w, prec.store))
     steps = sorted({split_step(n)[0] for n in ref if split_step(n)[0] is not None})
-    walk = _Walk(prec, golden, rl.Kind("probabilistic", p_fail), layer_norm)
+    walk = _Walk(prec, golden, rl.Kind("probabilistic", p_fail), layer_norm, kv_cache)
     start, kept = 0, {}  # kept: (row, blocks.L.attn.keys / values) → the port's k, v of every step so far
     for S in steps:
         feed = np.asarray(ref[f"step.{S}.tokens"])  # [batch, new]
@@ -313,8 +313,8 @@ def judge_decode(params, cfg, ref, acts, precision="float32", kind="worst", gold
             walk.real = None if "attention_mask" not in ref else mask[r, start:]
             earlier = {n: np.asarray(a[r], np.float64) for n, a in before.items()}
             earlier.update({n: a for (i, n), a in kept.items() if i == r})
-            _forward_row(walk, p, cfg, _Row(r, feed[r], positions[r], mask[r, start:], mask[r], S, earlier,
-                                            recomputed=kv_cache == "recomputed"), row, prec, sums)
+            _forward_row(walk, p, cfg, _Row(r, feed[r], positions[r], mask[r, start:], mask[r], S, earlier), row,
+                         prec, sums)
             for L in range(cfg.n_layers):
                 for h, n in (("hook_k", "keys"), ("hook_v", "values")):
                     name = f"blocks.{L}.attn."
@@ -337,7 +337,7 @@ def _kv_cache(walk, row, acts, L, prec):
             walk.skip("kv cache", a + c, L, "not dumped")
         elif a + h not in acts or (row.step > 0 and a + c not in row.before):
             walk.skip("kv cache", a + c, L, f"{a + h} or the cache before the step not dumped")
-        elif row.recomputed:  # only the step's own keys: the older ones were recomputed, not kept
+        elif walk.kv_cache == "recomputed":  # only the step's own keys: the older ones were recomputed, not kept
             port, new = acts[a + c], acts[a + h]  # [keys, head, d_head], [new, head, d_head]
             old = len(port) - len(new)
             at = row.keys_real[old:, None, None] if len(row.keys_real) == len(port) else None  # [new, 1, 1]
