@@ -536,7 +536,7 @@ def float32_error(name, r, x) -> tuple[float, float, float | None]:
         used = np.isfinite(rb)
         return used & (rb >= F32_TINY) if probs else used
 
-    blocks, work = threads.row_blocks(rows, n * 8, ERROR_BLOCK_BYTES), rows * n * 8
+    blocks, work = _error_blocks(rows, n)
     if freedom is not None and freedom[0] == "shift" and not all(
             threads.map_blocks(lambda a, b: bool(np.isfinite(read_r(a, b)).all()), blocks, work)):
         blocks = [(0, rows)]
@@ -570,7 +570,13 @@ def _finite_where_finite(r, x) -> bool:
     (rows, n), read_r = _row_reader(r)
     _, read_x = _row_reader(x)
     return all(threads.map_blocks(lambda a, b: bool(np.isfinite(read_x(a, b)[np.isfinite(read_r(a, b))]).all()),
-                                  threads.row_blocks(rows, n * 8, ERROR_BLOCK_BYTES), rows * n * 8))
+                                  *_error_blocks(rows, n)))
+
+
+def _error_blocks(rows, n):
+    """The error model's blocks of ``rows`` rows of ``n`` float64 entries (``ERROR_BLOCK_BYTES``
+    each) and the bytes of work they cover, for threads.map_blocks."""
+    return threads.row_blocks(rows, n * 8, ERROR_BLOCK_BYTES), rows * n * 8
 
 
 #: Rows of float64 per block of the error model (``float32_error``): small beside a tensor, large
